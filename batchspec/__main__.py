@@ -1,0 +1,3 @@
+from batchspec.cli import main
+
+main()

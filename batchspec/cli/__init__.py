@@ -1,0 +1,72 @@
+"""The `batchspec` command line: one thin module per command group, each parsing options,
+loading config and calling the library. Every `BatchspecError` becomes one line and exit 1;
+`--debug` (or BATCHSPEC_DEBUG=1) shows the traceback instead."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import click
+
+from batchspec.errors import BatchspecError
+
+# command name -> module under batchspec.cli that defines a click command or group called `command`
+COMMANDS = {
+    "run": "run",
+    "calibrate": "calibrate",
+    "report": "report",
+    "submit": "submit",
+    "validate": "validate",
+    "models": "models",
+}
+
+
+class LazyGroup(click.Group):
+    """Imports a command's module only when that command runs, so `--help` stays fast."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name, mod in COMMANDS.items() if _module_exists(mod))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        mod = COMMANDS.get(name)
+        if mod is None or not _module_exists(mod):
+            return None
+        return importlib.import_module(f"batchspec.cli.{mod}").command
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except BatchspecError as exc:
+            if (ctx.obj or {}).get("debug"):
+                raise
+            raise click.ClickException(_one_line(exc)) from exc
+
+
+def _module_exists(mod: str) -> bool:
+    return importlib.util.find_spec(f"batchspec.cli.{mod}") is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "BATCHSPEC"})
+@click.option("--debug", is_flag=True, envvar="BATCHSPEC_DEBUG", help="Show tracebacks instead of one-line errors.")
+@click.version_option(package_name="batchspec")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """batchspec: Parquet prompts in, Parquet completions out, with per-shard calibrated
+    speculative decoding.
+
+    \b
+    Examples:
+      batchspec run examples/prompts.parquet out
+      batchspec calibrate examples/prompts.parquet --shard-by task
+      batchspec report out --html report.html
+      batchspec models list
+    """
+    ctx.obj = {"debug": debug}
+
+
+def main() -> None:
+    cli()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,11 @@
+"""Engines: one small protocol (`base`), two implementations (`torch_engine`, `trtllm`)."""
+
+from batchspec.engine.base import (  # noqa: F401
+    Completion,
+    Engine,
+    GenerateResult,
+    Request,
+    SamplingParams,
+    SpecConfig,
+    Timing,
+)

@@ -1,0 +1,179 @@
+"""The engine contract: requests in, completions with statistics out.
+
+Every engine (the embedded torch engine, the TensorRT-LLM adapter) implements `Engine` and passes
+the one conformance suite in `tests/engine/conformance.py`. The contract knows nothing about
+Parquet, Ray or calibration: it generates a list of requests under one speculative setting and
+reports what it did.
+
+Glossary (as in vLLM's rejection sampler):
+- draft tokens: tokens proposed by the drafter (n-gram lookup, draft model, EAGLE head).
+- accepted tokens: draft tokens the target kept under the accept/reject rule.
+- bonus token: the token the target adds after every verify step (the recovered token on a
+  rejection, or a fresh one when every draft passed); so each target step commits
+  accepted + 1 tokens.
+- target steps: target forward passes during decode (prefill excluded).
+- mean accepted length: committed tokens per target step, bonus included (1 + accepted / steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+SPEC_METHODS = ("none", "ngram", "draft_target", "eagle3", "mtp")
+FINISH_REASONS = ("stop", "length", "error")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. temperature 0 means greedy; `seed` makes sampling reproducible."""
+
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One row to complete: either a plain `prompt` or chat `messages` ([{role, content}, ...])."""
+
+    id: str
+    prompt: str | None = None
+    messages: tuple[dict[str, str], ...] | None = None
+    params: SamplingParams = SamplingParams()
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """One speculative setting (one calibration arm), engine-neutral.
+
+    `method` is one of SPEC_METHODS; `draft_len` is TensorRT-LLM's `max_draft_len` (0 for none);
+    `draft_model` is the draft/EAGLE head location for draft_target/eagle3; `ngram_size` is
+    `max_matching_ngram_size`. `options` keeps every other field of the source file untouched
+    so the TensorRT-LLM adapter can pass it through.
+    """
+
+    method: str = "none"
+    draft_len: int = 0
+    draft_model: str | None = None
+    ngram_size: int = 3
+    options: tuple[tuple[str, Any], ...] = ()
+    source: str | None = None  # the file it came from, for error messages
+
+    def __post_init__(self) -> None:
+        assert self.method in SPEC_METHODS, self.method
+        assert (self.method == "none") == (self.draft_len == 0), (self.method, self.draft_len)
+
+    @property
+    def label(self) -> str:
+        return "none" if self.method == "none" else f"{self.method}:k={self.draft_len}"
+
+    def with_draft_len(self, k: int) -> "SpecConfig":
+        return dataclasses.replace(self, draft_len=k)
+
+
+NO_SPEC = SpecConfig()
+
+
+@dataclass
+class Completion:
+    """What became of one request. Exactly one per request, in request order."""
+
+    id: str
+    text: str | None
+    token_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = "length"  # stop | length | error
+    error: str | None = None
+    draft_tokens: int = 0  # proposed
+    accepted_tokens: int = 0
+    target_steps: int = 0
+
+    @classmethod
+    def failed(cls, request_id: str, reason: str, prompt_tokens: int = 0) -> "Completion":
+        return cls(request_id, None, prompt_tokens=prompt_tokens, finish_reason="error", error=reason)
+
+
+@dataclass
+class Timing:
+    """Where one generate call spent its time, in seconds. Merges with `+`."""
+
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return self.draft_s + self.verify_s + self.other_s
+
+    def __add__(self, other: "Timing") -> "Timing":
+        return Timing(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+
+@dataclass
+class GenerateResult:
+    completions: list[Completion]
+    timing: Timing
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(c.output_tokens for c in self.completions)
+
+    @property
+    def draft_tokens(self) -> int:
+        return sum(c.draft_tokens for c in self.completions)
+
+    @property
+    def accepted_tokens(self) -> int:
+        return sum(c.accepted_tokens for c in self.completions)
+
+    @property
+    def target_steps(self) -> int:
+        return sum(c.target_steps for c in self.completions)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def mean_accepted_len(self) -> float | None:
+        steps = self.target_steps
+        return 1.0 + self.accepted_tokens / steps if steps else None
+
+    @property
+    def goodput(self) -> float:
+        """Committed output tokens per second of decode time (DESIGN.md). The target's prefill is
+        left out (it is the same for every arm); a draft model's own prefill counts as draft time."""
+        decode_s = self.timing.decode_s
+        return self.output_tokens / decode_s if decode_s > 0 else 0.0
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the pipeline and calibration need from an engine; one instance lives per worker."""
+
+    name: str  # "torch" | "trtllm"
+    model_name: str
+
+    def check(self, spec: SpecConfig) -> None:
+        """Raise a BatchspecError (one line) if this engine cannot run `spec` with its models."""
+
+    def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int) -> GenerateResult:
+        """Complete every request under `spec`, at most `batch_size` sequences at a time.
+
+        A bad row (empty prompt, too long for the context) yields an error Completion for that
+        row only; the call raises only for problems that affect every row.
+        """
+
+    def close(self) -> None:
+        """Release models and devices."""

@@ -1,0 +1,30 @@
+"""The project's user-facing errors.
+
+Three tiers (STYLE.md): `assert` for our own invariants; these `BatchspecError` subclasses for bad
+configuration or input, each with a one-line message naming what was wrong; `click.ClickException`
+only in the CLI, which turns any `BatchspecError` into one line and a non-zero exit.
+"""
+
+
+class BatchspecError(Exception):
+    """A problem the user can fix; the message is one line and names the culprit."""
+
+
+class ConfigError(BatchspecError):
+    """A pipeline, trt_config or job file (or an option) is invalid: names file, key, expectation."""
+
+
+class InputError(BatchspecError):
+    """The input data cannot be read or lacks what the pipeline needs."""
+
+
+class ModelError(BatchspecError):
+    """A model cannot be found, prepared, loaded or paired with its draft."""
+
+
+class EngineUnavailable(BatchspecError):
+    """The chosen engine cannot run here (for example `tensorrt_llm` is not importable)."""
+
+
+class OutputError(BatchspecError):
+    """The output location cannot be written, or holds a different run."""
