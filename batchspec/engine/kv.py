@@ -1,0 +1,180 @@
+"""A batched KV cache whose rows advance by different amounts, for speculative decoding.
+
+Every forward appends the same number of slots T to every row (the padded width of that step),
+but each row then keeps only some of them: its accepted drafts, or its real tokens when it had
+fewer than T. Rejected and padding slots stay in memory as holes, marked invalid in `valid`, and
+every later query is masked from them. Positions (for RoPE) count valid tokens only, so a row
+with holes computes exactly what it would without them. `compact()` squeezes holes out when they
+outweigh the tokens.
+
+`Batch` knows nothing about drafting or sampling; it owns the cache, the mask and the positions,
+and can drop finished rows and take in newly prefilled ones (continuous batching).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class SlotLayer(DynamicLayer):
+    """One layer's keys and values in preallocated buffers that grow by doubling.
+
+    Appending is a copy of the new slots only (DynamicLayer's torch.cat copies the whole cache
+    every step)."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.length = 0
+        self.k_buf = key_states.new_zeros(key_states.shape[:2] + (0,) + key_states.shape[3:])
+        self.v_buf = value_states.new_zeros(value_states.shape[:2] + (0,) + value_states.shape[3:])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.k_buf.shape[-2]:
+            self._resize(max(end, 2 * self.k_buf.shape[-2], 64))
+        self.k_buf[:, :, self.length : end] = key_states
+        self.v_buf[:, :, self.length : end] = value_states
+        self.length = end
+        return self.keys, self.values
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.k_buf[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value) -> None:  # DynamicLayer.__init__ assigns None
+        pass
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.v_buf[:, :, : self.length]
+
+    @values.setter
+    def values(self, value) -> None:
+        pass
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized else 0
+
+    def _resize(self, capacity: int) -> None:
+        def grow(buf: torch.Tensor) -> torch.Tensor:
+            out = buf.new_zeros(buf.shape[:2] + (capacity,) + buf.shape[3:])
+            out[:, :, : self.length] = buf[:, :, : self.length]
+            return out
+
+        self.k_buf, self.v_buf = grow(self.k_buf), grow(self.v_buf)
+
+    def take(self, rows: torch.Tensor | None, slots: torch.Tensor | None, length: int) -> None:
+        """Keep `rows` (batch indices) and, per row, the slot indices `slots` [B, length]."""
+        k, v = self.keys, self.values
+        if rows is not None:
+            k, v = k[rows], v[rows]
+        if slots is not None:
+            idx = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            k, v = k.gather(2, idx), v.gather(2, idx)
+        self.k_buf, self.v_buf, self.length = k.contiguous(), v.contiguous(), length
+
+    def append_rows(self, other: "SlotLayer") -> None:
+        """Stack `other`'s rows under ours, padding the shorter one with (invalid) zero slots."""
+        length = max(self.length, other.length)
+        self.k_buf = torch.cat([_pad_slots(self.keys, length), _pad_slots(other.keys, length)])
+        self.v_buf = torch.cat([_pad_slots(self.values, length), _pad_slots(other.values, length)])
+        self.length = length
+
+
+def _pad_slots(x: torch.Tensor, length: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, 0, 0, length - x.shape[2]))
+
+
+class SlotCache(Cache):
+    def __init__(self) -> None:
+        super().__init__(layer_class_to_replicate=SlotLayer)
+
+
+class Batch:
+    """The running rows of one model: cache, valid-slot mask [B, L] and positions [B]."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cache = SlotCache()
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=device)
+        self.positions = torch.zeros(0, dtype=torch.long, device=device)  # valid tokens per row
+
+    @property
+    def size(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def slots(self) -> int:
+        return self.valid.shape[1]
+
+    def forward(self, model, tokens: list[list[int]], pad_id: int = 0) -> torch.Tensor:
+        """Append each row's tokens (right-padded to the longest) and return logits [B, T, V].
+
+        Padding slots are appended as valid and must be dropped by the caller's `keep()`; a real
+        token never sees them (they come after it)."""
+        assert len(tokens) == self.size or self.size == 0, (len(tokens), self.size)
+        if self.size == 0:
+            self.valid = torch.zeros(len(tokens), 0, dtype=torch.bool, device=self.device)
+            self.positions = torch.zeros(len(tokens), dtype=torch.long, device=self.device)
+        width = max(len(t) for t in tokens)
+        ids = torch.tensor([t + [pad_id] * (width - len(t)) for t in tokens], device=self.device)
+        new = torch.arange(width, device=self.device)
+        position_ids = self.positions[:, None] + new[None, :]
+        past = self.valid[:, None, None, :].expand(-1, 1, width, -1)
+        causal = (new[None, :] <= new[:, None])[None, None].expand(self.size, 1, -1, -1)
+        mask = torch.cat([past, causal], dim=-1)  # [B, 1, T, L + T], True = may attend
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=self.cache, use_cache=True)
+        self.valid = torch.cat([self.valid, torch.ones(self.size, width, dtype=torch.bool, device=self.device)], 1)
+        self._appended = width
+        return out.logits
+
+    def keep(self, counts: torch.Tensor) -> None:
+        """Of the slots the last forward appended, keep the first counts[b] for row b."""
+        width = self._appended
+        new = torch.arange(width, device=self.device)[None, :]
+        self.valid[:, self.slots - width :] = new < counts[:, None]
+        self.positions = self.positions + counts
+
+    def drop_last(self, counts: torch.Tensor) -> None:
+        """Invalidate the last counts[b] valid tokens of row b (draft tokens the target rejected)."""
+        if not bool((counts > 0).any()):
+            return
+        seen = self.valid.long().cumsum(1)
+        self.valid &= ~(seen > (self.positions - counts)[:, None])
+        self.positions = self.positions - counts
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (indices into the batch), in that order."""
+        self.valid, self.positions = self.valid[rows], self.positions[rows]
+        for layer in self.cache.layers:
+            layer.take(rows, None, layer.length)
+
+    def extend(self, other: "Batch") -> None:
+        """Take in `other`'s rows (freshly prefilled) after ours."""
+        if other.size == 0:
+            return
+        if self.size == 0:
+            self.cache, self.valid, self.positions = other.cache, other.valid, other.positions
+            return
+        width = max(self.slots, other.slots)
+        pad = lambda v: torch.nn.functional.pad(v, (0, width - v.shape[1]))  # noqa: E731
+        self.valid = torch.cat([pad(self.valid), pad(other.valid)])
+        self.positions = torch.cat([self.positions, other.positions])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.append_rows(theirs)
+
+    def compact(self, slack: float = 2.0) -> None:
+        """Squeeze holes out when the cache holds `slack` times more slots than the longest row."""
+        longest = int(self.positions.max()) if self.size else 0
+        if self.slots <= slack * longest + 64:
+            return
+        # Stable sort puts each row's valid slots first, in their original order.
+        order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :longest]
+        for layer in self.cache.layers:
+            layer.take(None, order, longest)
+        self.valid = torch.arange(longest, device=self.device)[None, :] < self.positions[:, None]

@@ -1,0 +1,112 @@
+"""Sampling and the speculative accept/reject rule, as pure tensor functions.
+
+Nothing here calls a model or draws a random number: logits and uniforms come in, tokens and
+counts go out, so each rule is tested alone (tests/engine/test_sampling.py). Randomness is drawn
+by the caller from per-request `torch.Generator`s and passed in.
+
+Greedy is the temperature-0 limit of the same rule: the target distribution becomes a one-hot
+on its argmax, a draft is accepted exactly when it equals that argmax, and the recovered token is
+the argmax. So greedy speculative output equals greedy plain output by construction.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Turn logits into the distribution a request samples from.
+
+    logits: [N, V]; temperature, top_p: [N]. Rows with temperature 0 become a one-hot on the
+    argmax (greedy). Returns float32 probabilities [N, V].
+    """
+    logits = logits.float()
+    greedy = temperature <= 0
+    probs = torch.zeros_like(logits)
+    if greedy.any():
+        probs[greedy] = _one_hot_argmax(logits[greedy])
+    sampled = ~greedy
+    if sampled.any():
+        scaled = logits[sampled] / temperature[sampled, None].float()
+        probs[sampled] = _top_p(torch.softmax(scaled, dim=-1), top_p[sampled].float())
+    return probs
+
+
+def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(logits)
+    out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return out
+
+
+def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p, renormalised."""
+    if bool((top_p >= 1.0).all()):
+        return probs
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_p.cumsum(-1) - sorted_p  # mass of strictly more likely tokens
+    sorted_p = sorted_p.masked_fill(mass_before >= top_p[:, None], 0.0)  # the top token always stays
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling. probs: [N, V] (need not be normalised); uniforms: [N] in [0, 1).
+
+    A one-hot row returns its hot index whatever the uniform, which keeps greedy exact.
+    """
+    cdf = probs.cumsum(-1)
+    target = (uniforms.to(cdf) * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def accept_reject(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    num_drafts: torch.Tensor,
+    target_probs: torch.Tensor,
+    u_accept: torch.Tensor,
+    u_sample: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Leviathan–Kalman–Matias rule for a batch of rows, each with its own number of drafts.
+
+    draft_tokens: [B, K] proposed tokens (positions >= num_drafts are padding)
+    draft_probs:  [B, K, V] the drafter's distribution at each position, or None for a
+                  deterministic drafter (n-gram lookup), which is a one-hot on the draft token
+    num_drafts:   [B] how many drafts each row really proposed, 0..K
+    target_probs: [B, K+1, V] the target's distribution after each prefix (last = bonus position)
+    u_accept:     [B, K] uniforms for the accept tests
+    u_sample:     [B] uniforms for the recovered or bonus token
+
+    Returns (num_accepted [B], next_token [B]). A row commits its first num_accepted drafts and
+    then next_token: sampled from the residual max(0, p - q) at the first rejection, or from p
+    at the bonus position when every draft passed. Output tokens then follow p exactly.
+    """
+    B, K = draft_tokens.shape
+    rows = torch.arange(B, device=draft_tokens.device)
+    if K > 0:
+        p_draft = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, K]
+        q_draft = (
+            torch.ones_like(p_draft)
+            if draft_probs is None
+            else draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
+        )
+        real = torch.arange(K, device=draft_tokens.device)[None, :] < num_drafts[:, None]
+        accepted = real & (u_accept.to(p_draft) * q_draft < p_draft)  # u < p/q, without dividing by 0
+        num_accepted = accepted.long().cumprod(-1).sum(-1)
+    else:
+        num_accepted = torch.zeros(B, dtype=torch.long, device=draft_tokens.device)
+
+    p_next = target_probs[rows, num_accepted]  # [B, V]
+    rejected = num_accepted < num_drafts
+    dist = p_next
+    if bool(rejected.any()):
+        at = num_accepted.clamp(max=max(K - 1, 0))
+        if draft_probs is None:
+            q_next = torch.zeros_like(p_next).scatter_(-1, draft_tokens[rows, at][:, None], 1.0)
+        else:
+            q_next = draft_probs[rows, at]
+        residual = (p_next - q_next).clamp_(min=0.0)
+        # p == q leaves no residual mass; that rejection has probability 0, floats aside.
+        usable = rejected & (residual.sum(-1) > 0)
+        dist = torch.where(usable[:, None], residual, p_next)
+    return num_accepted, sample_from(dist, u_sample)
