@@ -42,12 +42,14 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Request:
-    """One row to complete: either a plain `prompt` or chat `messages` ([{role, content}, ...])."""
+    """One row to complete: a plain `prompt`, chat `messages` ([{role, content}, ...]), or
+    `prompt_token_ids` (already tokenized, as vLLM's TokensPrompt)."""
 
     id: str
     prompt: str | None = None
     messages: tuple[dict[str, str], ...] | None = None
     params: SamplingParams = SamplingParams()
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,8 @@ class TorchEngine:
 
     def encode(self, request: Request) -> list[int]:
         """Token ids of a request's prompt: chat messages through the chat template, text as is."""
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
         if request.messages is not None:
             ids = self.tokenizer.apply_chat_template(list(request.messages), add_generation_prompt=True, tokenize=True)
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
@@ -331,9 +333,11 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
 
 def _request_problem(request: Request) -> str | None:
     p = request.params
-    if request.messages is None and (request.prompt is None or not isinstance(request.prompt, str)):
+    if request.prompt_token_ids is not None:
+        pass
+    elif request.messages is None and (request.prompt is None or not isinstance(request.prompt, str)):
         return "prompt is missing (null)" if request.prompt is None else f"prompt must be a string, got {type(request.prompt).__name__}"
-    if request.messages is None and not request.prompt.strip():
+    elif request.messages is None and not request.prompt.strip():
         return "prompt is empty"
     if not isinstance(p.max_tokens, int) or p.max_tokens < 1:
         return f"max_tokens must be an integer >= 1, got {p.max_tokens!r}"
