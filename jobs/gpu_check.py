@@ -1,0 +1,121 @@
+"""GPU smoke check for the TensorRT-LLM engine: run it on your own GPU node.
+
+For each TensorRT-LLM option file (default: trt_configs/*.yaml) this builds the LLM through
+batchspec's adapter (batchspec/engine/trtllm.py), generates a few prompts greedily with and
+without that file's speculation, checks that the outputs are equal, and prints acceptance
+(from llm.get_stats()) and tokens/s. It is the only place batchspec meets real TensorRT-LLM.
+
+    make gpu-check
+    python jobs/gpu_check.py --model meta-llama/Llama-3.1-8B-Instruct [--config trt_configs/ngram.yaml ...]
+
+The shipped configs pair with Llama-3.1-8B-Instruct (eagle3.yaml's head and draft_target.yaml's
+Llama-3.2-1B draft are made for it). Batch size 1 by default: TensorRT-LLM's own tests note that
+in-flight batching at larger batch sizes may change greedy outputs slightly.
+
+Exit status: 0 all equal; 1 a config failed or its output differed; 2 tensorrt_llm is missing
+(one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SamplingParams  # noqa: E402
+from batchspec.errors import BatchspecError, EngineUnavailable  # noqa: E402
+
+PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "Repeat this list exactly, one item per line: apples, pears, plums, cherries, figs.",
+    'Extract the fields as JSON: "Order 1182 from Ada Lovelace, 3 items, total 42.50 EUR".',
+    "Explain in three sentences why the sky is blue.",
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=os.environ.get("BATCHSPEC_GPU_MODEL", "meta-llama/Llama-3.1-8B-Instruct"))
+    parser.add_argument("--config", action="append", help="option file(s); default trt_configs/*.yaml")
+    parser.add_argument("--base", default=str(ROOT / "trt_configs" / "none.yaml"), help="LLM options for the plain run")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--batch-size", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def run_arm(engine, spec, batch_size: int, max_tokens: int) -> GenerateResult:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    requests = [Request(f"p{i}", prompt=p, params=params) for i, p in enumerate(PROMPTS)]
+    return engine.generate(requests, spec, batch_size)
+
+
+def tokens_per_s(result: GenerateResult) -> float:
+    return result.output_tokens / result.timing.wall_s if result.timing.wall_s > 0 else 0.0
+
+
+def check_config(engine, path: str, plain: GenerateResult, args: argparse.Namespace) -> bool:
+    from batchspec.spec_config import load_spec_file
+
+    spec = load_spec_file(path).spec
+    if spec.method == "none":
+        print(f"{path}: no speculation (baseline {tokens_per_s(plain):.1f} tok/s)")
+        return True
+    result = run_arm(engine, spec, args.batch_size, args.max_tokens)
+    errors = [c for c in result.completions if c.error]
+    differ = [c.id for c, ref in zip(result.completions, plain.completions) if c.token_ids != ref.token_ids]
+    stats = engine.last_iteration_stats
+    build = engine.build_seconds(spec)
+    rate = f"{stats.acceptance_rate:.2f}" if stats.acceptance_rate is not None else "n/a"
+    mean = f"{stats.mean_accepted_len:.2f}" if stats.mean_accepted_len is not None else "n/a"
+    speed, base = tokens_per_s(result), tokens_per_s(plain)
+    verdict = "OK" if not errors and not differ else "FAIL"
+    print(f"{path}: {spec.label} {verdict} acceptance={rate} mean_accepted_len={mean} "
+          f"tok/s={speed:.1f} (none {base:.1f}, x{speed / base if base else 0:.2f}) build={build:.0f}s")
+    for c in errors:
+        print(f"  {c.id}: error: {c.error}")
+    for rid in differ:
+        print(f"  {rid}: greedy output differs from the plain run")
+    for record in engine.builds:
+        if record.label == spec.label and record.reason:
+            print(f"  memory: {record.reason}")
+    return verdict == "OK"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        from batchspec.engine.trtllm import TrtllmEngine
+        from batchspec.spec_config import load_spec_file
+
+        engine = TrtllmEngine(args.model, load_spec_file(args.base).llm_options)
+    except EngineUnavailable as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
+    except BatchspecError as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 1
+    configs = args.config or sorted(glob.glob(str(ROOT / "trt_configs" / "*.yaml")))
+    ok = True
+    try:
+        plain = run_arm(engine, NO_SPEC, args.batch_size, args.max_tokens)
+        if any(c.error for c in plain.completions):
+            print(f"plain run failed: {[c.error for c in plain.completions if c.error][0]}", file=sys.stderr)
+            return 1
+        for path in configs:
+            try:
+                ok = check_config(engine, path, plain, args) and ok
+            except Exception as exc:  # report and go on to the next config
+                print(f"{path}: FAIL {' '.join(f'{type(exc).__name__}: {exc}'.split())[:300]}")
+                ok = False
+    finally:
+        engine.close()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
