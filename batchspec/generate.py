@@ -1,0 +1,159 @@
+"""One shard, start to finish on one engine: decide the speculative setting, generate, account.
+
+    decision = calibrate (or reuse, or the fixed setting)
+    generate in chunks, watching acceptance; if it drifts far below what calibration saw,
+        fall back to plain decoding for the rest of the shard and record where
+    stats = one row for OUTPUT/stats (DESIGN.md's columns)
+
+This module knows nothing about Parquet, storage or Ray; the pipeline's workers call `run_shard`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+from batchspec.calibrate import CalibrationSettings, Decision, calibrate, fixed_decision
+from batchspec.engine.base import NO_SPEC, Completion, Engine, GenerateResult, Request, SpecConfig, Timing
+
+
+@dataclass
+class ShardInput:
+    shard_id: str
+    shard_key: str | None
+    requests: list[Request]
+
+
+@dataclass
+class ShardStats:
+    """One row of OUTPUT/stats. Rates are None where nothing was drafted."""
+
+    shard_id: str
+    shard_key: str | None
+    rows: int
+    error_rows: int
+    spec_method: str
+    draft_len: int
+    acceptance_rate: float | None
+    mean_accepted_len: float | None
+    output_tokens: int
+    draft_tokens: int
+    accepted_tokens: int
+    target_steps: int
+    decode_s: float
+    prefill_s: float
+    draft_s: float
+    verify_s: float
+    other_s: float
+    tokens_per_s: float  # committed tokens per decode second (the calibration goodput measure)
+    wall_tokens_per_s: float  # committed tokens per second of generation, prefill included
+    baseline_tokens_per_s: float | None  # "none" measured in calibration, same measure
+    speedup: float | None  # tokens_per_s / baseline_tokens_per_s
+    calibration_s: float
+    calibration_capped: bool
+    decision_source: str  # calibrated | reused | fixed | too_small
+    decision_reason: str
+    drift_fallback_row: int | None  # row index where the shard fell back to "none", if it did
+    wall_s: float
+    engine: str
+    model: str
+    draft_model: str | None
+    batch_size: int
+    candidates: list[dict] = field(default_factory=list)
+
+    def to_row(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ShardResult:
+    completions: list[Completion]  # one per request, in order
+    row_specs: list[SpecConfig]  # the setting each row ran under
+    stats: ShardStats
+    decision: Decision
+
+
+def decide(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibrate_arms: bool, batch_size: int,
+           settings: CalibrationSettings, prior: Decision | None) -> Decision:
+    """Calibrate when asked and the shard is big enough; otherwise reuse or run fixed."""
+    spec_arms = [a for a in arms if a.method != "none"]
+    if not calibrate_arms or not spec_arms:
+        chosen = spec_arms[0] if spec_arms and not calibrate_arms else NO_SPEC
+        return fixed_decision(chosen, "speculation off (--spec none)" if chosen is NO_SPEC else f"fixed by config: {chosen.label}")
+    if len(shard.requests) < settings.min_rows:
+        if prior is not None:
+            return prior.reused_by(shard.shard_id)
+        return Decision(NO_SPEC, source="too_small",
+                        reason=f"shard has {len(shard.requests)} rows (< {settings.min_rows}) and no earlier decision for its key; ran none")
+    return calibrate(engine, shard.requests, spec_arms, batch_size, settings, shard_id=shard.shard_id)
+
+
+def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibrate: bool, batch_size: int,
+              settings: CalibrationSettings = CalibrationSettings(), prior: Decision | None = None) -> ShardResult:
+    start = time.perf_counter()
+    decision = decide(engine, shard, arms, calibrate, batch_size, settings, prior)
+    completions, row_specs, timing, fallback_row = generate_watching(engine, shard.requests, decision, batch_size, settings)
+    result = GenerateResult(completions, timing)
+    spec = decision.chosen
+    stats = ShardStats(
+        shard_id=shard.shard_id,
+        shard_key=None if shard.shard_key is None else str(shard.shard_key),
+        rows=len(completions),
+        error_rows=sum(c.finish_reason == "error" for c in completions),
+        spec_method=spec.method,
+        draft_len=spec.draft_len,
+        acceptance_rate=result.acceptance_rate,
+        mean_accepted_len=result.mean_accepted_len,
+        output_tokens=result.output_tokens,
+        draft_tokens=result.draft_tokens,
+        accepted_tokens=result.accepted_tokens,
+        target_steps=result.target_steps,
+        decode_s=timing.decode_s,
+        prefill_s=timing.prefill_s,
+        draft_s=timing.draft_s,
+        verify_s=timing.verify_s,
+        other_s=timing.other_s,
+        tokens_per_s=result.goodput,
+        wall_tokens_per_s=result.output_tokens / timing.wall_s if timing.wall_s > 0 else 0.0,
+        baseline_tokens_per_s=decision.baseline_tokens_per_s,
+        speedup=result.goodput / decision.baseline_tokens_per_s if decision.baseline_tokens_per_s else None,
+        calibration_s=decision.calibration_s,
+        calibration_capped=decision.capped,
+        decision_source=decision.source,
+        decision_reason=decision.reason,
+        drift_fallback_row=fallback_row,
+        wall_s=time.perf_counter() - start,
+        engine=engine.name,
+        model=engine.model_name,
+        draft_model=spec.draft_model,
+        batch_size=batch_size,
+        candidates=[a.to_struct() for a in decision.arms],
+    )
+    return ShardResult(completions, row_specs, stats, decision)
+
+
+def generate_watching(engine: Engine, requests: Sequence[Request], decision: Decision, batch_size: int,
+                      settings: CalibrationSettings) -> tuple[list[Completion], list[SpecConfig], Timing, int | None]:
+    """Generate under the decision, in chunks when speculating, falling back on drift."""
+    spec = decision.chosen
+    calibrated = decision.chosen_arm.acceptance_rate if decision.chosen_arm else None
+    if spec.method == "none" or calibrated is None:
+        result = engine.generate(requests, spec, batch_size)
+        return result.completions, [spec] * len(requests), result.timing, None
+    chunk = settings.drift_chunk or max(8 * batch_size, 64)
+    completions: list[Completion] = []
+    specs: list[SpecConfig] = []
+    timing = Timing()
+    fallback_row = None
+    for begin in range(0, len(requests), chunk):
+        part = requests[begin : begin + chunk]
+        result = engine.generate(part, spec, batch_size)
+        completions += result.completions
+        specs += [spec] * len(part)
+        timing = timing + result.timing
+        rate = result.acceptance_rate
+        more = begin + len(part) < len(requests)
+        if more and spec is not NO_SPEC and rate is not None and rate < settings.drift_ratio * calibrated:
+            spec, fallback_row = NO_SPEC, begin + len(part)
+    return completions, specs, timing, fallback_row
