@@ -150,8 +150,12 @@ def _building(final: Path) -> Iterator[Path | None]:
     A file lock per entry makes concurrent preparers wait for the first; leftovers of a killed
     preparer (hidden temp folders) are removed under that lock.
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.parent / f".{final.name}.lock", "w") as lock:
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(final.parent / f".{final.name}.lock", "w")
+    except OSError as exc:
+        raise ModelError(f"cannot write the model cache {final.parent} (set BATCHSPEC_CACHE): {_one_line(exc)}") from exc
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_prepared(final):
             yield None

@@ -147,13 +147,22 @@ def _fake_spec(monkeypatch, site: Path, parts: dict[str, bytes], sha256: str) ->
 def test_sha_mismatch_names_model_expected_and_actual(monkeypatch, tmp_path):
     data = b"not the model you are looking for"
     spec = _fake_spec(monkeypatch, tmp_path / "site", {"fake_model_parts/data/part01.bin": data}, "0" * 64)
+    stale = tmp_path / "cache" / f".tmp-{entry_path(spec, tmp_path / 'cache').name}-killed"  # a killed prepare's
+    stale.mkdir(parents=True)
     with pytest.raises(ModelError) as err:
         prepare(spec, tmp_path / "cache")
     message = str(err.value)
     assert "fake-model" in message and "0" * 64 in message and hashlib.sha256(data).hexdigest() in message
     assert "\n" not in message
     assert not entry_path(spec, tmp_path / "cache").exists()
-    assert not list((tmp_path / "cache").glob(".tmp-*"))
+    assert not list((tmp_path / "cache").glob(".tmp-*")), "stale or new temp folders left behind"
+
+
+def test_unwritable_cache_is_one_line_error(monkeypatch, tmp_path):
+    spec = _fake_spec(monkeypatch, tmp_path / "site", {"fake_model_parts/data/part01.bin": b"x"}, "0" * 64)
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ModelError, match=f"cannot write the model cache {tmp_path}/file/models"):
+        prepare(spec, tmp_path / "file" / "models")
 
 
 def test_parts_are_assembled_in_order_and_a_bad_gguf_leaves_no_half_entry(monkeypatch, tmp_path):
