@@ -1,0 +1,247 @@
+"""Steps 4 and 5, commit and manifest: everything written under OUTPUT, through fsspec only.
+
+Layout (DESIGN.md, the contract with data teams):
+
+    OUTPUT/outputs/<shard_id>.parquet   one row per input row of the shard
+    OUTPUT/stats/<shard_id>.parquet     one row per shard: the shard's commit mark, written last
+    OUTPUT/_plan.json  OUTPUT/_manifest.json  OUTPUT/_SUCCESS
+
+Atomicity: every object is written whole in one call. Local files go to a temporary name in the
+same folder and are renamed into place; object stores (s3://, gs://, memory://) get a single PUT,
+which they publish atomically. A shard counts as committed once its stats object exists, so a
+reader (or a resumed run) never takes half a shard for a whole one; names are deterministic, so a
+retried shard overwrites rather than duplicates.
+
+Schemas are explicit (nullable strings, int64 counts) so `pl.scan_parquet("OUTPUT/outputs/*.parquet")`
+reads every shard as one table.
+
+Date templates: OUTPUT (and INPUT) may contain `{date}` (YYYY-MM-DD), `{yyyy}`, `{mm}`, `{dd}`, resolved
+once at start from the run date (today in UTC, or `--run-date` to rerun a given night).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import os
+import posixpath
+import uuid
+from dataclasses import dataclass
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
+
+from batchspec.engine.base import Completion, SpecConfig
+from batchspec.errors import ConfigError, OutputError
+
+OUTPUT_FIELDS = (
+    pa.field("id", pa.string()),
+    pa.field("shard_id", pa.string()),
+    pa.field("text", pa.string()),
+    pa.field("prompt_tokens", pa.int64()),
+    pa.field("output_tokens", pa.int64()),
+    pa.field("finish_reason", pa.string()),
+    pa.field("error", pa.string()),
+    pa.field("spec_method", pa.string()),
+    pa.field("draft_len", pa.int64()),
+    pa.field("draft_tokens", pa.int64()),
+    pa.field("accepted_tokens", pa.int64()),
+    pa.field("target_steps", pa.int64()),
+)
+OUTPUT_NAMES = tuple(f.name for f in OUTPUT_FIELDS)
+
+F64, I64, STR = pa.float64(), pa.int64(), pa.string()
+# One calibrated arm (batchspec.calibrate.ArmResult.to_struct()).
+CANDIDATE_TYPE = pa.struct([
+    ("label", STR), ("method", STR), ("draft_len", I64), ("tokens_per_s", F64), ("predicted_tokens_per_s", F64),
+    ("acceptance_rate", F64), ("mean_accepted_len", F64), ("output_tokens", I64), ("rows", I64),
+    ("target_steps", I64), ("draft_tokens", I64), ("accepted_tokens", I64), ("draft_s", F64), ("verify_s", F64),
+    ("other_s", F64), ("prefill_s", F64), ("measured", pa.bool_()), ("error", STR),
+])
+# DESIGN.md's stats columns first, then the rest of batchspec.generate.ShardStats, then ours.
+STATS_FIELDS = tuple(pa.field(name, kind) for name, kind in [
+    ("shard_id", STR), ("shard_key", STR), ("rows", I64), ("error_rows", I64), ("spec_method", STR),
+    ("draft_len", I64), ("acceptance_rate", F64), ("mean_accepted_len", F64), ("output_tokens", I64),
+    ("decode_s", F64), ("prefill_s", F64), ("draft_s", F64), ("verify_s", F64), ("tokens_per_s", F64),
+    ("baseline_tokens_per_s", F64), ("calibration_s", F64), ("wall_s", F64), ("engine", STR), ("model", STR),
+    ("draft_model", STR), ("batch_size", I64), ("candidates", pa.list_(CANDIDATE_TYPE)),
+    ("draft_tokens", I64), ("accepted_tokens", I64), ("target_steps", I64), ("other_s", F64),
+    ("wall_tokens_per_s", F64), ("speedup", F64), ("calibration_capped", pa.bool_()), ("decision_source", STR),
+    ("decision_reason", STR), ("drift_fallback_row", I64), ("attempts", I64), ("note", STR),
+])
+STATS_SCHEMA = pa.schema(STATS_FIELDS)
+
+
+def resolve_template(url: str, run_date: dt.date) -> str:
+    """Fill `{date}`, `{yyyy}`, `{mm}`, `{dd}` in a path; any other `{...}` is a config error."""
+    if "{" not in url:
+        return url
+    values = {"date": run_date.isoformat(), "yyyy": f"{run_date.year:04d}", "mm": f"{run_date.month:02d}", "dd": f"{run_date.day:02d}"}
+    try:
+        return url.format_map(values)
+    except (KeyError, ValueError, IndexError) as exc:
+        raise ConfigError(f"path {url!r}: unknown template field {exc}; expected {{date}}, {{yyyy}}, {{mm}} or {{dd}}") from exc
+
+
+def output_schema(passthrough: pa.Schema) -> pa.Schema:
+    return pa.schema([*OUTPUT_FIELDS, *passthrough])
+
+
+def output_table(
+    shard_id: str,
+    completions: list[Completion],
+    row_specs: list[SpecConfig],
+    passthrough: pa.Table,
+    schema: pa.Schema,
+) -> pa.Table:
+    """The shard's output rows in input order; one per completion, passthrough columns appended."""
+    assert len(completions) == len(row_specs) == passthrough.num_rows, (len(completions), len(row_specs), passthrough.num_rows)
+    cols = {
+        "id": [c.id for c in completions],
+        "shard_id": [shard_id] * len(completions),
+        "text": [c.text for c in completions],
+        "prompt_tokens": [c.prompt_tokens for c in completions],
+        "output_tokens": [c.output_tokens for c in completions],
+        "finish_reason": [c.finish_reason for c in completions],
+        "error": [c.error for c in completions],
+        "spec_method": [s.method for s in row_specs],
+        "draft_len": [s.draft_len for s in row_specs],
+        "draft_tokens": [c.draft_tokens for c in completions],
+        "accepted_tokens": [c.accepted_tokens for c in completions],
+        "target_steps": [c.target_steps for c in completions],
+    }
+    arrays = [pa.array(cols[f.name], f.type) for f in OUTPUT_FIELDS]
+    for f in list(schema)[len(OUTPUT_FIELDS) :]:
+        have = f.name in passthrough.column_names
+        arrays.append(passthrough.column(f.name).cast(f.type) if have else pa.nulls(passthrough.num_rows, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def stats_table(row: dict) -> pa.Table:
+    """One stats row, typed by STATS_SCHEMA: missing columns are null, unknown keys are dropped."""
+    row = {**row, "candidates": [_candidate(c) for c in row.get("candidates") or []]}
+    return pa.Table.from_pylist([{f.name: row.get(f.name) for f in STATS_FIELDS}], schema=STATS_SCHEMA)
+
+
+def _candidate(c: dict) -> dict:
+    return {f.name: c.get(f.name) for f in CANDIDATE_TYPE}
+
+
+@dataclass(frozen=True)
+class Output:
+    """OUTPUT as an fsspec filesystem plus root; every write and listing of a run goes through here."""
+
+    url: str
+    storage_options: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        fs, _ = fsspec.core.url_to_fs(self.url, **dict(self.storage_options))
+        return fs
+
+    @property
+    def root(self) -> str:
+        _, root = fsspec.core.url_to_fs(self.url, **dict(self.storage_options))
+        return root.rstrip("/")
+
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts)
+
+    def output_path(self, shard_id: str) -> str:
+        return self.path("outputs", f"{shard_id}.parquet")
+
+    def stats_path(self, shard_id: str) -> str:
+        return self.path("stats", f"{shard_id}.parquet")
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write one whole object atomically (temp + rename locally, a single PUT elsewhere)."""
+        fs = self.fs
+        try:
+            if isinstance(fs, LocalFileSystem):
+                os.makedirs(posixpath.dirname(path), exist_ok=True)
+                tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp")
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            else:
+                fs.pipe_file(path, data)
+        except Exception as exc:
+            raise OutputError(f"cannot write {fs.unstrip_protocol(path)}: {_one_line(exc)}") from exc
+
+    def put_table(self, path: str, table: pa.Table) -> None:
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        self.put(path, buf.getvalue())
+
+    def commit_shard(self, shard_id: str, outputs: pa.Table, stats: pa.Table) -> None:
+        """Outputs first, then stats: the stats object is the commit mark."""
+        self.put_table(self.output_path(shard_id), outputs)
+        self.put_table(self.stats_path(shard_id), stats)
+
+    def put_json(self, name: str, doc: dict) -> None:
+        self.put(self.path(name), (json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n").encode())
+
+    # -- reading and housekeeping --------------------------------------------------------------
+
+    def read_text(self, name: str) -> str | None:
+        fs = self.fs
+        try:
+            return fs.cat_file(self.path(name)).decode()
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            raise OutputError(f"cannot read OUTPUT {self.url}: {_one_line(exc)}") from exc
+
+    def committed(self) -> set[str]:
+        """Shard ids whose stats object (the commit mark) exists."""
+        fs = self.fs
+        try:
+            names = fs.ls(self.path("stats"), detail=False)
+        except FileNotFoundError:
+            return set()
+        except Exception as exc:
+            raise OutputError(f"cannot list OUTPUT {self.url}: {_one_line(exc)}") from exc
+        return {posixpath.basename(n)[: -len(".parquet")] for n in names if n.endswith(".parquet") and not posixpath.basename(n).startswith(".")}
+
+    def read_stats(self, shard_ids: list[str]) -> list[dict]:
+        fs = self.fs
+        rows = []
+        for sid in shard_ids:
+            with fs.open(self.stats_path(sid), "rb") as f:
+                rows.extend(pq.read_table(f).to_pylist())
+        return rows
+
+    def clear(self) -> None:
+        """Remove a previous run's files (for --no-resume); other files under OUTPUT are left alone."""
+        fs = self.fs
+        for name in ("_SUCCESS", "_manifest.json", "_plan.json", "outputs", "stats"):
+            p = self.path(name)
+            try:
+                if fs.exists(p):
+                    fs.rm(p, recursive=True)
+            except Exception as exc:
+                raise OutputError(f"cannot clear {fs.unstrip_protocol(p)}: {_one_line(exc)}") from exc
+        fs.invalidate_cache()
+
+    def check_writable(self) -> None:
+        """Fail before any work when OUTPUT cannot be written (missing bucket, no permission)."""
+        fs = self.fs
+        try:
+            if isinstance(fs, LocalFileSystem):
+                os.makedirs(self.root, exist_ok=True)
+            probe = self.path(f"_write_check.{uuid.uuid4().hex}")
+            fs.pipe_file(probe, b"")
+            fs.rm(probe)
+        except Exception as exc:
+            raise OutputError(f"cannot write OUTPUT {self.url}: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
