@@ -1,0 +1,209 @@
+"""`batchspec run` as a library call: read -> plan -> shard workers -> commit -> manifest.
+
+`run(config)` reads as the list of steps of DESIGN.md "Data flow"; each step lives in its own
+module (read, plan, workers, write). Everything that can be checked before work starts is checked
+first, in this order, so a bad run stops with one line and writes nothing it could mistake for
+done: the engine is available, the spec files are valid, OUTPUT is writable, the input files and
+columns are readable, the plan matches any run already in OUTPUT.
+
+Ray: inside an existing Ray session (a test fixture, `ray job submit`) the pipeline uses it; with
+`ray_address` or RAY_ADDRESS set it connects to that cluster; otherwise it starts a local Ray with
+`ray_num_cpus` CPUs and no dashboard.
+
+Totals. `tokens_per_s` is this run's output tokens over the wall time of the worker step.
+`speedup` compares every committed shard's decode time with what its calibrated baseline
+("none") would have taken for the same tokens: sum(tokens / baseline_tokens_per_s) / sum(decode_s).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import platform
+import time
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from batchspec.engine.base import NO_SPEC
+from batchspec.errors import OutputError
+from batchspec.pipeline_config import RunConfig
+from batchspec.plan import Plan, check_resume, make_plan
+from batchspec.read import RowDefaults, open_input, scan_keys
+from batchspec.workers import Faults, ShardOutcome, WorkerJob, run_pool
+from batchspec.write import OUTPUT_NAMES, Output, output_schema, resolve_template
+
+
+class RunProgress(Protocol):
+    """What the CLI's progress bar hears from a run."""
+
+    def planned(self, shards: int, rows: int, skipped: int) -> None: ...
+
+    def shard_done(self, outcome: ShardOutcome) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    output: str
+    rows: int
+    error_rows: int
+    shards: int
+    shards_skipped: int  # committed by an earlier run and not recomputed
+    shards_failed: int  # written as error rows after every attempt failed
+    retries: int
+    output_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    baseline_tokens_per_s: float | None
+    speedup: float | None
+    complete: bool
+
+
+def run(config: RunConfig, *, progress: RunProgress | None = None, faults: Faults = Faults()) -> RunSummary:
+    started = time.perf_counter()
+    run_date = config.run_date or dt.datetime.now(dt.timezone.utc).date()
+    opts = dict(config.storage_options)
+    check_engine(config.engine)
+    arms, calibrate = resolve_arms(config)
+    output = Output(resolve_template(config.output, run_date), tuple(opts.items()))
+    output.check_writable()
+
+    source = open_input(resolve_template(config.input, run_date), opts, config.shard_by)  # 1. read
+    passthrough = source.passthrough_schema(OUTPUT_NAMES)
+    ensure_ray(config)
+    keys = scan_keys(source, config.shard_by)
+    plan = make_plan(source, keys, config.shard_by, config.shard_size)  # 2. plan
+    todo, skipped = prepare_output(output, plan, config.resume)
+    if progress:
+        progress.planned(len(plan.shards), plan.rows, skipped)
+
+    job = WorkerJob(  # 3. shard workers: calibrate -> generate -> write, per shard
+        source=source, output=output, passthrough=passthrough, out_schema=output_schema(passthrough),
+        engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
+        device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
+        calibration=config.calibration, defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed),
+        worker=config.worker, faults=faults,
+    )
+    work_started = time.perf_counter()
+    report = run_pool(job, todo, config.workers, _on_done(progress, faults)) if todo else None
+    work_s = time.perf_counter() - work_started
+
+    stats = output.read_stats(_committed_in_order(output, plan))  # 4. commit: every shard accounted for
+    summary = summarize(output.url, plan, stats, report, skipped, work_s, time.perf_counter() - started)
+    if summary.complete:  # 5. manifest
+        write_manifest(output, config, plan, summary)
+    return summary
+
+
+def check_engine(engine: str) -> None:
+    """Stop before any work when the engine cannot run here (one line from the adapter)."""
+    if engine == "trtllm":
+        from batchspec.engine.trtllm import require_trtllm
+
+        require_trtllm()
+
+
+def resolve_arms(config: RunConfig) -> tuple[tuple, bool]:
+    from batchspec.spec_config import resolve_spec_arg
+
+    choice = resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)
+    if choice.calibrate:
+        return tuple(choice.arms), True
+    return ((choice.fixed or NO_SPEC),), False
+
+
+def ensure_ray(config: RunConfig) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if config.ray_address:
+        ray.init(address=config.ray_address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=config.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+
+def prepare_output(output: Output, plan: Plan, resume: bool) -> tuple[list, int]:
+    """Write or check OUTPUT/_plan.json; return the shards still to run and how many are done."""
+    if not resume:
+        output.clear()
+    text = output.read_text("_plan.json")
+    existing = Plan.from_json(text) if text else None
+    check_resume(existing, plan)
+    committed = output.committed()
+    if existing is None:
+        if committed:
+            raise OutputError(f"OUTPUT {output.url} holds shard files but no _plan.json; use a new OUTPUT or --no-resume")
+        output.put(output.path("_plan.json"), plan.to_json().encode())
+    todo = [s for s in plan.shards if s.shard_id not in committed]
+    return todo, len(plan.shards) - len(todo)
+
+
+def _on_done(progress: RunProgress | None, faults: Faults):
+    count = 0
+
+    def done(outcome: ShardOutcome) -> None:
+        nonlocal count
+        count += 1
+        if progress:
+            progress.shard_done(outcome)
+        if faults.abort_after is not None and count >= faults.abort_after:
+            raise RuntimeError(f"test hook: run aborted after {count} committed shards")
+
+    return done
+
+
+def _committed_in_order(output: Output, plan: Plan) -> list[str]:
+    committed = output.committed()
+    missing = [s.shard_id for s in plan.shards if s.shard_id not in committed]
+    if missing:
+        raise OutputError(f"OUTPUT {output.url}: {len(missing)} shard(s) not committed (first {missing[0]}); rerun to resume")
+    return [s.shard_id for s in plan.shards]
+
+
+def summarize(url: str, plan: Plan, stats: list[dict], report, skipped: int, work_s: float, wall_s: float) -> RunSummary:
+    rows = sum(s["rows"] or 0 for s in stats)
+    new_ids = {o.shard_id for o in report.outcomes} if report else set()
+    new_tokens = sum(s["output_tokens"] or 0 for s in stats if s["shard_id"] in new_ids)
+    timed = [s for s in stats if s.get("baseline_tokens_per_s") and s.get("decode_s") and s.get("output_tokens")]
+    base_s = sum(s["output_tokens"] / s["baseline_tokens_per_s"] for s in timed)
+    decode_s = sum(s["decode_s"] for s in timed)
+    timed_tokens = sum(s["output_tokens"] for s in timed)
+    return RunSummary(
+        output=url,
+        rows=rows,
+        error_rows=sum(s["error_rows"] or 0 for s in stats),
+        shards=len(stats),
+        shards_skipped=skipped,
+        shards_failed=len(report.failed_shards) if report else 0,
+        retries=report.retries if report else 0,
+        output_tokens=sum(s["output_tokens"] or 0 for s in stats),
+        wall_s=wall_s,
+        tokens_per_s=new_tokens / work_s if work_s > 0 and new_tokens else 0.0,
+        baseline_tokens_per_s=timed_tokens / base_s if base_s else None,
+        speedup=base_s / decode_s if decode_s else None,
+        complete=rows == plan.rows and len(stats) == len(plan.shards),
+    )
+
+
+def write_manifest(output: Output, config: RunConfig, plan: Plan, summary: RunSummary) -> None:
+    manifest = {
+        "config": config.to_doc(),
+        "versions": _versions(),
+        "plan_fingerprint": plan.fingerprint,
+        "input": plan.input_url,
+        "totals": asdict(summary),
+        "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    output.put_json("_manifest.json", manifest)
+    output.put(output.path("_SUCCESS"), b"")
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("batchspec", "ray", "torch", "transformers", "pyarrow", "fsspec"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out

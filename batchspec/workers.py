@@ -1,0 +1,287 @@
+"""Step 3, shard workers: a pool of Ray actors, one engine each for its whole life.
+
+Per shard a worker reads the shard's rows back from the input (only the row groups it needs),
+turns bad rows into error rows, calibrates and generates through `batchspec.generate.run_shard`,
+and commits outputs then stats (`batchspec.write`). The driver side (`run_pool`) hands shards to
+idle actors, passes each shard key's calibration decision on to the next shard of that key, and
+reports every committed shard to a callback (the progress bar).
+
+Faults. A worker process that dies (OOM, segfault, a killed node) is replaced by a fresh actor and
+its shard retried; a shard whose work raises an unexpected exception is retried on the same actor.
+After `worker.max_attempts` tries the shard's rows are written as error rows naming the last
+failure, so nothing is lost and the run still accounts for every row. A `BatchspecError` (bad
+model, bad config) is not retried: it affects every shard, so the run stops with that one line.
+
+Resources: `worker.num_cpus` may be fractional so Ray keeps CPUs for reading; on a GPU cluster
+`worker.num_gpus: 1` gives each actor its own GPU. Torch threads per actor are set explicitly.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
+from batchspec.errors import BatchspecError
+from batchspec.pipeline_config import WorkerConfig
+from batchspec.plan import ShardPlan
+from batchspec.read import InputSource, ParsedRow, RowDefaults, generated_id, parse_rows, read_rows
+from batchspec.write import Output, output_table, stats_table
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Test hooks, never set by users: `kill_in` shard ids make the worker process exit (os._exit)
+    mid-shard on their first `kill_attempts` attempts; `abort_after` stops the driver after that
+    many commits, as a crash of the job would."""
+
+    kill_in: frozenset[str] = frozenset()
+    kill_attempts: int = 1
+    abort_after: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """Everything a worker needs, fixed for the run (sent once to each actor)."""
+
+    source: InputSource
+    output: Output
+    passthrough: pa.Schema
+    out_schema: pa.Schema
+    engine: str
+    model: str
+    draft_model: str | None
+    dtype: str
+    device: str | None
+    arms: tuple[SpecConfig, ...]
+    calibrate: bool
+    batch_size: int
+    calibration: tuple[tuple[str, Any], ...]
+    defaults: RowDefaults
+    worker: WorkerConfig
+    faults: Faults = Faults()
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    plan: ShardPlan
+    attempt: int = 1
+    prior: Any = None  # batchspec.calibrate.Decision of an earlier shard with the same key
+
+
+@dataclass
+class ShardOutcome:
+    """What a committed shard reports back to the driver (small: no row data)."""
+
+    shard_id: str
+    shard_key: str | None
+    rows: int
+    error_rows: int
+    output_tokens: int
+    stats: dict = field(default_factory=dict)
+    decision: Any = None
+
+
+# ---- the shard's rows ------------------------------------------------------------------------
+
+
+@dataclass
+class ShardRows:
+    table: pa.Table  # the shard's input rows, in plan order
+    parsed: list[ParsedRow]
+
+
+def load_shard(job: WorkerJob, plan: ShardPlan) -> ShardRows:
+    tables, ids = [], []
+    for file_index, rows in plan.row_indices():
+        table = read_rows(job.source, file_index, rows)
+        given = table.column("id").to_pylist() if "id" in table.column_names else [None] * len(rows)
+        f = job.source.files[file_index]
+        ids += [str(v) if v is not None else generated_id(f, r) for v, r in zip(given, rows)]
+        tables.append(table)
+    table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    assert table.num_rows == plan.rows, (plan.shard_id, table.num_rows, plan.rows)
+    return ShardRows(table, parse_rows(table, ids, job.defaults))
+
+
+def commit(job: WorkerJob, plan: ShardPlan, rows: ShardRows, completions: list[Completion], specs: list[SpecConfig], stats: dict) -> ShardOutcome:
+    errors = sum(c.finish_reason == "error" for c in completions)
+    tokens = sum(c.output_tokens for c in completions)
+    stats = {**stats, "shard_id": plan.shard_id, "shard_key": plan.shard_key, "rows": len(completions), "error_rows": errors}
+    stats.setdefault("output_tokens", tokens)
+    passthrough = rows.table.select([n for n in job.passthrough.names if n in rows.table.column_names])
+    job.output.commit_shard(plan.shard_id, output_table(plan.shard_id, completions, specs, passthrough, job.out_schema), stats_table(stats))
+    return ShardOutcome(plan.shard_id, plan.shard_key, len(completions), errors, tokens, stats)
+
+
+def commit_failed(job: WorkerJob, plan: ShardPlan, reason: str, attempts: int) -> ShardOutcome:
+    """Every row of a shard that kept failing, written as an error row (nothing lost)."""
+    rows = load_shard(job, plan)
+    reason = f"shard failed {attempts} times: {reason}"
+    completions = [Completion.failed(p.request.id, reason) for p in rows.parsed]
+    stats = {"engine": job.engine, "model": job.model, "draft_model": job.draft_model, "batch_size": job.batch_size,
+             "spec_method": "none", "draft_len": 0, "output_tokens": 0, "attempts": attempts, "note": reason}
+    return commit(job, plan, rows, completions, [NO_SPEC] * len(completions), stats)
+
+
+# ---- the actor -------------------------------------------------------------------------------
+
+
+class ShardWorker:
+    """One engine for the actor's life; `process` runs one shard end to end and commits it."""
+
+    def __init__(self, job: WorkerJob):
+        self.job = job
+        self.engine = None
+
+    def start(self) -> str:
+        """Load the engine (a ModelError here stops the run with one line)."""
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+
+        from batchspec.engine.factory import create_engine
+        from batchspec.models import resolve_model
+
+        w = self.job.worker
+        torch.set_num_threads(w.torch_threads or max(1, math.ceil(w.num_cpus)))
+        opts = dict(self.job.output.storage_options)
+        model = str(resolve_model(self.job.model, storage_options=opts)) if self.job.engine == "torch" else self.job.model
+        draft = self.job.draft_model
+        if draft and self.job.engine == "torch":
+            draft = str(resolve_model(draft, storage_options=opts))
+        self.engine = create_engine(self.job.engine, model, draft_model=draft, dtype=self.job.dtype, device=self.job.device)
+        return self.engine.model_name
+
+    def process(self, task: ShardTask) -> ShardOutcome:
+        from batchspec.calibrate import CalibrationSettings
+        from batchspec.generate import ShardInput, run_shard
+
+        job, plan = self.job, task.plan
+        started = time.perf_counter()
+        rows = load_shard(job, plan)
+        if plan.shard_id in job.faults.kill_in and task.attempt <= job.faults.kill_attempts:
+            os._exit(1)  # test hook: the worker process dies mid-shard
+        good = [p.request for p in rows.parsed if p.error is None]
+        stats: dict = {"engine": job.engine, "model": job.model, "draft_model": job.draft_model, "batch_size": job.batch_size}
+        result = None
+        if good:
+            arms = list(job.arms) if job.calibrate else [job.arms[0] if job.arms else NO_SPEC]
+            settings = CalibrationSettings(**dict(job.calibration))
+            result = run_shard(self.engine, ShardInput(plan.shard_id, plan.shard_key, good), arms, job.calibrate, job.batch_size, settings, task.prior)
+            stats = {**stats, **result.stats.to_row(), "model": job.model}
+        completions, specs = _merge(rows.parsed, result)
+        stats["attempts"] = task.attempt
+        stats.setdefault("wall_s", time.perf_counter() - started)
+        outcome = commit(job, plan, rows, completions, specs, stats)
+        outcome.decision = result.decision if result is not None else task.prior
+        return outcome
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+def _merge(parsed: list[ParsedRow], result) -> tuple[list[Completion], list[SpecConfig]]:
+    """Engine completions back in row order, error rows in their places."""
+    done = iter(zip(result.completions, result.row_specs)) if result is not None else iter(())
+    completions, specs = [], []
+    for p in parsed:
+        if p.error is not None:
+            completions.append(Completion.failed(p.request.id, p.error))
+            specs.append(NO_SPEC)
+        else:
+            c, s = next(done)
+            assert c.id == p.request.id, (c.id, p.request.id)
+            completions.append(c)
+            specs.append(s)
+    assert next(done, None) is None, "run_shard returned more completions than requests"
+    return completions, specs
+
+
+# ---- the driver side -------------------------------------------------------------------------
+
+
+@dataclass
+class PoolReport:
+    outcomes: list[ShardOutcome]
+    retries: int
+    failed_shards: list[str]
+
+
+def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Callable[[ShardOutcome], None]) -> PoolReport:
+    """Run every shard on a pool of `workers` actors; returns once each shard is committed."""
+    import ray
+
+    remote = ray.remote(ShardWorker).options(num_cpus=job.worker.num_cpus, num_gpus=job.worker.num_gpus, max_restarts=0, max_task_retries=0)
+    actors: list[Any] = []  # every actor started, to stop them all at the end
+    idle = [_start(remote, job, actors) for _ in range(min(workers, len(plans)))]
+    queue = collections.deque(ShardTask(p) for p in plans)
+    decisions: dict[str | None, Any] = {}
+    in_flight: dict[Any, tuple[Any, ShardTask]] = {}
+    report = PoolReport([], 0, [])
+    try:
+        while queue or in_flight:
+            while queue and idle:
+                actor, task = idle.pop(), queue.popleft()
+                task = ShardTask(task.plan, task.attempt, decisions.get(task.plan.shard_key))
+                in_flight[actor.process.remote(task)] = (actor, task)
+            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            actor, task = in_flight.pop(ready[0])
+            try:
+                outcome = ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:  # the process died: a fresh actor takes over
+                ray.kill(actor, no_restart=True)
+                actor = _start(remote, job, actors)
+                _retry(job, task, queue, report, on_done, f"worker died: {_cause(exc)}")
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, BatchspecError):
+                    raise exc.cause from None
+                _retry(job, task, queue, report, on_done, _cause(exc))
+            else:
+                if outcome.decision is not None:
+                    decisions[outcome.shard_key] = outcome.decision
+                report.outcomes.append(outcome)
+                on_done(outcome)
+            idle.append(actor)
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+    return report
+
+
+def _start(remote, job: WorkerJob, actors: list) -> Any:
+    import ray
+
+    actor = remote.remote(job)
+    actors.append(actor)
+    try:
+        ray.get(actor.start.remote())
+    except ray.exceptions.RayTaskError as exc:
+        ray.kill(actor, no_restart=True)
+        if isinstance(exc.cause, BatchspecError):
+            raise exc.cause from None
+        raise
+    return actor
+
+
+def _retry(job: WorkerJob, task: ShardTask, queue, report: PoolReport, on_done, reason: str) -> None:
+    if task.attempt < job.worker.max_attempts:
+        report.retries += 1
+        queue.appendleft(ShardTask(task.plan, task.attempt + 1))
+        return
+    outcome = commit_failed(job, task.plan, reason, task.attempt)
+    report.failed_shards.append(task.plan.shard_id)
+    report.outcomes.append(outcome)
+    on_done(outcome)
+
+
+def _cause(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None) or exc
+    text = str(cause).strip().splitlines()
+    return (f"{type(cause).__name__}: {text[-1]}" if text else type(cause).__name__)[:300]
