@@ -1,0 +1,114 @@
+"""`batchspec run`: parse options, build the RunConfig, call `batchspec.pipeline.run`, report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+
+import click
+
+from batchspec.pipeline_config import DEFAULT_PIPELINE, build_config
+
+
+@click.command("run")
+@click.argument("input")
+@click.argument("output")
+@click.option("--pipeline", envvar="BATCHSPEC_PIPELINE", help=f"Pipeline YAML (default {DEFAULT_PIPELINE.name}: local Ray, torch on CPU, SmolLM2).")
+@click.option("--model", envvar="BATCHSPEC_MODEL", help="Target model: registry name, HF folder or fsspec URL.")
+@click.option("--draft-model", envvar="BATCHSPEC_DRAFT_MODEL", help="Draft model for DraftTarget arms.")
+@click.option("--engine", type=click.Choice(["torch", "trtllm"]), envvar="BATCHSPEC_ENGINE")
+@click.option("--spec", help="auto (calibrate per shard), none, or a trt_configs FILE.yaml.")
+@click.option("--candidates", help="Candidates file that --spec auto calibrates over.")
+@click.option("--shard-by", help="Column to group rows by before cutting shards (one calibration per value).")
+@click.option("--shard-size", type=int, help="Rows per shard at most.")
+@click.option("--workers", type=int, envvar="BATCHSPEC_WORKERS", help="Shard workers (Ray actors, one engine each).")
+@click.option("--batch-size", type=int, help="Sequences generated at once per worker.")
+@click.option("--max-tokens", type=int, help="Default max new tokens (a max_tokens column overrides per row).")
+@click.option("--temperature", type=float, help="Default temperature; 0 is greedy.")
+@click.option("--top-p", type=float)
+@click.option("--seed", type=int, help="Run seed; each row samples with a seed derived from it and its id.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
+@click.option("--run-date", help="Date for {date}/{yyyy}/{mm}/{dd} in INPUT/OUTPUT (default today, UTC).")
+@click.option("--resume/--no-resume", default=None, help="Skip shards already committed in OUTPUT (default), or start OUTPUT afresh.")
+def command(input: str, output: str, pipeline: str | None, run_date: str | None, **options) -> None:
+    """Generate a completion for every row of INPUT into OUTPUT (paths or fsspec URLs).
+
+    INPUT is a Parquet file, folder or glob with a `prompt` or `messages` column. OUTPUT receives
+    outputs/*.parquet (one row per input row), stats/*.parquet (one row per shard), _plan.json,
+    _manifest.json and _SUCCESS. Options override the pipeline file. Exit code 0 means every input
+    row has exactly one output row.
+
+    \b
+    Examples:
+      batchspec run examples/prompts.parquet out --shard-by task
+      batchspec run s3://bucket/prompts/ s3://bucket/runs/{date} --workers 4
+      batchspec run prompts.parquet out --spec none --max-tokens 32
+    """
+    from batchspec.pipeline import run
+
+    date = _date(run_date)
+    config = build_config(input, output, pipeline, run_date=date, **options)
+    with _Progress() as progress:
+        summary = run(config, progress=progress)
+    _print_summary(summary)
+    if not summary.complete:
+        raise click.ClickException(f"{summary.rows} output rows for a plan of more rows; rerun to resume")
+
+
+def _date(value: str | None) -> dt.date | None:
+    if value is None:
+        return None
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"expected YYYY-MM-DD, got {value!r}", param_hint="--run-date") from None
+
+
+class _Progress:
+    """A rich progress bar on stderr over shards, with the running count of output tokens."""
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.tokens = 0
+        self.bar = Progress(
+            TextColumn("shards"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tokens]} tokens"),
+            TimeElapsedColumn(), console=Console(file=sys.stderr), transient=False,
+        )
+        self.bar.__enter__()
+        self.task = None
+        return self
+
+    def planned(self, shards: int, rows: int, skipped: int) -> None:
+        self.task = self.bar.add_task("shards", total=shards, completed=skipped, tokens=0)
+        if skipped:
+            self.bar.console.print(f"resuming: {skipped} of {shards} shards already committed")
+
+    def shard_done(self, outcome) -> None:
+        self.tokens += outcome.output_tokens
+        self.bar.update(self.task, advance=1, tokens=self.tokens)
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+
+def _print_summary(s) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"batchspec run -> {s.output}", show_header=False)
+    speedup = f"{s.speedup:.2f}x" if s.speedup else "n/a"
+    base = f"{s.baseline_tokens_per_s:.1f}" if s.baseline_tokens_per_s else "n/a"
+    for name, value in [
+        ("rows", f"{s.rows} ({s.error_rows} errors)"),
+        ("shards", f"{s.shards} ({s.shards_skipped} resumed, {s.shards_failed} failed, {s.retries} retries)"),
+        ("output tokens", str(s.output_tokens)),
+        ("tokens/s (this run)", f"{s.tokens_per_s:.1f}"),
+        ("baseline tokens/s", base),
+        ("speedup vs baseline", speedup),
+        ("wall", f"{s.wall_s:.1f} s"),
+    ]:
+        table.add_row(name, value)
+    Console(file=sys.stderr).print(table)
+    click.echo(f"{s.rows} rows ({s.error_rows} errors), {s.shards} shards, {s.tokens_per_s:.1f} tokens/s, speedup {speedup} -> {s.output}")
