@@ -1,0 +1,75 @@
+"""`batchspec report`: print what a run did (a rich table per shard, totals at the bottom), or its
+JSON, and optionally write the HTML page with plots. The numbers live in batchspec.report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import click
+
+
+@click.command("report")
+@click.argument("output")
+@click.option("--html", "html_path", envvar="BATCHSPEC_REPORT_HTML", metavar="FILE",
+              help="Also write a self-contained HTML page with plots (acceptance, speedup, calibrated arms, time split).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
+def command(output: str, html_path: str | None, as_json: bool) -> None:
+    """Report on the run in OUTPUT (a path or fsspec URL): per shard its key, rows, errors, the
+    method and draft length chosen, acceptance rate, mean accepted length, tokens/s, speedup
+    over its calibrated baseline and the share of time spent calibrating; totals at the bottom.
+
+    For s3:// the credentials, region and endpoint come from AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION and AWS_ENDPOINT_URL.
+
+    \b
+    Examples:
+      batchspec report out
+      batchspec report out --html report.html
+      batchspec report s3://my-bucket/batchspec/nightly/2026-11-28 --json | jq .totals
+      AWS_ENDPOINT_URL=http://minio:9000 batchspec report s3://runs/2026-11-28 --html r.html
+    """
+    from batchspec.report import load_report, render_html
+
+    report = load_report(output)
+    if html_path:
+        _write_html(html_path, render_html(report))
+    if as_json:
+        click.echo(json.dumps(report.to_doc(), indent=1, default=str))
+    else:
+        _print_table(report)
+    if html_path:
+        click.echo(f"wrote {html_path}", err=True)
+
+
+def _write_html(path: str, page: str) -> None:
+    import fsspec
+
+    from batchspec.errors import OutputError
+
+    try:
+        with fsspec.open(path, "w", encoding="utf-8") as f:
+            f.write(page)
+    except Exception as exc:
+        raise OutputError(f"--html {path}: cannot write: {' '.join(str(exc).split())[:300]}") from exc
+
+
+def _print_table(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from batchspec.report import table_rows
+
+    header, rows, total = table_rows(report)
+    title = f"batchspec report: {report.output}"
+    caption = " · ".join(str(x) for x in (report.engine, report.model, "complete" if report.complete else "NOT finished") if x)
+    table = Table(title=title, caption=caption, show_footer=True)
+    for i, (name, foot) in enumerate(zip(header, total)):
+        table.add_column(name, footer=foot, justify="left" if i in (0, 1, 4) else "right", no_wrap=i == 0)
+    for row in rows:
+        table.add_row(*row)
+    width = max(shutil.get_terminal_size((160, 24)).columns, 150)
+    console = Console(width=width)
+    console.print(table)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
