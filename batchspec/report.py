@@ -12,8 +12,8 @@ Definitions (per shard, from its stats row; totals over every committed shard):
     calibration share  calibration_s / wall_s
     time split         prefill_s, draft_s, verify_s, calibration_s, and other = the rest of wall_s
                        (the decode loop's own bookkeeping, tokenizing, writing)
-    acceptance (total) sum(accepted_tokens) / sum(draft_tokens) over output rows
-    mean accepted len  (total) 1 + sum(accepted_tokens) / sum(target_steps) over output rows
+    acceptance (total) sum(accepted_tokens) / sum(draft_tokens) over the output rows of shards that drafted
+    mean accepted len  (total) 1 + sum(accepted_tokens) / sum(target_steps), over the same rows
 
 Storage: local paths and the object stores polars reads natively (s3, gs, az) are scanned lazily
 by polars, so only the columns the report needs are fetched; any other fsspec URL (memory://, ...)
@@ -246,9 +246,10 @@ def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dic
     wall = sum(s.wall_s for s in shards)
     tokens = sum(s.output_tokens for s in shards)
     split = {p: sum(s.time_split[p] for s in shards) for p in TIME_PARTS}
-    drafted = sum(r["draft_tokens"] or 0 for r in per_shard.values()) if per_shard else 0
-    accepted = sum(r["accepted_tokens"] or 0 for r in per_shard.values()) if per_shard else 0
-    steps = sum(r["target_steps"] or 0 for r in per_shard.values()) if per_shard else 0
+    speculated = [r for r in (per_shard or {}).values() if r["draft_tokens"]]
+    drafted = sum(r["draft_tokens"] for r in speculated)
+    accepted = sum(r["accepted_tokens"] or 0 for r in speculated)
+    steps = sum(r["target_steps"] or 0 for r in speculated)
     return Totals(
         shards=len(shards), planned_shards=planned, rows=sum(s.rows for s in shards),
         error_rows=sum(s.error_rows for s in shards),
@@ -296,7 +297,7 @@ def render_html(report: RunReport) -> str:
     ]
     t = report.totals
     cards = [
-        ("rows", f"{t.rows:,}", f"{t.error_rows} errors"),
+        ("rows", f"{t.rows:,}", f"{t.error_rows} with errors"),
         ("shards", f"{t.shards}" + (f" / {t.planned_shards}" if t.planned_shards is not None else ""), "complete" if report.complete else "NOT finished"),
         ("speedup vs none", _x(t.speedup), f"baseline {_num(t.baseline_tokens_per_s)} tok/s"),
         ("acceptance rate", _pct(t.acceptance_rate), f"mean accepted len {_num(t.mean_accepted_len, 2)}"),
@@ -388,6 +389,7 @@ def _fig_rates(report: RunReport) -> str:
     a2.set_xlim(0, max([1.3, *sp]) * 1.2)
     a2.set_xlabel("speedup vs no speculation (decode tokens/s)")
     a2.set_title("speedup (dashed: 1x)", fontsize=10)
+    a1.margins(y=0.01)
     a1.invert_yaxis()
     fig.tight_layout()
     return _png(fig)

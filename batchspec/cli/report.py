@@ -4,7 +4,7 @@ JSON, and optionally write the HTML page with plots. The numbers live in batchsp
 from __future__ import annotations
 
 import json
-import shutil
+import sys
 
 import click
 
@@ -68,8 +68,7 @@ def _print_table(report) -> None:
         table.add_column(name, footer=foot, justify="left" if i in (0, 1, 4) else "right", no_wrap=i == 0)
     for row in rows:
         table.add_row(*row)
-    width = max(shutil.get_terminal_size((160, 24)).columns, 150)
-    console = Console(width=width)
+    console = Console(width=None if sys.stdout.isatty() else 160)  # piped: wide enough for every column
     console.print(table)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
