@@ -52,6 +52,7 @@ class Arm:
     acceptance_rate: float | None
     mean_accepted_len: float | None
     chosen: bool
+    predicted_tokens_per_s: float | None = None  # calibration's prediction for an arm it did not measure
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class ShardReport:
     decode_s: float
     time_split: dict[str, float]  # TIME_PARTS -> seconds, summing to wall_s
     arms: tuple[Arm, ...]
+    decision: str | None = None  # calibrated | reused | fixed | too_small (batchspec.generate)
+    decision_reason: str | None = None
+    drift_fallback_row: int | None = None  # row where the shard fell back to "none", if it did
     note: str | None = None
 
 
@@ -227,7 +231,8 @@ def _shard(row: dict, per_shard: dict[str, dict] | None) -> ShardReport:
         tokens_per_s=tps, baseline_tokens_per_s=base, speedup=speedup,
         calibration_share=parts["calibration"] / wall if wall > 0 else None, wall_s=wall,
         decode_s=float(row.get("decode_s") or 0.0), time_split={p: parts[p] for p in TIME_PARTS},
-        arms=arms, note=row.get("note"),
+        arms=arms, decision=row.get("decision_source"), decision_reason=row.get("decision_reason"),
+        drift_fallback_row=row.get("drift_fallback_row"), note=row.get("note"),
     )
 
 
@@ -235,7 +240,7 @@ def _arm(c: dict, method: str, k: int) -> Arm:
     m, dl = c.get("spec_method") or c.get("method") or "none", int(c.get("draft_len") or 0)
     chosen = m == method and (m == "none" or dl == k)
     return Arm(c.get("label") or (m if m == "none" else f"{m}:k={dl}"), m, dl, c.get("tokens_per_s"),
-               c.get("acceptance_rate"), c.get("mean_accepted_len"), chosen)
+               c.get("acceptance_rate"), c.get("mean_accepted_len"), chosen, c.get("predicted_tokens_per_s"))
 
 
 def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dict | None, reasons: dict) -> Totals:
@@ -333,12 +338,13 @@ th:first-child,td:first-child,th:nth-child(2),td:nth-child(2){{text-align:left}}
 
 def table_rows(report: RunReport) -> tuple[list[str], list[list[str]], list[str]]:
     """Header, one row per shard, and the totals row: shared by the terminal and the HTML table."""
-    header = ["shard", "key", "rows", "errors", "method", "k", "accept", "mean acc len", "tok/s", "baseline tok/s", "speedup", "calib share"]
+    header = ["shard", "key", "rows", "errors", "method", "k", "decision", "accept", "mean acc len", "tok/s", "baseline tok/s", "speedup", "calib share"]
     rows = [[s.shard_id, s.shard_key or "-", str(s.rows), str(s.error_rows), s.spec_method, str(s.draft_len) if s.spec_method != "none" else "-",
+             (s.decision or "-") + (f" (drift@{s.drift_fallback_row})" if s.drift_fallback_row is not None else ""),
              _pct(s.acceptance_rate), _num(s.mean_accepted_len, 2), _num(s.tokens_per_s), _num(s.baseline_tokens_per_s), _x(s.speedup),
              _pct(s.calibration_share)] for s in report.shards]
     t = report.totals
-    total = ["total", f"{t.shards} shards", str(t.rows), str(t.error_rows), "", "", _pct(t.acceptance_rate), _num(t.mean_accepted_len, 2),
+    total = ["total", f"{t.shards} shards", str(t.rows), str(t.error_rows), "", "", "", _pct(t.acceptance_rate), _num(t.mean_accepted_len, 2),
              _num(t.tokens_per_s), _num(t.baseline_tokens_per_s), _x(t.speedup), _pct(t.calibration_share)]
     return header, rows, total
 
@@ -406,11 +412,19 @@ def _fig_arms(report: RunReport) -> str | None:
     fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 0.6 + max(len(s.arms) for s in shards) * 0.28 * rows + 0.6 * rows), squeeze=False)
     for ax, s in zip(axes.flat, shards):
         labels = [a.label for a in s.arms]
-        values = [a.tokens_per_s or 0.0 for a in s.arms]
+        values = [a.tokens_per_s or a.predicted_tokens_per_s or 0.0 for a in s.arms]
         colors = ["#f0b429" if a.chosen else COLORS.get(a.spec_method, "#2680c2") for a in s.arms]
         bars = ax.barh(labels, values, color=colors, edgecolor=["#1f2933" if a.chosen else "none" for a in s.arms])
         for bar, a in zip(bars, s.arms):
-            text = "not measured" if a.tokens_per_s is None else f"{a.tokens_per_s:.0f}" + (" chosen" if a.chosen else "")
+            if a.tokens_per_s is None:  # predicted only: an outline, not a measurement
+                bar.set_facecolor("none")
+                bar.set_edgecolor(COLORS.get(a.spec_method, "#2680c2"))
+                bar.set_hatch("//")
+        for bar, a in zip(bars, s.arms):
+            if a.tokens_per_s is not None:
+                text = f"{a.tokens_per_s:.0f}" + (" chosen" if a.chosen else "")
+            else:
+                text = f"~{a.predicted_tokens_per_s:.0f} predicted" if a.predicted_tokens_per_s else "not measured"
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=7)
         ax.set_xlim(0, max([1.0, *values]) * 1.45)
         ax.invert_yaxis()
@@ -418,7 +432,7 @@ def _fig_arms(report: RunReport) -> str | None:
         ax.set_title(f"{s.shard_id}", fontsize=9)
     for ax in list(axes.flat)[len(shards):]:
         ax.axis("off")
-    fig.supxlabel("tokens/s per arm (gold: chosen)", fontsize=9)
+    fig.supxlabel("tokens/s per arm (gold: chosen; hatched: predicted, not measured)", fontsize=9)
     fig.tight_layout()
     return _png(fig)
 

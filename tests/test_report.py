@@ -89,6 +89,7 @@ def test_report_of_a_real_run_agrees_with_its_files(real_run):
         chosen = [a for a in s.arms if a.chosen]
         assert len(chosen) == 1 and chosen[0].spec_method == s.spec_method
         assert 0 <= s.calibration_share <= 1
+        assert s.decision in ("calibrated", "reused", "fixed", "too_small")
 
 
 def test_report_reads_s3_with_endpoint_and_credentials_from_the_environment(real_run, monkeypatch):

@@ -45,7 +45,10 @@ def command(job_file: str, address: str | None, wait: bool, run_date: str | None
     click.echo(sub.job_id)
     if not wait:
         return
-    outcome = submit.wait(target, sub.job_id, lambda lines: (sys.stderr.write(lines), sys.stderr.flush()))
+    try:
+        outcome = submit.wait(target, sub.job_id, lambda lines: (sys.stderr.write(lines), sys.stderr.flush()))
+    except KeyboardInterrupt:
+        raise click.ClickException(f"stopped waiting; job {sub.job_id} keeps running (ray job stop {sub.job_id} --address {target})") from None
     if not outcome.ok:
         raise click.ClickException(f"job {outcome.job_id} {outcome.status}: {outcome.message or 'no message'}")
     click.echo(f"job {outcome.job_id} SUCCEEDED -> {sub.output}", err=True)
