@@ -129,9 +129,10 @@ def _stop_head(proc: subprocess.Popen, temp_dir: str) -> None:
     except ProcessLookupError:
         pass
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=5)  # Ray's processes exit on SIGTERM; `ray start --block` itself may linger
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
     ours = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:

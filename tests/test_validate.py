@@ -143,3 +143,24 @@ def test_a_missing_file_is_reported_and_others_still_checked(tmp_path):
     results = validate_files([str(tmp_path / "nope.yaml"), str(REPO / "pipelines" / "local.yaml")])
     assert [r.ok for r in results] == [False, True]
     assert "nope.yaml" in results[0].line and "not found" in results[0].line
+
+
+def test_shipped_manifests_run_commands_the_cli_accepts():
+    """The CronJob's command and the RayJob's entrypoint parse with the real click commands, and
+    the job file the CronJob names is one that validates."""
+    import shlex
+
+    from batchspec.cli.run import command as run_command
+    from batchspec.cli.submit import command as submit_command
+
+    container = CRON["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    argv = container["command"]
+    assert argv[:2] == ["batchspec", "submit"]
+    ctx = submit_command.make_context("submit", list(argv[2:]))
+    assert ctx.params["wait"] is True
+    assert validate_one(str(REPO / ctx.params["job_file"])).startswith(str(REPO / ctx.params["job_file"]))
+    assert "BATCHSPEC_ADDRESS" in [e["name"] for e in container["env"]]
+    entry = shlex.split(RAYJOB["spec"]["entrypoint"])
+    assert entry[:4] == ["python", "-m", "batchspec", "run"]
+    ctx = run_command.make_context("run", entry[4:])
+    assert ctx.params["output"].endswith("{date}") and (REPO / ctx.params["pipeline"]).exists()
