@@ -1,0 +1,109 @@
+"""Shared fixtures: tiny random models built from a config at test time (engine unit tests), and
+the real packaged SmolLM2 (end-to-end tests). Nothing is fetched from a hub."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(1)  # tiny models: threads only add sync cost, and CI has 2 cores
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The packaged SmolLM2-135M-Instruct, prepared by `make setup` (cached after the first time)."""
+    from batchspec.models import resolve_model
+
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_dir))
+
+
+def tiny_llama(vocab_size: int, layers: int, seed: int, **overrides):
+    """A small random Llama. initializer_range is large so logits are peaked and greedy argmaxes
+    are far from ties (a tie could differ between batched and one-by-one float sums)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        attn_implementation="sdpa", **{"initializer_range": 0.3, "tie_word_embeddings": True, **overrides},
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(smol_tokenizer):
+    """(target, draft, tokenizer): a 4-layer target and a 1-layer draft with SmolLM2's tokenizer."""
+    eos = smol_tokenizer.eos_token_id
+    target = tiny_llama(len(smol_tokenizer), 4, seed=0, eos_token_id=eos, pad_token_id=eos)
+    draft = tiny_llama(len(smol_tokenizer), 1, seed=1, eos_token_id=eos, pad_token_id=eos)
+    return target, draft, smol_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_pair):
+    """The tiny target saved as a Hugging Face folder, for tests that load models by path."""
+    target, _, tokenizer = tiny_pair
+    folder = tmp_path_factory.mktemp("tiny-target")
+    target.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tmp_path_factory, tiny_pair):
+    _, draft, tokenizer = tiny_pair
+    folder = tmp_path_factory.mktemp("tiny-draft")
+    draft.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def word_tokenizer(vocab_size: int):
+    """A word-level tokenizer over "<eos>", "w1" ... "w{n-1}": a small vocabulary makes n-gram
+    matches frequent and lets statistical tests enumerate every outcome."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0, **{f"w{i}": i for i in range(1, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
+
+
+def perturbed(model, scale: float, seed: int):
+    """A copy of `model` with Gaussian noise on every weight: a draft that agrees only partly."""
+    import copy
+
+    out = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+    return out
+
+
+@pytest.fixture(scope="session")
+def word_models():
+    """(target, drafts by name, tokenizer) over a 64-word vocabulary. Drafts: "close" agrees with
+    the target often, "far" rarely, "self" always."""
+    tokenizer = word_tokenizer(64)
+    target = tiny_llama(64, 4, seed=0, eos_token_id=0, pad_token_id=0, initializer_range=0.15)
+    drafts = {
+        "close": perturbed(target, 0.003, seed=1),
+        "far": tiny_llama(64, 1, seed=2, eos_token_id=0, pad_token_id=0, initializer_range=0.15),
+        "self": target,
+    }
+    return target, drafts, tokenizer
