@@ -39,7 +39,7 @@ from batchspec.errors import OutputError
 POLARS_PROTOCOLS = ("file", "local", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 OUTPUT_COLUMNS = ("shard_id", "finish_reason", "output_tokens", "draft_tokens", "accepted_tokens", "target_steps")
 TIME_PARTS = ("prefill", "draft", "verify", "other", "calibration")
-MAX_PLOTTED = 60  # shards per bar chart; more become unreadable
+MAX_PLOTTED = 60  # shards per bar chart; past it, a scatter per shard and time per shard key
 MAX_ARM_PANELS = 24
 
 
@@ -365,10 +365,18 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _plotted(report: RunReport) -> tuple[list[ShardReport], str]:
-    shards = list(report.shards[:MAX_PLOTTED])
-    more = f" (first {MAX_PLOTTED} of {len(report.shards)} shards)" if len(report.shards) > MAX_PLOTTED else ""
-    return shards, more
+def _time_groups(report: RunReport) -> tuple[list[tuple[str, dict[str, float]]], str]:
+    """Per shard; or, past MAX_PLOTTED shards, per shard key (the MAX_PLOTTED longest keys)."""
+    if len(report.shards) <= MAX_PLOTTED:
+        return [(s.shard_id, s.time_split) for s in report.shards], "time per shard"
+    keys: dict[str, dict[str, float]] = {}
+    for s in report.shards:
+        split = keys.setdefault(str(s.shard_key), dict.fromkeys(TIME_PARTS, 0.0))
+        for part in TIME_PARTS:
+            split[part] += s.time_split[part]
+    ranked = sorted(keys.items(), key=lambda kv: -sum(kv[1].values()))
+    more = f", the {MAX_PLOTTED} longest of {len(ranked)}" if len(ranked) > MAX_PLOTTED else ""
+    return ranked[:MAX_PLOTTED], f"time per shard key, summed over its shards ({len(report.shards)} shards{more})"
 
 
 COLORS = {"none": "#9aa5b1", "ngram": "#2680c2", "draft_target": "#c65d21", "eagle3": "#7b61a8", "mtp": "#3e8e41"}
@@ -377,7 +385,9 @@ COLORS = {"none": "#9aa5b1", "ngram": "#2680c2", "draft_target": "#c65d21", "eag
 def _fig_rates(report: RunReport) -> str:
     import matplotlib.pyplot as plt
 
-    shards, more = _plotted(report)
+    if len(report.shards) > MAX_PLOTTED:
+        return _fig_rates_scatter(report)
+    shards = list(report.shards)
     names = [s.shard_id for s in shards]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.32 * max(len(shards), 3)), sharey=True)
     acc = [s.acceptance_rate or 0.0 for s in shards]
@@ -386,7 +396,7 @@ def _fig_rates(report: RunReport) -> str:
         a1.text(acc[y] + 0.01, y, "no drafts" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%} ({s.spec_method} k={s.draft_len})", va="center", fontsize=8)
     a1.set_xlim(0, 1.25)
     a1.set_xlabel("acceptance rate (accepted / proposed)")
-    a1.set_title("acceptance rate" + more, fontsize=10)
+    a1.set_title("acceptance rate", fontsize=10)
     sp = [s.speedup or 0.0 for s in shards]
     a2.barh(names, sp, color=["#3e8e41" if v > 1 else "#9aa5b1" for v in sp])
     a2.axvline(1.0, color="#c62828", linestyle="--", linewidth=1)
@@ -401,10 +411,30 @@ def _fig_rates(report: RunReport) -> str:
     return _png(fig)
 
 
+def _fig_rates_scatter(report: RunReport) -> str:
+    """Many shards: one dot per shard, acceptance rate against speedup, coloured by method."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for method in sorted({s.spec_method for s in report.shards}):
+        group = [s for s in report.shards if s.spec_method == method]
+        ax.scatter([s.acceptance_rate or 0.0 for s in group], [s.speedup or 0.0 for s in group], s=18, alpha=0.75,
+                   color=COLORS.get(method, "#2680c2"), label=f"{method} ({len(group)} shards)")
+    ax.axhline(1.0, color="#c62828", linestyle="--", linewidth=1)
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_xlabel("acceptance rate (accepted / proposed; 0 where nothing was drafted)")
+    ax.set_ylabel("speedup vs no speculation")
+    ax.set_title(f"{len(report.shards)} shards, one dot each (dashed: 1x)", fontsize=10)
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    return _png(fig)
+
+
 def _fig_arms(report: RunReport) -> str | None:
     import matplotlib.pyplot as plt
 
-    shards = [s for s in report.shards if s.arms][:MAX_ARM_PANELS]
+    with_arms = [s for s in report.shards if s.arms]
+    shards = with_arms[:MAX_ARM_PANELS]
     if not shards:
         return None
     cols = min(4, len(shards))
@@ -433,6 +463,8 @@ def _fig_arms(report: RunReport) -> str | None:
     for ax in list(axes.flat)[len(shards):]:
         ax.axis("off")
     fig.supxlabel("tokens/s per arm (gold: chosen; hatched: predicted, not measured)", fontsize=9)
+    if len(with_arms) > len(shards):
+        fig.suptitle(f"the first {len(shards)} of {len(with_arms)} calibrated shards", fontsize=10)
     fig.tight_layout()
     return _png(fig)
 
@@ -440,17 +472,18 @@ def _fig_arms(report: RunReport) -> str | None:
 def _fig_time(report: RunReport) -> str:
     import matplotlib.pyplot as plt
 
-    shards, more = _plotted(report)
+    groups, title = _time_groups(report)
     palette = {"prefill": "#829ab1", "draft": "#2680c2", "verify": "#c65d21", "other": "#cbd2d9", "calibration": "#f0b429"}
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.32 * max(len(shards), 3)), gridspec_kw={"width_ratios": [3, 1]})
-    names = [s.shard_id for s in shards]
-    left = [0.0] * len(shards)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.32 * max(len(groups), 3)), gridspec_kw={"width_ratios": [3, 1]})
+    names = [name for name, _ in groups]
+    left = [0.0] * len(groups)
     for part in TIME_PARTS:
-        values = [s.time_split[part] for s in shards]
+        values = [split[part] for _, split in groups]
         a1.barh(names, values, left=left, color=palette[part], label=part)
         left = [a + b for a, b in zip(left, values)]
+    a1.margins(y=0.02)
     a1.invert_yaxis()
-    a1.set_title("time per shard" + more, fontsize=10)
+    a1.set_title(title, fontsize=10)
     a1.set_xlabel("seconds (colors: see the legend on the right)")
     total = report.totals.time_split
     nonzero = [(p, total[p]) for p in TIME_PARTS if total[p] > 0]

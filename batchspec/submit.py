@@ -35,6 +35,7 @@ and after it ended starts `...-r2`, `...-r3`, whose run resumes the committed sh
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import os
 import re
@@ -343,26 +344,52 @@ def connect(address: str):
         raise ConfigError(f"--address {address}: cannot reach the Ray Jobs API: {_one_line(exc)}{_auth_hint(exc)}") from None
 
 
-def submit(job: JobSpec, address: str, run_date: dt.date, environ: dict[str, str] | None = None) -> Submission:
-    """Submit the job (or attach to the same job and date if it is still running)."""
+@dataclass(frozen=True)
+class SubmitPlan:
+    """Everything sent to the Jobs API, decided before contacting it (what --dry-run prints)."""
+
+    base_id: str  # batchspec-<name>-<date>; a rerun after it ended gets -r2, -r3, ...
+    entrypoint: str
+    output: str  # OUTPUT with the date filled in
+    runtime_env: dict[str, Any]
+    resources: dict[str, Any]
+    metadata: dict[str, str]
+
+    def shown(self) -> dict[str, Any]:
+        """As a document, with the values of secret-looking env vars masked."""
+        env = dict(self.runtime_env)
+        if "env_vars" in env:
+            env["env_vars"] = {k: "***" if _secret(k) else v for k, v in env["env_vars"].items()}
+        return {**dataclasses.asdict(self), "runtime_env": env}
+
+
+def plan_submission(job: JobSpec, run_date: dt.date, environ: dict[str, str] | None = None) -> SubmitPlan:
     from batchspec.write import resolve_template
 
-    client = connect(address)
-    command = entrypoint(job, run_date)
-    base = f"batchspec-{job.name}-{run_date.isoformat()}"
     output = resolve_template(job.output, run_date)
-    job_id, attached = _free_id(client, base)
+    return SubmitPlan(
+        base_id=f"batchspec-{job.name}-{run_date.isoformat()}", entrypoint=entrypoint(job, run_date), output=output,
+        runtime_env=resolve_env(job, environ), resources=dict(job.resources),
+        metadata={"batchspec_job": job.name, "run_date": run_date.isoformat(), "output": output, **job.metadata},
+    )
+
+
+def submit(job: JobSpec, address: str, plan: SubmitPlan) -> Submission:
+    """Submit the planned job (or attach to the same job and date if it is still running)."""
+    client = connect(address)
+    job_id, attached = _free_id(client, plan.base_id)
     if attached:
-        return Submission(job_id, address, command, output, attached=True)
-    metadata = {"batchspec_job": job.name, "run_date": run_date.isoformat(), "output": output, **job.metadata}
+        return Submission(job_id, address, plan.entrypoint, plan.output, attached=True)
     try:
-        client.submit_job(entrypoint=command, submission_id=job_id, runtime_env=resolve_env(job, environ) or None,
-                          metadata=metadata, **job.resources)
-    except ConfigError:
-        raise
+        client.submit_job(entrypoint=plan.entrypoint, submission_id=job_id, runtime_env=plan.runtime_env or None,
+                          metadata=plan.metadata, **plan.resources)
     except Exception as exc:
         raise ConfigError(f"{job.path}: the Ray Jobs API at {address} refused the job: {_one_line(exc)}{_auth_hint(exc)}") from None
-    return Submission(job_id, address, command, output, attached=False)
+    return Submission(job_id, address, plan.entrypoint, plan.output, attached=False)
+
+
+def _secret(name: str) -> bool:
+    return any(word in name.upper() for word in ("SECRET", "KEY", "TOKEN", "PASSWORD", "CREDENTIAL"))
 
 
 def _free_id(client, base: str) -> tuple[str, bool]:

@@ -201,3 +201,35 @@ def test_models_list_and_unknown_model_is_one_line():
     result = invoke("models", "list")
     assert result.exit_code == 0 and "smollm2-135m" in result.stdout
     one_line_error(invoke("models", "prepare", "no-such-model-xyz"), "no-such-model-xyz")
+
+
+def test_submit_dry_run_prints_the_plan_with_secrets_masked():
+    env = {"AWS_ACCESS_KEY_ID": "AKIA-test", "AWS_SECRET_ACCESS_KEY": "s3cret", "BATCHSPEC_ADDRESS": "http://head:8265"}
+    result = invoke("submit", str(REPO / "jobs" / "gpu_trtllm.yaml"), "--dry-run", "--run-date", "2026-11-28", env=env)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["address"] == "http://head:8265" and doc["base_id"] == "batchspec-nightly-trtllm-2026-11-28"
+    assert doc["output"] == "s3://my-bucket/batchspec/nightly/2026-11-28"
+    assert doc["entrypoint"].endswith("--run-date 2026-11-28") and "--pipeline pipelines/gpu_trtllm.yaml" in doc["entrypoint"]
+    assert doc["runtime_env"]["env_vars"]["AWS_SECRET_ACCESS_KEY"] == "***" and "s3cret" not in result.output
+    missing = invoke("submit", str(REPO / "jobs" / "gpu_trtllm.yaml"), "--dry-run",
+                     env={"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None})
+    one_line_error(missing, "runtime_env.env_vars.AWS_ACCESS_KEY_ID: ${AWS_ACCESS_KEY_ID} is not set")
+
+
+def test_report_of_many_shards_plots_a_scatter_and_time_per_key(tmp_path):
+    from batchspec.report import MAX_PLOTTED, _time_groups, load_report
+
+    out = Output(str(tmp_path / "big"))
+    n = MAX_PLOTTED + 10
+    for i in range(n):
+        spec = SpecConfig("ngram", 2 + i % 3) if i % 2 else NO_SPEC
+        _shard(out, f"{i:05d}-k{i % 5}", f"k{i % 5}", spec, n=2, errors=0, tps=10.0 + i % 7, base=10.0)
+    page = tmp_path / "big.html"
+    result = invoke("report", str(tmp_path / "big"), "--html", str(page))
+    assert result.exit_code == 0, result.output
+    assert page.read_text().count("data:image/png;base64,") == 3
+    groups, title = _time_groups(load_report(str(tmp_path / "big")))
+    assert sorted(name for name, _ in groups) == [f"k{i}" for i in range(5)]
+    assert f"({n} shards)" in title
+    assert sum(sum(split.values()) for _, split in groups) == pytest.approx(4.0 * n)

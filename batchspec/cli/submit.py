@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -17,7 +18,8 @@ from batchspec.cli.run import _date  # the same --run-date parsing as `batchspec
 @click.option("--wait", is_flag=True, envvar="BATCHSPEC_WAIT", help="Stream the job's logs and exit with its status (0 SUCCEEDED, 1 otherwise).")
 @click.option("--run-date", envvar="BATCHSPEC_RUN_DATE",
               help="The night to run (YYYY-MM-DD) for {date} templates; default today in UTC. Use it to rerun a past night.")
-def command(job_file: str, address: str | None, wait: bool, run_date: str | None) -> None:
+@click.option("--dry-run", is_flag=True, help="Print what would be submitted (entrypoint, runtime_env, resources) as JSON; contact nothing.")
+def command(job_file: str, address: str | None, wait: bool, run_date: str | None, dry_run: bool) -> None:
     """Submit JOB.yaml (kind: batchspec-job) as a Ray job running `batchspec run` on a cluster,
     and print the job id.
 
@@ -31,15 +33,19 @@ def command(job_file: str, address: str | None, wait: bool, run_date: str | None
       batchspec submit jobs/local.yaml --wait
       batchspec submit jobs/gpu_trtllm.yaml --address http://ray-head:8265
       RAY_ADDRESS=http://ray-head:8265 batchspec submit jobs/gpu_trtllm.yaml --wait --run-date 2026-11-28
-      ray job logs batchspec-gpu-trtllm-2026-11-28 --address http://ray-head:8265   # later
+      batchspec submit jobs/gpu_trtllm.yaml --dry-run      # the entrypoint and runtime_env, as JSON
+      ray job logs batchspec-nightly-trtllm-2026-11-28 --address http://ray-head:8265   # later
     """
     from batchspec import submit
 
     date = _date(run_date)
     job = submit.load_job(job_file)
     target = submit.resolve_address(address, job)
-    run_date_ = submit.job_run_date(job, date)
-    sub = submit.submit(job, target, run_date_)
+    plan = submit.plan_submission(job, submit.job_run_date(job, date))
+    if dry_run:
+        click.echo(json.dumps({"address": target, **plan.shown()}, indent=1))
+        return
+    sub = submit.submit(job, target, plan)
     verb = "attached to running job" if sub.attached else "submitted"
     click.echo(f"{verb} {sub.job_id} at {sub.address} -> {sub.output}", err=True)
     click.echo(sub.job_id)
