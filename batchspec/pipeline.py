@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import logging
 import platform
 import time
 from dataclasses import asdict, dataclass
@@ -116,10 +117,12 @@ def ensure_ray(config: RunConfig) -> None:
 
     if ray.is_initialized():
         return
+    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
     if config.ray_address:
-        ray.init(address=config.ray_address, log_to_driver=False)
+        ray.init(address=config.ray_address, **quiet)
     else:
-        ray.init(num_cpus=config.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=config.ray_num_cpus, include_dashboard=False, **quiet)
+    logging.getLogger("ray.data").setLevel(logging.ERROR)  # our progress bar is the one to watch
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 

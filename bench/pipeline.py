@@ -1,0 +1,111 @@
+"""Pipeline overhead: the same prompts through `batchspec run` with one worker and through the
+engine alone, side by side. Target: the pipeline reaches at least 0.85x the engine's tokens/s.
+
+Both sides run the same model, dtype, batch size, sampling and speculative setting (`--spec none`
+by default, so only the pipeline's own costs differ: Ray, the key scan, reading shards back,
+writing Parquet, commit marks). Reported:
+- engine tokens/s: output tokens / seconds inside `engine.generate` (model load excluded);
+- pipeline tokens/s (work): output tokens / seconds of the worker step (actor start and model load
+  included, Ray start and the key scan excluded);
+- pipeline tokens/s (end to end): output tokens / the whole `pipeline.run` call.
+
+    python bench/pipeline.py [--rows 240] [--max-tokens 32] [--batch-size 8] [--spec none]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input", default=str(ROOT / "examples" / "prompts.parquet"))
+    parser.add_argument("--rows", type=int, default=240)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--shard-size", type=int, default=80)
+    parser.add_argument("--spec", default="none")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "pipeline.json"))
+    args = parser.parse_args()
+
+    import pyarrow.parquet as pq
+
+    work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    table = pq.read_table(args.input).slice(0, args.rows)
+    pq.write_table(table, work / "prompts.parquet")
+
+    pipe = bench_pipeline(work, args)
+    engine = bench_engine(work, table, args)
+    result = {
+        "rows": table.num_rows, "model": args.model, "max_tokens": args.max_tokens, "batch_size": args.batch_size,
+        "spec": args.spec, "engine": engine, "pipeline": pipe,
+        "ratio_work": pipe["tokens_per_s_work"] / engine["tokens_per_s"],
+        "ratio_end_to_end": pipe["tokens_per_s_end_to_end"] / engine["tokens_per_s"],
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"rows {table.num_rows}, max_tokens {args.max_tokens}, batch {args.batch_size}, spec {args.spec}")
+    print(f"engine alone          {engine['output_tokens']:6d} tokens  {engine['tokens_per_s']:7.1f} tok/s")
+    print(f"pipeline (work)       {pipe['output_tokens']:6d} tokens  {pipe['tokens_per_s_work']:7.1f} tok/s  ratio {result['ratio_work']:.2f}x")
+    print(f"pipeline (end to end) {pipe['output_tokens']:6d} tokens  {pipe['tokens_per_s_end_to_end']:7.1f} tok/s  ratio {result['ratio_end_to_end']:.2f}x")
+    print(f"-> {args.out}")
+
+
+def bench_pipeline(work: Path, args) -> dict:
+    import ray
+
+    from batchspec.pipeline import run
+    from batchspec.pipeline_config import build_config
+
+    config = build_config(
+        str(work / "prompts.parquet"), str(work / "out"), model=args.model, spec=args.spec, workers=1,
+        batch_size=args.batch_size, max_tokens=args.max_tokens, shard_size=args.shard_size, torch_threads=args.threads,
+    )
+    started = time.perf_counter()
+    summary = run(config)
+    wall = time.perf_counter() - started
+    ray.shutdown()
+    assert summary.complete, summary
+    return {
+        "output_tokens": summary.output_tokens,
+        "wall_s": wall,
+        "tokens_per_s_work": summary.tokens_per_s,
+        "tokens_per_s_end_to_end": summary.output_tokens / wall,
+        "error_rows": summary.error_rows,
+    }
+
+
+def bench_engine(work: Path, table, args) -> dict:
+    import torch
+
+    from batchspec.engine.base import NO_SPEC
+    from batchspec.engine.factory import create_engine
+    from batchspec.read import RowDefaults, parse_rows
+    from batchspec.spec_config import resolve_spec_arg
+
+    torch.set_num_threads(args.threads)
+    choice = resolve_spec_arg(args.spec, None, "torch", None)
+    spec = NO_SPEC if choice.calibrate or not choice.arms else choice.arms[0]
+    rows = parse_rows(table, table.column("id").to_pylist(), RowDefaults(args.max_tokens, 0.0, 1.0, 0))
+    engine = create_engine("torch", args.model, dtype="float32")
+    started = time.perf_counter()
+    result = engine.generate([r.request for r in rows if r.error is None], spec, args.batch_size)
+    seconds = time.perf_counter() - started
+    engine.close()
+    return {"output_tokens": result.output_tokens, "seconds": seconds, "tokens_per_s": result.output_tokens / seconds}
+
+
+if __name__ == "__main__":
+    main()
