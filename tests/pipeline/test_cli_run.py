@@ -81,3 +81,18 @@ def test_end_to_end_on_the_packaged_smollm2(ray_session, smollm2_dir, tmp_path):
     assert sorted(df["id"]) == sorted(table.column("id").to_pylist())
     assert df["error"].null_count() == 4 and (df["output_tokens"] > 0).all()
     assert set(df["task"]) == set(table.column("task").to_pylist())
+
+
+def test_options_override_the_pipeline_file_which_overrides_defaults(tmp_path, monkeypatch):
+    from batchspec.pipeline_config import RunConfig, build_config
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text("shard_size: 5\nbatch_size: 3\nworker: {num_cpus: 0.5}\ncandidates: c.yaml\n")
+    (tmp_path / "c.yaml").write_text("candidates: []\n")
+    config = build_config("in", "out", str(pipeline), shard_size=7, max_attempts=5)
+    assert (config.shard_size, config.batch_size, config.max_tokens) == (7, 3, RunConfig.max_tokens)
+    assert (config.worker.num_cpus, config.worker.max_attempts) == (0.5, 5)
+    assert config.candidates == str(tmp_path / "c.yaml"), "relative paths are taken from the pipeline file"
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert build_config("in", "out", str(pipeline)).ray_address == "ray://head:10001"
