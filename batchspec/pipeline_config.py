@@ -292,4 +292,7 @@ def validate_pipeline_file(path: str | os.PathLike) -> str:
     _check_calibration(config, str(path))
     if config.engine == "trtllm" and config.worker.num_gpus < 1:
         raise ConfigError(f"{path}: worker.num_gpus: expected >= 1 for the trtllm engine, got {config.worker.num_gpus}")
+    from batchspec.spec_config import resolve_spec_arg
+
+    resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)  # the files it names
     return f"{path}: pipeline, engine {config.engine}, model {config.model}, spec {config.spec}, {config.workers} worker(s)"
