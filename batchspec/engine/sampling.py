@@ -54,7 +54,7 @@ def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
     A one-hot row returns its hot index whatever the uniform, which keeps greedy exact.
     """
-    cdf = probs.cumsum(-1)
+    cdf = probs.double().cumsum(-1)  # float64: float32 sums over 150k-token vocabularies drift
     target = (uniforms.to(cdf) * cdf[:, -1])[:, None]
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
