@@ -1,0 +1,247 @@
+"""Calibration: the decision rule and the draft-length prediction on constructed measurements, the
+calibration loop on a tiny model, and real decisions on SmolLM2 for copy-heavy vs free prose."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from batchspec.calibrate import (
+    ArmResult,
+    CalibrationSettings,
+    acceptance_from_mean_len,
+    calibrate,
+    choose,
+    expected_tokens_per_step,
+    predict_tokens_per_s,
+)
+from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
+from batchspec.generate import ShardInput, run_shard
+
+NGRAM = [SpecConfig("ngram", k) for k in (2, 4, 6)]
+
+
+def arm(method: str, k: int, tps: float | None, **kw) -> ArmResult:
+    return ArmResult(method, k, tokens_per_s=tps, measured=tps is not None, **kw)
+
+
+def test_speculation_is_chosen_only_above_the_margin():
+    spec, reason = choose([arm("none", 0, 100.0), arm("ngram", 4, 104.0)], NGRAM, margin=0.05)
+    assert spec is NO_SPEC and "not above the 5% margin" in reason
+    spec, reason = choose([arm("none", 0, 100.0), arm("ngram", 4, 106.0)], NGRAM, margin=0.05)
+    assert spec.label == "ngram:k=4" and "1.06x" in reason
+
+
+def test_slower_speculation_is_never_chosen():
+    spec, _ = choose([arm("none", 0, 100.0), arm("ngram", 2, 60.0), arm("ngram", 4, 90.0)], NGRAM, 0.0)
+    assert spec is NO_SPEC
+
+
+def test_ties_go_to_the_shorter_draft_and_to_none():
+    spec, _ = choose([arm("none", 0, 100.0), arm("ngram", 6, 150.0), arm("ngram", 2, 150.0)], NGRAM, 0.05)
+    assert spec.label == "ngram:k=2"
+    spec, _ = choose([arm("none", 0, 100.0), arm("ngram", 4, 100.0)], NGRAM, 0.0)
+    assert spec is NO_SPEC  # equal to plain is not better than plain
+
+
+def test_errored_and_predicted_only_arms_never_win():
+    results = [
+        arm("none", 0, 100.0),
+        arm("ngram", 2, 500.0, error="draft model failed to load"),
+        ArmResult("ngram", 6, predicted_tokens_per_s=900.0),  # predicted, never measured
+        arm("ngram", 4, 120.0),
+    ]
+    spec, _ = choose(results, NGRAM, 0.05)
+    assert spec.label == "ngram:k=4"
+
+
+def test_no_measured_baseline_means_none():
+    spec, reason = choose([arm("ngram", 4, 120.0)], NGRAM, 0.05)
+    assert spec is NO_SPEC and "plain decoding could not be measured" in reason
+
+
+@pytest.mark.parametrize("a,k", [(0.0, 3), (0.5, 4), (0.8, 2), (0.95, 8)])
+def test_acceptance_is_recovered_from_the_mean_accepted_length(a, k):
+    assert expected_tokens_per_step(a, k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+    assert acceptance_from_mean_len(expected_tokens_per_step(a, k), k) == pytest.approx(a, abs=1e-6)
+
+
+def test_prediction_follows_leviathan_with_measured_costs():
+    # baseline: 100 steps of 10 ms verify + 1 ms other; probe k=4: verify 14 ms, draft 2 ms (a draft
+    # model: linear in k), other 1 ms per step, a = 0.7, one row decoding.
+    a, k0 = 0.7, 4
+    mean_len = expected_tokens_per_step(a, k0)
+    base = ArmResult("none", 0, output_tokens=100, target_steps=100, verify_s=1.0, other_s=0.1, mean_accepted_len=1.0)
+    steps = 100
+    probe = ArmResult("draft_target", k0, output_tokens=round(steps * mean_len), target_steps=steps, verify_s=1.4,
+                      draft_s=0.2, other_s=0.1, mean_accepted_len=mean_len)
+    for k in (1, 2, 4, 6):
+        per_step = (0.010 + (0.014 - 0.010) * k / k0) + 0.002 * k / k0 + 0.001
+        rows = probe.output_tokens / (steps * mean_len)
+        expected = rows * expected_tokens_per_step(a, k) / per_step
+        assert predict_tokens_per_s(probe, k, base) == pytest.approx(expected, rel=1e-3)
+    # the probe's own draft length predicts (close to) what was measured
+    measured = probe.output_tokens / (probe.verify_s + probe.draft_s + probe.other_s)
+    assert predict_tokens_per_s(probe, k0, base) == pytest.approx(measured, rel=0.01)
+
+
+def test_ngram_draft_cost_does_not_scale_with_k():
+    base = ArmResult("none", 0, output_tokens=50, target_steps=50, verify_s=0.5, other_s=0.05, mean_accepted_len=1.0)
+    probe = ArmResult("ngram", 4, output_tokens=100, target_steps=50, verify_s=0.5, draft_s=0.05, other_s=0.05,
+                      mean_accepted_len=2.0)
+    # flat verify cost and flat lookup cost: longer drafts only add expected tokens
+    assert predict_tokens_per_s(probe, 8, base) > predict_tokens_per_s(probe, 4, base) > predict_tokens_per_s(probe, 2, base)
+
+
+# -- the calibration loop on a tiny model ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(word_models):
+    from batchspec.engine.torch_engine import TorchEngine
+
+    target, drafts, tokenizer = word_models
+
+    def loader(name):
+        if name not in drafts:
+            raise RuntimeError(f"no draft called {name}")
+        return drafts[name], tokenizer
+
+    return TorchEngine(target, tokenizer, model_name="tiny", draft_loader=loader)
+
+
+def word_rows(n: int) -> list[Request]:
+    return [Request(f"r{i}", " ".join(f"w{(i * 7 + j) % 11 + 1}" for j in range(6 + i % 5)),
+                    params=SamplingParams(max_tokens=24)) for i in range(n)]
+
+
+def test_calibration_records_every_arm_and_predicts_the_unmeasured(tiny_engine):
+    arms = [SpecConfig("draft_target", k, draft_model="self") for k in (1, 2, 4)]
+    d = calibrate(tiny_engine, word_rows(12), arms, 4, CalibrationSettings(max_fraction=100.0, max_tokens=16))
+    labels = [a.label for a in d.arms]
+    assert labels == ["none", "draft_target:k=1", "draft_target:k=2", "draft_target:k=4"]
+    probe = next(a for a in d.arms if a.draft_len == 2)  # the middle candidate is measured first
+    assert probe.measured and probe.acceptance_rate == 1.0  # the target drafting for itself
+    assert all(a.predicted_tokens_per_s for a in d.arms if a.method != "none")
+    assert sum(a.measured for a in d.arms) >= 3  # none, the probe, and the confirmed prediction
+    assert d.baseline_tokens_per_s == d.arms[0].tokens_per_s and d.calibration_s > 0
+    assert not d.capped
+
+
+def test_a_failing_arm_is_skipped_and_recorded(tiny_engine):
+    arms = [SpecConfig("draft_target", 2, draft_model="missing"), SpecConfig("ngram", 2)]
+    d = calibrate(tiny_engine, word_rows(8), arms, 4, CalibrationSettings(max_fraction=100.0, max_tokens=8))
+    broken = next(a for a in d.arms if a.method == "draft_target")
+    assert "no draft called missing" in broken.error and d.chosen.method != "draft_target"
+
+
+def test_the_budget_caps_calibration_and_says_so(tiny_engine):
+    arms = [SpecConfig("draft_target", k, draft_model="self") for k in (1, 2, 4)]
+    d = calibrate(tiny_engine, word_rows(12), arms, 4, CalibrationSettings(max_fraction=0.0, max_tokens=16))
+    assert d.capped and "budget" in d.reason
+    assert [a.label for a in d.arms if a.measured] == ["none", "draft_target:k=2"]  # the first round only
+
+
+def test_small_shards_reuse_the_decision_of_their_key(tiny_engine):
+    arms = [SpecConfig("draft_target", 2, draft_model="self")]
+    settings = CalibrationSettings(max_fraction=100.0, max_tokens=8, min_rows=6)
+    big = run_shard(tiny_engine, ShardInput("s0", "code", word_rows(8)), arms, True, 4, settings)
+    assert big.stats.decision_source == "calibrated" and big.decision.shard_id == "s0"
+    small = run_shard(tiny_engine, ShardInput("s1", "code", word_rows(3)), arms, True, 4, settings, prior=big.decision)
+    assert small.stats.decision_source == "reused" and "s0" in small.stats.decision_reason
+    assert (small.stats.spec_method, small.stats.draft_len) == (big.stats.spec_method, big.stats.draft_len)
+    alone = run_shard(tiny_engine, ShardInput("s2", "prose", word_rows(3)), arms, True, 4, settings)
+    assert alone.stats.decision_source == "too_small" and alone.stats.spec_method == "none"
+
+
+def test_drift_falls_back_to_plain_decoding(tiny_engine):
+    """Calibrated on rows where the draft is always right, then the workload changes: a draft
+    that is never right. The shard must fall back to none and say from which row."""
+    from batchspec.calibrate import Decision
+    from batchspec.generate import generate_watching
+
+    good = SpecConfig("draft_target", 3, draft_model="far")
+    calibrated = Decision(good, arms=[ArmResult("draft_target", 3, tokens_per_s=100.0, acceptance_rate=0.9, measured=True)],
+                          baseline_tokens_per_s=50.0)
+    rows = word_rows(12)
+    completions, specs, _, fallback = generate_watching(tiny_engine, rows, calibrated, 2,
+                                                        CalibrationSettings(drift_chunk=4, drift_ratio=0.5))
+    assert fallback == 4
+    assert specs[:4] == [good] * 4 and specs[4:] == [NO_SPEC] * 8
+    assert all(c.draft_tokens == 0 for c in completions[4:])
+    assert len(completions) == 12 and [c.id for c in completions] == [r.id for r in rows]
+
+
+# -- real decisions on the packaged SmolLM2 ----------------------------------------------------------
+
+TEXTS = [
+    "The meeting is moved to Thursday at 10am in room 4B. Please bring the quarterly budget report and the hiring plan for the new team.",
+    "Alice sent 40 dollars to Bob on Monday, and Bob sent 15 dollars back to Alice on Friday after the trip to the lake.",
+    "Our store opens at nine in the morning and closes at six in the evening, every day except Sunday and public holidays.",
+    "The package contains two cables, one charger, a short manual in four languages and a warranty card valid for two years.",
+]
+TOPICS = ["the sea", "autumn", "a cat", "the moon", "rain", "a city at night", "old trees", "winter"]
+
+
+def chat(i: str, content: str) -> Request:
+    return Request(i, messages=({"role": "user", "content": content},), params=SamplingParams(max_tokens=40))
+
+
+def test_copy_heavy_and_free_prose_shards_get_different_decisions():
+    from batchspec.engine.torch_engine import TorchEngine
+
+    engine = TorchEngine.load("smollm2-135m", dtype="float32", device="cpu")
+    copy = [chat(f"c{i}", f"Repeat the following text exactly, word for word:\n\n{t}") for i, t in enumerate(TEXTS * 2)]
+    prose = [chat(f"p{i}", f"Write a short poem about {t}.") for i, t in enumerate(TOPICS)]
+    settings = CalibrationSettings(max_fraction=1.0, max_tokens=40, min_rows=4)
+    arms = [SpecConfig("ngram", k) for k in (2, 4, 6)]
+    copied = run_shard(engine, ShardInput("copy", "copy", copy), arms, True, 4, settings)
+    free = run_shard(engine, ShardInput("prose", "prose", prose), arms, True, 4, settings)
+    # what is deterministic: how often the target keeps n-gram drafts on each workload
+    acc = {s.stats.shard_key: next(a for a in s.stats.candidates if a["label"] == "ngram:k=4")["acceptance_rate"]
+           for s in (copied, free)}
+    assert acc["copy"] > 0.6 and acc["prose"] < 0.35, acc
+    # what calibration measured and decided from it (2.2x vs 0.7x here: far from the margin)
+    assert copied.stats.spec_method == "ngram" and free.stats.spec_method == "none"
+    for s in (copied, free):
+        assert s.stats.decision_source == "calibrated" and len(s.stats.candidates) == 4
+        assert math.isclose(s.stats.baseline_tokens_per_s, s.stats.candidates[0]["tokens_per_s"])
+
+
+# -- the command ---------------------------------------------------------------------------------------
+
+
+def test_calibrate_command_prints_the_arm_table_per_key(tmp_path, tiny_model_dir):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from batchspec.cli import cli
+
+    rows = [{"id": f"r{i}", "task": "copy" if i % 2 else "other", "prompt": f"alpha beta gamma {i} alpha beta"} for i in range(12)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    args = ["calibrate", str(tmp_path / "in.parquet"), "--model", str(tiny_model_dir), "--shard-by", "task",
+            "--batch-size", "2", "--max-tokens", "6"]
+    result = CliRunner().invoke(cli, args + ["--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [d["shard_key"] for d in doc] == ["copy", "other"]
+    for d in doc:
+        assert d["rows"] == 6 and d["arms"][0]["label"] == "none" and d["arms"][0]["measured"]
+        assert d["chosen"] in {a["label"] for a in d["arms"]}
+    table = CliRunner().invoke(cli, args)
+    assert table.exit_code == 0 and "shard key 'copy'" in table.output and "choice:" in table.output
+
+
+def test_calibrate_command_errors_are_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from batchspec.cli import cli
+
+    result = CliRunner().invoke(cli, ["calibrate", str(tmp_path / "missing.parquet")])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:"), result.output
