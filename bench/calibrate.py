@@ -1,0 +1,134 @@
+"""Calibration benchmark (issue 3): per-shard calibrated choice vs the oracle vs plain decoding.
+
+Four workload shards (code, extraction, copy-heavy edit, free prose; shard-by workload). For each
+shard, side by side in one run:
+- calibrated: `run_shard` with calibration on (the pipeline's own path): it measures a sample,
+  chooses, then generates the whole shard with the choice;
+- oracle: every arm (plain and each candidate) run on the whole shard, interleaved chunk by chunk,
+  the best taken;
+- plain: the oracle's "none" arm.
+Targets: calibrated >= 0.9x oracle on every shard, never below 0.95x plain, calibration <= 10% of
+the shard's wall time (for shards of 128 prompts).
+
+tokens/s here is goodput (committed tokens per second of decode time, calibration's own measure:
+prefill is the same for every arm); end-to-end figures, which charge calibration to the
+calibrated run, are reported beside it. Arms come from trt_configs/candidates/torch_default.yaml
+(draft-model arms only with --draft-model). Writes OUT/calibrate.json and OUT/calibrate.md.
+
+    python bench/calibrate.py [--quick] [--rows 128] [--model smollm2-135m] [--draft-model NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine import RESULTS, choose_threads, fmt, interleaved, load_engine, machine, write  # noqa: E402
+
+import workloads  # noqa: E402
+
+from batchspec.calibrate import CalibrationSettings  # noqa: E402
+from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
+from batchspec.generate import ShardInput, run_shard  # noqa: E402
+from batchspec.spec_config import default_candidates_path, load_candidates  # noqa: E402
+
+
+def candidate_arms(draft_model: str | None) -> list[SpecConfig]:
+    """The shipped default arms for the torch engine; draft-model arms only when a draft is given."""
+    arms = []
+    for arm in load_candidates(default_candidates_path("torch")):
+        if arm.method == "draft_target":
+            if draft_model is None:
+                continue
+            arm = dataclasses.replace(arm, draft_model=draft_model)
+        arms.append(arm)
+    return arms
+
+
+def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: int, arms: Sequence[SpecConfig],
+                settings: CalibrationSettings) -> dict:
+    requests = workloads.requests(workload, rows, max_tokens)
+    shard = run_shard(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings)
+    s = shard.stats
+    oracle_arms = [("none", NO_SPEC, batch_size)] + [(a.label, a, batch_size) for a in arms]
+    measured = interleaved(engine, requests, oracle_arms, chunk=max(2 * batch_size, 8))
+    summaries = {label: m.summary() for label, m in measured.items()}
+    best = max(summaries.values(), key=lambda a: a["goodput"])
+    plain = summaries["none"]
+    calibrated_e2e = s.output_tokens / s.wall_s if s.wall_s else 0.0
+    return {
+        "shard": workload, "rows": rows, "chosen": shard.decision.chosen.label, "reason": s.decision_reason,
+        "calibrated_tokens_per_s": s.tokens_per_s, "calibrated_acceptance": s.acceptance_rate,
+        "calibrated_end_to_end_tokens_per_s": calibrated_e2e,
+        "oracle": best["label"], "oracle_tokens_per_s": best["goodput"], "plain_tokens_per_s": plain["goodput"],
+        "plain_end_to_end_tokens_per_s": plain["tokens_per_s"],
+        "vs_oracle": s.tokens_per_s / best["goodput"] if best["goodput"] else None,
+        "vs_plain": s.tokens_per_s / plain["goodput"] if plain["goodput"] else None,
+        "end_to_end_vs_plain": calibrated_e2e / plain["tokens_per_s"] if plain["tokens_per_s"] else None,
+        "calibration_s": s.calibration_s, "shard_wall_s": s.wall_s,
+        "calibration_share": s.calibration_s / s.wall_s if s.wall_s else None, "calibration_capped": s.calibration_capped,
+        "calibration_arms": s.candidates, "oracle_arms": list(summaries.values()),
+    }
+
+
+def shard_table(shards: Sequence[dict]) -> str:
+    lines = ["| shard | rows | chosen | calibrated tok/s | oracle (arm) tok/s | plain tok/s | vs oracle (>= 0.9) | vs plain (>= 0.95) | calibration s | share of shard wall (<= 10%) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in shards:
+        lines.append(f"| {r['shard']} | {r['rows']} | {r['chosen']} | {r['calibrated_tokens_per_s']:.1f} | {r['oracle']}: {r['oracle_tokens_per_s']:.1f} "
+                     f"| {r['plain_tokens_per_s']:.1f} | {fmt(r['vs_oracle'])}x | {fmt(r['vs_plain'])}x | {r['calibration_s']:.1f} "
+                     f"| {fmt(100 * r['calibration_share'] if r['calibration_share'] is not None else None, '.1f')}% |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--draft-model", default=None, help="add the DraftTarget arms with this draft model")
+    parser.add_argument("--rows", type=int, default=None, help="prompts per shard (default 128; 16 with --quick)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="default 64; 32 with --quick")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--workloads", default=",".join(workloads.WORKLOADS))
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+
+    rows = args.rows or (16 if args.quick else 128)
+    max_tokens = args.max_tokens or (32 if args.quick else 64)
+    threads = choose_threads(args.threads)
+    info = machine(threads, args.dtype)
+    print(f"machine: {info}", flush=True)
+    engine = load_engine(args.model, args.dtype, args.draft_model)
+    arms = candidate_arms(args.draft_model)
+    settings = CalibrationSettings(min_rows=min(16, rows))
+    shards = []
+    for workload in args.workloads.split(","):
+        shards.append(bench_shard(engine, workload, rows, max_tokens, args.batch_size, arms, settings))
+        print(shard_table(shards[-1:]), flush=True)
+    info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    data = {"benchmark": "calibrate", "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
+            "rows_per_shard": rows, "max_tokens": max_tokens, "batch_size": args.batch_size,
+            "arms": [a.label for a in arms], "machine": info, "shards": shards,
+            "met": {"vs_oracle": all((r["vs_oracle"] or 0) >= 0.9 for r in shards),
+                    "vs_plain": all((r["vs_plain"] or 0) >= 0.95 for r in shards),
+                    "calibration_share": all((r["calibration_share"] or 0) <= 0.10 for r in shards)}}
+    table = shard_table(shards)
+    md = (f"# Calibration benchmark\n\n`python bench/calibrate.py{' --quick' if args.quick else ''}`, {info['date_utc']}: "
+          f"{args.model}{' + ' + args.draft_model if args.draft_model else ''}, {args.dtype}, batch {args.batch_size}, "
+          f"{rows} prompts per shard, max_tokens {max_tokens}, arms none + {', '.join(a.label for a in arms)}; "
+          f"{info['cpus']} CPU cores, {threads} torch thread(s), load average {info['load_avg_start'][0]} / {info['load_avg_end'][0]}. "
+          f"tok/s = goodput (output tokens / decode seconds).\n\n{table}")
+    write(Path(args.out), "calibrate", data, md, table)
+    return data
+
+
+if __name__ == "__main__":
+    main()

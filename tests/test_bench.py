@@ -1,0 +1,81 @@
+"""Smoke tests of the benchmark scripts: each runs end to end on tiny random models with a few
+prompts and tokens and writes its JSON with the expected keys. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir, tiny_draft_dir):
+    return str(tiny_model_dir), str(tiny_draft_dir)
+
+
+def test_workloads_are_varied_chat_requests():
+    import workloads
+
+    for name in workloads.WORKLOADS:
+        reqs = workloads.requests(name, 6, 16)
+        assert len({r.messages[0]["content"] for r in reqs}) >= 3, name
+        assert all(r.messages[0]["role"] == "user" and r.params.max_tokens == 16 for r in reqs)
+    assert workloads.prompts("edit", 4) == workloads.prompts("edit", 4)
+
+
+def test_engine_bench_writes_comparisons(models, tmp_path):
+    import engine
+
+    target, draft = models
+    data = engine.main(["--model", target, "--ngram-model", target, "--target", target, "--draft-model", draft,
+                        "--quick", "--max-tokens", "6", "--threads", "1", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "engine.json").read_text())
+    assert saved["machine"]["torch_threads"] == 1 and saved["machine"]["dtype"] == "bfloat16"
+    names = [c["name"] for c in saved["comparisons"]]
+    assert names == ["plain batch 8 vs batch 1", "n-gram vs plain, batch 1", "draft model vs plain, batch 1"]
+    for c in saved["comparisons"]:
+        assert {"speedup", "speedup_wall", "met", "target"} <= set(c)
+        assert c["baseline"]["rows"] == c["candidate"]["rows"] > 0
+    assert saved["comparisons"][2]["candidate"]["draft_tokens"] > 0
+    assert "| comparison |" in (tmp_path / "engine.md").read_text()
+    assert data["comparisons"] == saved["comparisons"]
+
+
+def test_calibrate_bench_writes_every_shard(models, tmp_path):
+    import calibrate
+
+    target, draft = models
+    calibrate.main(["--model", target, "--draft-model", draft, "--rows", "4", "--max-tokens", "4", "--batch-size", "2",
+                    "--workloads", "edit,prose", "--threads", "1", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "calibrate.json").read_text())
+    assert [s["shard"] for s in saved["shards"]] == ["edit", "prose"]
+    assert any(a.startswith("draft_target") for a in saved["arms"])
+    for s in saved["shards"]:
+        assert {"chosen", "oracle", "vs_oracle", "vs_plain", "calibration_share", "calibration_arms"} <= set(s)
+        assert len(s["oracle_arms"]) == 1 + len(saved["arms"])
+    assert set(saved["met"]) == {"vs_oracle", "vs_plain", "calibration_share"}
+
+
+def test_run_all_writes_peers_sweep_limit_and_plot(models, tmp_path, monkeypatch):
+    import run_all
+
+    target, draft = models
+    monkeypatch.setattr(run_all, "BATCHES", (1, 2))
+    data = run_all.main(["--model", target, "--target", target, "--draft-model", draft, "--ngram-model", target,
+                         "--quick", "--max-tokens", "4", "--sweep-rows", "4", "--skip", "engine,calibrate", "--threads", "1", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "run_all.json").read_text())
+    assert [p["batch_size"] for p in saved["sweep"]] == [1, 2]
+    assert len(saved["peers"]) == 2
+    for p in saved["peers"]:
+        labels = [r["label"] for r in p["rows"]]
+        assert labels[:2] == ["transformers plain", "transformers assisted"]
+        assert all(0.0 <= r["match_prompts"] <= 1.0 for r in p["rows"])
+    assert all("measured_over_predicted" in row for row in saved["limit"])
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+    assert "## Batch-size sweep" in (tmp_path / "README.md").read_text()
+    assert data["sweep"] == saved["sweep"]
