@@ -122,6 +122,8 @@ def ensure_ray(config: RunConfig) -> None:
         ray.init(address=config.ray_address, **quiet)
     else:
         ray.init(num_cpus=config.ray_num_cpus, include_dashboard=False, **quiet)
+    import ray.data  # configures Ray Data's loggers on import; quiet them afterwards
+
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # our progress bar is the one to watch
     ray.data.DataContext.get_current().enable_progress_bars = False
 

@@ -194,8 +194,7 @@ def scan_keys(source: InputSource, shard_by: str | None) -> RowKeys:
         for r in range(f.rows):
             file_index.append(i)
             row_index.append(r)
-            given = per_file[i]["id"][r] if "id" in wanted else None
-            ids.append(str(given) if given is not None else generated_id(f, r))
+            ids.append(row_id(per_file[i]["id"][r] if "id" in wanted else None, f, r))
             key = per_file[i][shard_by][r] if shard_by else None
             keys.append(None if key is None else str(key))
     _refuse_duplicates(ids, source)
@@ -240,8 +239,9 @@ def _strip(path: str, files: tuple[InputFile, ...]) -> str:
     raise AssertionError(f"Ray Data returned a path outside the input: {path}")
 
 
-def generated_id(f: InputFile, row: int) -> str:
-    return f"{f.rel}#{row}"
+def row_id(given, f: InputFile, row: int) -> str:
+    """The row's `id` as a string, or `<file relative to INPUT>#<row index>` when it has none."""
+    return str(given) if given is not None else f"{f.rel}#{row}"
 
 
 def _refuse_duplicates(ids: list[str], source: InputSource) -> None:

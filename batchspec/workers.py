@@ -31,7 +31,7 @@ from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.errors import BatchspecError
 from batchspec.pipeline_config import WorkerConfig
 from batchspec.plan import ShardPlan
-from batchspec.read import InputSource, ParsedRow, RowDefaults, generated_id, parse_rows, read_rows
+from batchspec.read import InputSource, ParsedRow, RowDefaults, parse_rows, read_rows, row_id
 from batchspec.write import Output, output_table, stats_table
 
 
@@ -103,7 +103,7 @@ def load_shard(job: WorkerJob, plan: ShardPlan) -> ShardRows:
         table = read_rows(job.source, file_index, rows)
         given = table.column("id").to_pylist() if "id" in table.column_names else [None] * len(rows)
         f = job.source.files[file_index]
-        ids += [str(v) if v is not None else generated_id(f, r) for v, r in zip(given, rows)]
+        ids += [row_id(v, f, r) for v, r in zip(given, rows)]
         tables.append(table)
     table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
     assert table.num_rows == plan.rows, (plan.shard_id, table.num_rows, plan.rows)

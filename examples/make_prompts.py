@@ -7,7 +7,7 @@ Workloads (column `task`, for `--shard-by task`):
 - edit: copy-heavy rewrites of a given paragraph (where n-gram prompt lookup pays best);
 - prose: free-form short writing (where speculation pays least).
 
-    python examples/make_prompts.py [--rows-per-task 60] [--out examples/prompts.parquet]
+    python examples/make_prompts.py [--rows-per-task 64] [--out examples/prompts.parquet]
 """
 
 from __future__ import annotations
@@ -84,8 +84,10 @@ MAKERS = {"code": code_prompt, "extract": extract_prompt, "edit": edit_prompt, "
 def make_table(rows_per_task: int, seed: int = 0) -> pa.Table:
     rng = random.Random(seed)
     ids, tasks, prompts = [], [], []
-    for i in range(rows_per_task):  # interleaved, as real mixed traffic would arrive
-        for task, make in MAKERS.items():
+    # Grouped by task, so even without --shard-by the default shard size (32) cuts task-pure shards
+    # and each workload gets its own calibration under `make run`.
+    for task, make in MAKERS.items():
+        for i in range(rows_per_task):
             ids.append(f"{task}-{i:04d}")
             tasks.append(task)
             prompts.append(make(rng))
@@ -94,7 +96,7 @@ def make_table(rows_per_task: int, seed: int = 0) -> pa.Table:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows-per-task", type=int, default=60)
+    parser.add_argument("--rows-per-task", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="examples/prompts.parquet")
     args = parser.parse_args()

@@ -37,6 +37,7 @@ def input_dir(tmp_path):
     # two bad rows: they must come out as error rows, not vanish
     prompts = table.column("prompt").to_pylist()
     prompts[3] = ""
+    prompts[8] = "lorem ipsum " * 400  # longer than the tiny model's 512-token context
     temps = [None] * 12
     temps[5] = -1.0
     table = table.set_column(table.schema.get_field_index("prompt"), "prompt", pa.array(prompts))
@@ -59,17 +60,18 @@ def test_every_input_row_gets_exactly_one_output_row(ray_session, tiny_model_dir
     assert sorted(df["id"].to_list()) == [f"row-{i:04d}" for i in range(12)]
     assert df.columns == [*OUTPUT_NAMES, "task", "source"]
     errors = dict(zip(*df.filter(pl.col("finish_reason") == "error").select("id", "error").to_dict(as_series=False).values()))
+    assert "context" in errors.pop("row-0008")
     assert errors == {"row-0003": "prompt is empty", "row-0005": "temperature must be a finite number >= 0, got -1.0"}
     ok = df.filter(pl.col("finish_reason") != "error")
     assert ok["text"].null_count() == 0 and (ok["output_tokens"] >= 1).all()
     assert set(df["source"].to_list()) == {f"src-{i}" for i in range(12)}
     stats = pl.read_parquet(f"{out}/stats/*.parquet")
     assert sorted(stats["shard_key"].to_list()) == ["code", "code", "prose", "prose"]
-    assert stats["rows"].sum() == 12 and stats["error_rows"].sum() == 2
+    assert stats["rows"].sum() == 12 and stats["error_rows"].sum() == 3
     assert (out / "_SUCCESS").exists()
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["totals"]["rows"] == 12 and manifest["plan_fingerprint"] == json.loads((out / "_plan.json").read_text())["fingerprint"]
-    assert summary.complete and summary.rows == 12 and summary.error_rows == 2 and summary.shards == 4
+    assert summary.complete and summary.rows == 12 and summary.error_rows == 3 and summary.shards == 4
 
 
 def test_s3_input_and_output_read_back_with_polars(ray_session, tiny_model_dir, s3):
