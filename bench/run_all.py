@@ -257,7 +257,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     info = machine(threads, args.dtype)
     n = args.prompts or (2 if args.quick else 3)
     max_tokens = args.max_tokens or (32 if args.quick else 64)
-    data: dict = {"benchmark": "run_all", "quick": args.quick, "machine": info}
+    previous = json.loads((out / "run_all.json").read_text()) if (out / "run_all.json").exists() else {}
+    data: dict = {"benchmark": "run_all", "quick": args.quick, "machine": info,
+                  "reused_from_previous_run": sorted({"peers", "sweep"} & skip & set(previous))}
     if "peers" not in skip:
         qwen = load_engine(args.target, args.dtype, args.draft_model)
         k = 4
@@ -267,27 +269,32 @@ def main(argv: Sequence[str] | None = None) -> dict:
         ngram_engine = qwen if args.ngram_model == args.target else load_engine(args.ngram_model, args.dtype)
         peers.append(bench_peer(ngram_engine, f"{args.ngram_model} n-gram, edit", "edit", n, max_tokens,
                                 SpecConfig("ngram", k), {"prompt_lookup_num_tokens": k}))
-        for p in peers:
-            if p["limit"]:
-                limits.append({"run": f"peer set: {p['name']}", **p["limit"]})
         data["peers"] = peers
         del qwen, ngram_engine
+        print(peer_table(peers), flush=True)
+    elif "peers" in previous:
+        data["peers"] = previous["peers"]
+    if data.get("peers"):
+        p0 = data["peers"][0]
+        limits += [{"run": f"peer set: {p['name']}", **p["limit"]} for p in data["peers"] if p["limit"]]
         sections.append("## Against transformers generate() (batch-1 assisted generation)\n\n"
-                        f"{n} prompts, max_tokens {max_tokens}, {args.dtype}, same token ids and model objects. "
-                        "tok/s = output tokens / wall seconds.\n\n" + peer_table(peers))
-        print(sections[-1], flush=True)
+                        f"{p0['prompts']} prompts per set, max_tokens {p0['max_tokens']}, {args.dtype}, same token ids and model objects. "
+                        "tok/s = output tokens / wall seconds (prefill included).\n\n" + peer_table(data["peers"]))
     if "sweep" not in skip:
         small = load_engine(args.model, args.dtype)
         arms = bench_calibrate.candidate_arms(None)
         fixed = SpecConfig("ngram", 4)
         rows = args.sweep_rows or (16 if args.quick else 32)
-        points = bench_sweep(small, "edit", rows, max_tokens, fixed, arms, BATCHES)
-        data["sweep"] = points
-        for p in points:
-            if p["limit"]:
-                limits.append({"run": f"sweep: {args.model} {fixed.label}, edit", **p["limit"]})
-        plot_sweep(points, out / "sweep.png", f"{args.model}, copy-heavy edits, {args.dtype}, {threads} thread(s)")
-        sections.append(f"## Batch-size sweep ({args.model}, copy-heavy edits, {rows} prompts)\n\n![sweep](sweep.png)\n\n" + sweep_table(points))
+        data["sweep"] = bench_sweep(small, "edit", rows, max_tokens, fixed, arms, BATCHES)
+        data["sweep_setup"] = {"model": args.model, "workload": "edit", "prompts": rows, "max_tokens": max_tokens}
+        plot_sweep(data["sweep"], out / "sweep.png", f"{args.model}, copy-heavy edits, {args.dtype}, {threads} thread(s)")
+    elif "sweep" in previous:
+        data["sweep"], data["sweep_setup"] = previous["sweep"], previous.get("sweep_setup", {})
+    if data.get("sweep"):
+        setup = data.get("sweep_setup", {})
+        limits += [{"run": f"sweep: {setup.get('model')} {p['fixed']}, edit", **p["limit"]} for p in data["sweep"] if p["limit"]]
+        sections.append(f"## Batch-size sweep ({setup.get('model')}, copy-heavy edits, {setup.get('prompts')} prompts, "
+                        f"max_tokens {setup.get('max_tokens')}; tok/s = goodput)\n\n![sweep](sweep.png)\n\n" + sweep_table(data["sweep"]))
     data["limit"] = limits
     if limits:
         sections.append("## Measured against the limit (Leviathan et al.)\n\n" + limit_table(limits))
