@@ -7,7 +7,9 @@ writing Parquet, commit marks). Reported:
 - engine tokens/s: output tokens / seconds inside `engine.generate` (model load excluded);
 - pipeline tokens/s (work): output tokens / seconds of the worker step (actor start and model load
   included, Ray start and the key scan excluded);
-- pipeline tokens/s (end to end): output tokens / the whole `pipeline.run` call.
+- pipeline tokens/s (end to end): output tokens / the whole `pipeline.run` call;
+- pipeline overhead: seconds of `pipeline.run` spent outside the shards' calibrate + generate
+  (the part the pipeline adds; robust to machine noise, unlike the ratio on shared cores).
 
     python bench/pipeline.py [--rows 240] [--max-tokens 32] [--batch-size 8] [--spec none]
 """
@@ -67,6 +69,7 @@ def main() -> None:
     print(f"engine alone          {engine['output_tokens']:6d} tokens  {engine['tokens_per_s']:7.1f} tok/s  (before/after: {runs})")
     print(f"pipeline (work)       {pipe['output_tokens']:6d} tokens  {pipe['tokens_per_s_work']:7.1f} tok/s  ratio {result['ratio_work']:.2f}x")
     print(f"pipeline (end to end) {pipe['output_tokens']:6d} tokens  {pipe['tokens_per_s_end_to_end']:7.1f} tok/s  ratio {result['ratio_end_to_end']:.2f}x")
+    print(f"pipeline overhead     {pipe['overhead_s']:.1f} s of {pipe['wall_s']:.1f} s outside the shards' calibrate+generate")
     print(f"-> {args.out}")
 
 
@@ -85,9 +88,14 @@ def bench_pipeline(work: Path, args) -> dict:
     wall = time.perf_counter() - started
     ray.shutdown()
     assert summary.complete, summary
+    import polars as pl
+
+    in_shards = pl.read_parquet(f"{work}/out/stats/*.parquet")["wall_s"].sum()
     return {
         "output_tokens": summary.output_tokens,
         "wall_s": wall,
+        "in_shards_s": in_shards,  # inside run_shard (calibrate + generate) on the worker
+        "overhead_s": wall - in_shards,  # Ray start, key scan, actor start and model load, reads, writes
         "tokens_per_s_work": summary.tokens_per_s,
         "tokens_per_s_end_to_end": summary.output_tokens / wall,
         "error_rows": summary.error_rows,
