@@ -61,13 +61,12 @@ def test_calibrate_bench_writes_every_shard(models, tmp_path):
     assert set(saved["met"]) == {"vs_oracle", "vs_plain", "calibration_share"}
 
 
-def test_run_all_writes_peers_sweep_limit_and_plot(models, tmp_path, monkeypatch):
+def test_run_all_writes_peers_sweep_limit_and_plot(models, tmp_path):
     import run_all
 
     target, draft = models
-    monkeypatch.setattr(run_all, "BATCHES", (1, 2))
     data = run_all.main(["--model", target, "--target", target, "--draft-model", draft, "--ngram-model", target,
-                         "--quick", "--max-tokens", "4", "--sweep-rows", "4", "--skip", "engine,calibrate", "--threads", "1", "--out", str(tmp_path)])
+                         "--quick", "--max-tokens", "4", "--sweep-rows", "4", "--batches", "1,2", "--skip", "engine,calibrate", "--threads", "1", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "run_all.json").read_text())
     assert [p["batch_size"] for p in saved["sweep"]] == [1, 2]
     assert len(saved["peers"]) == 2
