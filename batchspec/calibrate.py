@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
-from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig, Timing
+from batchspec.engine.base import NO_SPEC, Completion, Engine, GenerateResult, Request, SpecConfig, Timing
 
 
 @dataclass(frozen=True)
@@ -107,13 +107,16 @@ class Decision:
     source: str = "calibrated"  # calibrated | reused | fixed | too_small
     reason: str = ""
     shard_id: str | None = None  # the shard that was calibrated
+    # Sample rows the chosen arm generated to their end during calibration, by request id: the
+    # shard keeps them instead of generating them again (calibration work is not thrown away).
+    finished: dict[str, Completion] = field(default_factory=dict, repr=False)
 
     @property
     def chosen_arm(self) -> ArmResult | None:
         return next((a for a in self.arms if a.measured and a.label == self.chosen.label), None)
 
     def reused_by(self, shard_id: str) -> "Decision":
-        return replace(self, source="reused", calibration_s=0.0, capped=False,
+        return replace(self, source="reused", calibration_s=0.0, capped=False, finished={},
                        reason=f"shard too small to calibrate; reused the decision of {self.shard_id}")
 
 
@@ -136,6 +139,8 @@ def calibrate(engine: Engine, requests: Sequence[Request], arms: Sequence[SpecCo
         if arm.method != "none":
             by_method.setdefault(arm.method, []).append(arm)
     results: dict[str, ArmResult] = {}
+    finished: dict[str, dict[str, Completion]] = {}  # arm label -> request id -> completed row
+    full_budget = {r.id: r.params.max_tokens for r in requests}
     capped = False
 
     def measure(specs: list[SpecConfig]) -> None:
@@ -151,7 +156,10 @@ def calibrate(engine: Engine, requests: Sequence[Request], arms: Sequence[SpecCo
                 if arm.error:
                     continue
                 try:
-                    arm.add(engine.generate(chunk, spec, batch_size))
+                    result = engine.generate(chunk, spec, batch_size)
+                    arm.add(result)
+                    finished.setdefault(spec.label, {}).update(
+                        (c.id, c) for c in result.completions if _complete(c, full_budget[c.id]))
                 except Exception as exc:  # an arm that fails is skipped and recorded
                     arm.error = " ".join(str(exc).split())[:300] or type(exc).__name__
 
@@ -182,7 +190,13 @@ def calibrate(engine: Engine, requests: Sequence[Request], arms: Sequence[SpecCo
         capped=capped,
         reason=reason,
         shard_id=shard_id,
+        finished=finished.get(chosen.label, {}),
     )
+
+
+def _complete(c: Completion, max_tokens: int) -> bool:
+    """Did calibration generate this row to the end it would have had in production?"""
+    return c.finish_reason == "stop" or (c.finish_reason == "length" and c.output_tokens >= max_tokens)
 
 
 def choose(results: Sequence[ArmResult], arms: Sequence[SpecConfig], margin: float) -> tuple[SpecConfig, str]:

@@ -46,12 +46,14 @@ class ShardStats:
     draft_s: float
     verify_s: float
     other_s: float
-    tokens_per_s: float  # committed tokens per decode second (the calibration goodput measure)
-    wall_tokens_per_s: float  # committed tokens per second of generation, prefill included
+    tokens_per_s: float  # committed tokens per decode second (the calibration goodput measure),
+    # over the rows generated after calibration (kept calibration rows were timed there)
+    wall_tokens_per_s: float  # the same rows' tokens per second of generation, prefill included
     baseline_tokens_per_s: float | None  # "none" measured in calibration, same measure
     speedup: float | None  # tokens_per_s / baseline_tokens_per_s
     calibration_s: float
     calibration_capped: bool
+    calibration_rows_kept: int  # sample rows the chosen arm finished in calibration, kept as outputs
     decision_source: str  # calibrated | reused | fixed | too_small
     decision_reason: str
     drift_fallback_row: int | None  # row index where the shard fell back to "none", if it did
@@ -95,6 +97,9 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
     decision = decide(engine, shard, arms, calibrate, batch_size, settings, prior)
     completions, row_specs, timing, fallback_row = generate_watching(engine, shard.requests, decision, batch_size, settings)
     result = GenerateResult(completions, timing)
+    kept = sum(r.id in decision.finished for r in shard.requests)
+    generated = GenerateResult([c for c in completions if c.id not in decision.finished], timing)
+    tokens_per_s = generated.goodput if generated.completions else (decision.chosen_arm.tokens_per_s or 0.0)
     spec = decision.chosen
     stats = ShardStats(
         shard_id=shard.shard_id,
@@ -114,12 +119,13 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         draft_s=timing.draft_s,
         verify_s=timing.verify_s,
         other_s=timing.other_s,
-        tokens_per_s=result.goodput,
-        wall_tokens_per_s=result.output_tokens / timing.wall_s if timing.wall_s > 0 else 0.0,
+        tokens_per_s=tokens_per_s,
+        wall_tokens_per_s=generated.output_tokens / timing.wall_s if timing.wall_s > 0 else 0.0,
         baseline_tokens_per_s=decision.baseline_tokens_per_s,
-        speedup=result.goodput / decision.baseline_tokens_per_s if decision.baseline_tokens_per_s else None,
+        speedup=tokens_per_s / decision.baseline_tokens_per_s if decision.baseline_tokens_per_s else None,
         calibration_s=decision.calibration_s,
         calibration_capped=decision.capped,
+        calibration_rows_kept=kept,
         decision_source=decision.source,
         decision_reason=decision.reason,
         drift_fallback_row=fallback_row,
@@ -135,12 +141,25 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
 
 def generate_watching(engine: Engine, requests: Sequence[Request], decision: Decision, batch_size: int,
                       settings: CalibrationSettings) -> tuple[list[Completion], list[SpecConfig], Timing, int | None]:
-    """Generate under the decision, in chunks when speculating, falling back on drift."""
+    """Generate under the decision, in chunks when speculating, falling back on drift.
+
+    Rows that calibration already generated to their end under the chosen arm are kept as they
+    are (their time was counted as calibration); only the rest are generated here."""
     spec = decision.chosen
+    todo = [r for r in requests if r.id not in decision.finished]
     calibrated = decision.chosen_arm.acceptance_rate if decision.chosen_arm else None
     if spec.method == "none" or calibrated is None:
-        result = engine.generate(requests, spec, batch_size)
-        return result.completions, [spec] * len(requests), result.timing, None
+        result = engine.generate(todo, spec, batch_size)
+        done, specs, timing, fallback_row = result.completions, [spec] * len(todo), result.timing, None
+    else:
+        done, specs, timing, fallback_row = _watch(engine, todo, spec, calibrated, batch_size, settings)
+    by_id = {c.id: (c, s) for c, s in zip(done, specs)}
+    merged = [by_id.get(r.id) or (decision.finished[r.id], decision.chosen) for r in requests]
+    return [c for c, _ in merged], [s for _, s in merged], timing, fallback_row
+
+
+def _watch(engine: Engine, requests: Sequence[Request], spec: SpecConfig, calibrated: float, batch_size: int,
+           settings: CalibrationSettings) -> tuple[list[Completion], list[SpecConfig], Timing, int | None]:
     chunk = settings.drift_chunk or max(8 * batch_size, 64)
     completions: list[Completion] = []
     specs: list[SpecConfig] = []

@@ -69,7 +69,8 @@ STATS_FIELDS = tuple(pa.field(name, kind) for name, kind in [
     ("baseline_tokens_per_s", F64), ("calibration_s", F64), ("wall_s", F64), ("engine", STR), ("model", STR),
     ("draft_model", STR), ("batch_size", I64), ("candidates", pa.list_(CANDIDATE_TYPE)),
     ("draft_tokens", I64), ("accepted_tokens", I64), ("target_steps", I64), ("other_s", F64),
-    ("wall_tokens_per_s", F64), ("speedup", F64), ("calibration_capped", pa.bool_()), ("decision_source", STR),
+    ("wall_tokens_per_s", F64), ("speedup", F64), ("calibration_capped", pa.bool_()), ("calibration_rows_kept", I64),
+    ("decision_source", STR),
     ("decision_reason", STR), ("drift_fallback_row", I64), ("attempts", I64), ("note", STR),
 ])
 STATS_SCHEMA = pa.schema(STATS_FIELDS)

@@ -245,3 +245,20 @@ def test_calibrate_command_errors_are_one_line(tmp_path):
     assert result.exit_code != 0
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error:"), result.output
+
+
+def test_rows_finished_in_calibration_are_kept_not_regenerated(tiny_engine):
+    """Calibration generates its sample rows to their end when their max_tokens fits the cap; the
+    shard keeps the chosen arm's rows (identical to plain greedy) and generates only the rest."""
+    rows = word_rows(16)  # max_tokens 24 each
+    arms = [SpecConfig("draft_target", 2, draft_model="self")]
+    settings = CalibrationSettings(max_fraction=100.0, max_tokens=24, sample_size=8)
+    shard = run_shard(tiny_engine, ShardInput("s0", None, rows), arms, True, 4, settings)
+    assert shard.stats.calibration_rows_kept == 8
+    assert shard.stats.rows == 16 and [c.id for c in shard.completions] == [r.id for r in rows]
+    plain = tiny_engine.generate(rows, NO_SPEC, 4).completions
+    assert [c.token_ids for c in shard.completions] == [c.token_ids for c in plain]
+    # only the 8 rows generated after calibration are in the shard's speed figure
+    generated_tokens = sum(c.output_tokens for c in shard.completions if c.id not in shard.decision.finished)
+    decode = shard.stats.decode_s
+    assert shard.stats.tokens_per_s == pytest.approx(generated_tokens / decode)
