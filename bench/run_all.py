@@ -78,7 +78,7 @@ def limit_table(rows: Sequence[dict]) -> str:
         lines.append(f"| {r['run']} | {r['batch_size']} | {r['draft_len']} | {r['acceptance_rate']:.2f} | {r['expected_tokens_per_step']:.2f} "
                      f"| {fmt(r['mean_accepted_len'])} | {r['verify_step_cost']:.2f} | {r['draft_step_cost']:.2f} | {fmt(r['predicted_speedup'])}x "
                      f"| {r['measured_speedup']:.2f}x | {fmt(r['measured_over_predicted'])} "
-                     f"| {fmt(r.get('predicted_from_mean_len'))}x | {fmt(r.get('measured_over_predicted_from_mean_len'))} |")
+                     f"| {fmt(r.get('predicted_from_mean_len'))} | {fmt(r.get('measured_over_predicted_from_mean_len'))} |")
     return "\n".join(lines)
 
 
