@@ -7,25 +7,14 @@ import sys
 
 import click
 
-from batchspec.pipeline_config import DEFAULT_PIPELINE, build_config
+from batchspec.cli.options import model_and_spec_options, sampling_options
+from batchspec.pipeline_config import build_config
 
 
 @click.command("calibrate")
 @click.argument("input")
-@click.option("--pipeline", envvar="BATCHSPEC_PIPELINE", help=f"Pipeline YAML (default {DEFAULT_PIPELINE.name}).")
-@click.option("--model", envvar="BATCHSPEC_MODEL", help="Target model: registry name, HF folder or fsspec URL.")
-@click.option("--draft-model", envvar="BATCHSPEC_DRAFT_MODEL", help="Draft model for DraftTarget arms.")
-@click.option("--engine", type=click.Choice(["torch", "trtllm"]), envvar="BATCHSPEC_ENGINE")
-@click.option("--spec", help="auto (the candidates file), or a trt_configs FILE.yaml to measure against none.")
-@click.option("--candidates", help="Candidates file that --spec auto calibrates over.")
-@click.option("--shard-by", help="Column whose values each get their own calibration (e.g. task).")
-@click.option("--shard-size", type=int, help="Rows per key to draw the sample from (default: the pipeline's shard size).")
-@click.option("--batch-size", type=int, help="Production batch size to measure at.")
-@click.option("--max-tokens", type=int)
-@click.option("--temperature", type=float)
-@click.option("--top-p", type=float)
-@click.option("--seed", type=int)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
+@model_and_spec_options
+@sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def command(input: str, pipeline: str | None, as_json: bool, **options) -> None:
     """Measure every calibration arm on a sample of INPUT, per shard key, and show the choice.

@@ -7,27 +7,16 @@ import sys
 
 import click
 
-from batchspec.pipeline_config import DEFAULT_PIPELINE, build_config
+from batchspec.cli.options import model_and_spec_options, sampling_options
+from batchspec.pipeline_config import build_config
 
 
 @click.command("run")
 @click.argument("input")
 @click.argument("output")
-@click.option("--pipeline", envvar="BATCHSPEC_PIPELINE", help=f"Pipeline YAML (default {DEFAULT_PIPELINE.name}: local Ray, torch on CPU, SmolLM2).")
-@click.option("--model", envvar="BATCHSPEC_MODEL", help="Target model: registry name, HF folder or fsspec URL.")
-@click.option("--draft-model", envvar="BATCHSPEC_DRAFT_MODEL", help="Draft model for DraftTarget arms.")
-@click.option("--engine", type=click.Choice(["torch", "trtllm"]), envvar="BATCHSPEC_ENGINE")
-@click.option("--spec", help="auto (calibrate per shard), none, or a trt_configs FILE.yaml.")
-@click.option("--candidates", help="Candidates file that --spec auto calibrates over.")
-@click.option("--shard-by", help="Column to group rows by before cutting shards (one calibration per value).")
-@click.option("--shard-size", type=int, help="Rows per shard at most.")
+@model_and_spec_options
 @click.option("--workers", type=int, envvar="BATCHSPEC_WORKERS", help="Shard workers (Ray actors, one engine each).")
-@click.option("--batch-size", type=int, help="Sequences generated at once per worker.")
-@click.option("--max-tokens", type=int, help="Default max new tokens (a max_tokens column overrides per row).")
-@click.option("--temperature", type=float, help="Default temperature; 0 is greedy.")
-@click.option("--top-p", type=float)
-@click.option("--seed", type=int, help="Run seed; each row samples with a seed derived from it and its id.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
+@sampling_options
 @click.option("--run-date", help="Date for {date}/{yyyy}/{mm}/{dd} in INPUT/OUTPUT (default today, UTC).")
 @click.option("--resume/--no-resume", default=None, help="Skip shards already committed in OUTPUT (default), or start OUTPUT afresh.")
 def command(input: str, output: str, pipeline: str | None, run_date: str | None, **options) -> None:

@@ -1,0 +1,42 @@
+"""Options shared by the commands that load a model and choose speculative settings (`run`,
+`calibrate`), so both spell and document them the same way."""
+
+from __future__ import annotations
+
+import click
+
+from batchspec.pipeline_config import DEFAULT_PIPELINE
+
+SHARED = [
+    click.option("--pipeline", envvar="BATCHSPEC_PIPELINE",
+                 help=f"Pipeline YAML (default {DEFAULT_PIPELINE.name}: local Ray, torch on CPU, SmolLM2)."),
+    click.option("--model", envvar="BATCHSPEC_MODEL", help="Target model: registry name, HF folder or fsspec URL."),
+    click.option("--draft-model", envvar="BATCHSPEC_DRAFT_MODEL", help="Draft model for DraftTarget arms."),
+    click.option("--engine", type=click.Choice(["torch", "trtllm"]), envvar="BATCHSPEC_ENGINE"),
+    click.option("--spec", help="auto (calibrate per shard), none, or a trt_configs FILE.yaml."),
+    click.option("--candidates", help="Candidates file that --spec auto calibrates over."),
+    click.option("--shard-by", help="Column to group rows by before cutting shards (one calibration per value)."),
+    click.option("--shard-size", type=int, help="Rows per shard at most."),
+]
+SAMPLING = [
+    click.option("--batch-size", type=int, help="Sequences generated at once per worker."),
+    click.option("--max-tokens", type=int, help="Default max new tokens (a max_tokens column overrides per row)."),
+    click.option("--temperature", type=float, help="Default temperature; 0 is greedy."),
+    click.option("--top-p", type=float),
+    click.option("--seed", type=int, help="Run seed; each row samples with a seed derived from it and its id."),
+    click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"])),
+]
+
+
+def model_and_spec_options(func):
+    """The pipeline, model, engine, spec and shard options."""
+    for option in reversed(SHARED):
+        func = option(func)
+    return func
+
+
+def sampling_options(func):
+    """Batch size, sampling defaults and dtype."""
+    for option in reversed(SAMPLING):
+        func = option(func)
+    return func
