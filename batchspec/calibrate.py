@@ -59,6 +59,7 @@ class ArmResult:
     acceptance_rate: float | None = None
     mean_accepted_len: float | None = None
     output_tokens: int = 0
+    decode_tokens: int = 0  # committed by decode steps (the first token of a row comes from prefill)
     rows: int = 0
     target_steps: int = 0
     draft_tokens: int = 0
@@ -80,6 +81,7 @@ class ArmResult:
     def add(self, result: GenerateResult) -> None:
         t = result.timing
         self.output_tokens += result.output_tokens
+        self.decode_tokens += result.decode_tokens
         self.rows += sum(c.finish_reason != "error" for c in result.completions)
         self.draft_tokens += result.draft_tokens
         self.accepted_tokens += result.accepted_tokens
@@ -89,7 +91,7 @@ class ArmResult:
         self.other_s += t.other_s
         self.prefill_s += t.prefill_s
         decode = self.draft_s + self.verify_s + self.other_s
-        self.tokens_per_s = self.output_tokens / decode if decode > 0 else None
+        self.tokens_per_s = self.decode_tokens / decode if decode > 0 and self.decode_tokens else None
         self.acceptance_rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
         self.mean_accepted_len = 1 + self.accepted_tokens / self.target_steps if self.target_steps else None
         self.measured = True
@@ -264,7 +266,7 @@ def predict_tokens_per_s(probe: ArmResult, k: int, baseline: ArmResult) -> float
     other = probe.other_s / probe.target_steps
     per_step = verify + draft + other
     # rows decoding at once per step: the probe's committed tokens over its steps and mean length
-    rows_per_step = probe.output_tokens / (probe.target_steps * probe.mean_accepted_len)
+    rows_per_step = probe.decode_tokens / (probe.target_steps * probe.mean_accepted_len)
     return rows_per_step * expected_tokens_per_step(a, k) / per_step if per_step > 0 else None
 
 

@@ -12,7 +12,8 @@ Ray: inside an existing Ray session (a test fixture, `ray job submit`) the pipel
 
 Totals. `tokens_per_s` is this run's output tokens over the wall time of the worker step.
 `speedup` compares every committed shard's decode time with what its calibrated baseline
-("none") would have taken for the same tokens: sum(tokens / baseline_tokens_per_s) / sum(decode_s).
+("none") would have taken for the same tokens: sum(tokens / baseline_tokens_per_s) / sum(decode_s),
+where a shard's tokens are those committed in its timed decode (tokens_per_s x decode_s).
 """
 
 from __future__ import annotations
@@ -170,10 +171,12 @@ def summarize(url: str, plan: Plan, stats: list[dict], report, skipped: int, wor
     rows = sum(s["rows"] or 0 for s in stats)
     new_ids = {o.shard_id for o in report.outcomes} if report else set()
     new_tokens = sum(s["output_tokens"] or 0 for s in stats if s["shard_id"] in new_ids)
-    timed = [s for s in stats if s.get("baseline_tokens_per_s") and s.get("decode_s") and s.get("output_tokens")]
-    base_s = sum(s["output_tokens"] / s["baseline_tokens_per_s"] for s in timed)
+    timed = [s for s in stats if s.get("baseline_tokens_per_s") and s.get("decode_s") and s.get("tokens_per_s")]
+    # tokens committed within each shard's timed decode (rows kept from calibration were timed there)
+    decoded = [s["tokens_per_s"] * s["decode_s"] for s in timed]
+    base_s = sum(t / s["baseline_tokens_per_s"] for t, s in zip(decoded, timed))
     decode_s = sum(s["decode_s"] for s in timed)
-    timed_tokens = sum(s["output_tokens"] for s in timed)
+    timed_tokens = sum(decoded)
     return RunSummary(
         output=url,
         rows=rows,

@@ -91,7 +91,7 @@ class Totals:
     output_tokens: int
     acceptance_rate: float | None
     mean_accepted_len: float | None
-    tokens_per_s: float | None  # sum of output tokens / sum of decode seconds
+    tokens_per_s: float | None  # tokens committed in decode / decode seconds, over all shards
     baseline_tokens_per_s: float | None
     speedup: float | None
     calibration_share: float | None
@@ -244,8 +244,10 @@ def _arm(c: dict, method: str, k: int) -> Arm:
 
 
 def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dict | None, reasons: dict) -> Totals:
-    timed = [s for s in shards if s.baseline_tokens_per_s and s.decode_s and s.output_tokens]
-    base_s = sum(s.output_tokens / s.baseline_tokens_per_s for s in timed)
+    timed = [s for s in shards if s.baseline_tokens_per_s and s.decode_s and s.tokens_per_s]
+    # tokens committed within each shard's timed decode (rows kept from calibration were timed there)
+    decoded = {s.shard_id: s.tokens_per_s * s.decode_s for s in shards if s.tokens_per_s and s.decode_s}
+    base_s = sum(decoded[s.shard_id] / s.baseline_tokens_per_s for s in timed)
     timed_decode = sum(s.decode_s for s in timed)
     decode = sum(s.decode_s for s in shards)
     wall = sum(s.wall_s for s in shards)
@@ -261,8 +263,8 @@ def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dic
         output_rows=sum(r["rows"] for r in per_shard.values()) if per_shard is not None else None,
         output_tokens=tokens, acceptance_rate=accepted / drafted if drafted else None,
         mean_accepted_len=1 + accepted / steps if steps else None,
-        tokens_per_s=tokens / decode if decode else None,
-        baseline_tokens_per_s=sum(s.output_tokens for s in timed) / base_s if base_s else None,
+        tokens_per_s=sum(decoded.values()) / decode if decode else None,
+        baseline_tokens_per_s=sum(decoded[s.shard_id] for s in timed) / base_s if base_s else None,
         speedup=base_s / timed_decode if timed_decode else None,
         calibration_share=split["calibration"] / wall if wall else None, wall_s=wall, time_split=split,
         finish_reasons=reasons,

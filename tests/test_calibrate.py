@@ -72,23 +72,23 @@ def test_prediction_follows_leviathan_with_measured_costs():
     # model: linear in k), other 1 ms per step, a = 0.7, one row decoding.
     a, k0 = 0.7, 4
     mean_len = expected_tokens_per_step(a, k0)
-    base = ArmResult("none", 0, output_tokens=100, target_steps=100, verify_s=1.0, other_s=0.1, mean_accepted_len=1.0)
+    base = ArmResult("none", 0, decode_tokens=100, target_steps=100, verify_s=1.0, other_s=0.1, mean_accepted_len=1.0)
     steps = 100
-    probe = ArmResult("draft_target", k0, output_tokens=round(steps * mean_len), target_steps=steps, verify_s=1.4,
+    probe = ArmResult("draft_target", k0, decode_tokens=round(steps * mean_len), target_steps=steps, verify_s=1.4,
                       draft_s=0.2, other_s=0.1, mean_accepted_len=mean_len)
     for k in (1, 2, 4, 6):
         per_step = (0.010 + (0.014 - 0.010) * k / k0) + 0.002 * k / k0 + 0.001
-        rows = probe.output_tokens / (steps * mean_len)
+        rows = probe.decode_tokens / (steps * mean_len)
         expected = rows * expected_tokens_per_step(a, k) / per_step
         assert predict_tokens_per_s(probe, k, base) == pytest.approx(expected, rel=1e-3)
     # the probe's own draft length predicts (close to) what was measured
-    measured = probe.output_tokens / (probe.verify_s + probe.draft_s + probe.other_s)
+    measured = probe.decode_tokens / (probe.verify_s + probe.draft_s + probe.other_s)
     assert predict_tokens_per_s(probe, k0, base) == pytest.approx(measured, rel=0.01)
 
 
 def test_ngram_draft_cost_does_not_scale_with_k():
-    base = ArmResult("none", 0, output_tokens=50, target_steps=50, verify_s=0.5, other_s=0.05, mean_accepted_len=1.0)
-    probe = ArmResult("ngram", 4, output_tokens=100, target_steps=50, verify_s=0.5, draft_s=0.05, other_s=0.05,
+    base = ArmResult("none", 0, decode_tokens=50, target_steps=50, verify_s=0.5, other_s=0.05, mean_accepted_len=1.0)
+    probe = ArmResult("ngram", 4, decode_tokens=100, target_steps=50, verify_s=0.5, draft_s=0.05, other_s=0.05,
                       mean_accepted_len=2.0)
     # flat verify cost and flat lookup cost: longer drafts only add expected tokens
     assert predict_tokens_per_s(probe, 8, base) > predict_tokens_per_s(probe, 4, base) > predict_tokens_per_s(probe, 2, base)
@@ -259,6 +259,6 @@ def test_rows_finished_in_calibration_are_kept_not_regenerated(tiny_engine):
     plain = tiny_engine.generate(rows, NO_SPEC, 4).completions
     assert [c.token_ids for c in shard.completions] == [c.token_ids for c in plain]
     # only the 8 rows generated after calibration are in the shard's speed figure
-    generated_tokens = sum(c.output_tokens for c in shard.completions if c.id not in shard.decision.finished)
+    generated_tokens = sum(c.output_tokens - 1 for c in shard.completions if c.id not in shard.decision.finished)
     decode = shard.stats.decode_s
     assert shard.stats.tokens_per_s == pytest.approx(generated_tokens / decode)

@@ -132,6 +132,11 @@ class GenerateResult:
         return sum(c.output_tokens for c in self.completions)
 
     @property
+    def decode_tokens(self) -> int:
+        """Tokens committed by decode steps: each row's first token comes from prefill."""
+        return sum(max(c.output_tokens - 1, 0) for c in self.completions)
+
+    @property
     def draft_tokens(self) -> int:
         return sum(c.draft_tokens for c in self.completions)
 
@@ -154,10 +159,11 @@ class GenerateResult:
 
     @property
     def goodput(self) -> float:
-        """Committed output tokens per second of decode time (DESIGN.md). The target's prefill is
-        left out (it is the same for every arm); a draft model's own prefill counts as draft time."""
+        """Tokens committed in decode per second of decode time (DESIGN.md). The target's prefill
+        and the first token it yields are left out (the same for every arm); a draft model's own
+        prefill counts as draft time."""
         decode_s = self.timing.decode_s
-        return self.output_tokens / decode_s if decode_s > 0 else 0.0
+        return self.decode_tokens / decode_s if decode_s > 0 else 0.0
 
 
 @runtime_checkable
