@@ -11,9 +11,9 @@ Ray: inside an existing Ray session (a test fixture, `ray job submit`) the pipel
 `ray_num_cpus` CPUs and no dashboard.
 
 Totals. `tokens_per_s` is this run's output tokens over the wall time of the worker step.
-`speedup` compares every committed shard's decode time with what its calibrated baseline
-("none") would have taken for the same tokens: sum(tokens / baseline_tokens_per_s) / sum(decode_s),
-where a shard's tokens are those committed in its timed decode (tokens_per_s x decode_s).
+`speedup` compares every committed shard's decode time with what plain decoding would have taken
+for the same tokens, from each shard's calibrated ratio (chosen arm vs none, measured side by
+side): sum(decode_s x speedup) / sum(decode_s).
 """
 
 from __future__ import annotations
@@ -171,12 +171,10 @@ def summarize(url: str, plan: Plan, stats: list[dict], report, skipped: int, wor
     rows = sum(s["rows"] or 0 for s in stats)
     new_ids = {o.shard_id for o in report.outcomes} if report else set()
     new_tokens = sum(s["output_tokens"] or 0 for s in stats if s["shard_id"] in new_ids)
-    timed = [s for s in stats if s.get("baseline_tokens_per_s") and s.get("decode_s") and s.get("tokens_per_s")]
-    # tokens committed within each shard's timed decode (rows kept from calibration were timed there)
-    decoded = [s["tokens_per_s"] * s["decode_s"] for s in timed]
-    base_s = sum(t / s["baseline_tokens_per_s"] for t, s in zip(decoded, timed))
+    timed = [s for s in stats if s.get("speedup") and s.get("decode_s") and s.get("tokens_per_s")]
+    base_s = sum(s["decode_s"] * s["speedup"] for s in timed)  # what plain decoding would have taken
     decode_s = sum(s["decode_s"] for s in timed)
-    timed_tokens = sum(decoded)
+    timed_tokens = sum(s["tokens_per_s"] * s["decode_s"] for s in timed)
     return RunSummary(
         output=url,
         rows=rows,

@@ -7,8 +7,8 @@ DESIGN.md "Output layout". The CLI prints the table (batchspec/cli/report.py).
 
 Definitions (per shard, from its stats row; totals over every committed shard):
 
-    speedup            tokens_per_s / baseline_tokens_per_s (decode goodput vs "none" in calibration);
-                       totals: sum(tokens / baseline) / sum(decode_s), as `batchspec run` prints it
+    speedup            the stats' speedup: chosen arm vs "none", both measured in the shard's calibration;
+                       totals: sum(decode_s x speedup) / sum(decode_s), as `batchspec run` prints it
     calibration share  calibration_s / wall_s
     time split         prefill_s, draft_s, verify_s, calibration_s, and other = the rest of wall_s
                        (the decode loop's own bookkeeping, tokenizing, writing)
@@ -218,7 +218,7 @@ def _shard(row: dict, per_shard: dict[str, dict] | None) -> ShardReport:
     parts = {name: float(row.get(f"{name}_s") or 0.0) for name in ("prefill", "draft", "verify", "calibration")}
     parts["other"] = max(0.0, wall - sum(parts.values()))
     base, tps = row.get("baseline_tokens_per_s"), row.get("tokens_per_s")
-    speedup = row.get("speedup") or (tps / base if tps and base else None)
+    speedup = row.get("speedup")
     method, k = row.get("spec_method") or "none", int(row.get("draft_len") or 0)
     arms = tuple(_arm(c, method, k) for c in row.get("candidates") or [])
     found = per_shard.get(row["shard_id"]) if per_shard is not None else None
@@ -244,10 +244,10 @@ def _arm(c: dict, method: str, k: int) -> Arm:
 
 
 def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dict | None, reasons: dict) -> Totals:
-    timed = [s for s in shards if s.baseline_tokens_per_s and s.decode_s and s.tokens_per_s]
+    timed = [s for s in shards if s.speedup and s.decode_s and s.tokens_per_s]
     # tokens committed within each shard's timed decode (rows kept from calibration were timed there)
     decoded = {s.shard_id: s.tokens_per_s * s.decode_s for s in shards if s.tokens_per_s and s.decode_s}
-    base_s = sum(decoded[s.shard_id] / s.baseline_tokens_per_s for s in timed)
+    base_s = sum(s.decode_s * s.speedup for s in timed)  # what plain decoding would have taken
     timed_decode = sum(s.decode_s for s in timed)
     decode = sum(s.decode_s for s in shards)
     wall = sum(s.wall_s for s in shards)

@@ -83,8 +83,11 @@ def test_report_of_a_real_run_agrees_with_its_files(real_run):
         assert s.output_rows == s.rows == ROWS // 2
         assert sum(s.time_split[p] for p in TIME_PARTS) == pytest.approx(s.wall_s)
         assert all(v >= 0 for v in s.time_split.values())
-        if s.tokens_per_s and s.baseline_tokens_per_s:
-            assert s.speedup == pytest.approx(s.tokens_per_s / s.baseline_tokens_per_s)
+        measured = {a.label: a.tokens_per_s for a in s.arms if a.tokens_per_s}
+        chosen_label = "none" if s.spec_method == "none" else f"{s.spec_method}:k={s.draft_len}"
+        if s.decision == "calibrated" and measured.get("none") and measured.get(chosen_label):
+            # like for like: the chosen arm and none, measured side by side in calibration
+            assert s.speedup == pytest.approx(measured[chosen_label] / measured["none"])
         assert "none" in [a.label for a in s.arms]  # calibration always measures the baseline
         chosen = [a for a in s.arms if a.chosen]
         assert len(chosen) == 1 and chosen[0].spec_method == s.spec_method
