@@ -38,6 +38,7 @@ def _shard(out: Output, shard_id: str, key: str, spec: SpecConfig, n: int, error
                          "mean_accepted_len": 4.0 if spec.method != "none" else 1.0, "output_tokens": 8 * (n - errors),
                          "decode_s": 8 * (n - errors) / tps, "prefill_s": 0.5, "draft_s": 0.2, "verify_s": 1.0,
                          "tokens_per_s": tps, "baseline_tokens_per_s": base, "calibration_s": 1.0, "wall_s": 4.0,
+                         "speedup": tps / base,  # chosen arm vs none in calibration (the arms above)
                          "engine": "torch", "model": "tiny", "batch_size": 4, "candidates": arms,
                          "decision_source": "calibrated", "drift_fallback_row": 2 if key == "prose" else None})
     out.commit_shard(shard_id, table, stats)
