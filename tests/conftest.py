@@ -51,23 +51,24 @@ def tiny_pair(smol_tokenizer):
     return target, draft, smol_tokenizer
 
 
+def save_folder(tmp_path_factory, name: str, model, tokenizer):
+    folder = tmp_path_factory.mktemp(name)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tiny_pair):
     """The tiny target saved as a Hugging Face folder, for tests that load models by path."""
     target, _, tokenizer = tiny_pair
-    folder = tmp_path_factory.mktemp("tiny-target")
-    target.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_folder(tmp_path_factory, "tiny-target", target, tokenizer)
 
 
 @pytest.fixture(scope="session")
 def tiny_draft_dir(tmp_path_factory, tiny_pair):
     _, draft, tokenizer = tiny_pair
-    folder = tmp_path_factory.mktemp("tiny-draft")
-    draft.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_folder(tmp_path_factory, "tiny-draft", draft, tokenizer)
 
 
 def word_tokenizer(vocab_size: int):
