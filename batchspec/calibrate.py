@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
-from batchspec.engine.base import NO_SPEC, Completion, Engine, GenerateResult, Request, SpecConfig, Timing
+from batchspec.engine.base import NO_SPEC, Completion, Engine, GenerateResult, Request, SpecConfig
 
 
 @dataclass(frozen=True)
@@ -299,5 +299,5 @@ def _split(items: list, parts: int) -> list[list]:
 
 __all__ = [
     "ArmResult", "CalibrationSettings", "Decision", "calibrate", "choose", "fixed_decision", "pick_sample",
-    "predict_tokens_per_s", "expected_tokens_per_step", "acceptance_from_mean_len", "Timing",
+    "predict_tokens_per_s", "expected_tokens_per_step", "acceptance_from_mean_len",
 ]

@@ -28,7 +28,7 @@ from batchspec.engine.base import Completion, GenerateResult, Request, SamplingP
 from batchspec.engine.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.kv import Batch
 from batchspec.engine.sampling import accept_reject, probs_from_logits, sample_from
-from batchspec.errors import ConfigError, InputError, ModelError
+from batchspec.errors import ConfigError, ModelError
 
 SUPPORTED = ("none", "ngram", "draft_target")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -395,5 +395,3 @@ def _load_pretrained(name: str, dtype: str, device: str):
         raise ModelError(f"model {name!r}: cannot load from {path}: {_one_line(exc)}") from exc
     return model.to(device).eval(), tokenizer
 
-
-__all__ = ["TorchEngine", "check_same_tokenizer", "InputError"]

@@ -4,7 +4,6 @@ exactly one output row per input row, resume after a crash, a killed worker, ref
 from __future__ import annotations
 
 import json
-import os
 
 import fsspec
 import polars as pl
