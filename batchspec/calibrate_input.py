@@ -30,7 +30,7 @@ class KeyCalibration:
         return {
             "shard_key": self.shard_key, "rows": self.rows, "sampled": self.sampled,
             "chosen": d.chosen.label, "spec_method": d.chosen.method, "draft_len": d.chosen.draft_len,
-            "reason": d.reason, "calibration_s": d.calibration_s, "capped": d.capped,
+            "reason": d.reason, "calibration_s": d.calibration_s, "overhead_s": d.overhead_s, "capped": d.capped,
             "baseline_tokens_per_s": d.baseline_tokens_per_s, "arms": [a.to_struct() for a in d.arms],
         }
 

@@ -52,8 +52,9 @@ class ShardStats:
     baseline_tokens_per_s: float | None  # "none" measured in calibration, same measure
     speedup: float | None  # chosen arm vs none, both measured in calibration (see _measured_speedup)
     calibration_s: float
+    calibration_overhead_s: float  # calibration time whose work was not kept as output
     calibration_capped: bool
-    calibration_rows_kept: int  # sample rows the chosen arm finished in calibration, kept as outputs
+    calibration_rows_kept: int  # sample rows calibration generated to their end, kept as outputs
     decision_source: str  # calibrated | reused | fixed | too_small
     decision_reason: str
     drift_fallback_row: int | None  # row index where the shard fell back to "none", if it did
@@ -124,6 +125,7 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         baseline_tokens_per_s=decision.baseline_tokens_per_s,
         speedup=_measured_speedup(decision),
         calibration_s=decision.calibration_s,
+        calibration_overhead_s=decision.overhead_s,
         calibration_capped=decision.capped,
         calibration_rows_kept=kept,
         decision_source=decision.source,
@@ -141,10 +143,12 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
 
 def _measured_speedup(decision: Decision) -> float | None:
     """The chosen arm's goodput over plain decoding's, both measured in calibration on the same
-    rows, interleaved. (The shard's own tokens_per_s is not compared with the calibration
+    rows, back to back. (The shard's own tokens_per_s is not compared with the calibration
     baseline: a short calibration sample drains its batch as rows finish, so its absolute figures
     run lower than a continuously refilled production batch.)"""
     arm, base = decision.chosen_arm, decision.baseline_tokens_per_s
+    if arm is not None and arm.speedup is not None:
+        return arm.speedup
     return arm.tokens_per_s / base if arm is not None and arm.tokens_per_s and base else None
 
 
@@ -163,7 +167,7 @@ def generate_watching(engine: Engine, requests: Sequence[Request], decision: Dec
     else:
         done, specs, timing, fallback_row = _watch(engine, todo, spec, calibrated, batch_size, settings)
     by_id = {c.id: (c, s) for c, s in zip(done, specs)}
-    merged = [by_id.get(r.id) or (decision.finished[r.id], decision.chosen) for r in requests]
+    merged = [by_id.get(r.id) or decision.finished[r.id] for r in requests]
     return [c for c, _ in merged], [s for _, s in merged], timing, fallback_row
 
 

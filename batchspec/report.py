@@ -9,7 +9,8 @@ Definitions (per shard, from its stats row; totals over every committed shard):
 
     speedup            the stats' speedup: chosen arm vs "none", both measured in the shard's calibration;
                        totals: sum(decode_s x speedup) / sum(decode_s), as `batchspec run` prints it
-    calibration share  calibration_s / wall_s
+    calibration share  calibration_s / wall_s (all calibration time, rows it kept as outputs included)
+    calibration cost   calibration_overhead_s / wall_s (the calibration work not kept as output)
     time split         prefill_s, draft_s, verify_s, calibration_s, and other = the rest of wall_s
                        (the decode loop's own bookkeeping, tokenizing, writing)
     acceptance (total) sum(accepted_tokens) / sum(draft_tokens) over the output rows of shards that drafted
@@ -53,6 +54,7 @@ class Arm:
     mean_accepted_len: float | None
     chosen: bool
     predicted_tokens_per_s: float | None = None  # calibration's prediction for an arm it did not measure
+    speedup: float | None = None  # over "none" on the same calibration rows
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class ShardReport:
     baseline_tokens_per_s: float | None
     speedup: float | None
     calibration_share: float | None
+    calibration_cost: float | None
     wall_s: float
     decode_s: float
     time_split: dict[str, float]  # TIME_PARTS -> seconds, summing to wall_s
@@ -95,6 +98,7 @@ class Totals:
     baseline_tokens_per_s: float | None
     speedup: float | None
     calibration_share: float | None
+    calibration_cost: float | None
     wall_s: float  # summed over shards (workers run in parallel)
     time_split: dict[str, float]
     finish_reasons: dict[str, int]
@@ -229,7 +233,8 @@ def _shard(row: dict, per_shard: dict[str, dict] | None) -> ShardReport:
         spec_method=method, draft_len=k, acceptance_rate=row.get("acceptance_rate"),
         mean_accepted_len=row.get("mean_accepted_len"), output_tokens=int(row.get("output_tokens") or 0),
         tokens_per_s=tps, baseline_tokens_per_s=base, speedup=speedup,
-        calibration_share=parts["calibration"] / wall if wall > 0 else None, wall_s=wall,
+        calibration_share=parts["calibration"] / wall if wall > 0 else None,
+        calibration_cost=_cost(row) / wall if wall > 0 else None, wall_s=wall,
         decode_s=float(row.get("decode_s") or 0.0), time_split={p: parts[p] for p in TIME_PARTS},
         arms=arms, decision=row.get("decision_source"), decision_reason=row.get("decision_reason"),
         drift_fallback_row=row.get("drift_fallback_row"), note=row.get("note"),
@@ -240,7 +245,14 @@ def _arm(c: dict, method: str, k: int) -> Arm:
     m, dl = c.get("spec_method") or c.get("method") or "none", int(c.get("draft_len") or 0)
     chosen = m == method and (m == "none" or dl == k)
     return Arm(c.get("label") or (m if m == "none" else f"{m}:k={dl}"), m, dl, c.get("tokens_per_s"),
-               c.get("acceptance_rate"), c.get("mean_accepted_len"), chosen, c.get("predicted_tokens_per_s"))
+               c.get("acceptance_rate"), c.get("mean_accepted_len"), chosen, c.get("predicted_tokens_per_s"),
+               c.get("speedup"))
+
+
+def _cost(row: dict) -> float:
+    """Calibration time not kept as output; stats written before that column count it all."""
+    overhead = row.get("calibration_overhead_s")
+    return float(row.get("calibration_s") or 0.0) if overhead is None else float(overhead)
 
 
 def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dict | None, reasons: dict) -> Totals:
@@ -266,7 +278,9 @@ def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dic
         tokens_per_s=sum(decoded.values()) / decode if decode else None,
         baseline_tokens_per_s=sum(decoded[s.shard_id] for s in timed) / base_s if base_s else None,
         speedup=base_s / timed_decode if timed_decode else None,
-        calibration_share=split["calibration"] / wall if wall else None, wall_s=wall, time_split=split,
+        calibration_share=split["calibration"] / wall if wall else None,
+        calibration_cost=sum((s.calibration_cost or 0.0) * s.wall_s for s in shards) / wall if wall else None,
+        wall_s=wall, time_split=split,
         finish_reasons=reasons,
     )
 
@@ -309,7 +323,7 @@ def render_html(report: RunReport) -> str:
         ("speedup vs none", _x(t.speedup), f"baseline {_num(t.baseline_tokens_per_s)} tok/s"),
         ("acceptance rate", _pct(t.acceptance_rate), f"mean accepted len {_num(t.mean_accepted_len, 2)}"),
         ("decode tokens/s", _num(t.tokens_per_s), f"{t.output_tokens:,} output tokens"),
-        ("calibration share", _pct(t.calibration_share), f"of {t.wall_s:.1f} shard-seconds"),
+        ("calibration share", _pct(t.calibration_share), f"of {t.wall_s:.1f} shard-seconds; cost {_pct(t.calibration_cost)} (not kept as output)"),
     ]
     card_html = "".join(f'<div class="card"><div class="k">{html.escape(k)}</div><div class="v">{html.escape(v)}</div>'
                         f'<div class="s">{html.escape(s)}</div></div>' for k, v, s in cards)
@@ -340,14 +354,14 @@ th:first-child,td:first-child,th:nth-child(2),td:nth-child(2){{text-align:left}}
 
 def table_rows(report: RunReport) -> tuple[list[str], list[list[str]], list[str]]:
     """Header, one row per shard, and the totals row: shared by the terminal and the HTML table."""
-    header = ["shard", "key", "rows", "errors", "method", "k", "decision", "accept", "mean acc len", "tok/s", "baseline tok/s", "speedup", "calib share"]
+    header = ["shard", "key", "rows", "errors", "method", "k", "decision", "accept", "mean acc len", "tok/s", "baseline tok/s", "speedup", "calib share", "calib cost"]
     rows = [[s.shard_id, s.shard_key or "-", str(s.rows), str(s.error_rows), s.spec_method, str(s.draft_len) if s.spec_method != "none" else "-",
              (s.decision or "-") + (f" (drift@{s.drift_fallback_row})" if s.drift_fallback_row is not None else ""),
              _pct(s.acceptance_rate), _num(s.mean_accepted_len, 2), _num(s.tokens_per_s), _num(s.baseline_tokens_per_s), _x(s.speedup),
-             _pct(s.calibration_share)] for s in report.shards]
+             _pct(s.calibration_share), _pct(s.calibration_cost)] for s in report.shards]
     t = report.totals
     total = ["total", f"{t.shards} shards", str(t.rows), str(t.error_rows), "", "", "", _pct(t.acceptance_rate), _num(t.mean_accepted_len, 2),
-             _num(t.tokens_per_s), _num(t.baseline_tokens_per_s), _x(t.speedup), _pct(t.calibration_share)]
+             _num(t.tokens_per_s), _num(t.baseline_tokens_per_s), _x(t.speedup), _pct(t.calibration_share), _pct(t.calibration_cost)]
     return header, rows, total
 
 

@@ -56,7 +56,7 @@ OUTPUT_NAMES = tuple(f.name for f in OUTPUT_FIELDS)
 F64, I64, STR = pa.float64(), pa.int64(), pa.string()
 # One calibrated arm (batchspec.calibrate.ArmResult.to_struct()).
 CANDIDATE_TYPE = pa.struct([
-    ("label", STR), ("method", STR), ("draft_len", I64), ("tokens_per_s", F64), ("predicted_tokens_per_s", F64),
+    ("label", STR), ("method", STR), ("draft_len", I64), ("tokens_per_s", F64), ("speedup", F64), ("predicted_tokens_per_s", F64),
     ("acceptance_rate", F64), ("mean_accepted_len", F64), ("output_tokens", I64), ("rows", I64),
     ("target_steps", I64), ("draft_tokens", I64), ("accepted_tokens", I64), ("draft_s", F64), ("verify_s", F64),
     ("other_s", F64), ("prefill_s", F64), ("measured", pa.bool_()), ("error", STR),
@@ -70,6 +70,7 @@ STATS_FIELDS = tuple(pa.field(name, kind) for name, kind in [
     ("draft_model", STR), ("batch_size", I64), ("candidates", pa.list_(CANDIDATE_TYPE)),
     ("draft_tokens", I64), ("accepted_tokens", I64), ("target_steps", I64), ("other_s", F64),
     ("wall_tokens_per_s", F64), ("speedup", F64), ("calibration_capped", pa.bool_()), ("calibration_rows_kept", I64),
+    ("calibration_overhead_s", F64),
     ("decision_source", STR),
     ("decision_reason", STR), ("drift_fallback_row", I64), ("attempts", I64), ("note", STR),
 ])

@@ -51,7 +51,8 @@ def _print_tables(results) -> None:
             table.add_column(col, justify="left" if col in ("arm", "choice") else "right")
         base = d.baseline_tokens_per_s
         for a in d.arms:
-            speed = f"{a.tokens_per_s / base:.2f}x" if a.tokens_per_s and base else ""
+            ratio = a.speedup if a.speedup is not None else (a.tokens_per_s / base if a.tokens_per_s and base else None)
+            speed = f"{ratio:.2f}x" if ratio is not None else ""
             table.add_row(
                 a.label,
                 f"{a.tokens_per_s:.1f}" if a.tokens_per_s else ("error" if a.error else "-"),
@@ -62,4 +63,5 @@ def _print_tables(results) -> None:
                 "<- chosen" if a.measured and a.label == d.chosen.label else "",
             )
         console.print(table)
-        console.print(f"choice: {d.chosen.label} ({d.reason}); calibration {d.calibration_s:.1f} s\n")
+        console.print(f"choice: {d.chosen.label} ({d.reason}); calibration {d.calibration_s:.1f} s, "
+                      f"{d.overhead_s:.1f} s of it not kept as output\n")

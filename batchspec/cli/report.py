@@ -68,7 +68,7 @@ def _print_table(report) -> None:
         table.add_column(name, footer=foot, justify="left" if i in (0, 1, 4) else "right", no_wrap=i == 0)
     for row in rows:
         table.add_row(*row)
-    console = Console(width=None if sys.stdout.isatty() else 160)  # piped: wide enough for every column
+    console = Console(width=None if sys.stdout.isatty() else 180)  # piped: wide enough for every column
     console.print(table)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
