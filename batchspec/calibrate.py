@@ -152,7 +152,8 @@ def calibrate(engine: Engine, requests: Sequence[Request], arms: Sequence[SpecCo
     `clock` times the runs (tests pass a scripted one)."""
     start = clock()
     sample = pick_sample(requests, settings.sample_rows(batch_size), settings.max_tokens)
-    rounds = _split(sample, settings.rounds)
+    # rounds of at least one production batch each, or arms would be measured at a smaller batch
+    rounds = _split(sample, min(settings.rounds, max(1, len(sample) // max(1, batch_size))))
     by_method: dict[str, list[SpecConfig]] = {}
     for arm in arms:
         if arm.method != "none":

@@ -171,7 +171,8 @@ def bench_sweep(engine, workload: str, n: int, max_tokens: int, fixed: SpecConfi
     requests = workloads.requests(workload, n, max_tokens)
     points = []
     for b in batches:
-        decision = calibrate(engine, requests, arms, b, CalibrationSettings(min_rows=1))
+        # budgeted as for a 128-row shard of this workload (the sweep runs 16-32 rows to save time)
+        decision = calibrate(engine, requests, arms, b, CalibrationSettings(min_rows=1), expected_rows=max(128, len(requests)))
         arms_b = [("none", NO_SPEC, b), (fixed.label, fixed, b)]
         if decision.chosen.label not in ("none", fixed.label):  # else the same greedy work: reuse that arm
             arms_b.append(("calibrated", decision.chosen, b))

@@ -180,12 +180,20 @@ class ScriptedEngine:
         return GenerateResult(completions, timing)
 
 
-def scripted(acceptance: float, **settings) -> tuple[ScriptedEngine, "Decision"]:
+def scripted(acceptance: float, rows: int = 64, batch_size: int = 4, **settings) -> tuple[ScriptedEngine, "Decision"]:
     engine = ScriptedEngine(acceptance)
-    rows = [Request(f"r{i}", "p", params=SamplingParams(max_tokens=16)) for i in range(64)]
+    requests = [Request(f"r{i}", "p", params=SamplingParams(max_tokens=16)) for i in range(rows)]
     arms = [SpecConfig("ngram", k) for k in (2, 4, 6, 8)]
     settings = CalibrationSettings(**{"max_tokens": 16, "max_fraction": 1.0, **settings})
-    return engine, calibrate(engine, rows, arms, 4, settings, clock=engine.clock)
+    return engine, calibrate(engine, requests, arms, batch_size, settings, clock=engine.clock)
+
+
+def test_every_arm_is_measured_at_the_production_batch_size():
+    """A sample too small for two full batches is one round, not two half-batches."""
+    engine, d = scripted(acceptance=0.9, rows=16, batch_size=16)
+    assert [(label, len(ids)) for label, ids in engine.calls] == [("none", 16), ("ngram:k=2", 16)]
+    engine, d = scripted(acceptance=0.9, rows=64, batch_size=8)
+    assert {len(ids) for _, ids in engine.calls} == {8} and len(engine.calls) == 4
 
 
 def test_a_method_far_below_plain_leaves_after_its_probe():
