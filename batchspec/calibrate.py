@@ -75,6 +75,7 @@ class ArmResult:
     verify_s: float = 0.0
     other_s: float = 0.0
     prefill_s: float = 0.0
+    accepted_at: list[int] = field(default_factory=list)  # by draft position: see Completion
     measured: bool = False
     error: str | None = None
 
@@ -97,6 +98,8 @@ class ArmResult:
         self.verify_s += t.verify_s
         self.other_s += t.other_s
         self.prefill_s += t.prefill_s
+        for c in result.completions:
+            _add_into(self.accepted_at, c.accepted_at)
         decode = self.draft_s + self.verify_s + self.other_s
         self.tokens_per_s = self.decode_tokens / decode if decode > 0 and self.decode_tokens else None
         self.acceptance_rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
@@ -369,6 +372,33 @@ def expected_tokens_per_step(a: float, k: int) -> float:
     return (1 - a ** (k + 1)) / (1 - a)
 
 
+def _add_into(total: list[int], more: list[int]) -> None:
+    total.extend([0] * (len(more) - len(total)))
+    for j, x in enumerate(more):
+        total[j] += x
+
+
+def tokens_per_step(probe: ArmResult, k: int) -> float | None:
+    """Committed tokens per target step at draft length k, from an arm measured at another length.
+
+    With per-position counts (the torch engine reports them): the first draft is accepted on a
+    fraction a1 of all steps (steps without a draft count as misses), and an accepted draft is
+    followed by another accepted one at the continuation rate c (pooled over the positions the
+    probe measured); so 1 + a1 (1 - c^k) / (1 - c) tokens per step, which at the probe's own length
+    is what was measured. On copied text c is far above a1 (acceptance comes in bursts), which
+    Leviathan's i.i.d. model under-predicts for long drafts. Without the counts (or a probe of
+    length 1), the i.i.d. model: one per-token acceptance a fitted to the mean accepted length."""
+    if not probe.target_steps or not probe.mean_accepted_len:
+        return None
+    k0 = probe.draft_len
+    if probe.accepted_at and k0 >= 2:
+        acc = (list(probe.accepted_at) + [0] * k0)[:k0]  # positions never accepted count zero
+        a1 = acc[0] / probe.target_steps
+        c = sum(acc[1:]) / sum(acc[:-1])
+        return 1.0 + a1 * (k if c >= 1.0 else (1 - c**k) / (1 - c))
+    return expected_tokens_per_step(acceptance_from_mean_len(probe.mean_accepted_len, probe.draft_len), k)
+
+
 def predict_tokens_per_s(probe: ArmResult, k: int, baseline: ArmResult) -> float | None:
     """Goodput at draft length k, from an arm measured at probe.draft_len and the baseline.
 
@@ -378,7 +408,6 @@ def predict_tokens_per_s(probe: ArmResult, k: int, baseline: ArmResult) -> float
     if not (probe.target_steps and baseline.target_steps and probe.mean_accepted_len):
         return None
     k0 = probe.draft_len
-    a = acceptance_from_mean_len(probe.mean_accepted_len, k0)
     v0 = baseline.verify_s / baseline.target_steps
     vk = probe.verify_s / probe.target_steps
     verify = v0 + (vk - v0) * k / k0
@@ -387,7 +416,7 @@ def predict_tokens_per_s(probe: ArmResult, k: int, baseline: ArmResult) -> float
     per_step = verify + draft + other
     # rows decoding at once per step: the probe's committed tokens over its steps and mean length
     rows_per_step = probe.decode_tokens / (probe.target_steps * probe.mean_accepted_len)
-    return rows_per_step * expected_tokens_per_step(a, k) / per_step if per_step > 0 else None
+    return rows_per_step * tokens_per_step(probe, k) / per_step if per_step > 0 else None
 
 
 def _budget(baseline: _Run, sample: Sequence[Request], shard: Sequence[Request], expected_rows: int | None,
@@ -423,5 +452,5 @@ def _split(items: list, parts: int) -> list[list]:
 
 __all__ = [
     "ArmResult", "CalibrationSettings", "Decision", "calibrate", "choose", "fixed_decision", "pick_sample",
-    "predict_tokens_per_s", "expected_tokens_per_step", "acceptance_from_mean_len",
+    "predict_tokens_per_s", "expected_tokens_per_step", "acceptance_from_mean_len", "tokens_per_step",
 ]

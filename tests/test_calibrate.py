@@ -15,6 +15,7 @@ from batchspec.calibrate import (
     choose,
     expected_tokens_per_step,
     predict_tokens_per_s,
+    tokens_per_step,
 )
 from batchspec.calibrate import Decision
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
@@ -85,6 +86,21 @@ def test_prediction_follows_leviathan_with_measured_costs():
     # the probe's own draft length predicts (close to) what was measured
     measured = probe.decode_tokens / (probe.verify_s + probe.draft_s + probe.other_s)
     assert predict_tokens_per_s(probe, k0, base) == pytest.approx(measured, rel=0.01)
+
+
+def test_bursty_acceptance_is_extrapolated_with_the_continuation_rate():
+    """Copied text: the first draft is accepted on 60% of steps, but an accepted draft is followed by
+    another 90% of the time. The per-position counts carry that; the mean length alone cannot."""
+    probe = ArmResult("ngram", 2, target_steps=100, accepted_tokens=114, mean_accepted_len=2.14, accepted_at=[60, 54])
+    assert tokens_per_step(probe, 2) == pytest.approx(2.14)  # the probe's own length: what was measured
+    assert tokens_per_step(probe, 4) == pytest.approx(1 + 0.6 * (1 - 0.9**4) / 0.1)
+    iid = expected_tokens_per_step(acceptance_from_mean_len(2.14, 2), 4)
+    assert tokens_per_step(probe, 4) > iid + 0.3  # the i.i.d. fit under-predicts long drafts here
+    # a position never accepted counts as zero: 50 of 100 first drafts, never a second or third
+    assert tokens_per_step(ArmResult("ngram", 4, target_steps=100, mean_accepted_len=1.5, accepted_at=[50]), 8) == pytest.approx(1.5)
+    # no per-position counts (an engine that does not report them): the i.i.d. model
+    bare = ArmResult("ngram", 2, target_steps=100, mean_accepted_len=2.14)
+    assert tokens_per_step(bare, 4) == pytest.approx(iid)
 
 
 def test_ngram_draft_cost_does_not_scale_with_k():
@@ -352,7 +368,7 @@ def test_rows_finished_in_calibration_are_kept_not_regenerated(tiny_engine):
     shard keeps the chosen arm's rows (identical to plain greedy) and generates only the rest."""
     rows = word_rows(16)  # max_tokens 24 each
     arms = [SpecConfig("draft_target", 2, draft_model="self")]
-    settings = CalibrationSettings(max_fraction=100.0, max_tokens=24, sample_size=8)
+    settings = CalibrationSettings(max_fraction=100.0, max_tokens=24, sample_size=8, rounds=1)
     shard = run_shard(tiny_engine, ShardInput("s0", None, rows), arms, True, 4, settings)
     assert shard.stats.calibration_rows_kept == 8
     assert shard.stats.rows == 16 and [c.id for c in shard.completions] == [r.id for r in rows]

@@ -98,6 +98,11 @@ class Completion:
     draft_tokens: int = 0  # proposed
     accepted_tokens: int = 0
     target_steps: int = 0
+    # By draft position j (0-based): on how many of the row's target steps draft j was accepted
+    # (with every draft before it). Acceptance comes in bursts on copied text, so the ratio of
+    # position j+1 to j says how likely a draft continues; calibration predicts other draft lengths
+    # from it. Empty when the engine does not report it.
+    accepted_at: list[int] = field(default_factory=list)
 
     @classmethod
     def failed(cls, request_id: str, reason: str, prompt_tokens: int = 0) -> "Completion":

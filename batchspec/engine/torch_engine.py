@@ -46,6 +46,7 @@ class Row:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     target_steps: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # see Completion
     finish: str | None = None
     stop_at: int | None = None  # char offset where a stop string begins
 
@@ -185,6 +186,7 @@ class TorchEngine:
             id=request.id, text=text, token_ids=out, prompt_tokens=row.prompt_len, output_tokens=len(out),
             finish_reason=row.finish or "length", draft_tokens=row.draft_tokens,
             accepted_tokens=row.accepted_tokens, target_steps=row.target_steps,
+            accepted_at=row.accepted_at,
         )
 
     # -- the decode loop -------------------------------------------------------------------------
@@ -272,6 +274,9 @@ class TorchEngine:
             row.target_steps += 1
             row.draft_tokens += len(d)
             row.accepted_tokens += n
+            row.accepted_at.extend([0] * (n - len(row.accepted_at)))
+            for j in range(n):
+                row.accepted_at[j] += 1
             self._commit(row, d[:n] + [nxt])
         clock.add("other_s", t)
 

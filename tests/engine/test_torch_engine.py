@@ -81,6 +81,11 @@ def test_counts_when_every_draft_is_right(word_models, draft_len):
         after_prefill = r.params.max_tokens - 1  # the first token comes from prefill
         assert c.accepted_tokens == c.draft_tokens == after_prefill - c.target_steps
         assert c.target_steps == math.ceil(after_prefill / (draft_len + 1))
+        # by position: every step but the last accepted all draft_len drafts
+        full, last = divmod(after_prefill, draft_len + 1)
+        last_accepted = (last - 1) if last else draft_len
+        steps_with = [full - (not last) + (j < last_accepted) for j in range(draft_len)]
+        assert c.accepted_at == [n for n in steps_with if n] and sum(c.accepted_at) == c.accepted_tokens
 
 
 def bigram_model(vocab: int):
@@ -111,6 +116,7 @@ def test_ngram_counts_on_a_constructed_case():
     # step 1 proposes 13 14 15 9 (4), accepts 3, recovers 16; "15 16" never occurred: no more drafts
     assert (c.draft_tokens, c.accepted_tokens) == (4, 3)
     assert c.target_steps == 1 + 3  # then three plain steps for 17 18 19
+    assert c.accepted_at == [1, 1, 1]  # positions 0-2 accepted once (step 1), position 3 never
 
 
 def test_ngram_lookup_prefers_the_longest_latest_match():
