@@ -83,6 +83,17 @@ class ArmResult:
     def label(self) -> str:
         return "none" if self.method == "none" else f"{self.method}:k={self.draft_len}"
 
+    @property
+    def decode_s(self) -> float:
+        return self.draft_s + self.verify_s + self.other_s
+
+    def vs_none(self, baseline_tokens_per_s: float | None) -> float | None:
+        """Speedup over plain decoding: the paired figure when calibration recorded one, else this
+        arm's goodput over the baseline's."""
+        if self.speedup is not None:
+            return self.speedup
+        return self.tokens_per_s / baseline_tokens_per_s if self.tokens_per_s and baseline_tokens_per_s else None
+
     def to_struct(self) -> dict:
         return {"label": self.label, **asdict(self)}
 
@@ -100,7 +111,7 @@ class ArmResult:
         self.prefill_s += t.prefill_s
         for c in result.completions:
             _add_into(self.accepted_at, c.accepted_at)
-        decode = self.draft_s + self.verify_s + self.other_s
+        decode = self.decode_s
         self.tokens_per_s = self.decode_tokens / decode if decode > 0 and self.decode_tokens else None
         self.acceptance_rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
         self.mean_accepted_len = 1 + self.accepted_tokens / self.target_steps if self.target_steps else None
@@ -163,7 +174,6 @@ def calibrate(engine: Engine, requests: Sequence[Request], arms: Sequence[SpecCo
             by_method.setdefault(arm.method, []).append(arm)
     full_budget = {r.id: r.params.max_tokens for r in requests}
     results: dict[str, ArmResult] = {}
-    per_round: dict[tuple[str, int], ArmResult] = {}  # (label, round) -> that run alone
     runs: list[_Run] = []
     complete: dict[str, dict[str, Completion]] = {}  # label -> request id -> row generated to its end
     budget = float("inf")
@@ -194,17 +204,18 @@ def calibrate(engine: Engine, requests: Sequence[Request], arms: Sequence[SpecCo
                 arm.error = " ".join(str(exc).split())[:300] or type(exc).__name__
                 continue
             arm.add(result)
-            per_round.setdefault((spec.label, r), ArmResult(spec.method, spec.draft_len)).add(result)
+            alone = ArmResult(spec.method, spec.draft_len)
+            alone.add(result)
             done = {c.id: c for c in result.completions if _complete(c, full_budget[c.id])}
             complete.setdefault(spec.label, {}).update(done)
             tokens = {c.id: c.output_tokens for c in result.completions}
             runs.append(_Run(spec.label, r, clock() - began,
-                             sum(tokens[i] for i in done) / max(1, sum(tokens.values())), tokens))
+                             sum(tokens[i] for i in done) / max(1, sum(tokens.values())), tokens, alone))
             if spec is NO_SPEC and r == 0:
                 budget = _budget(runs[-1], sample, requests, expected_rows, settings)
-        _pair(results, per_round)
+        _pair(results, runs)
         for method, cands in by_method.items():
-            next_arm[method] = _next_arm(method, cands, results, settings)
+            next_arm[method] = _next_arm(cands, results, settings)
 
     chosen, reason = choose(list(results.values()), arms, settings.margin)
     if capped:
@@ -234,6 +245,7 @@ class _Run:
     seconds: float
     complete_share: float  # share of its output tokens in rows generated to their production end
     tokens: dict[str, int] = field(default_factory=dict)  # request id -> output tokens
+    arm: ArmResult | None = None  # what this run alone measured (None for a projected run)
 
 
 def _overhead(runs: Sequence[_Run]) -> float:
@@ -247,21 +259,23 @@ def _overhead(runs: Sequence[_Run]) -> float:
     return total
 
 
-def _pair(results: dict[str, ArmResult], per_round: dict[tuple[str, int], ArmResult]) -> None:
+def _pair(results: dict[str, ArmResult], runs: Sequence[_Run]) -> None:
     """Each speculative arm's speedup over "none" on exactly the rounds both ran in."""
+    plain_rounds = {run.round for run in runs if run.label == "none"}
     for label, arm in results.items():
         if label == "none" or not arm.measured:
             continue
-        mine = [r for (lab, r) in per_round if lab == label and ("none", r) in per_round]
-        tokens = [sum(per_round[(lab, r)].decode_tokens for r in mine) for lab in (label, "none")]
-        seconds = [sum(_decode_s(per_round[(lab, r)]) for r in mine) for lab in (label, "none")]
+        rounds = {run.round for run in runs if run.label == label} & plain_rounds
+        paired = [[run.arm for run in runs if run.label == lab and run.round in rounds] for lab in (label, "none")]
+        tokens = [sum(a.decode_tokens for a in side) for side in paired]
+        seconds = [sum(a.decode_s for a in side) for side in paired]
         if all(tokens) and all(seconds):
             arm.speedup = (tokens[0] / seconds[0]) / (tokens[1] / seconds[1])
 
 
-def _next_arm(method: str, cands: list[SpecConfig], results: dict[str, ArmResult],
+def _next_arm(cands: list[SpecConfig], results: dict[str, ArmResult],
               settings: CalibrationSettings) -> SpecConfig | None:
-    """Predict every draft length of `method` from its best-measured arm; return the one to measure
+    """Predict every draft length of a method (its candidates `cands`) from its best-measured arm; return the one to measure
     next (the predicted best), or None when the method is out of the running."""
     measured = [results[c.label] for c in cands if c.label in results and results[c.label].measured
                 and not results[c.label].error and results[c.label].speedup]
@@ -309,10 +323,6 @@ def _credit(kept: dict[str, tuple[Completion, SpecConfig]], runs: Sequence[_Run]
     return total
 
 
-def _decode_s(arm: ArmResult) -> float:
-    return arm.draft_s + arm.verify_s + arm.other_s
-
-
 def _complete(c: Completion, max_tokens: int) -> bool:
     """Did calibration generate this row to the end it would have had in production?"""
     return c.finish_reason == "stop" or (c.finish_reason == "length" and c.output_tokens >= max_tokens)
@@ -330,12 +340,8 @@ def choose(results: Sequence[ArmResult], arms: Sequence[SpecConfig], margin: flo
     usable = [a for a in results if a.measured and not a.error and a.tokens_per_s and a.method != "none"]
     if not usable:
         return NO_SPEC, "no speculative arm could be measured"
-
-    def speedup(a: ArmResult) -> float:
-        return a.speedup if a.speedup is not None else a.tokens_per_s / baseline.tokens_per_s
-
-    best = max(usable, key=lambda a: (speedup(a), -a.draft_len))
-    ratio = speedup(best)
+    best = max(usable, key=lambda a: (a.vs_none(baseline.tokens_per_s), -a.draft_len))
+    ratio = best.vs_none(baseline.tokens_per_s)
     if ratio > 1 + margin:
         spec = next(s for s in arms if s.label == best.label)
         return spec, f"{best.label} measured {ratio:.2f}x plain decoding"

@@ -146,10 +146,8 @@ def _measured_speedup(decision: Decision) -> float | None:
     rows, back to back. (The shard's own tokens_per_s is not compared with the calibration
     baseline: a short calibration sample drains its batch as rows finish, so its absolute figures
     run lower than a continuously refilled production batch.)"""
-    arm, base = decision.chosen_arm, decision.baseline_tokens_per_s
-    if arm is not None and arm.speedup is not None:
-        return arm.speedup
-    return arm.tokens_per_s / base if arm is not None and arm.tokens_per_s and base else None
+    arm = decision.chosen_arm
+    return arm.vs_none(decision.baseline_tokens_per_s) if arm is not None else None
 
 
 def generate_watching(engine: Engine, requests: Sequence[Request], decision: Decision, batch_size: int,

@@ -35,7 +35,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import RESULTS, choose_threads, fmt, interleaved, load_engine, machine, write  # noqa: E402
+from engine import RESULTS, choose_threads, command, fmt, interleaved, load_engine, machine, write  # noqa: E402
 
 import workloads  # noqa: E402
 
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     "vs_plain": all((r["vs_plain"] or 0) >= 0.95 for r in shards),
                     "calibration_share": all((r["calibration_share"] or 0) <= 0.10 for r in shards)}}
     table = shard_table(shards)
-    md = (f"# Calibration benchmark\n\n`python bench/calibrate.py{''.join(' ' + x for x in (argv if argv is not None else sys.argv[1:]))}`, {info['date_utc']}: "
+    md = (f"# Calibration benchmark\n\n`{command('bench/calibrate.py', argv)}`, {info['date_utc']}: "
           f"{args.model}{' + ' + args.draft_model if args.draft_model else ''}, {args.dtype}, batch {args.batch_size}, "
           f"{rows} prompts per shard, max_tokens {max_tokens}, arms none + {', '.join(a.label for a in arms)}; "
           f"{info['cpus']} CPU cores, {threads} torch thread(s), load average {info['load_avg_start'][0]} / {info['load_avg_end'][0]}. "

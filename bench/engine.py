@@ -147,6 +147,11 @@ def comparison_table(comparisons: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def command(script: str, argv: Sequence[str] | None) -> str:
+    """The command line that produced a result, for its markdown header."""
+    return " ".join(["python", script, *(argv if argv is not None else sys.argv[1:])])
+
+
 def write(out: Path, name: str, data: dict, markdown: str, table: str = "") -> None:
     """OUT/<name>.json and OUT/<name>.md; print the table and where it went."""
     out.mkdir(parents=True, exist_ok=True)
@@ -241,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     data = {"benchmark": "engine", "quick": args.quick, "max_tokens": sizes.max_tokens, "machine": info, "comparisons": rows}
     table = comparison_table(rows)
-    md = (f"# Engine benchmark\n\n`python bench/engine.py{' --quick' if args.quick else ''}`, {info['date_utc']}: "
+    md = (f"# Engine benchmark\n\n`{command('bench/engine.py', argv)}`, {info['date_utc']}: "
           f"{info['cpus']} CPU cores, {threads} torch thread(s), load average {info['load_avg_start'][0]} at start / "
           f"{info['load_avg_end'][0]} at end, {args.dtype}, greedy, max_tokens {sizes.max_tokens}. tok/s = goodput (output tokens / "
           f"decode seconds, prefill excluded); wall tok/s includes prefill; speedups are ratios within this one run.\n\n{table}")

@@ -51,7 +51,7 @@ def _print_tables(results) -> None:
             table.add_column(col, justify="left" if col in ("arm", "choice") else "right")
         base = d.baseline_tokens_per_s
         for a in d.arms:
-            ratio = a.speedup if a.speedup is not None else (a.tokens_per_s / base if a.tokens_per_s and base else None)
+            ratio = a.vs_none(base)
             speed = f"{ratio:.2f}x" if ratio is not None else ""
             table.add_row(
                 a.label,
