@@ -26,16 +26,20 @@ How it stays cheap and sound:
    of the shard's expected time: round 0 always runs; a confirmation that would exceed the
    budget is skipped, and the decision says so.
 
-Decisions are plain data (`Decision`), reused for small shards of the same key by `generate.py`.
+Decisions are plain data (`Decision`), reused for small shards of the same key by `shard.py`.
+The acceptance and cost models live in predict.py; the arm record in stats.py.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
-from batchspec.engine.base import NO_SPEC, Completion, Engine, GenerateResult, Request, SpecConfig
+from batchspec.engine.base import NO_SPEC, Completion, Engine, Request, SpecConfig
+from batchspec.errors import one_line
+from batchspec.predict import predict_tokens_per_s
+from batchspec.stats import ArmResult
 
 
 @dataclass(frozen=True)
@@ -52,70 +56,6 @@ class CalibrationSettings:
 
     def sample_rows(self, batch_size: int) -> int:
         return self.sample_size or min(64, max(8, 2 * batch_size))
-
-
-@dataclass
-class ArmResult:
-    """One calibration arm: its settings and what was measured (or predicted) for it."""
-
-    method: str
-    draft_len: int
-    tokens_per_s: float | None = None  # measured goodput (committed tokens / decode s)
-    speedup: float | None = None  # goodput over plain decoding's on the same rows, run back to back
-    predicted_tokens_per_s: float | None = None
-    acceptance_rate: float | None = None
-    mean_accepted_len: float | None = None
-    output_tokens: int = 0
-    decode_tokens: int = 0  # committed by decode steps (the first token of a row comes from prefill)
-    rows: int = 0
-    target_steps: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    other_s: float = 0.0
-    prefill_s: float = 0.0
-    accepted_at: list[int] = field(default_factory=list)  # by draft position: see Completion
-    measured: bool = False
-    error: str | None = None
-
-    @property
-    def label(self) -> str:
-        return "none" if self.method == "none" else f"{self.method}:k={self.draft_len}"
-
-    @property
-    def decode_s(self) -> float:
-        return self.draft_s + self.verify_s + self.other_s
-
-    def vs_none(self, baseline_tokens_per_s: float | None) -> float | None:
-        """Speedup over plain decoding: the paired figure when calibration recorded one, else this
-        arm's goodput over the baseline's."""
-        if self.speedup is not None:
-            return self.speedup
-        return self.tokens_per_s / baseline_tokens_per_s if self.tokens_per_s and baseline_tokens_per_s else None
-
-    def to_struct(self) -> dict:
-        return {"label": self.label, **asdict(self)}
-
-    def add(self, result: GenerateResult) -> None:
-        t = result.timing
-        self.output_tokens += result.output_tokens
-        self.decode_tokens += result.decode_tokens
-        self.rows += sum(c.finish_reason != "error" for c in result.completions)
-        self.draft_tokens += result.draft_tokens
-        self.accepted_tokens += result.accepted_tokens
-        self.target_steps += result.target_steps
-        self.draft_s += t.draft_s
-        self.verify_s += t.verify_s
-        self.other_s += t.other_s
-        self.prefill_s += t.prefill_s
-        for c in result.completions:
-            _add_into(self.accepted_at, c.accepted_at)
-        decode = self.decode_s
-        self.tokens_per_s = self.decode_tokens / decode if decode > 0 and self.decode_tokens else None
-        self.acceptance_rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
-        self.mean_accepted_len = 1 + self.accepted_tokens / self.target_steps if self.target_steps else None
-        self.measured = True
 
 
 @dataclass
@@ -201,7 +141,7 @@ def calibrate(engine: Engine, requests: Sequence[Request], arms: Sequence[SpecCo
             try:
                 result = engine.generate(chunk, spec, batch_size)
             except Exception as exc:  # an arm that fails is skipped and recorded
-                arm.error = " ".join(str(exc).split())[:300] or type(exc).__name__
+                arm.error = one_line(exc)
                 continue
             arm.add(result)
             alone = ArmResult(spec.method, spec.draft_len)
@@ -358,73 +298,6 @@ def pick_sample(requests: Sequence[Request], n: int, max_tokens: int) -> list[Re
     return [replace(r, params=replace(r.params, max_tokens=min(r.params.max_tokens, max_tokens))) for r in picked]
 
 
-def acceptance_from_mean_len(mean_len: float, k: int) -> float:
-    """Per-token acceptance a such that (1 - a^(k+1)) / (1 - a) == mean_len (bisection)."""
-    mean_len = min(max(mean_len, 1.0), k + 1.0)
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if expected_tokens_per_step(mid, k) < mean_len:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def expected_tokens_per_step(a: float, k: int) -> float:
-    """Leviathan et al.: committed tokens per target step with k drafts at per-token acceptance a."""
-    if a >= 1.0:
-        return k + 1.0
-    return (1 - a ** (k + 1)) / (1 - a)
-
-
-def _add_into(total: list[int], more: list[int]) -> None:
-    total.extend([0] * (len(more) - len(total)))
-    for j, x in enumerate(more):
-        total[j] += x
-
-
-def tokens_per_step(probe: ArmResult, k: int) -> float | None:
-    """Committed tokens per target step at draft length k, from an arm measured at another length.
-
-    With per-position counts (the torch engine reports them): the first draft is accepted on a
-    fraction a1 of all steps (steps without a draft count as misses), and an accepted draft is
-    followed by another accepted one at the continuation rate c (pooled over the positions the
-    probe measured); so 1 + a1 (1 - c^k) / (1 - c) tokens per step, which at the probe's own length
-    is what was measured. On copied text c is far above a1 (acceptance comes in bursts), which
-    Leviathan's i.i.d. model under-predicts for long drafts. Without the counts (or a probe of
-    length 1), the i.i.d. model: one per-token acceptance a fitted to the mean accepted length."""
-    if not probe.target_steps or not probe.mean_accepted_len:
-        return None
-    k0 = probe.draft_len
-    if probe.accepted_at and k0 >= 2:
-        acc = (list(probe.accepted_at) + [0] * k0)[:k0]  # positions never accepted count zero
-        a1 = acc[0] / probe.target_steps
-        c = sum(acc[1:]) / sum(acc[:-1])
-        return 1.0 + a1 * (k if c >= 1.0 else (1 - c**k) / (1 - c))
-    return expected_tokens_per_step(acceptance_from_mean_len(probe.mean_accepted_len, probe.draft_len), k)
-
-
-def predict_tokens_per_s(probe: ArmResult, k: int, baseline: ArmResult) -> float | None:
-    """Goodput at draft length k, from an arm measured at probe.draft_len and the baseline.
-
-    Per step: verify time is interpolated linearly in k between the baseline's (k = 0) and the
-    probe's; draft time scales with k for a draft model (one forward per draft) and stays flat for
-    n-gram lookup; coordination time per step is the probe's."""
-    if not (probe.target_steps and baseline.target_steps and probe.mean_accepted_len):
-        return None
-    k0 = probe.draft_len
-    v0 = baseline.verify_s / baseline.target_steps
-    vk = probe.verify_s / probe.target_steps
-    verify = v0 + (vk - v0) * k / k0
-    draft = probe.draft_s / probe.target_steps * (k / k0 if probe.method == "draft_target" else 1.0)
-    other = probe.other_s / probe.target_steps
-    per_step = verify + draft + other
-    # rows decoding at once per step: the probe's committed tokens over its steps and mean length
-    rows_per_step = probe.decode_tokens / (probe.target_steps * probe.mean_accepted_len)
-    return rows_per_step * tokens_per_step(probe, k) / per_step if per_step > 0 else None
-
-
 def _budget(baseline: _Run, sample: Sequence[Request], shard: Sequence[Request], expected_rows: int | None,
             settings: CalibrationSettings) -> float:
     """Seconds of calibration overhead allowed: max_fraction of the shard's predicted time under
@@ -454,9 +327,3 @@ def _probe(cands: list[SpecConfig]) -> SpecConfig:
 def _split(items: list, parts: int) -> list[list]:
     parts = max(1, min(parts, len(items)))
     return [items[i::parts] for i in range(parts)] if items else [[]]
-
-
-__all__ = [
-    "ArmResult", "CalibrationSettings", "Decision", "calibrate", "choose", "fixed_decision", "pick_sample",
-    "predict_tokens_per_s", "expected_tokens_per_step", "acceptance_from_mean_len", "tokens_per_step",
-]

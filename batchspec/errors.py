@@ -28,3 +28,15 @@ class EngineUnavailable(BatchspecError):
 
 class OutputError(BatchspecError):
     """The output location cannot be written, or holds a different run."""
+
+
+ONE_LINE_LIMIT = 300
+
+
+def one_line(exc: BaseException | str, limit: int = ONE_LINE_LIMIT) -> str:
+    """An exception (or text) as one line of at most `limit` characters: the only formatter of
+    library errors inside batchspec's own messages."""
+    text = " ".join(str(exc).split())
+    if not text:
+        return type(exc).__name__ if isinstance(exc, BaseException) else ""
+    return text[:limit]

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchspec.errors import ModelError
+from batchspec.errors import ModelError, one_line
 
 MARKER = "batchspec-model.json"  # written last into every cache entry: its presence means "prepared"
 DTYPES = ("float32", "bfloat16")
@@ -154,7 +154,7 @@ def _building(final: Path) -> Iterator[Path | None]:
         final.parent.mkdir(parents=True, exist_ok=True)
         lock = open(final.parent / f".{final.name}.lock", "w")
     except OSError as exc:
-        raise ModelError(f"cannot write the model cache {final.parent} (set BATCHSPEC_CACHE): {_one_line(exc)}") from exc
+        raise ModelError(f"cannot write the model cache {final.parent} (set BATCHSPEC_CACHE): {one_line(exc)}") from exc
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_prepared(final):
@@ -284,7 +284,7 @@ def _convert(spec: ModelSpec, gguf: Path, out: Path) -> None:
             gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, spec.storage_dtype)
         )
     except Exception as exc:  # transformers raises many types for a bad GGUF
-        raise ModelError(f"model {spec.name}: cannot read GGUF {gguf.name}: {_one_line(exc)}") from exc
+        raise ModelError(f"model {spec.name}: cannot read GGUF {gguf.name}: {one_line(exc)}") from exc
     # The weights are plain de-quantized tensors now; drop the GGUF "quantizer" so they save.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -354,43 +354,5 @@ def _copy_url(url: str, cache_dir: Path | None, storage_options: Mapping[str, An
     except ModelError:
         raise
     except Exception as exc:  # fsspec backends raise their own types (botocore, gcsfs, ...)
-        raise ModelError(f"model URL {url}: cannot copy: {_one_line(exc)}") from exc
+        raise ModelError(f"model URL {url}: cannot copy: {one_line(exc)}") from exc
     return final
-
-
-# ---- loading -----------------------------------------------------------------------------------
-
-
-def load_tokenizer(path: Path | str) -> Any:
-    """The tokenizer saved in a model folder (chat template and eos included)."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:
-        raise ModelError(f"cannot load a tokenizer from {path}: {_one_line(exc)}") from exc
-
-
-def load_model(path: Path | str, dtype: str = "float32", device: str = "cpu") -> Any:
-    """A causal LM from a model folder, in eval mode with gradients off.
-
-    >>> model = load_model(resolve_model("smollm2-135m"), dtype="bfloat16")  # doctest: +SKIP
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    if dtype not in DTYPES:
-        raise ModelError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise ModelError(f"device {device!r} is not cpu or cuda[:N]")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelError(f"device {device} requested but CUDA is not available here")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
-    except Exception as exc:
-        raise ModelError(f"cannot load a causal LM from {path}: {_one_line(exc)}") from exc
-    return model.to(device).eval().requires_grad_(False)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300] or type(exc).__name__

@@ -1,4 +1,5 @@
-"""`batchspec run` as a library call: read -> plan -> shard workers -> commit -> manifest.
+"""`batchspec run` as a library call: read -> plan -> shard workers -> commit -> manifest; and
+`calibrate_only`, what `batchspec calibrate` runs (the same reading and calibration, nothing written).
 
 `run(config)` reads as the list of steps of DESIGN.md "Data flow"; each step lives in its own
 module (read, plan, workers, write). Everything that can be checked before work starts is checked
@@ -24,15 +25,19 @@ import logging
 import platform
 import time
 from dataclasses import asdict, dataclass
+from itertools import groupby
 from typing import Protocol
 
+from batchspec.calibrate import CalibrationSettings, Decision, calibrate
+from batchspec.config.run import RunConfig
 from batchspec.engine.base import NO_SPEC
-from batchspec.errors import OutputError
-from batchspec.pipeline_config import RunConfig
+from batchspec.engine.factory import create_engine
+from batchspec.errors import InputError, OutputError
 from batchspec.plan import Plan, check_resume, make_plan
-from batchspec.read import RowDefaults, open_input, scan_keys
-from batchspec.workers import Faults, ShardOutcome, WorkerJob, run_pool
-from batchspec.write import OUTPUT_NAMES, Output, output_schema, resolve_template
+from batchspec.read import RowDefaults, open_input, parse_rows, read_rows, scan_keys
+from batchspec.stats import OUTPUT_NAMES
+from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, run_pool
+from batchspec.write import Output, output_schema, resolve_template
 
 
 class RunProgress(Protocol):
@@ -60,7 +65,7 @@ class RunSummary:
     complete: bool
 
 
-def run(config: RunConfig, *, progress: RunProgress | None = None, faults: Faults = Faults()) -> RunSummary:
+def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: type[ShardWorker] = ShardWorker) -> RunSummary:
     started = time.perf_counter()
     run_date = config.run_date or dt.datetime.now(dt.timezone.utc).date()
     opts = dict(config.storage_options)
@@ -83,10 +88,10 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, faults: Fault
         engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
         device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
         calibration=config.calibration, defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed),
-        worker=config.worker, faults=faults,
+        worker=config.worker,
     )
     work_started = time.perf_counter()
-    report = run_pool(job, todo, config.workers, _on_done(progress, faults)) if todo else None
+    report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls) if todo else None
     work_s = time.perf_counter() - work_started
 
     stats = output.read_stats(_committed_in_order(output, plan))  # 4. commit: every shard accounted for
@@ -99,13 +104,13 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, faults: Fault
 def check_engine(engine: str) -> None:
     """Stop before any work when the engine cannot run here (one line from the adapter)."""
     if engine == "trtllm":
-        from batchspec.engine.trtllm import require_trtllm
+        from batchspec.engine.trtllm.adapter import require_trtllm
 
         require_trtllm()
 
 
 def resolve_arms(config: RunConfig) -> tuple[tuple, bool]:
-    from batchspec.spec_config import resolve_spec_arg
+    from batchspec.config.candidates import resolve_spec_arg
 
     choice = resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)
     if choice.calibrate:
@@ -145,16 +150,10 @@ def prepare_output(output: Output, plan: Plan, resume: bool) -> tuple[list, int]
     return todo, len(plan.shards) - len(todo)
 
 
-def _on_done(progress: RunProgress | None, faults: Faults):
-    count = 0
-
+def _on_done(progress: RunProgress | None):
     def done(outcome: ShardOutcome) -> None:
-        nonlocal count
-        count += 1
         if progress:
-            progress.shard_done(outcome)
-        if faults.abort_after is not None and count >= faults.abort_after:
-            raise RuntimeError(f"test hook: run aborted after {count} committed shards")
+            progress.shard_done(outcome)  # an exception here stops the run, as a crash of the job would
 
     return done
 
@@ -213,3 +212,55 @@ def _versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             pass
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# `batchspec calibrate`: the same reading and calibration, one engine in this process, nothing written
+
+
+@dataclass
+class KeyCalibration:
+    shard_key: str | None
+    rows: int  # rows of this key in the input
+    sampled: int  # rows calibration drew its sample from
+    decision: Decision
+
+    def to_doc(self) -> dict:
+        d = self.decision
+        return {
+            "shard_key": self.shard_key, "rows": self.rows, "sampled": self.sampled,
+            "chosen": d.chosen.label, "spec_method": d.chosen.method, "draft_len": d.chosen.draft_len,
+            "reason": d.reason, "calibration_s": d.calibration_s, "overhead_s": d.overhead_s, "capped": d.capped,
+            "baseline_tokens_per_s": d.baseline_tokens_per_s, "arms": [a.to_struct() for a in d.arms],
+        }
+
+
+def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
+    check_engine(config.engine)
+    arms, _ = resolve_arms(config)
+    storage = dict(config.storage_options)
+    source = open_input(config.input, storage, config.shard_by)
+    keys = scan_keys(source, config.shard_by)
+    defaults = RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed)
+    order = sorted(range(len(keys.ids)), key=lambda i: (keys.keys[i] is None, keys.keys[i] or ""))
+    groups = [(key, list(rows)) for key, rows in groupby(order, key=lambda i: keys.keys[i])]
+    engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device)
+    settings = CalibrationSettings(**dict(config.calibration))
+    results = []
+    try:
+        for key, rows in groups:
+            picked = rows[: config.shard_size]
+            requests = []
+            for file_index in sorted({keys.file_index[i] for i in picked}):
+                mine = [i for i in picked if keys.file_index[i] == file_index]
+                table = read_rows(source, file_index, [keys.row_index[i] for i in mine])
+                parsed = parse_rows(table, [keys.ids[i] for i in mine], defaults)
+                requests += [p.request for p in parsed if p.error is None]
+            if not requests:
+                raise InputError(f"shard key {key!r}: none of its first {len(picked)} rows can run (all are error rows)")
+            decision = calibrate(engine, requests, [a for a in arms if a.method != "none"], config.batch_size,
+                                 settings, shard_id=str(key), expected_rows=len(rows))
+            results.append(KeyCalibration(key, len(rows), len(requests), decision))
+    finally:
+        engine.close()
+    return results

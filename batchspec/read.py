@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 
 from batchspec.engine.base import Request, SamplingParams
-from batchspec.errors import InputError
+from batchspec.errors import InputError, one_line
 
 PROMPT_COLUMNS = ("prompt", "messages")
 SAMPLING_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop")
@@ -106,7 +106,7 @@ def open_input(url: str, storage_options: dict | None = None, shard_by: str | No
     except InputError:
         raise
     except Exception as exc:  # the backend's own error: unreachable bucket, bad credentials, ...
-        raise InputError(f"cannot list input {url}: {_one_line(exc)}") from exc
+        raise InputError(f"cannot list input {url}: {one_line(exc)}") from exc
     if not paths:
         raise InputError(f"no Parquet files found at input {url}")
     base = root if not _has_glob(root) and fs.isdir(root) else posixpath.dirname(paths[0])
@@ -142,7 +142,7 @@ def _footer(fs: fsspec.AbstractFileSystem, path: str) -> pq.FileMetaData:
         with fs.open(path, "rb") as f:
             return pq.ParquetFile(f).metadata
     except Exception as exc:
-        raise InputError(f"input file {fs.unstrip_protocol(path)} is not readable Parquet: {_one_line(exc)}") from exc
+        raise InputError(f"input file {fs.unstrip_protocol(path)} is not readable Parquet: {one_line(exc)}") from exc
 
 
 def _unify(schemas: list[pa.Schema], urls: list[str]) -> pa.Schema:
@@ -155,7 +155,7 @@ def _unify(schemas: list[pa.Schema], urls: list[str]) -> pa.Schema:
     try:
         return pa.unify_schemas(schemas)
     except pa.ArrowInvalid as exc:
-        raise InputError(f"input files have incompatible schemas: {_one_line(exc)}") from exc
+        raise InputError(f"input files have incompatible schemas: {one_line(exc)}") from exc
 
 
 def _check_columns(schema: pa.Schema, url: str, shard_by: str | None) -> None:
@@ -220,7 +220,7 @@ def _ray_scan(source: InputSource, columns: list[str], per_file: list[dict[str, 
                 for c in columns:
                     per_file[i][c].extend(group.column(c).to_pylist())
     except Exception as exc:
-        raise InputError(f"cannot read input {source.url}: {_one_line(exc)}") from exc
+        raise InputError(f"cannot read input {source.url}: {one_line(exc)}") from exc
 
 
 def _split_by_path(batch: pa.Table):
@@ -267,7 +267,7 @@ def read_rows(source: InputSource, file_index: int, rows: list[int]) -> pa.Table
             groups = sorted({bisect.bisect_right(starts, r) - 1 for r in rows})
             table = pf.read_row_groups(groups)
     except Exception as exc:
-        raise InputError(f"input file {fs.unstrip_protocol(f.path)} cannot be read: {_one_line(exc)}") from exc
+        raise InputError(f"input file {fs.unstrip_protocol(f.path)} cannot be read: {one_line(exc)}") from exc
     # Position of each wanted row inside the concatenation of the row groups just read.
     base = {g: sum(sizes[h] for h in groups if h < g) for g in groups}
     take = []
@@ -358,6 +358,3 @@ def _stop(value) -> tuple[str, ...]:
         return tuple(s for s in value if s)
     raise ValueError("stop must be a string or a list of strings")
 
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300] or type(exc).__name__

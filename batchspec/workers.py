@@ -1,7 +1,7 @@
 """Step 3, shard workers: a pool of Ray actors, one engine each for its whole life.
 
 Per shard a worker reads the shard's rows back from the input (only the row groups it needs),
-turns bad rows into error rows, calibrates and generates through `batchspec.generate.run_shard`,
+turns bad rows into error rows, calibrates and generates through `batchspec.shard.run_shard`,
 and commits outputs then stats (`batchspec.write`). The driver side (`run_pool`) hands shards to
 idle actors, passes each shard key's calibration decision on to the next shard of that key, and
 reports every committed shard to a callback (the progress bar).
@@ -27,23 +27,19 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from batchspec.config.run import WorkerConfig
 from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.errors import BatchspecError
-from batchspec.pipeline_config import WorkerConfig
 from batchspec.plan import ShardPlan
-from batchspec.read import InputSource, ParsedRow, RowDefaults, parse_rows, read_rows, row_id
+from batchspec.read import (
+    InputSource,
+    ParsedRow,
+    RowDefaults,
+    parse_rows,
+    read_rows,
+    row_id,
+)
 from batchspec.write import Output, output_table, stats_table
-
-
-@dataclass(frozen=True)
-class Faults:
-    """Test hooks, never set by users: `kill_in` shard ids make the worker process exit (os._exit)
-    mid-shard on their first `kill_attempts` attempts; `abort_after` stops the driver after that
-    many commits, as a crash of the job would."""
-
-    kill_in: frozenset[str] = frozenset()
-    kill_attempts: int = 1
-    abort_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +61,6 @@ class WorkerJob:
     calibration: tuple[tuple[str, Any], ...]
     defaults: RowDefaults
     worker: WorkerConfig
-    faults: Faults = Faults()
 
 
 @dataclass(frozen=True)
@@ -160,13 +155,11 @@ class ShardWorker:
 
     def process(self, task: ShardTask) -> ShardOutcome:
         from batchspec.calibrate import CalibrationSettings
-        from batchspec.generate import ShardInput, run_shard
+        from batchspec.shard import ShardInput, run_shard
 
         job, plan = self.job, task.plan
         started = time.perf_counter()
         rows = load_shard(job, plan)
-        if plan.shard_id in job.faults.kill_in and task.attempt <= job.faults.kill_attempts:
-            os._exit(1)  # test hook: the worker process dies mid-shard
         good = [p.request for p in rows.parsed if p.error is None]
         stats: dict = {"engine": job.engine, "model": job.model, "draft_model": job.draft_model, "batch_size": job.batch_size}
         result = None
@@ -214,11 +207,13 @@ class PoolReport:
     failed_shards: list[str]
 
 
-def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Callable[[ShardOutcome], None]) -> PoolReport:
-    """Run every shard on a pool of `workers` actors; returns once each shard is committed."""
+def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Callable[[ShardOutcome], None],
+             worker_cls: type[ShardWorker] = ShardWorker) -> PoolReport:
+    """Run every shard on a pool of `workers` actors of `worker_cls` (a subclass may wrap `process`,
+    as the fault tests do); returns once each shard is committed."""
     import ray
 
-    remote = ray.remote(ShardWorker).options(num_cpus=job.worker.num_cpus, num_gpus=job.worker.num_gpus, max_restarts=0, max_task_retries=0)
+    remote = ray.remote(worker_cls).options(num_cpus=job.worker.num_cpus, num_gpus=job.worker.num_gpus, max_restarts=0, max_task_retries=0)
     actors: list[Any] = []  # every actor started, to stop them all at the end
     idle = [_start(remote, job, actors) for _ in range(min(workers, len(plans)))]
     queue = collections.deque(ShardTask(p) for p in plans)

@@ -35,46 +35,8 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from batchspec.engine.base import Completion, SpecConfig
-from batchspec.errors import ConfigError, OutputError
-
-OUTPUT_FIELDS = (
-    pa.field("id", pa.string()),
-    pa.field("shard_id", pa.string()),
-    pa.field("text", pa.string()),
-    pa.field("prompt_tokens", pa.int64()),
-    pa.field("output_tokens", pa.int64()),
-    pa.field("finish_reason", pa.string()),
-    pa.field("error", pa.string()),
-    pa.field("spec_method", pa.string()),
-    pa.field("draft_len", pa.int64()),
-    pa.field("draft_tokens", pa.int64()),
-    pa.field("accepted_tokens", pa.int64()),
-    pa.field("target_steps", pa.int64()),
-)
-OUTPUT_NAMES = tuple(f.name for f in OUTPUT_FIELDS)
-
-F64, I64, STR = pa.float64(), pa.int64(), pa.string()
-# One calibrated arm (batchspec.calibrate.ArmResult.to_struct()).
-CANDIDATE_TYPE = pa.struct([
-    ("label", STR), ("method", STR), ("draft_len", I64), ("tokens_per_s", F64), ("speedup", F64), ("predicted_tokens_per_s", F64),
-    ("acceptance_rate", F64), ("mean_accepted_len", F64), ("output_tokens", I64), ("rows", I64),
-    ("target_steps", I64), ("draft_tokens", I64), ("accepted_tokens", I64), ("draft_s", F64), ("verify_s", F64),
-    ("other_s", F64), ("prefill_s", F64), ("measured", pa.bool_()), ("error", STR),
-])
-# DESIGN.md's stats columns first, then the rest of batchspec.generate.ShardStats, then ours.
-STATS_FIELDS = tuple(pa.field(name, kind) for name, kind in [
-    ("shard_id", STR), ("shard_key", STR), ("rows", I64), ("error_rows", I64), ("spec_method", STR),
-    ("draft_len", I64), ("acceptance_rate", F64), ("mean_accepted_len", F64), ("output_tokens", I64),
-    ("decode_s", F64), ("prefill_s", F64), ("draft_s", F64), ("verify_s", F64), ("tokens_per_s", F64),
-    ("baseline_tokens_per_s", F64), ("calibration_s", F64), ("wall_s", F64), ("engine", STR), ("model", STR),
-    ("draft_model", STR), ("batch_size", I64), ("candidates", pa.list_(CANDIDATE_TYPE)),
-    ("draft_tokens", I64), ("accepted_tokens", I64), ("target_steps", I64), ("other_s", F64),
-    ("wall_tokens_per_s", F64), ("speedup", F64), ("calibration_capped", pa.bool_()), ("calibration_rows_kept", I64),
-    ("calibration_overhead_s", F64),
-    ("decision_source", STR),
-    ("decision_reason", STR), ("drift_fallback_row", I64), ("attempts", I64), ("note", STR),
-])
-STATS_SCHEMA = pa.schema(STATS_FIELDS)
+from batchspec.errors import ConfigError, OutputError, one_line
+from batchspec.stats import CANDIDATE_TYPE, OUTPUT_FIELDS, STATS_FIELDS, STATS_SCHEMA
 
 
 def resolve_template(url: str, run_date: dt.date) -> str:
@@ -175,7 +137,7 @@ class Output:
             else:
                 fs.pipe_file(path, data)
         except Exception as exc:
-            raise OutputError(f"cannot write {fs.unstrip_protocol(path)}: {_one_line(exc)}") from exc
+            raise OutputError(f"cannot write {fs.unstrip_protocol(path)}: {one_line(exc)}") from exc
 
     def put_table(self, path: str, table: pa.Table) -> None:
         buf = io.BytesIO()
@@ -199,7 +161,7 @@ class Output:
         except FileNotFoundError:
             return None
         except Exception as exc:
-            raise OutputError(f"cannot read OUTPUT {self.url}: {_one_line(exc)}") from exc
+            raise OutputError(f"cannot read OUTPUT {self.url}: {one_line(exc)}") from exc
 
     def committed(self) -> set[str]:
         """Shard ids whose stats object (the commit mark) exists."""
@@ -209,7 +171,7 @@ class Output:
         except FileNotFoundError:
             return set()
         except Exception as exc:
-            raise OutputError(f"cannot list OUTPUT {self.url}: {_one_line(exc)}") from exc
+            raise OutputError(f"cannot list OUTPUT {self.url}: {one_line(exc)}") from exc
         return {posixpath.basename(n)[: -len(".parquet")] for n in names if n.endswith(".parquet") and not posixpath.basename(n).startswith(".")}
 
     def read_stats(self, shard_ids: list[str]) -> list[dict]:
@@ -229,7 +191,7 @@ class Output:
                 if fs.exists(p):
                     fs.rm(p, recursive=True)
             except Exception as exc:
-                raise OutputError(f"cannot clear {fs.unstrip_protocol(p)}: {_one_line(exc)}") from exc
+                raise OutputError(f"cannot clear {fs.unstrip_protocol(p)}: {one_line(exc)}") from exc
         fs.invalidate_cache()
 
     def check_writable(self) -> None:
@@ -242,8 +204,5 @@ class Output:
             fs.pipe_file(probe, b"")
             fs.rm(probe)
         except Exception as exc:
-            raise OutputError(f"cannot write OUTPUT {self.url}: {_one_line(exc)}") from exc
+            raise OutputError(f"cannot write OUTPUT {self.url}: {one_line(exc)}") from exc
 
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300] or type(exc).__name__

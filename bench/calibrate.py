@@ -35,14 +35,22 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import RESULTS, choose_threads, command, fmt, interleaved, load_engine, machine, write  # noqa: E402
-
 import workloads  # noqa: E402
+from engine import (  # noqa: E402
+    RESULTS,
+    choose_threads,
+    command,
+    fmt,
+    interleaved,
+    load_engine,
+    machine,
+    write,
+)
 
 from batchspec.calibrate import CalibrationSettings  # noqa: E402
+from batchspec.config.candidates import default_candidates_path, load_candidates  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
-from batchspec.generate import ShardInput, decide  # noqa: E402
-from batchspec.spec_config import default_candidates_path, load_candidates  # noqa: E402
+from batchspec.shard import ShardInput, decide  # noqa: E402
 
 
 def candidate_arms(draft_model: str | None) -> list[SpecConfig]:

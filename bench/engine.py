@@ -37,7 +37,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import workloads  # noqa: E402
 
-from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Request, SpecConfig, Timing  # noqa: E402
+from batchspec.engine.base import (  # noqa: E402
+    NO_SPEC,
+    Completion,
+    GenerateResult,
+    Request,
+    SpecConfig,
+    Timing,
+)
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -161,7 +168,7 @@ def write(out: Path, name: str, data: dict, markdown: str, table: str = "") -> N
 
 
 def load_engine(model: str, dtype: str, draft_model: str | None = None):
-    from batchspec.engine.torch_engine import TorchEngine
+    from batchspec.engine.torch.engine import TorchEngine
 
     started = time.perf_counter()
     engine = TorchEngine.load(model, draft_model=draft_model, dtype=dtype, device="cpu")

@@ -76,8 +76,8 @@ def main() -> None:
 def bench_pipeline(work: Path, args) -> dict:
     import ray
 
+    from batchspec.config.run import build_config
     from batchspec.pipeline import run
-    from batchspec.pipeline_config import build_config
 
     config = build_config(
         str(work / "prompts.parquet"), str(work / "out"), model=args.model, spec=args.spec, workers=1,
@@ -105,10 +105,10 @@ def bench_pipeline(work: Path, args) -> dict:
 def bench_engine(work: Path, table, args) -> dict:
     import torch
 
+    from batchspec.config.candidates import resolve_spec_arg
     from batchspec.engine.base import NO_SPEC
     from batchspec.engine.factory import create_engine
     from batchspec.read import RowDefaults, parse_rows
-    from batchspec.spec_config import resolve_spec_arg
 
     torch.set_num_threads(args.threads)
     choice = resolve_spec_arg(args.spec, None, "torch", None)

@@ -33,12 +33,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import calibrate as bench_calibrate  # noqa: E402
 import engine as bench_engine  # noqa: E402
-from engine import RESULTS, Measured, choose_threads, fmt, interleaved, load_engine, machine, write  # noqa: E402
-
 import workloads  # noqa: E402
+from engine import (  # noqa: E402
+    RESULTS,
+    Measured,
+    choose_threads,
+    fmt,
+    interleaved,
+    load_engine,
+    machine,
+    write,
+)
 
-from batchspec.calibrate import CalibrationSettings, calibrate, expected_tokens_per_step  # noqa: E402
+from batchspec.calibrate import CalibrationSettings, calibrate  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
+from batchspec.predict import expected_tokens_per_step  # noqa: E402
 
 BATCHES = (1, 2, 4, 8, 16)
 

@@ -59,7 +59,7 @@ def tokens_per_s(result: GenerateResult) -> float:
 
 
 def check_config(engine, path: str, plain: GenerateResult, args: argparse.Namespace) -> bool:
-    from batchspec.spec_config import load_spec_file
+    from batchspec.config.spec import load_spec_file
 
     spec = load_spec_file(path).spec
     if spec.method == "none":
@@ -89,8 +89,8 @@ def check_config(engine, path: str, plain: GenerateResult, args: argparse.Namesp
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        from batchspec.engine.trtllm import TrtllmEngine
-        from batchspec.spec_config import load_spec_file
+        from batchspec.config.spec import load_spec_file
+        from batchspec.engine.trtllm.adapter import TrtllmEngine
 
         engine = TrtllmEngine(args.model, load_spec_file(args.base).llm_options)
     except EngineUnavailable as exc:

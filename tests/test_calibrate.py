@@ -7,19 +7,16 @@ import math
 
 import pytest
 
-from batchspec.calibrate import (
-    ArmResult,
-    CalibrationSettings,
+from batchspec.calibrate import CalibrationSettings, Decision, calibrate, choose
+from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
+from batchspec.predict import (
     acceptance_from_mean_len,
-    calibrate,
-    choose,
     expected_tokens_per_step,
     predict_tokens_per_s,
     tokens_per_step,
 )
-from batchspec.calibrate import Decision
-from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
-from batchspec.generate import ShardInput, run_shard
+from batchspec.shard import ShardInput, run_shard
+from batchspec.stats import ArmResult
 
 NGRAM = [SpecConfig("ngram", k) for k in (2, 4, 6)]
 
@@ -116,7 +113,7 @@ def test_ngram_draft_cost_does_not_scale_with_k():
 
 @pytest.fixture(scope="module")
 def tiny_engine(word_models):
-    from batchspec.engine.torch_engine import TorchEngine
+    from batchspec.engine.torch.engine import TorchEngine
 
     target, drafts, tokenizer = word_models
 
@@ -275,7 +272,7 @@ def test_drift_falls_back_to_plain_decoding(tiny_engine):
     """Calibrated on rows where the draft is always right, then the workload changes: a draft
     that is never right. The shard must fall back to none and say from which row."""
     from batchspec.calibrate import Decision
-    from batchspec.generate import generate_watching
+    from batchspec.shard import generate_watching
 
     good = SpecConfig("draft_target", 3, draft_model="far")
     calibrated = Decision(good, arms=[ArmResult("draft_target", 3, tokens_per_s=100.0, acceptance_rate=0.9, measured=True)],
@@ -305,7 +302,7 @@ def chat(i: str, content: str) -> Request:
 
 
 def test_copy_heavy_and_free_prose_shards_get_different_decisions():
-    from batchspec.engine.torch_engine import TorchEngine
+    from batchspec.engine.torch.engine import TorchEngine
 
     engine = TorchEngine.load("smollm2-135m", dtype="float32", device="cpu")
     copy = [chat(f"c{i}", f"Repeat the following text exactly, word for word:\n\n{t}") for i, t in enumerate(TEXTS * 2)]

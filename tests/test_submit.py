@@ -31,6 +31,7 @@ from click.testing import CliRunner
 
 from batchspec import submit
 from batchspec.cli import cli
+from batchspec.config.job import load_job
 from batchspec.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +50,7 @@ def write_job(folder: Path, **fields) -> Path:
 
 
 def test_entrypoint_is_batchspec_run_with_options_and_the_fixed_date(tmp_path):
-    job = submit.load_job(write_job(tmp_path, output="s3://b/runs/{date}", pipeline="pipelines/local.yaml",
+    job = load_job(write_job(tmp_path, output="s3://b/runs/{date}", pipeline="pipelines/local.yaml",
                                     options={"shard_by": "task", "max_tokens": 8, "resume": False, "draft-model": "x y"}))
     argv = shlex.split(submit.entrypoint(job, dt.date(2026, 3, 4)))
     assert argv[:6] == ["python", "-m", "batchspec", "run", "in.parquet", "s3://b/runs/{date}"]
@@ -62,15 +63,15 @@ def test_entrypoint_is_batchspec_run_with_options_and_the_fixed_date(tmp_path):
 
 
 def test_run_date_precedence_cli_then_options_then_today(tmp_path):
-    job = submit.load_job(write_job(tmp_path, options={"run_date": "2026-05-06"}))
+    job = load_job(write_job(tmp_path, options={"run_date": "2026-05-06"}))
     assert submit.job_run_date(job, dt.date(2026, 1, 1)) == dt.date(2026, 1, 1)
     assert submit.job_run_date(job) == dt.date(2026, 5, 6)
-    plain = submit.load_job(write_job(tmp_path))
+    plain = load_job(write_job(tmp_path))
     assert submit.job_run_date(plain) == dt.datetime.now(dt.timezone.utc).date()
 
 
 def test_env_vars_are_filled_from_the_submitter_and_a_missing_one_is_named(tmp_path):
-    job = submit.load_job(write_job(tmp_path, runtime_env={"env_vars": {"KEY": "${MY_KEY}", "PLAIN": "1", "MIX": "a-${MY_KEY}-b"}}))
+    job = load_job(write_job(tmp_path, runtime_env={"env_vars": {"KEY": "${MY_KEY}", "PLAIN": "1", "MIX": "a-${MY_KEY}-b"}}))
     env = submit.resolve_env(job, {"MY_KEY": "s3cret"})
     assert env["env_vars"] == {"KEY": "s3cret", "PLAIN": "1", "MIX": "a-s3cret-b"}
     with pytest.raises(ConfigError, match=r"runtime_env.env_vars.KEY: \$\{MY_KEY\} is not set"):
@@ -78,22 +79,22 @@ def test_env_vars_are_filled_from_the_submitter_and_a_missing_one_is_named(tmp_p
 
 
 def test_address_precedence(tmp_path):
-    job = submit.load_job(write_job(tmp_path, address="http://file:8265"))
+    job = load_job(write_job(tmp_path, address="http://file:8265"))
     env = {"BATCHSPEC_ADDRESS": "http://bs:8265", "RAY_ADDRESS": "http://ray:8265"}
     assert submit.resolve_address("http://cli:8265", job, env) == "http://cli:8265"
     assert submit.resolve_address(None, job, env) == "http://bs:8265"
     assert submit.resolve_address(None, job, {"RAY_ADDRESS": "http://ray:8265"}) == "http://ray:8265"
     assert submit.resolve_address(None, job, {}) == "http://file:8265"
-    assert submit.resolve_address(None, submit.load_job(write_job(tmp_path)), {}) == "http://127.0.0.1:8265"
+    assert submit.resolve_address(None, load_job(write_job(tmp_path)), {}) == "http://127.0.0.1:8265"
 
 
 def test_working_dir_is_relative_to_the_job_file_and_the_pipeline_is_checked_there(tmp_path):
     (tmp_path / "wd").mkdir()
     (tmp_path / "wd" / "p.yaml").write_text("engine: torch\nworkers: 0\n")
     with pytest.raises(ConfigError, match=r"job.yaml: pipeline: .*p.yaml: workers: expected an integer >= 1"):
-        submit.load_job(write_job(tmp_path, pipeline="p.yaml", runtime_env={"working_dir": "wd"}))
+        load_job(write_job(tmp_path, pipeline="p.yaml", runtime_env={"working_dir": "wd"}))
     (tmp_path / "wd" / "p.yaml").write_text("engine: torch\nworkers: 2\n")
-    job = submit.load_job(write_job(tmp_path, pipeline="p.yaml", runtime_env={"working_dir": "wd"}))
+    job = load_job(write_job(tmp_path, pipeline="p.yaml", runtime_env={"working_dir": "wd"}))
     assert job.runtime_env["working_dir"] == str(tmp_path / "wd")
 
 

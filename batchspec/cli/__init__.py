@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+
 import click
 
-from batchspec.errors import BatchspecError
+from batchspec.errors import BatchspecError, one_line
 
 # command name -> module under batchspec.cli that defines a click command or group called `command`
 COMMANDS = {
@@ -39,7 +40,7 @@ class LazyGroup(click.Group):
         except BatchspecError as exc:
             if (ctx.obj or {}).get("debug"):
                 raise
-            raise click.ClickException(_one_line(exc)) from exc
+            raise click.ClickException(one_line(exc, limit=2000)) from exc
 
 
 def _module_exists(mod: str) -> bool:
@@ -67,6 +68,3 @@ def cli(ctx: click.Context, debug: bool) -> None:
 def main() -> None:
     cli()
 
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__

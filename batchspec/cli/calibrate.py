@@ -8,7 +8,7 @@ import sys
 import click
 
 from batchspec.cli.options import model_and_spec_options, sampling_options
-from batchspec.pipeline_config import build_config
+from batchspec.config.run import build_config
 
 
 @click.command("calibrate")
@@ -29,7 +29,7 @@ def command(input: str, pipeline: str | None, as_json: bool, **options) -> None:
       batchspec calibrate prompts.parquet --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b --dtype bfloat16
       batchspec calibrate prompts.parquet --spec trt_configs/ngram.yaml --json
     """
-    from batchspec.calibrate_input import calibrate_input
+    from batchspec.pipeline import calibrate_only as calibrate_input
 
     config = build_config(input, "", pipeline, **options)
     results = calibrate_input(config)

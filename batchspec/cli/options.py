@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from batchspec.pipeline_config import DEFAULT_PIPELINE
+from batchspec.config.run import DEFAULT_PIPELINE
 
 SHARED = [
     click.option("--pipeline", envvar="BATCHSPEC_PIPELINE",

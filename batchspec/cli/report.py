@@ -45,13 +45,13 @@ def command(output: str, html_path: str | None, as_json: bool) -> None:
 def _write_html(path: str, page: str) -> None:
     import fsspec
 
-    from batchspec.errors import OutputError
+    from batchspec.errors import OutputError, one_line
 
     try:
         with fsspec.open(path, "w", encoding="utf-8") as f:
             f.write(page)
     except Exception as exc:
-        raise OutputError(f"--html {path}: cannot write: {' '.join(str(exc).split())[:300]}") from exc
+        raise OutputError(f"--html {path}: cannot write: {one_line(exc)}") from exc
 
 
 def _print_table(report) -> None:

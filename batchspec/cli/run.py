@@ -8,7 +8,7 @@ import sys
 import click
 
 from batchspec.cli.options import model_and_spec_options, sampling_options
-from batchspec.pipeline_config import build_config
+from batchspec.config.run import build_config
 
 
 @click.command("run")
@@ -58,7 +58,13 @@ class _Progress:
 
     def __enter__(self):
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.tokens = 0
         self.bar = Progress(

@@ -37,9 +37,10 @@ def command(job_file: str, address: str | None, wait: bool, run_date: str | None
       ray job logs batchspec-nightly-trtllm-2026-11-28 --address http://ray-head:8265   # later
     """
     from batchspec import submit
+    from batchspec.config.job import load_job
 
     date = _date(run_date)
-    job = submit.load_job(job_file)
+    job = load_job(job_file)
     target = submit.resolve_address(address, job)
     plan = submit.plan_submission(job, submit.job_run_date(job, date))
     if dry_run:

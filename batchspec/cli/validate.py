@@ -21,7 +21,7 @@ def command(files: tuple[str, ...]) -> None:
       batchspec validate jobs/*.yaml
       batchspec validate s3://my-bucket/configs/nightly.yaml
     """
-    from batchspec.validate import validate_files
+    from batchspec.config.validate import validate_files
 
     results = validate_files(list(files))
     for r in results:

@@ -1,4 +1,4 @@
-"""Engines: one small protocol (`base`), two implementations (`torch_engine`, `trtllm`)."""
+"""Engines: one small protocol (`base`), two implementations (`torch/`, `trtllm/`)."""
 
 from batchspec.engine.base import (  # noqa: F401
     Completion,

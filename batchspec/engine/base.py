@@ -84,6 +84,27 @@ class SpecConfig:
 NO_SPEC = SpecConfig()
 
 
+class FrozenMap(tuple):
+    """A YAML mapping kept hashable inside a frozen SpecConfig: a tuple of (key, value) pairs."""
+
+
+def freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return FrozenMap((k, freeze(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """The inverse of `freeze`: mappings back to dicts, sequences back to lists."""
+    if isinstance(value, FrozenMap):
+        return {k: thaw(v) for k, v in value}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
 @dataclass
 class Completion:
     """What became of one request. Exactly one per request, in request order."""

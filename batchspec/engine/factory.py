@@ -1,11 +1,16 @@
-"""Build an engine by name. The only place that knows which engines exist."""
+"""Build an engine by name. The only place that knows which engines exist and what each runs."""
 
 from __future__ import annotations
 
-from batchspec.engine.base import Engine
+from batchspec.engine.base import SPEC_METHODS, Engine
 from batchspec.errors import ConfigError
 
-ENGINES = ("torch", "trtllm")
+# Which speculative methods each engine runs; "none" always.
+ENGINE_METHODS: dict[str, tuple[str, ...]] = {
+    "torch": ("none", "ngram", "draft_target"),
+    "trtllm": SPEC_METHODS,
+}
+ENGINES = tuple(ENGINE_METHODS)
 
 
 def create_engine(engine: str, model: str, draft_model: str | None = None, dtype: str = "float32",
@@ -14,12 +19,12 @@ def create_engine(engine: str, model: str, draft_model: str | None = None, dtype
 
     `options` are engine-specific (for trtllm: the LLM-API options of a trt_configs file)."""
     if engine == "torch":
-        from batchspec.engine.torch_engine import TorchEngine
+        from batchspec.engine.torch.engine import TorchEngine
 
         return TorchEngine.load(model, draft_model=draft_model, dtype=dtype, device=device)
     if engine == "trtllm":
-        from batchspec.engine import trtllm
+        from batchspec.engine.trtllm.adapter import TrtllmEngine
 
         # Draft models and dtype live in the trt_configs options for TensorRT-LLM.
-        return trtllm.TrtllmEngine(model, llm_options=options.get("llm_options"))
+        return TrtllmEngine(model, llm_options=options.get("llm_options"))
     raise ConfigError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")

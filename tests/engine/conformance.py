@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from batchspec.engine.base import FINISH_REASONS, NO_SPEC, Engine, Request, SamplingParams, SpecConfig
+from batchspec.engine.base import (
+    FINISH_REASONS,
+    NO_SPEC,
+    Engine,
+    Request,
+    SamplingParams,
+    SpecConfig,
+)
 from batchspec.errors import BatchspecError
 
 PROMPTS = ["def fib(n):", "The capital of France is", "List three colours: red,", "Once upon a time"]

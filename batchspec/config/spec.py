@@ -1,0 +1,225 @@
+"""The speculative-settings language: TensorRT-LLM option files and batchspec candidates files.
+
+This module owns reading and validating the files that say how to speculate, once, at the edge,
+and turning them into engine-neutral `SpecConfig` arms. It knows nothing about models, Ray or
+timing; engines receive `SpecConfig` values and trust them.
+
+A TensorRT-LLM LLM-API option file (`trt_configs/*.yaml`): exactly the YAML that
+   `trtllm-serve --config` / `--extra_llm_api_options` and `trtllm-bench` read, so a user can take
+   it straight to those tools. Its `speculative_config:` block is the arm::
+
+       speculative_config:
+         decoding_type: NGram          # Eagle3 | DraftTarget | NGram | MTP
+         max_draft_len: 4              # integer >= 1
+         max_matching_ngram_size: 3    # NGram only
+       disable_overlap_scheduler: true # every other top-level key is an LLM argument
+
+   A file without `speculative_config` is "no speculation" (method none). Keys of
+   `speculative_config` are checked against the fields of TensorRT-LLM's decoding-config classes
+   (tensorrt_llm/llmapi/llm_args.py: DecodingBaseConfig, EagleDecodingConfig / Eagle3DecodingConfig,
+   NGramDecodingConfig, DraftTargetDecodingConfig, MTPDecodingConfig), which reject unknown fields;
+   an unknown key here is an error that lists the valid ones. Top-level LLM arguments that
+   batchspec reads (max_batch_size, max_num_tokens, max_seq_len, disable_overlap_scheduler,
+   kv_cache_config, cuda_graph_config, ...) are type-checked; others pass through untouched to
+   `tensorrt_llm.LLM`, which validates them itself (the torch engine ignores them).
+   `speculative_model_dir` and `speculative_model` are the same field (1.2 accepts both); the draft
+   location may be a local folder, an fsspec URL, a Hugging Face id or a packaged-model name
+   (resolved later by `batchspec.models.resolve_model`).
+
+Candidates files and `--spec` live in batchspec/config/candidates.py.
+
+Error messages are one line: "FILE: KEY: expected ..., got ...".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchspec.config.kit import (
+    describe,
+    need_bool,
+    need_fraction,
+    need_int,
+    need_mapping,
+    need_text,
+    read_yaml,
+)
+from batchspec.engine.base import SpecConfig, freeze
+from batchspec.engine.trtllm.translate import (
+    DECODING_TYPES,
+    NGRAM_SIZE_DEFAULT,
+    SPEC_KEYS,
+    SPEC_PREFIX,
+)
+from batchspec.errors import ConfigError
+
+# Fields lifted into SpecConfig's own attributes; everything else goes to SpecConfig.options.
+_LIFTED = ("decoding_type", "max_draft_len", "speculative_model", "speculative_model_dir",
+           "max_matching_ngram_size")
+
+
+
+@dataclass(frozen=True)
+class SpecFile:
+    """A validated TensorRT-LLM option file: its arm and its other (non-speculative) LLM args."""
+
+    path: str
+    spec: SpecConfig
+    llm_options: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorRT-LLM option files
+
+# Top-level LLM arguments batchspec reads or that commonly go wrong, with their checks.
+_TOP_INTS = {"max_batch_size": 1, "max_num_tokens": 1, "max_seq_len": 1, "max_input_len": 1,
+             "tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+_TOP_BOOLS = ("disable_overlap_scheduler", "enable_iter_perf_stats", "enable_chunked_prefill",
+              "trust_remote_code", "enable_attention_dp", "print_iter_log")
+
+
+def _check_llm_options(path: str, options: dict) -> None:
+    for key, minimum in _TOP_INTS.items():
+        if key in options:
+            need_int(path, key, options[key], minimum)
+    for key in _TOP_BOOLS:
+        if key in options:
+            need_bool(path, key, options[key])
+    if "model" in options:
+        raise ConfigError(f"{path}: model: the target model is not part of an option file; pass it with --model")
+    if "kv_cache_config" in options:
+        kv = need_mapping(path, "kv_cache_config", options["kv_cache_config"])
+        if "free_gpu_memory_fraction" in kv:
+            need_fraction(path, "kv_cache_config.free_gpu_memory_fraction", kv["free_gpu_memory_fraction"])
+        if "enable_block_reuse" in kv:
+            need_bool(path, "kv_cache_config.enable_block_reuse", kv["enable_block_reuse"])
+        if kv.get("max_tokens") is not None:
+            need_int(path, "kv_cache_config.max_tokens", kv["max_tokens"], 1)
+    if options.get("cuda_graph_config") is not None:
+        cg = need_mapping(path, "cuda_graph_config", options["cuda_graph_config"])
+        if "max_batch_size" in cg:
+            need_int(path, "cuda_graph_config.max_batch_size", cg["max_batch_size"], 0)
+        if "enable_padding" in cg:
+            need_bool(path, "cuda_graph_config.enable_padding", cg["enable_padding"])
+        sizes = cg.get("batch_sizes")
+        if sizes is not None and (not isinstance(sizes, list) or not sizes):
+            raise ConfigError(f"{path}: cuda_graph_config.batch_sizes: expected a non-empty list of integers, got {describe(sizes)}")
+        for i, size in enumerate(sizes or ()):
+            need_int(path, f"cuda_graph_config.batch_sizes[{i}]", size, 1)
+
+
+def _check_schedule(path: str, schedule: Any, draft_len: int) -> None:
+    key = SPEC_PREFIX + "draft_len_schedule"
+    need_mapping(path, key, schedule)
+    if not schedule:
+        raise ConfigError(f"{path}: {key}: expected a non-empty mapping of batch size -> draft length")
+    for batch, k in schedule.items():
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ConfigError(f"{path}: {key}: expected batch-size keys >= 1, got {describe(batch)}")
+        need_int(path, f"{key}[{batch}]", k, 0)
+        if k > draft_len:
+            raise ConfigError(f"{path}: {key}[{batch}]: expected a draft length <= max_draft_len {draft_len}, got {k}")
+    smallest = min(schedule)
+    if schedule[smallest] != draft_len:
+        raise ConfigError(f"{path}: {key}[{smallest}]: expected max_draft_len {draft_len} at the smallest batch size, got {schedule[smallest]}")
+
+
+def parse_spec_section(path: str, section: Any, *, require_draft: bool = True) -> SpecConfig:
+    """Validate one `speculative_config` mapping and translate it into a SpecConfig.
+
+    With `require_draft` false a DraftTarget arm may lack its draft model (its `draft_model` is
+    then None); callers that allow that must supply or drop it."""
+    section = need_mapping(path, "speculative_config", section)
+    kind = section.get("decoding_type")
+    if kind not in DECODING_TYPES:
+        raise ConfigError(
+            f"{path}: speculative_config.decoding_type: expected one of {', '.join(DECODING_TYPES)}, got {describe(kind)}"
+        )
+    allowed = SPEC_KEYS[kind]
+    for key in section:
+        if key not in allowed:
+            raise ConfigError(
+                f"{path}: speculative_config.{key}: unknown field for decoding_type {kind} (valid: {', '.join(sorted(allowed))})"
+            )
+    draft_len = _draft_len(path, kind, section)
+    draft_model = _draft_model(path, section)
+    ngram_size = NGRAM_SIZE_DEFAULT
+    if kind == "NGram":
+        if draft_model is not None:
+            raise ConfigError(f"{path}: speculative_config.speculative_model_dir: NGram needs no draft model; remove it")
+        if "max_matching_ngram_size" in section:
+            ngram_size = need_int(path, SPEC_PREFIX + "max_matching_ngram_size", section["max_matching_ngram_size"], 1)
+        for key in ("is_keep_all", "is_use_oldest", "is_public_pool"):
+            if key in section:
+                need_bool(path, SPEC_PREFIX + key, section[key])
+    if kind == "Eagle3":
+        if draft_model is None:
+            raise ConfigError(f"{path}: speculative_config.speculative_model_dir: Eagle3 needs the location of its EAGLE-3 head, got none")
+        if "eagle3_one_model" in section:
+            need_bool(path, SPEC_PREFIX + "eagle3_one_model", section["eagle3_one_model"])
+    if kind == "DraftTarget" and draft_model is None and require_draft:
+        raise ConfigError(
+            f"{path}: speculative_config.speculative_model_dir: DraftTarget needs a draft model with the target's tokenizer; set it here or pass --draft-model"
+        )
+    if section.get("draft_len_schedule") is not None:
+        _check_schedule(path, section["draft_len_schedule"], draft_len)
+    options = tuple((SPEC_PREFIX + k, freeze(v)) for k, v in section.items() if k not in _LIFTED)
+    return SpecConfig(
+        method=DECODING_TYPES[kind], draft_len=draft_len, draft_model=draft_model,
+        ngram_size=ngram_size, options=options, source=path,
+    )
+
+
+def _draft_len(path: str, kind: str, section: dict) -> int:
+    if "max_draft_len" in section:
+        return need_int(path, SPEC_PREFIX + "max_draft_len", section["max_draft_len"], 1)
+    if kind == "MTP" and "num_nextn_predict_layers" in section:  # MTP's older spelling of the length
+        return need_int(path, SPEC_PREFIX + "num_nextn_predict_layers", section["num_nextn_predict_layers"], 1)
+    raise ConfigError(f"{path}: speculative_config.max_draft_len: expected an integer >= 1, got nothing (the key is required)")
+
+
+def _draft_model(path: str, section: dict) -> str | None:
+    given = [k for k in ("speculative_model_dir", "speculative_model") if section.get(k) is not None]
+    if len(given) == 2:
+        raise ConfigError(f"{path}: speculative_config.speculative_model: give speculative_model_dir or speculative_model, not both")
+    return need_text(path, SPEC_PREFIX + given[0], section[given[0]]) if given else None
+
+
+def _parse_options_file(path: str, data: Any, *, require_draft: bool) -> SpecFile:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of TensorRT-LLM LLM arguments at the top level, got {describe(data)}")
+    if is_candidates_file(data):
+        raise ConfigError(f"{path}: this is a candidates file; expected a TensorRT-LLM option file here")
+    llm_options = {k: v for k, v in data.items() if k != "speculative_config"}
+    _check_llm_options(path, llm_options)
+    section = data.get("speculative_config")
+    if section is None:
+        spec = SpecConfig(options=_llm_option_pairs(llm_options), source=path)
+    else:
+        spec = parse_spec_section(path, section, require_draft=require_draft)
+        spec = dataclasses.replace(spec, options=spec.options + _llm_option_pairs(llm_options))
+    return SpecFile(path=path, spec=spec, llm_options=llm_options)
+
+
+def _llm_option_pairs(llm_options: dict) -> tuple[tuple[str, Any], ...]:
+    return tuple((k, freeze(v)) for k, v in llm_options.items())
+
+
+def load_spec_file(path: str | os.PathLike, *, draft_model: str | None = None) -> SpecFile:
+    """Load and validate one TensorRT-LLM option file. `draft_model` (from `--draft-model`)
+    replaces the draft of a DraftTarget arm before the file's own draft is required."""
+    path = str(path)
+    data = read_yaml(path)
+    loaded = _parse_options_file(path, data, require_draft=draft_model is None)
+    if draft_model is not None and loaded.spec.method == "draft_target":
+        loaded = dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, draft_model=draft_model))
+    return loaded
+
+
+def is_candidates_file(data: Any) -> bool:
+    return isinstance(data, dict) and "candidates" in data

@@ -1,0 +1,114 @@
+"""`batchspec validate`: recognise a YAML file by its content and check it with its own validator.
+
+Kinds, in the order they are recognised:
+
+    batchspec job        `kind: batchspec-job`                    -> batchspec.config.job.load_job
+    Kubernetes manifest  `apiVersion` and `kind` (any documents)  -> a structural check here
+    candidates file      `candidates:` holding a list              -> validate_spec_file
+    pipeline file        keys of a pipeline (engine, spec, ...)    -> batchspec.config.run
+    TensorRT-LLM options anything else that is a mapping           -> validate_spec_file
+
+Kubernetes manifests are checked for structure only, in batchspec/config/kube.py.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from batchspec.config.candidates import load_candidates
+from batchspec.config.job import is_job_doc, load_job
+from batchspec.config.kit import read_yaml
+from batchspec.config.kube import check_manifests
+from batchspec.config.run import validate_pipeline_file
+from batchspec.config.spec import _parse_options_file, is_candidates_file
+from batchspec.engine.trtllm.translate import METHOD_TO_DECODING_TYPE
+from batchspec.errors import BatchspecError, ConfigError
+
+# Keys only a pipeline file has (a TensorRT-LLM option file may also carry `model` or `dtype`).
+PIPELINE_ONLY = ("engine", "spec", "candidates", "shard_by", "shard_size", "workers", "batch_size", "worker",
+                 "calibration", "storage_options", "ray_address", "ray_num_cpus", "draft_model", "resume", "run_date")
+
+
+@dataclass(frozen=True)
+class Checked:
+    path: str
+    ok: bool
+    line: str  # "OK <summary>" or the one-line error
+
+
+def validate_files(paths: list[str]) -> list[Checked]:
+    out = []
+    for path in paths:
+        try:
+            out.append(Checked(path, True, "OK " + _with_path(path, validate_one(path))))
+        except BatchspecError as exc:
+            out.append(Checked(path, False, _with_path(path, " ".join(str(exc).split()))))
+    return out
+
+
+def validate_one(path: str) -> str:
+    """Validate one file; return its one-line summary or raise ConfigError."""
+    docs = _read_docs(path)
+    if len(docs) == 1 and _is_job(docs[0]):
+        return load_job(path).summary()
+    if docs and all(isinstance(d, dict) and "apiVersion" in d for d in docs):
+        return check_manifests(path, docs)
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise ConfigError(f"{path}: expected one YAML mapping (a pipeline, trt_configs, candidates or batchspec job file) "
+                          f"or Kubernetes manifests with apiVersion and kind")
+    data = docs[0]
+    if isinstance(data.get("candidates"), list) or "speculative_config" in data:
+        return validate_spec_file(path)
+    if any(key in data for key in PIPELINE_ONLY):
+        return validate_pipeline_file(path)
+    return validate_spec_file(path)
+
+
+def validate_spec_file(path: str | os.PathLike) -> str:
+    """Validate an option file or a candidates file (for `batchspec validate`); return a one-line
+    summary, or raise ConfigError naming the file, key and expectation."""
+    path = str(path)
+    data = read_yaml(path)
+    if is_candidates_file(data):
+        arms = load_candidates(path)
+        missing = [a.label for a in arms if a.method == "draft_target" and a.draft_model is None]
+        note = f" ({', '.join(missing)} need --draft-model)" if missing else ""
+        return f"{path}: candidates file, {len(arms)} arms + none: {', '.join(a.label for a in arms)}{note}"
+    loaded = _parse_options_file(path, data, require_draft=True)
+    spec = loaded.spec
+    if spec.method == "none":
+        return f"{path}: TensorRT-LLM option file, no speculation"
+    draft = f", draft {spec.draft_model}" if spec.draft_model else ""
+    return f"{path}: TensorRT-LLM option file, {METHOD_TO_DECODING_TYPE[spec.method]} max_draft_len={spec.draft_len}{draft}"
+
+
+def _is_job(doc: Any) -> bool:
+    return is_job_doc(doc)
+
+
+def _read_docs(path: str) -> list[Any]:
+    """The file's YAML documents; missing files and bad YAML are reported by config.kit.read_yaml."""
+    try:
+        docs = [read_yaml(path)]
+    except ConfigError as exc:
+        if "single document" not in str(exc):
+            raise
+        import fsspec  # several documents: Kubernetes manifests
+
+        try:
+            with fsspec.open(path, "r", encoding="utf-8") as f:
+                docs = list(yaml.safe_load_all(f))
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: invalid YAML: {' '.join(str(err).split())}") from None
+    docs = [d for d in docs if d is not None]
+    if not docs:
+        raise ConfigError(f"{path}: empty file; expected a pipeline, trt_configs, candidates or batchspec job file, or Kubernetes manifests")
+    return docs
+
+
+def _with_path(path: str, line: str) -> str:
+    return line if line.startswith(path) else f"{path}: {line}"

@@ -1,0 +1,135 @@
+"""Drafters: who proposes the tokens the target verifies.
+
+- `NgramDrafter` (TensorRT-LLM's `NGram`, a.k.a. prompt lookup): finds the latest earlier
+  occurrence of the sequence's last n tokens (n = max_matching_ngram_size down to 1) in the
+  prompt and output so far, and proposes what followed it. No model, no probabilities: it is a
+  deterministic drafter (draft_probs None in the accept rule).
+- `ModelDrafter` (`DraftTarget`): a smaller causal LM with the same tokenizer, run
+  autoregressively on its own `kv.Batch`, sampling with the request's own temperature/top_p and
+  generator so that its distribution q can be handed to the accept rule.
+
+A drafter keeps per-row state in the same row order as the engine's target batch, and follows
+it through `admit` (new rows), `commit` (what the target kept) and `select` (finished rows gone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from batchspec.engine.sampling import probs_from_logits, sample_from
+from batchspec.engine.torch.kv import Batch
+
+
+@dataclass
+class Drafts:
+    tokens: list[list[int]]  # per row, 0..k proposals
+    probs: torch.Tensor | None  # [B, K, V] drafter distribution, None for deterministic drafters
+
+
+def ngram_lookup(tokens: np.ndarray, max_ngram: int, k: int) -> list[int]:
+    """Propose up to k tokens that followed the latest earlier match of the last n tokens."""
+    if k <= 0:
+        return []
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
+        hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return tokens[start : start + k].tolist()
+    return []
+
+
+class NgramDrafter:
+    def __init__(self, max_ngram: int) -> None:
+        self.max_ngram = max_ngram
+
+    def admit(self, rows: list, device: torch.device) -> None:
+        pass
+
+    def propose(self, rows: list, budgets: list[int], vocab: int) -> Drafts:
+        return Drafts([ngram_lookup(np.asarray(r.context), self.max_ngram, k) for r, k in zip(rows, budgets)], None)
+
+    def commit(self, num_accepted: torch.Tensor, drafts: Drafts, next_tokens: list[int]) -> None:
+        pass
+
+    def select(self, keep: torch.Tensor) -> None:
+        pass
+
+
+class ModelDrafter:
+    """Drafts with a small model. Its cache lags the target's by the tokens in `pending`."""
+
+    def __init__(self, model, pad_id: int) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.batch: Batch | None = None
+        self.pending: list[list[int]] = []  # per row: committed tokens not yet in the draft cache
+
+    def admit(self, rows: list, device: torch.device) -> None:
+        """Prefill the draft model on the new rows' prompts (everything but the first output token)."""
+        fresh = Batch(device)
+        prompts = [r.context[:-1] for r in rows]
+        fresh.forward(self.model, prompts, self.pad_id)
+        fresh.keep(torch.tensor([len(p) for p in prompts], device=device))
+        if self.batch is None:
+            self.batch = fresh
+        else:
+            self.batch.extend(fresh)
+        self.pending += [[r.context[-1]] for r in rows]
+
+    def propose(self, rows: list, budgets: list[int], vocab: int) -> Drafts:
+        K = max(budgets)
+        B = len(rows)
+        device = self.batch.device
+        temps = torch.tensor([r.params.temperature for r in rows], device=device)
+        top_ps = torch.tensor([r.params.top_p for r in rows], device=device)
+        tokens: list[list[int]] = [[] for _ in rows]
+        probs = torch.zeros(B, K, vocab, device=device)
+        feed = self.pending
+        for i in range(K):
+            logits = self.model_logits(feed)  # [B, V_draft]
+            q = probs_from_logits(_fit_vocab(logits, vocab), temps, top_ps)
+            u = torch.stack([r.uniform() for r in rows]).to(device)
+            picked = sample_from(q, u).tolist()
+            probs[:, i] = q
+            for b in range(B):
+                if i < budgets[b]:
+                    tokens[b].append(picked[b])
+            # A row past its budget feeds padding, which `commit` drops with the rejected drafts.
+            feed = [[picked[b]] if i < budgets[b] else [self.pad_id] for b in range(B)]
+        self._steps = K
+        return Drafts(tokens, probs)
+
+    def model_logits(self, feed: list[list[int]]) -> torch.Tensor:
+        logits = self.batch.forward(self.model, feed, self.pad_id)
+        lengths = torch.tensor([len(f) for f in feed], device=self.batch.device)
+        self.batch.keep(lengths)
+        return logits[torch.arange(len(feed)), lengths - 1]
+
+    def commit(self, num_accepted: torch.Tensor, drafts: Drafts, next_tokens: list[int]) -> None:
+        """Keep the drafts the target accepted in the draft cache; queue the rest as pending.
+
+        The draft cache now holds pending + the first K-1 fed tokens; row b keeps pending and its
+        first min(n_b, K-1) drafts. If all K passed, the K-th draft was never fed: it is pending."""
+        if self._steps == 0:  # nothing was fed: the new tokens queue behind the pending ones
+            self.pending = [p + [nt] for p, nt in zip(self.pending, next_tokens)]
+            return
+        n = num_accepted.tolist()
+        fed_drafts = self._steps - 1
+        drop = [fed_drafts - min(nb, fed_drafts) for nb in n]
+        self.batch.drop_last(torch.tensor(drop, device=self.batch.device))
+        self.pending = [([d[-1]] if nb > fed_drafts else []) + [nt] for d, nb, nt in zip(drafts.tokens, n, next_tokens)]
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.batch.select(keep)
+        self.pending = [self.pending[i] for i in keep.tolist()]
+
+
+def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Align the draft's vocabulary to the target's: pad with -inf, or cut ids the target lacks."""
+    if logits.shape[-1] >= vocab:
+        return logits[..., :vocab]
+    return torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))

@@ -1,0 +1,70 @@
+"""Memory planning for TensorRT-LLM arms: whether a DraftTarget arm's draft weights and KV cache
+fit next to the target under `kv_cache_config.free_gpu_memory_fraction`, else a shorter draft or none."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_FREE_GPU_MEMORY_FRACTION = 0.9  # KvCacheConfig.free_gpu_memory_fraction default
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What a model costs on the GPU: weights, and KV cache per token of context."""
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    draft_len: int  # 0: run without speculation
+    reason: str | None = None  # set when the plan differs from what was asked
+
+
+def plan_draft_memory(
+    free_bytes: int, target: ModelSize, draft: ModelSize, *, fraction: float,
+    batch_size: int, max_seq_len: int, draft_len: int,
+) -> MemoryPlan:
+    """Fit a DraftTarget arm on a GPU with `free_bytes` free before anything is loaded.
+
+    TensorRT-LLM loads both models' weights, then gives `fraction` of the remaining free memory to
+    the KV cache, which holds both models' KV for every sequence, each reserving max_seq_len plus
+    draft_len slots. Keep `draft_len` if that fits; else the longest shorter draft that does; else
+    none (the target alone, with all of the KV budget), with the reason.
+    """
+    kv_budget = fraction * (free_bytes - target.weight_bytes - draft.weight_bytes)
+    per_token = target.kv_bytes_per_token + draft.kv_bytes_per_token
+
+    def needed(k: int) -> float:
+        return batch_size * (max_seq_len + k) * per_token
+
+    for k in range(draft_len, 0, -1):
+        if kv_budget >= needed(k):
+            if k == draft_len:
+                return MemoryPlan(draft_len)
+            return MemoryPlan(k, f"draft_len {draft_len} does not fit next to the draft model's memory; using {k}")
+    gib = 2**30
+    return MemoryPlan(0, (
+        f"draft model does not fit: needs {(draft.weight_bytes + needed(1)) / gib:.1f} GiB of weights and KV cache "
+        f"beside the target, {max(kv_budget, 0) / gib:.1f} GiB of KV budget left; running without speculation"
+    ))
+
+
+def model_size(model_dir: str | os.PathLike, dtype_bytes: int = 2) -> ModelSize | None:
+    """Weights (sum of *.safetensors) and KV bytes per token (config.json) of a local model
+    folder; None when it is not a local folder (a hub id TensorRT-LLM downloads itself)."""
+    folder = Path(model_dir)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        return None
+    config = json.loads(config_path.read_text())
+    config = config.get("text_config", config)
+    layers = int(config["num_hidden_layers"])
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    return ModelSize(weights, 2 * layers * kv_heads * head_dim * dtype_bytes)

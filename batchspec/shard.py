@@ -1,0 +1,154 @@
+"""One shard, start to finish on one engine: decide the speculative setting, generate, account.
+
+    decision = calibrate (or reuse, or the fixed setting)
+    generate in chunks, watching acceptance; if it drifts far below what calibration saw,
+        fall back to plain decoding for the rest of the shard and record where
+    stats = one row for OUTPUT/stats (DESIGN.md's columns)
+
+This module knows nothing about Parquet, storage or Ray; the pipeline's workers call `run_shard`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from batchspec.calibrate import CalibrationSettings, Decision, calibrate, fixed_decision
+from batchspec.engine.base import (
+    NO_SPEC,
+    Completion,
+    Engine,
+    GenerateResult,
+    Request,
+    SpecConfig,
+    Timing,
+)
+from batchspec.stats import ShardStats
+
+
+@dataclass
+class ShardInput:
+    shard_id: str
+    shard_key: str | None
+    requests: list[Request]
+
+
+@dataclass
+class ShardResult:
+    completions: list[Completion]  # one per request, in order
+    row_specs: list[SpecConfig]  # the setting each row ran under
+    stats: ShardStats
+    decision: Decision
+
+
+def decide(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibrate_arms: bool, batch_size: int,
+           settings: CalibrationSettings, prior: Decision | None) -> Decision:
+    """Calibrate when asked and the shard is big enough; otherwise reuse or run fixed."""
+    spec_arms = [a for a in arms if a.method != "none"]
+    if not calibrate_arms or not spec_arms:
+        chosen = spec_arms[0] if spec_arms and not calibrate_arms else NO_SPEC
+        return fixed_decision(chosen, "speculation off (--spec none)" if chosen is NO_SPEC else f"fixed by config: {chosen.label}")
+    if len(shard.requests) < settings.min_rows:
+        if prior is not None:
+            return prior.reused_by(shard.shard_id)
+        return Decision(NO_SPEC, source="too_small",
+                        reason=f"shard has {len(shard.requests)} rows (< {settings.min_rows}) and no earlier decision for its key; ran none")
+    return calibrate(engine, shard.requests, spec_arms, batch_size, settings, shard_id=shard.shard_id)
+
+
+def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibrate: bool, batch_size: int,
+              settings: CalibrationSettings = CalibrationSettings(), prior: Decision | None = None) -> ShardResult:
+    start = time.perf_counter()
+    decision = decide(engine, shard, arms, calibrate, batch_size, settings, prior)
+    completions, row_specs, timing, fallback_row = generate_watching(engine, shard.requests, decision, batch_size, settings)
+    result = GenerateResult(completions, timing)
+    kept = sum(r.id in decision.finished for r in shard.requests)
+    generated = GenerateResult([c for c in completions if c.id not in decision.finished], timing)
+    tokens_per_s = generated.goodput if generated.completions else (decision.chosen_arm.tokens_per_s or 0.0)
+    spec = decision.chosen
+    stats = ShardStats(
+        shard_id=shard.shard_id,
+        shard_key=None if shard.shard_key is None else str(shard.shard_key),
+        rows=len(completions),
+        error_rows=sum(c.finish_reason == "error" for c in completions),
+        spec_method=spec.method,
+        draft_len=spec.draft_len,
+        acceptance_rate=result.acceptance_rate,
+        mean_accepted_len=result.mean_accepted_len,
+        output_tokens=result.output_tokens,
+        draft_tokens=result.draft_tokens,
+        accepted_tokens=result.accepted_tokens,
+        target_steps=result.target_steps,
+        decode_s=timing.decode_s,
+        prefill_s=timing.prefill_s,
+        draft_s=timing.draft_s,
+        verify_s=timing.verify_s,
+        other_s=timing.other_s,
+        tokens_per_s=tokens_per_s,
+        wall_tokens_per_s=generated.output_tokens / timing.wall_s if timing.wall_s > 0 else 0.0,
+        baseline_tokens_per_s=decision.baseline_tokens_per_s,
+        speedup=_measured_speedup(decision),
+        calibration_s=decision.calibration_s,
+        calibration_overhead_s=decision.overhead_s,
+        calibration_capped=decision.capped,
+        calibration_rows_kept=kept,
+        decision_source=decision.source,
+        decision_reason=decision.reason,
+        drift_fallback_row=fallback_row,
+        wall_s=time.perf_counter() - start,
+        engine=engine.name,
+        model=engine.model_name,
+        draft_model=spec.draft_model,
+        batch_size=batch_size,
+        candidates=[a.to_struct() for a in decision.arms],
+    )
+    return ShardResult(completions, row_specs, stats, decision)
+
+
+def _measured_speedup(decision: Decision) -> float | None:
+    """The chosen arm's goodput over plain decoding's, both measured in calibration on the same
+    rows, back to back. (The shard's own tokens_per_s is not compared with the calibration
+    baseline: a short calibration sample drains its batch as rows finish, so its absolute figures
+    run lower than a continuously refilled production batch.)"""
+    arm = decision.chosen_arm
+    return arm.vs_none(decision.baseline_tokens_per_s) if arm is not None else None
+
+
+def generate_watching(engine: Engine, requests: Sequence[Request], decision: Decision, batch_size: int,
+                      settings: CalibrationSettings) -> tuple[list[Completion], list[SpecConfig], Timing, int | None]:
+    """Generate under the decision, in chunks when speculating, falling back on drift.
+
+    Rows that calibration already generated to their end under the chosen arm are kept as they
+    are (their time was counted as calibration); only the rest are generated here."""
+    spec = decision.chosen
+    todo = [r for r in requests if r.id not in decision.finished]
+    calibrated = decision.chosen_arm.acceptance_rate if decision.chosen_arm else None
+    if spec.method == "none" or calibrated is None:
+        result = engine.generate(todo, spec, batch_size)
+        done, specs, timing, fallback_row = result.completions, [spec] * len(todo), result.timing, None
+    else:
+        done, specs, timing, fallback_row = _watch(engine, todo, spec, calibrated, batch_size, settings)
+    by_id = {c.id: (c, s) for c, s in zip(done, specs)}
+    merged = [by_id.get(r.id) or decision.finished[r.id] for r in requests]
+    return [c for c, _ in merged], [s for _, s in merged], timing, fallback_row
+
+
+def _watch(engine: Engine, requests: Sequence[Request], spec: SpecConfig, calibrated: float, batch_size: int,
+           settings: CalibrationSettings) -> tuple[list[Completion], list[SpecConfig], Timing, int | None]:
+    chunk = settings.drift_chunk or max(8 * batch_size, 64)
+    completions: list[Completion] = []
+    specs: list[SpecConfig] = []
+    timing = Timing()
+    fallback_row = None
+    for begin in range(0, len(requests), chunk):
+        part = requests[begin : begin + chunk]
+        result = engine.generate(part, spec, batch_size)
+        completions += result.completions
+        specs += [spec] * len(part)
+        timing = timing + result.timing
+        rate = result.acceptance_rate
+        more = begin + len(part) < len(requests)
+        if more and spec is not NO_SPEC and rate is not None and rate < settings.drift_ratio * calibrated:
+            spec, fallback_row = NO_SPEC, begin + len(part)
+    return completions, specs, timing, fallback_row

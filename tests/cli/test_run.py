@@ -1,0 +1,100 @@
+"""`batchspec run` through click's CliRunner: exit codes, one-line errors, the summary, and one
+end-to-end run of the real packaged SmolLM2-135M on a handful of example prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import json
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from batchspec.cli import cli
+from batchspec.config.run import DEFAULT_PIPELINE, PIPELINES_DIR, validate_pipeline_file
+from tests.data import prompts_table
+
+FAST = ["--batch-size", "4", "--max-tokens", "6", "--shard-size", "4"]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, ["run", *args], catch_exceptions=False)
+
+
+def test_cli_run_writes_every_row_and_prints_the_summary(ray_session, tiny_model_dir, tmp_path):
+    pq.write_table(prompts_table(6), tmp_path / "p.parquet")
+    out = tmp_path / "out"
+    result = invoke(str(tmp_path / "p.parquet"), str(out), "--model", str(tiny_model_dir), "--spec", "none", "--shard-by", "task", *FAST)
+    assert result.exit_code == 0, result.output
+    assert "6 rows (0 errors), 2 shards" in result.output
+    assert pl.read_parquet(f"{out}/outputs/*.parquet").height == 6
+    assert json.loads((out / "_manifest.json").read_text())["config"]["shard_by"] == "task"
+
+
+@pytest.mark.parametrize(
+    ("make", "args", "message"),
+    [
+        (lambda d: (d / "bad.parquet").write_bytes(b"PAR1 not really parquet"), [], r"bad\.parquet is not readable Parquet"),
+        (lambda d: pq.write_table(pa.table({"q": ["x"]}), d / "bad.parquet"), [], r"needs a 'prompt'"),
+        (lambda d: pq.write_table(prompts_table(2), d / "bad.parquet"), ["--shard-by", "topic"], r"--shard-by column 'topic'"),
+        (lambda d: pq.write_table(prompts_table(2), d / "bad.parquet"), ["--engine", "trtllm"], r"engine trtllm needs tensorrt_llm"),
+        (lambda d: pq.write_table(prompts_table(2), d / "bad.parquet"), ["--workers", "0"], r"--workers: expected an integer >= 1, got 0"),
+    ],
+)
+def test_cli_problems_are_one_line_and_exit_non_zero(tmp_path, make, args, message):
+    make(tmp_path)
+    result = invoke(str(tmp_path / "bad.parquet"), str(tmp_path / "out"), *args)
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    import re
+
+    assert re.search(message, lines[0]), lines[0]
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
+
+
+def test_shipped_pipeline_files_validate():
+    assert "engine torch" in validate_pipeline_file(DEFAULT_PIPELINE)
+    assert "engine trtllm" in validate_pipeline_file(PIPELINES_DIR / "gpu_trtllm.yaml")
+
+
+def test_pipeline_file_errors_name_file_key_and_expectation(tmp_path):
+    from batchspec.errors import ConfigError
+
+    bad = tmp_path / "p.yaml"
+    bad.write_text("shard_size: -3\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml: shard_size: expected an integer >= 1, got -3"):
+        validate_pipeline_file(bad)
+    bad.write_text("worker: {gpus: 1}\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml: worker\.gpus: unknown key"):
+        validate_pipeline_file(bad)
+
+
+def test_end_to_end_on_the_packaged_smollm2(ray_session, smollm2_dir, tmp_path):
+    table = pq.read_table(Path(__file__).resolve().parents[2] / "examples" / "prompts.parquet").slice(0, 4)
+    pq.write_table(table, tmp_path / "p.parquet")
+    out = tmp_path / "out"
+    result = invoke(str(tmp_path / "p.parquet"), str(out), "--max-tokens", "8", "--batch-size", "4")
+    assert result.exit_code == 0, result.output
+    df = pl.read_parquet(f"{out}/outputs/*.parquet")
+    assert sorted(df["id"]) == sorted(table.column("id").to_pylist())
+    assert df["error"].null_count() == 4 and (df["output_tokens"] > 0).all()
+    assert set(df["task"]) == set(table.column("task").to_pylist())
+
+
+def test_options_override_the_pipeline_file_which_overrides_defaults(tmp_path, monkeypatch):
+    from batchspec.config.run import RunConfig, build_config
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text("shard_size: 5\nbatch_size: 3\nworker: {num_cpus: 0.5}\ncandidates: c.yaml\n")
+    (tmp_path / "c.yaml").write_text("candidates: []\n")
+    config = build_config("in", "out", str(pipeline), shard_size=7, max_attempts=5)
+    assert (config.shard_size, config.batch_size, config.max_tokens) == (7, 3, RunConfig.max_tokens)
+    assert (config.worker.num_cpus, config.worker.max_attempts) == (0.5, 5)
+    assert config.candidates == str(tmp_path / "c.yaml"), "relative paths are taken from the pipeline file"
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert build_config("in", "out", str(pipeline)).ray_address == "ray://head:10001"

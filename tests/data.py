@@ -1,0 +1,22 @@
+"""Small Parquet prompt sets for the pipeline tests, written through fsspec."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def prompts_table(n: int, tasks=("code", "prose"), with_id: bool = True) -> pa.Table:
+    cols = {
+        "prompt": [f"Write item {i} about {tasks[i % len(tasks)]}: the quick brown fox {i}" for i in range(n)],
+        "task": [tasks[i % len(tasks)] for i in range(n)],
+        "source": [f"src-{i}" for i in range(n)],
+    }
+    if with_id:
+        cols = {"id": [f"row-{i:04d}" for i in range(n)], **cols}
+    return pa.table(cols)
+
+
+def write_parquet(fs, path: str, table: pa.Table, row_group_size: int | None = None) -> None:
+    with fs.open(path, "wb") as f:
+        pq.write_table(table, f, row_group_size=row_group_size)

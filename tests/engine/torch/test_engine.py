@@ -1,0 +1,297 @@
+"""The torch engine on tiny random models: lossless greedy speculation, exact counts on
+constructed cases, the target distribution under sampling, and every per-row and per-call error."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from batchspec.engine.base import Request, SamplingParams, SpecConfig
+from batchspec.engine.sampling import accept_reject, sample_from
+from batchspec.engine.torch import engine as torch_engine
+from batchspec.engine.torch.engine import TorchEngine
+from batchspec.errors import BatchspecError, ConfigError, ModelError
+from tests.conftest import tiny_llama, word_tokenizer
+
+
+def word_engine(word_models) -> TorchEngine:
+    target, drafts, tokenizer = word_models
+    return TorchEngine(target, tokenizer, model_name="tiny", draft_loader=lambda name: (drafts[name], tokenizer))
+
+
+def word_requests(n: int, seed: int = 0, max_tokens=lambda i: 24 + 5 * i, **params) -> list[Request]:
+    """Prompts of different lengths with repeated words (so n-gram lookup finds matches)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        words = [f"w{int(x)}" for x in torch.randint(1, 12, (4 + 6 * i,), generator=gen)]
+        out.append(Request(f"r{i}", " ".join(words), params=SamplingParams(max_tokens=max_tokens(i), **params)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain_reference(word_models):
+    """Greedy plain outputs, one request at a time with Hugging Face's own generate()."""
+    target, _, tokenizer = word_models
+    refs = {}
+    for r in word_requests(6):
+        ids = tokenizer(r.prompt, return_tensors="pt").input_ids
+        out = target.generate(ids, max_new_tokens=r.params.max_tokens, do_sample=False, eos_token_id=0, pad_token_id=0)
+        refs[r.id] = out[0, ids.shape[1]:].tolist()
+    return refs
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_plain_greedy_matches_huggingface_generate(word_models, plain_reference, batch_size):
+    result = word_engine(word_models).generate(word_requests(6), SpecConfig(), batch_size)
+    assert {c.id: c.token_ids for c in result.completions} == plain_reference
+
+
+@pytest.mark.parametrize("draft_len", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("batch_size", [1, 4])
+@pytest.mark.parametrize("method,draft", [("ngram", None), ("draft_target", "close"), ("draft_target", "far")])
+def test_greedy_speculation_equals_plain_greedy(word_models, plain_reference, method, draft, draft_len, batch_size):
+    spec = SpecConfig(method, draft_len, draft_model=draft)
+    result = word_engine(word_models).generate(word_requests(6), spec, batch_size)
+    assert {c.id: c.token_ids for c in result.completions} == plain_reference
+    assert result.draft_tokens > 0  # speculation really happened
+    if draft == "close":
+        assert result.accepted_tokens > 0  # and some drafts were kept, so acceptance paths ran
+
+
+def test_sequences_finish_independently_and_in_request_order(word_models, plain_reference):
+    # lengths 24..49 tokens, batch of 4: rows leave and queued rows join mid-flight
+    result = word_engine(word_models).generate(word_requests(6), SpecConfig("draft_target", 3, draft_model="close"), 4)
+    assert [c.id for c in result.completions] == [f"r{i}" for i in range(6)]
+    assert [c.output_tokens for c in result.completions] == [len(plain_reference[f"r{i}"]) for i in range(6)]
+    assert all(c.finish_reason == "length" for c in result.completions)
+
+
+@pytest.mark.parametrize("draft_len", [1, 3, 4])
+def test_counts_when_every_draft_is_right(word_models, draft_len):
+    """With the target as its own draft, every draft passes: accepted == proposed, and each step
+    commits draft_len + 1 tokens until the max_tokens budget shortens the last drafts."""
+    reqs = word_requests(3, max_tokens=lambda i: 13 + 4 * i)
+    result = word_engine(word_models).generate(reqs, SpecConfig("draft_target", draft_len, draft_model="self"), 2)
+    for c, r in zip(result.completions, reqs):
+        assert c.finish_reason == "length"
+        after_prefill = r.params.max_tokens - 1  # the first token comes from prefill
+        assert c.accepted_tokens == c.draft_tokens == after_prefill - c.target_steps
+        assert c.target_steps == math.ceil(after_prefill / (draft_len + 1))
+        # by position: every step but the last accepted all draft_len drafts
+        full, last = divmod(after_prefill, draft_len + 1)
+        last_accepted = (last - 1) if last else draft_len
+        steps_with = [full - (not last) + (j < last_accepted) for j in range(draft_len)]
+        assert c.accepted_at == [n for n in steps_with if n] and sum(c.accepted_at) == c.accepted_tokens
+
+
+def bigram_model(vocab: int):
+    """A 1-layer Llama whose attention and MLP write nothing, and whose head maps token t to
+    t + 1 (mod vocab): the next token depends only on the current one, so n-gram drafts are
+    right or wrong in ways we can count by hand."""
+    model = tiny_llama(vocab, 1, seed=3, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb = model.model.embed_tokens.weight
+        unit = emb / emb.norm(dim=-1, keepdim=True)
+        model.lm_head.weight.copy_(10 * unit.roll(1, dims=0))  # row j scores the embedding of j - 1
+    return model
+
+
+def test_ngram_counts_on_a_constructed_case():
+    tokenizer = word_tokenizer(32)
+    tokenizer.eos_token = None
+    engine = TorchEngine(bigram_model(32), tokenizer, model_name="bigram")
+    # prompt ... 10 11 | the model continues 12 13 14 15 16 ...; the prompt's earlier
+    # "10 11 12 13 14 15 9" lets lookup propose 13 14 15 9 after "10 11 12": 3 right, 1 wrong.
+    prompt = (10, 11, 12, 13, 14, 15, 9, 10, 11)
+    request = Request("c", prompt_token_ids=prompt, params=SamplingParams(max_tokens=8))
+    [c] = engine.generate([request], SpecConfig("ngram", 4, ngram_size=3), 1).completions
+    assert c.token_ids == [12, 13, 14, 15, 16, 17, 18, 19]
+    # step 1 proposes 13 14 15 9 (4), accepts 3, recovers 16; "15 16" never occurred: no more drafts
+    assert (c.draft_tokens, c.accepted_tokens) == (4, 3)
+    assert c.target_steps == 1 + 3  # then three plain steps for 17 18 19
+    assert c.accepted_at == [1, 1, 1]  # positions 0-2 accepted once (step 1), position 3 never
+
+
+def test_ngram_lookup_prefers_the_longest_latest_match():
+    import numpy as np
+
+    from batchspec.engine.torch.drafters import ngram_lookup
+
+    tokens = np.array([1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3])
+    assert ngram_lookup(tokens, 3, 2) == [5, 6]  # "2 3" latest earlier match is followed by 5 6
+    assert ngram_lookup(np.array([1, 2, 3, 1, 2]), 2, 4) == [3, 1, 2]
+    assert ngram_lookup(np.array([1, 2, 3]), 3, 4) == []
+    assert ngram_lookup(tokens, 3, 0) == []
+
+
+# -- sampling follows the target's distribution ----------------------------------------------------
+
+
+def exact_joint(model, prompt: list[int], vocab: int, temperature: float) -> torch.Tensor:
+    """P(t1..t4 | prompt) for the target, by enumeration: [V, V, V, V]."""
+    import itertools
+
+    joint = torch.ones(())
+    with torch.no_grad():
+        for depth in range(4):
+            prefixes = list(itertools.product(range(vocab), repeat=depth))
+            ids = torch.tensor([prompt + list(p) for p in prefixes])
+            step = torch.softmax(model(ids).logits[:, -1].double() / temperature, -1)
+            joint = joint[..., None] * step.view(*([vocab] * depth), vocab)
+    return joint
+
+
+def wrong_rule(draft_tokens, draft_probs, num_drafts, target_probs, u_accept, u_sample):
+    """A plausible bug: on rejection, resample from p instead of the residual max(0, p - q)."""
+    n, _ = accept_reject(draft_tokens, draft_probs, num_drafts, target_probs, u_accept, u_sample)
+    return n, sample_from(target_probs[torch.arange(len(n)), n], u_sample)
+
+
+@pytest.mark.parametrize("rule_is_right", [True, False])
+@pytest.mark.parametrize("method", ["draft_target", "ngram"])
+def test_sampled_speculation_follows_the_target_distribution(monkeypatch, rule_is_right, method):
+    V, n = 5, 16_000
+    tokenizer = word_tokenizer(V)
+    target = tiny_llama(V, 2, seed=10, eos_token_id=None, pad_token_id=0, initializer_range=0.5)
+    draft = tiny_llama(V, 1, seed=11, eos_token_id=None, pad_token_id=0, initializer_range=0.5)
+    engine = TorchEngine(target, tokenizer, model_name="t", draft_loader=lambda name: (draft, tokenizer))
+    engine.eos_ids = set()  # every sequence runs four tokens, so every outcome is a full 4-tuple
+    if not rule_is_right:
+        monkeypatch.setattr(torch_engine, "accept_reject", wrong_rule)
+    prompt = [1, 2, 3, 1, 2, 4, 1, 2]  # repeats, so n-gram lookup proposes after "1 2"
+    requests = [Request(f"s{i}", prompt_token_ids=tuple(prompt),
+                        params=SamplingParams(max_tokens=4, temperature=0.9, seed=i)) for i in range(n)]
+    result = engine.generate(requests, SpecConfig(method, 2, draft_model="d"), 1000)
+    assert result.draft_tokens > 1.5 * n  # rows really drafted (up to 2, then 1, per row)
+    counts = torch.zeros(V, V, V, V)
+    for c in result.completions:
+        counts[tuple(c.token_ids)] += 1
+    expected = exact_joint(target, prompt, V, 0.9).double().flatten() * n
+    observed = counts.double().flatten()
+    small = expected < 5  # pool rare outcomes so the chi-square approximation holds
+    obs = torch.cat([observed[~small], observed[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    pvalue = chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+    if rule_is_right:
+        assert pvalue > 1e-3
+    else:
+        assert pvalue < 1e-6
+
+
+def test_each_row_draws_from_its_own_generator(word_models):
+    """A row's random draws don't depend on which rows share its batch (over a 64-word
+    vocabulary, where float noise cannot move a draw across a boundary)."""
+    engine = word_engine(word_models)
+    reqs = word_requests(5, temperature=0.8, top_p=0.9, seed=7)
+    a = engine.generate(reqs, SpecConfig("draft_target", 3, draft_model="close"), 5)
+    b = engine.generate(reqs, SpecConfig("draft_target", 3, draft_model="close"), 2)
+    assert [c.token_ids for c in a.completions] == [c.token_ids for c in b.completions]
+
+
+# -- text, chat, stop strings and errors -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smol_engine(tiny_pair):
+    target, draft, tokenizer = tiny_pair
+    other = word_tokenizer(64)
+    drafts = {"tiny-draft": (draft, tokenizer), "other-tokenizer": (draft, other)}
+    return TorchEngine(target, tokenizer, model_name="tiny", draft_loader=lambda name: drafts[name])
+
+
+def test_chat_messages_go_through_the_chat_template(smol_engine):
+    messages = ({"role": "user", "content": "Say hi"},)
+    chat = Request("chat", messages=messages, params=SamplingParams(max_tokens=4))
+    templated = smol_engine.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    plain = Request("plain", prompt=templated, params=SamplingParams(max_tokens=4))
+    a, b = smol_engine.generate([chat, plain], SpecConfig(), 2).completions
+    assert a.error is None and a.prompt_tokens > 5
+    assert (a.prompt_tokens, a.token_ids) == (b.prompt_tokens, b.token_ids)
+
+
+def test_stop_strings_cut_the_text(smol_engine):
+    free = smol_engine.generate([Request("a", "Hello there", params=SamplingParams(max_tokens=12))], SpecConfig(), 1)
+    text = free.completions[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert stop.strip(), text
+    cut = smol_engine.generate(
+        [Request("a", "Hello there", params=SamplingParams(max_tokens=12, stop=(stop,)))], SpecConfig("ngram", 3), 1
+    ).completions[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == text[: text.find(stop)]
+
+
+def test_eos_finishes_rows_early_at_different_times(word_models):
+    engine = word_engine(word_models)
+    reqs = word_requests(6, max_tokens=lambda i: 40)
+    free = engine.generate(reqs, SpecConfig(), 6).completions
+    engine.eos_ids = {free[1].token_ids[5]}  # make a token this model really emits the eos
+    plain = engine.generate(reqs, SpecConfig(), 3).completions
+    early = [c for c in plain if c.finish_reason == "stop"]
+    assert len({c.output_tokens for c in early}) >= 2 and plain[1].output_tokens <= 6
+    assert all(c.token_ids[-1] in engine.eos_ids and c.output_tokens < 40 for c in early)
+    for spec in (SpecConfig("draft_target", 4, draft_model="close"), SpecConfig("ngram", 4)):
+        got = engine.generate(reqs, spec, 3).completions
+        assert [(c.token_ids, c.finish_reason) for c in got] == [(c.token_ids, c.finish_reason) for c in plain]
+
+
+def test_bad_rows_fail_alone(smol_engine):
+    long_prompt = "word " * 600  # over the tiny model's 512-token context
+    requests = [
+        Request("ok", "Hello", params=SamplingParams(max_tokens=3)),
+        Request("none", None),
+        Request("empty", "   "),
+        Request("number", 42),  # type: ignore[arg-type]
+        Request("long", long_prompt, params=SamplingParams(max_tokens=3)),
+        Request("temp", "Hi", params=SamplingParams(temperature=-1.0)),
+        Request("top_p", "Hi", params=SamplingParams(top_p=0.0)),
+        Request("max", "Hi", params=SamplingParams(max_tokens=0)),
+        Request("badchat", messages=({"role": "user"},)),
+    ]
+    result = smol_engine.generate(requests, SpecConfig("ngram", 3), 4)
+    by_id = {c.id: c for c in result.completions}
+    assert [c.id for c in result.completions] == [r.id for r in requests]
+    assert by_id["ok"].error is None and by_id["ok"].output_tokens == 3
+    expected = {
+        "none": "prompt is missing", "empty": "prompt is empty", "number": "prompt must be a string",
+        "long": "exceeds the model's context of 512 tokens", "temp": "temperature must be >= 0",
+        "top_p": "top_p must be in (0, 1]", "max": "max_tokens must be an integer >= 1", "badchat": "",
+    }
+    for rid, fragment in expected.items():
+        c = by_id[rid]
+        assert c.finish_reason == "error" and c.text is None and "\n" not in c.error, rid
+        assert fragment in c.error, (rid, c.error)
+    assert by_id["long"].prompt_tokens > 512
+
+
+def test_a_draft_with_another_tokenizer_is_refused(smol_engine):
+    with pytest.raises(ModelError, match="different tokenizer"):
+        smol_engine.check(SpecConfig("draft_target", 2, draft_model="other-tokenizer"))
+    smol_engine.check(SpecConfig("draft_target", 2, draft_model="tiny-draft"))  # same tokenizer: fine
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+def test_methods_the_torch_engine_cannot_run_are_refused(smol_engine, method):
+    with pytest.raises(ConfigError, match="not supported by the torch engine"):
+        smol_engine.generate([Request("a", "Hi")], SpecConfig(method, 2, source="trt_configs/x.yaml"), 1)
+
+
+def test_draft_target_without_a_draft_model_is_refused(smol_engine):
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        smol_engine.check(SpecConfig("draft_target", 2))
+
+
+def test_load_by_path_and_unknown_model(tiny_model_dir, tiny_draft_dir):
+    engine = TorchEngine.load(str(tiny_model_dir), draft_model=str(tiny_draft_dir))
+    [c] = engine.generate([Request("a", "Hello", params=SamplingParams(max_tokens=5))],
+                          SpecConfig("draft_target", 2, draft_model=str(tiny_draft_dir)), 1).completions
+    assert c.output_tokens == 5 and c.draft_tokens > 0
+    with pytest.raises(BatchspecError):
+        TorchEngine.load("no-such-model-anywhere")

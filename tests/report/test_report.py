@@ -1,0 +1,185 @@
+"""`batchspec report` on a real run's output: a tiny-model run through `batchspec.pipeline.run`
+(local Ray, torch on CPU, two shards), read back from a folder, from S3 (moto's server on
+127.0.0.1, endpoint and credentials from AWS_* variables) and from memory://, plus the HTML page
+rendered in headless Chromium.
+
+The Chromium test is also the documented check of the page: it skips when `chromium` is absent
+(`apt-get install -y chromium`), and with BATCHSPEC_REPORT_SCREENSHOT=FILE.png it keeps the
+screenshot for a person to look at.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import fsspec
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from batchspec.cli import cli
+from batchspec.errors import OutputError
+from batchspec.report import load_report, render_html, storage_options
+from batchspec.report.load import TIME_PARTS
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = 12
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory, tiny_model_dir, ray_session):
+    """OUTPUT of a real `batchspec run`: 12 prompts, two tasks, calibrated n-gram arms vs none."""
+    from batchspec.config.run import build_config
+    from batchspec.pipeline import run
+
+    root = tmp_path_factory.mktemp("report")
+    pq.write_table(pa.table({
+        "id": [f"r{i:02d}" for i in range(ROWS)],
+        "task": ["code", "prose"] * (ROWS // 2),
+        "prompt": [f"x = [{i}, {i}, {i}]; y = [{i}, {i}, {i}]; z = [" for i in range(ROWS)],
+    }), root / "in.parquet")
+    (root / "pipeline.yaml").write_text(
+        f"engine: torch\nmodel: {tiny_model_dir}\ndtype: float32\nspec: auto\n"
+        f"candidates: {REPO / 'pipelines' / 'candidates' / 'torch_ngram.yaml'}\n"
+        "shard_size: 6\nworkers: 1\nbatch_size: 2\nmax_tokens: 4\nworker: {num_cpus: 1, torch_threads: 1}\n"
+        "calibration: {min_rows: 2, sample_size: 2, max_tokens: 4}\n"
+    )
+    config = build_config(str(root / "in.parquet"), str(root / "out"), str(root / "pipeline.yaml"), shard_by="task")
+    summary = run(config)  # in the session's Ray (one Ray for the whole suite)
+    assert summary.complete
+    return root / "out"
+
+
+def test_report_of_a_real_run_agrees_with_its_files(real_run):
+    report = load_report(str(real_run))
+    outputs = pl.read_parquet(real_run / "outputs" / "*.parquet")
+    stats = pl.read_parquet(real_run / "stats" / "*.parquet")
+    assert report.complete and not report.warnings
+    assert [s.shard_id for s in report.shards] == sorted(stats["shard_id"].to_list())
+    assert {s.shard_key for s in report.shards} == {"code", "prose"}
+    t = report.totals
+    assert (t.shards, t.planned_shards, t.rows, t.output_rows) == (2, 2, ROWS, ROWS)
+    assert t.output_tokens == outputs["output_tokens"].sum()
+    assert t.finish_reasons == dict(outputs.group_by("finish_reason").len().sort("finish_reason").iter_rows())
+    drafted = outputs["draft_tokens"].sum()
+    assert t.acceptance_rate == (outputs["accepted_tokens"].sum() / drafted if drafted else None)
+    for s in report.shards:
+        assert s.output_rows == s.rows == ROWS // 2
+        assert sum(s.time_split[p] for p in TIME_PARTS) == pytest.approx(s.wall_s)
+        assert all(v >= 0 for v in s.time_split.values())
+        measured = {a.label: a.tokens_per_s for a in s.arms if a.tokens_per_s}
+        chosen_label = "none" if s.spec_method == "none" else f"{s.spec_method}:k={s.draft_len}"
+        if s.decision == "calibrated" and measured.get("none") and measured.get(chosen_label):
+            # like for like: the chosen arm and none, measured on the same calibration rows
+            paired = next(a.speedup for a in s.arms if a.label == chosen_label)
+            assert s.speedup == pytest.approx(paired if paired is not None else measured[chosen_label] / measured["none"])
+        assert "none" in [a.label for a in s.arms]  # calibration always measures the baseline
+        chosen = [a for a in s.arms if a.chosen]
+        assert len(chosen) == 1 and chosen[0].spec_method == s.spec_method
+        assert 0 <= s.calibration_cost <= s.calibration_share <= 1
+        assert s.decision in ("calibrated", "reused", "fixed", "too_small")
+
+
+def test_report_reads_s3_with_endpoint_and_credentials_from_the_environment(real_run, monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
+            monkeypatch.setenv(name, value)
+        fs_opts, pl_opts = storage_options("s3://runs/x")
+        assert fs_opts == {"client_kwargs": {"endpoint_url": endpoint}}
+        assert pl_opts["aws_endpoint_url"] == endpoint and pl_opts["aws_allow_http"] == "true"
+        fs = fsspec.filesystem("s3", **fs_opts)
+        fs.mkdir("runs")
+        fs.put(str(real_run), "runs/2026-01-02", recursive=True)
+        remote = load_report("s3://runs/2026-01-02/")
+        local = load_report(str(real_run))
+        assert remote.output == "s3://runs/2026-01-02"
+        assert remote.shards == local.shards and remote.totals == local.totals and remote.complete
+        result = CliRunner().invoke(cli, ["report", "s3://runs/2026-01-02"])
+        assert result.exit_code == 0, result.output
+        assert "00000-code" in result.stdout and "total" in result.stdout
+        missing = CliRunner().invoke(cli, ["report", "s3://runs/never"])
+        assert missing.exit_code == 1 and "not a batchspec run" in missing.output
+    finally:
+        server.stop()
+
+
+def test_report_reads_any_fsspec_url_through_fsspec(real_run):
+    mem = fsspec.filesystem("memory")
+    mem.put(str(real_run), "/report-copy", recursive=True)
+    try:
+        copy = load_report("memory://report-copy")
+        assert copy.totals == load_report(str(real_run)).totals
+    finally:
+        mem.rm("/report-copy", recursive=True)
+
+
+def test_an_unfinished_run_is_reported_with_what_is_missing(real_run, tmp_path):
+    partial = tmp_path / "partial"
+    shutil.copytree(real_run, partial)
+    (partial / "_SUCCESS").unlink()
+    first = sorted((partial / "stats").iterdir())[0]
+    first.unlink()
+    report = load_report(str(partial))
+    assert not report.complete and report.totals.shards == 1 and report.totals.planned_shards == 2
+    assert any("1 of 2 shards committed" in w for w in report.warnings)
+    assert any(f"rows of 1 uncommitted shard(s) (first {first.stem})" in w for w in report.warnings)
+
+
+def test_not_a_run_and_a_plan_without_shards_are_one_line_errors(tmp_path):
+    with pytest.raises(OutputError, match="not a batchspec run"):
+        load_report(str(tmp_path / "nothing"))
+    (tmp_path / "planned").mkdir()
+    (tmp_path / "planned" / "_plan.json").write_text(json.dumps({"shards": [{}, {}]}))
+    with pytest.raises(OutputError, match="planned, but no shard is committed yet"):
+        load_report(str(tmp_path / "planned"))
+
+
+def test_html_page_is_self_contained_with_three_plots(real_run):
+    page = render_html(load_report(str(real_run)))
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == 3
+    assert all(base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n" for img in images)
+    assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing fetched from anywhere
+    assert "00000-code" in page and "00001-prose" in page
+
+
+def _colour_share(png: Path, rgb: tuple[int, int, int], tol: int = 12) -> float:
+    from PIL import Image
+
+    img = Image.open(png).convert("RGB")
+    pixels = list(img.getdata())
+    near = sum(all(abs(a - b) <= tol for a, b in zip(p, rgb)) for p in pixels[::7])
+    return near / len(pixels[::7])
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed (apt-get install -y chromium)")
+def test_html_page_renders_its_plots_in_headless_chromium(real_run, tmp_path):
+    page = tmp_path / "report.html"
+    result = CliRunner().invoke(cli, ["report", str(real_run), "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    shot = tmp_path / "shot.png"
+    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--hide-scrollbars", "--window-size=1280,1400", f"--screenshot={shot}", page.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    assert shot.exists()
+    if os.environ.get("BATCHSPEC_REPORT_SCREENSHOT"):
+        shutil.copy(shot, os.environ["BATCHSPEC_REPORT_SCREENSHOT"])
+    # The plots are drawn: the chosen-arm gold and the time-split colours cover visible areas.
+    assert _colour_share(shot, (0xF0, 0xB4, 0x29)) > 0.002  # chosen arm, calibration time
+    assert _colour_share(shot, (0x82, 0x9A, 0xB1)) > 0.002  # prefill time
+    assert _colour_share(shot, (0xFF, 0xFF, 0xFF)) < 0.97  # not a blank page

@@ -1,0 +1,168 @@
+"""`pipeline.run` end to end on real local Ray and the torch engine with a tiny random model:
+exactly one output row per input row, resume after a crash, a killed worker, refused OUTPUTs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import fsspec
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchspec.config.run import build_config
+from batchspec.errors import InputError, OutputError
+from batchspec.pipeline import run
+from batchspec.stats import OUTPUT_NAMES
+from batchspec.workers import ShardWorker
+from tests.data import prompts_table, write_parquet
+
+FAST = {"sample_size": 4, "max_tokens": 4, "min_rows": 4}
+
+
+def make_config(input, output, model, **overrides):
+    options = dict(model=str(model), shard_by="task", shard_size=4, batch_size=4, max_tokens=6, workers=1, num_cpus=0.5, torch_threads=1)
+    options.update(overrides)
+    config = build_config(str(input), str(output), **options)
+    import dataclasses
+
+    return dataclasses.replace(config, calibration=tuple(FAST.items()))
+
+
+@pytest.fixture
+def input_dir(tmp_path):
+    table = prompts_table(12)
+    # two bad rows: they must come out as error rows, not vanish
+    prompts = table.column("prompt").to_pylist()
+    prompts[3] = ""
+    prompts[8] = "lorem ipsum " * 400  # longer than the tiny model's 512-token context
+    temps = [None] * 12
+    temps[5] = -1.0
+    table = table.set_column(table.schema.get_field_index("prompt"), "prompt", pa.array(prompts))
+    table = table.append_column("temperature", pa.array(temps, pa.float64()))
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(table.slice(0, 7), folder / "part-0.parquet")
+    pq.write_table(table.slice(7), folder / "part-1.parquet")
+    return folder
+
+
+def read_outputs(output, storage_options=None) -> pl.DataFrame:
+    return pl.scan_parquet(f"{output}/outputs/*.parquet", storage_options=storage_options).collect()
+
+
+def test_every_input_row_gets_exactly_one_output_row(ray_session, tiny_model_dir, input_dir, tmp_path):
+    out = tmp_path / "out"
+    summary = run(make_config(input_dir, out, tiny_model_dir))
+    df = read_outputs(out)
+    assert sorted(df["id"].to_list()) == [f"row-{i:04d}" for i in range(12)]
+    assert df.columns == [*OUTPUT_NAMES, "task", "source"]
+    errors = dict(zip(*df.filter(pl.col("finish_reason") == "error").select("id", "error").to_dict(as_series=False).values()))
+    assert "context" in errors.pop("row-0008")
+    assert errors == {"row-0003": "prompt is empty", "row-0005": "temperature must be a finite number >= 0, got -1.0"}
+    ok = df.filter(pl.col("finish_reason") != "error")
+    assert ok["text"].null_count() == 0 and (ok["output_tokens"] >= 1).all()
+    assert set(df["source"].to_list()) == {f"src-{i}" for i in range(12)}
+    stats = pl.read_parquet(f"{out}/stats/*.parquet")
+    assert sorted(stats["shard_key"].to_list()) == ["code", "code", "prose", "prose"]
+    assert stats["rows"].sum() == 12 and stats["error_rows"].sum() == 3
+    assert (out / "_SUCCESS").exists()
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["totals"]["rows"] == 12 and manifest["plan_fingerprint"] == json.loads((out / "_plan.json").read_text())["fingerprint"]
+    assert summary.complete and summary.rows == 12 and summary.error_rows == 3 and summary.shards == 4
+
+
+def test_s3_input_and_output_read_back_with_polars(ray_session, tiny_model_dir, s3):
+    url, options, polars_options = s3
+    fs = fsspec.filesystem("s3", **options)
+    write_parquet(fs, f"{url}/prompts/a.parquet", prompts_table(6, with_id=False))
+    config = make_config(f"{url}/prompts/", f"{url}/runs/{{date}}", tiny_model_dir, shard_by=None, shard_size=3,
+                         storage_options=options, run_date="2026-01-02", spec="none")
+    summary = run(config)
+    df = read_outputs(f"{url}/runs/2026-01-02", polars_options)
+    assert sorted(df["id"].to_list()) == [f"a.parquet#{i}" for i in range(6)]
+    assert fs.exists(f"{url}/runs/2026-01-02/_SUCCESS")
+    assert summary.shards == 2 and set(df["spec_method"].to_list()) == {"none"}
+
+
+class AbortAfter:
+    """A progress listener that crashes the driver after `n` committed shards."""
+
+    def __init__(self, n: int):
+        self.n, self.seen = n, 0
+
+    def planned(self, shards: int, rows: int, skipped: int) -> None:
+        pass
+
+    def shard_done(self, outcome) -> None:
+        self.seen += 1
+        if self.seen >= self.n:
+            raise RuntimeError(f"test: run aborted after {self.seen} committed shards")
+
+
+def killing_worker(shard_ids: set[str], attempts: int) -> type[ShardWorker]:
+    """A worker whose process dies (os._exit) mid-shard on the first `attempts` tries of these shards."""
+
+    class KillingWorker(ShardWorker):
+        def process(self, task):
+            if task.plan.shard_id in shard_ids and task.attempt <= attempts:
+                os._exit(1)
+            return super().process(task)
+
+    return KillingWorker
+
+
+def test_crash_after_some_shards_then_resume_recomputes_nothing_committed(ray_session, tiny_model_dir, input_dir, tmp_path):
+    out = tmp_path / "out"
+    config = make_config(input_dir, out, tiny_model_dir)
+    with pytest.raises(RuntimeError, match="aborted after 2"):
+        run(config, progress=AbortAfter(2))
+    assert not (out / "_SUCCESS").exists()
+    done = {p.name: p.stat().st_mtime_ns for p in (out / "stats").glob("*.parquet")}
+    assert len(done) == 2
+    summary = run(config)
+    assert summary.shards_skipped == 2 and summary.complete
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "stats").glob("*.parquet") if p.name in done} == done
+    ids = read_outputs(out)["id"].to_list()
+    assert len(ids) == len(set(ids)) == 12
+
+
+def test_worker_killed_mid_shard_is_replaced_and_the_shard_retried(ray_session, tiny_model_dir, input_dir, tmp_path):
+    out = tmp_path / "out"
+    summary = run(make_config(input_dir, out, tiny_model_dir), worker_cls=killing_worker({"00000-code"}, attempts=1))
+    assert summary.retries == 1 and summary.shards_failed == 0
+    df = read_outputs(out)
+    assert sorted(df["id"].to_list()) == [f"row-{i:04d}" for i in range(12)]
+    assert pl.read_parquet(out / "stats" / "00000-code.parquet")["attempts"].to_list() == [2]
+
+
+def test_a_shard_that_keeps_failing_is_written_as_error_rows(ray_session, tiny_model_dir, input_dir, tmp_path):
+    out = tmp_path / "out"
+    config = make_config(input_dir, out, tiny_model_dir, max_attempts=2, workers=1)
+    summary = run(config, worker_cls=killing_worker({"00001-code"}, attempts=2))
+    assert summary.shards_failed == 1 and summary.complete
+    failed = read_outputs(out).filter(pl.col("shard_id") == "00001-code")
+    assert failed.height == 2 and set(failed["finish_reason"]) == {"error"}
+    assert failed["error"].str.starts_with("shard failed 2 times: worker died").all()
+
+
+def test_a_different_plan_in_output_is_refused_and_no_resume_starts_afresh(ray_session, tiny_model_dir, input_dir, tmp_path):
+    out = tmp_path / "out"
+    run(make_config(input_dir, out, tiny_model_dir, spec="none"))
+    with pytest.raises(OutputError, match=r"OUTPUT holds a run of a different input/plan \(fingerprint \w+ != \w+\); use a new OUTPUT or --no-resume"):
+        run(make_config(input_dir, out, tiny_model_dir, spec="none", shard_size=6))
+    summary = run(make_config(input_dir, out, tiny_model_dir, spec="none", shard_size=6, resume=False))
+    assert summary.shards == 2 and len(list((out / "outputs").glob("*.parquet"))) == 2
+
+
+def test_input_and_output_problems_stop_before_any_work(ray_session, tiny_model_dir, tmp_path, s3):
+    url, options, _ = s3
+    pq.write_table(pa.table({"question": ["hi"]}), tmp_path / "q.parquet")
+    with pytest.raises(InputError, match=r"needs a 'prompt'.*found \['question'\]"):
+        run(make_config(tmp_path / "q.parquet", tmp_path / "out1", tiny_model_dir))
+    assert not (tmp_path / "out1" / "_plan.json").exists()
+    pq.write_table(prompts_table(3), tmp_path / "p.parquet")
+    with pytest.raises(OutputError, match=r"cannot write OUTPUT s3://missing-bucket/out"):
+        run(make_config(tmp_path / "p.parquet", "s3://missing-bucket/out", tiny_model_dir, storage_options=options))

@@ -1,0 +1,184 @@
+"""The data steps without an engine: read (files, columns, row parsing), plan, write."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import fsspec
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
+from batchspec.errors import ConfigError, InputError, OutputError
+from batchspec.plan import Plan, check_resume, make_plan
+from batchspec.read import RowDefaults, open_input, parse_rows, read_rows, scan_keys
+from batchspec.stats import OUTPUT_NAMES
+from batchspec.write import (
+    Output,
+    output_schema,
+    output_table,
+    resolve_template,
+    stats_table,
+)
+from tests.data import prompts_table, write_parquet
+
+DEFAULTS = RowDefaults(max_tokens=16, temperature=0.0, top_p=1.0, seed=7)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    fs = fsspec.filesystem("file")
+    (tmp_path / "in").mkdir()
+    write_parquet(fs, str(tmp_path / "in" / "a.parquet"), prompts_table(10).slice(0, 6), row_group_size=2)
+    write_parquet(fs, str(tmp_path / "in" / "b.parquet"), prompts_table(10).slice(6), row_group_size=3)
+    (tmp_path / "in" / "_SUCCESS").write_text("")
+    return tmp_path / "in"
+
+
+def test_open_input_lists_parquet_files_of_a_folder_in_order(folder):
+    source = open_input(str(folder))
+    assert [f.rel for f in source.files] == ["a.parquet", "b.parquet"]
+    assert source.rows == 10
+    assert source.passthrough_schema(OUTPUT_NAMES).names == ["task", "source"]
+
+
+def test_open_input_accepts_globs_and_file_urls(folder):
+    assert [f.rel for f in open_input(f"file://{folder}/b*.parquet").files] == ["b.parquet"]
+
+
+def test_missing_prompt_column_names_the_columns_found(tmp_path):
+    pq.write_table(pa.table({"question": ["hi"]}), tmp_path / "x.parquet")
+    with pytest.raises(InputError, match=r"'prompt'.*'messages'.*found \['question'\]"):
+        open_input(str(tmp_path / "x.parquet"))
+
+
+def test_truncated_file_is_an_input_error_naming_it(tmp_path):
+    pq.write_table(prompts_table(5), tmp_path / "good.parquet")
+    data = (tmp_path / "good.parquet").read_bytes()
+    (tmp_path / "bad.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match=r"bad\.parquet is not readable Parquet"):
+        open_input(str(tmp_path))
+
+
+def test_missing_shard_by_column_is_named(folder):
+    with pytest.raises(InputError, match=r"--shard-by column 'topic'"):
+        open_input(str(folder), shard_by="topic")
+
+
+def test_passthrough_clash_with_an_output_column_is_refused(tmp_path):
+    pq.write_table(pa.table({"prompt": ["a"], "text": ["b"]}), tmp_path / "x.parquet")
+    with pytest.raises(InputError, match="'text' clashes"):
+        open_input(str(tmp_path / "x.parquet")).passthrough_schema(OUTPUT_NAMES)
+
+
+def test_scan_keys_generates_stable_ids_and_refuses_duplicates(ray_session, tmp_path, folder):
+    source = open_input(str(folder), shard_by="task")
+    keys = scan_keys(source, "task")
+    assert keys.ids == [f"row-{i:04d}" for i in range(10)]
+    assert keys.keys[:3] == ["code", "prose", "code"]
+    pq.write_table(prompts_table(4, with_id=False), tmp_path / "noid.parquet")
+    assert scan_keys(open_input(str(tmp_path / "noid.parquet")), None).ids == [f"noid.parquet#{i}" for i in range(4)]
+    dup = prompts_table(3).set_column(0, "id", pa.array(["x", "y", "x"]))
+    pq.write_table(dup, tmp_path / "dup.parquet")
+    with pytest.raises(InputError, match="duplicate id 'x'"):
+        scan_keys(open_input(str(tmp_path / "dup.parquet")), None)
+
+
+def test_plan_groups_by_key_then_cuts_and_is_deterministic(ray_session, folder):
+    source = open_input(str(folder), shard_by="task")
+    keys = scan_keys(source, "task")
+    plan = make_plan(source, keys, "task", 3)
+    assert [(s.shard_id, s.shard_key, s.rows) for s in plan.shards] == [
+        ("00000-code", "code", 3), ("00001-code", "code", 2), ("00002-prose", "prose", 3), ("00003-prose", "prose", 2)
+    ]
+    # code rows are the even rows: 0,2,4 in a.parquet, then 6,8 = rows 0,2 of b.parquet
+    assert plan.shards[0].row_indices() == [(0, [0, 2, 4])]
+    assert plan.shards[1].row_indices() == [(1, [0, 2])]
+    assert make_plan(source, keys, "task", 10).shards[0].parts == ((0, ((0, 1), (2, 3), (4, 5))), (1, ((0, 1), (2, 3))))
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    assert make_plan(source, keys, "task", 3).fingerprint == plan.fingerprint
+    other = make_plan(source, keys, "task", 4)
+    with pytest.raises(OutputError, match=r"different input/plan \(fingerprint .* != .*\); use a new OUTPUT or --no-resume"):
+        check_resume(plan, other)
+
+
+def test_read_rows_reads_the_wanted_rows_across_row_groups(folder):
+    source = open_input(str(folder))
+    table = read_rows(source, 0, [1, 4, 5])
+    assert table.column("id").to_pylist() == ["row-0001", "row-0004", "row-0005"]
+
+
+def test_bad_rows_become_errors_not_exceptions():
+    table = pa.table({
+        "prompt": ["ok", "", None, "ok", "ok", "ok"],
+        "temperature": [0.5, None, None, -1.0, None, None],
+        "top_p": [None, None, None, None, 1.5, None],
+        "max_tokens": [None, None, None, None, None, 0],
+    })
+    rows = parse_rows(table, [f"r{i}" for i in range(6)], DEFAULTS)
+    assert rows[0].error is None and rows[0].request.params.temperature == 0.5 and rows[0].request.params.max_tokens == 16
+    assert [r.error for r in rows[1:]] == [
+        "prompt is empty",
+        "prompt and messages are both null",
+        "temperature must be a finite number >= 0, got -1.0",
+        "top_p must be in (0, 1], got 1.5",
+        "max_tokens must be >= 1, got 0",
+    ]
+    # the per-row seed comes from the run seed and the id, not the row's position
+    assert parse_rows(table.slice(0, 1), ["r0"], DEFAULTS)[0].request.params.seed == rows[0].request.params.seed
+
+
+def test_messages_rows_parse_and_bad_shapes_are_errors():
+    msgs = pa.array([[{"role": "user", "content": "hi"}], [], None], pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))
+    rows = parse_rows(pa.table({"messages": msgs}), ["a", "b", "c"], DEFAULTS)
+    assert rows[0].request.messages == ({"role": "user", "content": "hi"},)
+    assert rows[1].error.startswith("messages must be a non-empty list")
+    assert rows[2].error == "prompt and messages are both null"
+
+
+def test_output_and_stats_tables_keep_one_schema_across_shards(tmp_path):
+    out = Output(str(tmp_path / "out"))
+    passthrough = pa.schema([("task", pa.string())])
+    schema = output_schema(passthrough)
+    ok = [Completion("a", "hello", prompt_tokens=3, output_tokens=2, finish_reason="stop")]
+    bad = [Completion.failed("b", "prompt is empty")]
+    spec = SpecConfig("ngram", 4)
+    out.commit_shard("00000", output_table("00000", ok, [spec], pa.table({"task": ["code"]}), schema), stats_table({"shard_id": "00000", "rows": 1, "candidates": [{"label": "none", "method": "none", "draft_len": 0, "tokens_per_s": 9.5}]}))
+    out.commit_shard("00001", output_table("00001", bad, [NO_SPEC], pa.table({"task": [None]}, schema=passthrough), schema), stats_table({"shard_id": "00001", "rows": 1}))
+    df = pl.scan_parquet(f"{tmp_path}/out/outputs/*.parquet").collect().sort("id")
+    assert df.columns == [*OUTPUT_NAMES, "task"]
+    assert df["text"].to_list() == ["hello", None]
+    assert df["error"].to_list() == [None, "prompt is empty"]
+    assert df["spec_method"].to_list() == ["ngram", "none"]
+    stats = pl.scan_parquet(f"{tmp_path}/out/stats/*.parquet").collect()
+    assert stats.height == 2 and stats["candidates"].to_list()[0][0]["tokens_per_s"] == 9.5
+    assert out.committed() == {"00000", "00001"}
+    assert not list((tmp_path / "out" / "outputs").glob(".*")), "no temporary files left behind"
+
+
+def test_date_template_resolves_once_and_rejects_unknown_fields():
+    day = dt.date(2026, 3, 4)
+    assert resolve_template("s3://b/runs/{date}/out", day) == "s3://b/runs/2026-03-04/out"
+    assert resolve_template("out/{yyyy}/{mm}/{dd}", day) == "out/2026/03/04"
+    with pytest.raises(ConfigError, match=r"unknown template field 'hour'"):
+        resolve_template("out/{hour}", day)
+
+
+def test_read_plan_and_write_over_s3(ray_session, s3):
+    url, options, polars_options = s3
+    fs = fsspec.filesystem("s3", **options)
+    write_parquet(fs, f"{url}/in/part-0.parquet", prompts_table(5))
+    source = open_input(f"{url}/in/", options, shard_by="task")
+    plan = make_plan(source, scan_keys(source, "task"), "task", 2)
+    assert sum(s.rows for s in plan.shards) == 5
+    out = Output(f"{url}/out", tuple(options.items()))
+    out.check_writable()
+    out.put(out.path("_plan.json"), plan.to_json().encode())
+    assert json.loads(fs.cat_file(f"{url}/out/_plan.json"))["fingerprint"] == plan.fingerprint
+    missing = Output("s3://no-such-bucket/out", tuple(options.items()))
+    with pytest.raises(OutputError, match="cannot write OUTPUT s3://no-such-bucket/out"):
+        missing.check_writable()
