@@ -25,7 +25,15 @@ def test_workloads_are_varied_chat_requests():
         reqs = workloads.requests(name, 6, 16)
         assert len({r.messages[0]["content"] for r in reqs}) >= 3, name
         assert all(r.messages[0]["role"] == "user" and r.params.max_tokens == 16 for r in reqs)
-    assert workloads.prompts("edit", 4) == workloads.prompts("edit", 4)
+    # Seeded, not random per call: the same seed gives the same prompts in another process (a string
+    # seed hashes the same everywhere), a longer list extends a shorter one, another seed differs.
+    import subprocess
+
+    other = subprocess.run([sys.executable, "-c", "import sys, json; sys.path.insert(0, sys.argv[1]); import workloads; "
+                            "print(json.dumps(workloads.prompts('edit', 4)))", str(BENCH)],
+                           capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "123", "PATH": ""})
+    assert json.loads(other.stdout) == workloads.prompts("edit", 4) == workloads.prompts("edit", 8)[:4]
+    assert workloads.prompts("edit", 4, seed=1) != workloads.prompts("edit", 4)
 
 
 def test_engine_bench_writes_comparisons(models, tmp_path):

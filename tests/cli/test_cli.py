@@ -108,7 +108,10 @@ def test_report_json_and_html(written_run, tmp_path):
 def test_report_html_path_from_the_environment(written_run, tmp_path):
     page = tmp_path / "env.html"
     result = invoke("report", str(written_run), env={"BATCHSPEC_REPORT_HTML": str(page)})
-    assert result.exit_code == 0 and page.exists()
+    assert result.exit_code == 0, result.output
+    html = page.read_text()  # the page of this run: its shards, its three plots
+    assert html.count("data:image/png;base64,") == 3
+    assert all(sid in html for sid in ("00000-code", "00001-prose")), html[:200]
 
 
 def test_report_warns_about_an_unfinished_run(written_run):
