@@ -1,7 +1,7 @@
 """GPU smoke check for the TensorRT-LLM engine: run it on your own GPU node.
 
 For each TensorRT-LLM option file (default: trt_configs/*.yaml) this builds the LLM through
-batchspec's adapter (batchspec/engine/trtllm.py), generates a few prompts greedily with and
+batchspec's adapter (batchspec/engine/trtllm/), generates a few prompts greedily with and
 without that file's speculation, checks that the outputs are equal, and prints acceptance
 (from llm.get_stats()) and tokens/s. It is the only place batchspec meets real TensorRT-LLM.
 

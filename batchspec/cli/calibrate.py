@@ -29,10 +29,10 @@ def command(input: str, pipeline: str | None, as_json: bool, **options) -> None:
       batchspec calibrate prompts.parquet --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b --dtype bfloat16
       batchspec calibrate prompts.parquet --spec trt_configs/ngram.yaml --json
     """
-    from batchspec.pipeline import calibrate_only as calibrate_input
+    from batchspec.pipeline import calibrate_only
 
     config = build_config(input, "", pipeline, **options)
-    results = calibrate_input(config)
+    results = calibrate_only(config)
     if as_json:
         click.echo(json.dumps([r.to_doc() for r in results], indent=2))
     else:

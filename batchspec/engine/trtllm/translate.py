@@ -88,7 +88,7 @@ def decoding_config_spec(spec: SpecConfig) -> DecodingConfigSpec | None:
     decoding_type = METHOD_TO_DECODING_TYPE[spec.method]
     kwargs: dict[str, Any] = {"max_draft_len": spec.draft_len, **spec_options(spec)}
     if spec.method in ("draft_target", "eagle3"):
-        assert spec.draft_model is not None, spec  # validated by spec_config
+        assert spec.draft_model is not None, spec  # validated by config/spec.py
         kwargs["speculative_model_dir"] = spec.draft_model
     if spec.method == "ngram":
         kwargs["max_matching_ngram_size"] = spec.ngram_size
