@@ -39,8 +39,7 @@ from batchspec.config.spec import (
     load_spec_file,
 )
 from batchspec.data import CANDIDATES_DIR
-from batchspec.engine.base import SpecConfig
-from batchspec.engine.factory import ENGINE_METHODS
+from batchspec.engine.base import ENGINE_METHODS, SpecConfig
 from batchspec.engine.trtllm.translate import METHOD_TO_DECODING_TYPE, SPEC_PREFIX
 from batchspec.errors import ConfigError
 

@@ -23,6 +23,11 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 SPEC_METHODS = ("none", "ngram", "draft_target", "eagle3", "mtp")
 FINISH_REASONS = ("stop", "length", "error")
+# Which speculative methods each engine runs ("none" always); factory.py builds them by these names.
+ENGINE_METHODS: dict[str, tuple[str, ...]] = {
+    "torch": ("none", "ngram", "draft_target"),
+    "trtllm": SPEC_METHODS,
+}
 
 
 @dataclass(frozen=True)

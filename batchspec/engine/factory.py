@@ -1,15 +1,10 @@
-"""Build an engine by name. The only place that knows which engines exist and what each runs."""
+"""Build an engine by name. With `base.ENGINE_METHODS`, the only place that knows which engines exist."""
 
 from __future__ import annotations
 
-from batchspec.engine.base import SPEC_METHODS, Engine
+from batchspec.engine.base import ENGINE_METHODS, Engine
 from batchspec.errors import ConfigError
 
-# Which speculative methods each engine runs; "none" always.
-ENGINE_METHODS: dict[str, tuple[str, ...]] = {
-    "torch": ("none", "ngram", "draft_target"),
-    "trtllm": SPEC_METHODS,
-}
 ENGINES = tuple(ENGINE_METHODS)
 
 

@@ -25,6 +25,7 @@ from typing import Sequence
 import torch
 
 from batchspec.engine.base import (
+    ENGINE_METHODS,
     Completion,
     GenerateResult,
     Request,
@@ -32,7 +33,6 @@ from batchspec.engine.base import (
     SpecConfig,
     Timing,
 )
-from batchspec.engine.factory import ENGINE_METHODS
 from batchspec.engine.sampling import accept_reject, probs_from_logits, sample_from
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.torch.kv import Batch

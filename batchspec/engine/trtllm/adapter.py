@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from batchspec.engine.base import (
+    ENGINE_METHODS,
     Completion,
     GenerateResult,
     Request,
     SpecConfig,
     Timing,
 )
-from batchspec.engine.factory import ENGINE_METHODS
 from batchspec.engine.trtllm.memory import (
     DEFAULT_FREE_GPU_MEMORY_FRACTION,
     model_size,
