@@ -1,0 +1,41 @@
+"""A stand-in `tensorrt_llm` (1.2 LLM API, PyTorch backend) for tests on machines without it.
+
+Written from TensorRT-LLM's source (see SOURCES.md for every file read and what was taken from
+it); not a copy of its code. It simulates one GPU per process with a fixed memory size, a clock,
+and deterministic toy models, and behaves as the cited source does where an adapter can go wrong:
+memory held until shutdown(), BOS added to text prompts, iteration stats bounded by max_stats_len,
+one-model speculation greedy without allow_advanced_sampling, one-model draft latency not
+reported, NGram draft counts as really proposed, MTP draft length from num_nextn_predict_layers,
+config classes that refuse unknown keys.
+
+`install(monkeypatch, ...)` puts it in sys.modules as `tensorrt_llm` (and patches
+torch.cuda.mem_get_info to the simulated GPU) for one test.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import _sim, llm_args, llmapi, sampling_params  # noqa: F401
+from ._sim import GIB, FakeModel, reset  # noqa: F401
+from .llm import LLM  # noqa: F401
+from .sampling_params import SamplingParams  # noqa: F401
+
+__version__ = "1.2.0+batchspec.standin"
+
+
+def state() -> _sim.State:
+    return _sim.STATE
+
+
+def install(monkeypatch, gpu_bytes: int = 80 * GIB, build_seconds: float = 0.0) -> _sim.State:
+    """Make `import tensorrt_llm` give this stand-in for the current test, on a fresh GPU."""
+    import torch
+
+    this = sys.modules[__name__]
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", this)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.sampling_params", sampling_params)
+    st = reset(gpu_bytes, build_seconds)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: _sim.STATE.gpu.mem_get_info(device))
+    return st
