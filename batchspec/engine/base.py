@@ -157,6 +157,9 @@ class Timing:
 class GenerateResult:
     completions: list[Completion]
     timing: Timing
+    # Figures of this result that are estimates or were not measured, by field name (for example
+    # "draft_s", "draft_tokens"), each with a one-line reason; empty when everything was measured.
+    caveats: dict[str, str] = field(default_factory=dict)
 
     @property
     def output_tokens(self) -> int:

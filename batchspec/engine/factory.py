@@ -12,7 +12,9 @@ def create_engine(engine: str, model: str, draft_model: str | None = None, dtype
                   device: str | None = None, **options) -> Engine:
     """Load `model` (and optionally `draft_model`) into the named engine.
 
-    `options` are engine-specific (for trtllm: the LLM-API options of a trt_configs file)."""
+    `options` are engine-specific. For trtllm, `llm_options`: the run's non-speculative LLM
+    arguments, which every arm is built with (config/spec.py `run_llm_options`); `dtype` becomes
+    the LLM's dtype; TensorRT-LLM runs on the worker's GPU, so a `device` other than cuda is refused."""
     if engine == "torch":
         from batchspec.engine.torch.engine import TorchEngine
 
@@ -20,6 +22,8 @@ def create_engine(engine: str, model: str, draft_model: str | None = None, dtype
     if engine == "trtllm":
         from batchspec.engine.trtllm.adapter import TrtllmEngine
 
-        # Draft models and dtype live in the trt_configs options for TensorRT-LLM.
-        return TrtllmEngine(model, llm_options=options.get("llm_options"))
+        if device not in (None, "cuda"):
+            raise ConfigError(f"device: the trtllm engine runs on the worker's GPU (cuda); got {device!r}")
+        # Draft models live in the arms (trt_configs speculative_model_dir), not here.
+        return TrtllmEngine(model, llm_options=options.get("llm_options"), dtype=dtype)
     raise ConfigError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")

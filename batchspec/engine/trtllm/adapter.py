@@ -1,37 +1,34 @@
 """The TensorRT-LLM engine: a thin adapter over `tensorrt_llm.LLM` (1.2 LLM API, PyTorch backend).
 
-This module owns the translation between batchspec's engine contract (batchspec/engine/base.py)
-and TensorRT-LLM, and nothing else: no sampling, no drafting, no acceptance rule of its own. The
-translation is pure functions kept apart from the library calls, so it is tested on machines
-without TensorRT-LLM (which cannot be installed on this project's machines):
+This module owns the library calls; the translation to and from TensorRT-LLM's API is pure and
+lives in translate.py, memory planning in memory.py. The rules it follows, each from TensorRT-LLM's
+source (file and offset in tests/engine/trtllm/fake_tensorrt_llm/SOURCES.md, where the stand-in
+that tests this module is written from the same reading):
 
-- `llm_kwargs`: a SpecConfig arm + its file's LLM arguments -> `LLM(...)` keyword arguments, with
-  the speculative config kept as a `DecodingConfigSpec` (class name + kwargs) until the adapter
-  builds the real object.
-- `sampling_kwargs`: our SamplingParams -> `tensorrt_llm.SamplingParams(...)` keyword arguments.
-- `completion_from_output`: a `RequestOutput` -> our Completion. Per-request acceptance comes from
-  `decoding_iter` (tensorrt_llm/executor/result.py, GenerationResultBase.decoding_iter, set from
-  the executor Result's `decodingIter`, which cpp/include/tensorrt_llm/executor/types.h defines as
-  "the number of decoding iterations ... in autoregressive decoding equal to the maximum length of
-  the beam"): it counts the context (prefill) step, which yields one token, and every decode step
-  yields accepted + 1 tokens, so accepted = len(token_ids) - decoding_iter and target steps
-  (prefill excluded) = decoding_iter - 1. Proposed draft tokens per request are not reported by
-  TensorRT-LLM; we record draft_len * target_steps, an upper bound (exact for Eagle3 and
-  DraftTarget, which always propose max_draft_len; NGram may propose fewer). In 1.2 the
-  per-request `request_perf_metrics.speculative_decoding` numbers are zero with the default
-  sampler, which is why they are not used.
-- `stats_from_iterations`: `llm.get_stats()` per-iteration dicts -> exact shard-level counts from
-  their `specDecodingStats` (numDraftTokens, numAcceptedTokens, numRequestsWithDraftTokens,
-  acceptanceLength, iterLatencyMS, draftOverhead: cpp/include/tensorrt_llm/executor/executor.h
-  struct SpecDecodingStats; keys as asserted by tests/unittest/_torch/speculative/test_eagle3.py
-  test_eagle3_spec_decoding_stats).
-- `plan_draft_memory`: whether a DraftTarget arm's draft weights and KV cache fit next to the
-  target under `kv_cache_config.free_gpu_memory_fraction`, else a shorter draft or none.
+- One live LLM per worker. Each LLM takes its weights plus `free_gpu_memory_fraction` of the
+  memory still free and holds it until `shutdown()`; a second one would run out of memory or get
+  almost no KV cache. Switching arms shuts the live LLM down, releases its memory, then plans and
+  builds the next with nothing else resident. Every build's seconds are recorded (calibration
+  counts them as cost; `arms_are_builds`).
+- Like for like: every arm is built with the run's non-speculative options (`run_options`, merged
+  once from the run's option files by config/spec.py); an arm whose file disagrees is refused.
+- Iteration stats: the executor keeps at most `max_stats_len` and drops the oldest
+  (py_executor.py `_append_iter_stats`), so the adapter drains `get_stats()` after every finished
+  request and sizes `max_stats_len` for the gap between drains; the totals are then checked against
+  the per-request counts (`stats_gap`), and figures that could not be checked are labelled.
+- Per request: accepted = len(token_ids) - decoding_iter, target steps = decoding_iter - 1
+  (executor/result.py `decoding_iter` counts the context step, which yields one token). Proposed
+  tokens are counted per iteration only (`numDraftTokens`, what each request really carried: NGram
+  often proposes fewer than max_draft_len); the exact total is shared out over rows, and where the
+  stats are incomplete the rows keep the upper bound draft_len x steps, labelled an estimate in
+  `GenerateResult.caveats`.
+- One-model arms (Eagle3 one-model, MTP): 1.2 samples them greedily unless
+  `allow_advanced_sampling` (translate.decoding_config_spec sets it; a file that forbids it has
+  its sampled rows refused), and reports no draft latency, so no draft/verify split is claimed.
+- Prompts go in as token ids (chat templates tokenized here): a text prompt would be tokenized
+  again with `add_special_tokens=True`, doubling the BOS a rendered chat template holds.
 
-`TrtllmEngine` holds one `LLM` per arm (switching arms means building another LLM), records each
-build's seconds so calibration can count them as cost, and shuts every LLM down on `close()`.
-Nothing of this module's library-facing half has been run against real TensorRT-LLM here; run
-`python jobs/gpu_check.py` on a GPU node to check it.
+Nothing here has run against real TensorRT-LLM; `python jobs/gpu_check.py` on a GPU node checks it.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from batchspec.engine.base import (
     ENGINE_METHODS,
@@ -51,19 +48,27 @@ from batchspec.engine.base import (
 )
 from batchspec.engine.trtllm.memory import (
     DEFAULT_FREE_GPU_MEMORY_FRACTION,
+    free_gpu_bytes,
     model_size,
     plan_draft_memory,
+    release_gpu_memory,
 )
 from batchspec.engine.trtllm.translate import (
+    DTYPES,
+    METHOD_TO_DECODING_TYPE,
     NESTED_CLASSES,
+    SPEC_PREFIX,
+    TRTLLM_RELEASE,
     IterationSpecStats,
+    apportion_drafts,
     completion_from_output,
+    conflicting_options,
     llm_kwargs,
+    one_model,
     sampling_kwargs,
+    spec_options,
     stats_from_iterations,
-)
-from batchspec.engine.trtllm.translate import (
-    llm_options as arm_llm_options,
+    stats_gap,
 )
 from batchspec.errors import ConfigError, EngineUnavailable, one_line
 
@@ -103,63 +108,119 @@ class BuildRecord:
 class _Built:
     llm: Any
     spec: SpecConfig  # what the LLM actually runs
+    key: tuple  # (arm asked for, batch size)
 
 
 class TrtllmEngine:
     """The `Engine` protocol over `tensorrt_llm.LLM`; one instance per worker (one GPU)."""
 
     name = "trtllm"
+    arms_are_builds = True  # switching arms builds an LLM: calibration counts and caps builds
 
-    def __init__(self, model: str, llm_options: dict[str, Any] | None = None, *, stats_timeout_s: float = 2.0):
+    def __init__(self, model: str, llm_options: dict[str, Any] | None = None, *, dtype: str | None = None,
+                 clock: Callable[[], float] = time.perf_counter, stats_timeout_s: float = 2.0):
         self._trtllm = require_trtllm()
         self.model_name = model
-        self.llm_options = dict(llm_options or {})
+        self.run_options = dict(llm_options or {})
+        if dtype is not None:
+            if dtype not in DTYPES:
+                raise ConfigError(f"dtype: expected one of {', '.join(DTYPES)} for the trtllm engine, got {dtype!r}")
+            self.run_options["dtype"] = DTYPES[dtype]
+        self.clock = clock
         self.stats_timeout_s = stats_timeout_s
         self.builds: list[BuildRecord] = []
         self.last_iteration_stats = IterationSpecStats()
-        self._cache: dict[tuple, _Built] = {}
+        self._live: _Built | None = None
+
+    @property
+    def llm_options(self) -> dict[str, Any]:
+        return self.run_options
 
     def check(self, spec: SpecConfig) -> None:
+        where = spec.source or "spec"
         if spec.method not in ENGINE_METHODS[self.name]:
-            raise ConfigError(f"{spec.source or 'spec'}: {spec.method} is not supported by the trtllm engine")
+            raise ConfigError(f"{where}: {spec.method} is not supported by the trtllm engine")
+        if spec.method in ("draft_target", "eagle3") and not spec.draft_model:
+            raise ConfigError(f"{where}: speculative_config.speculative_model_dir: {METHOD_TO_DECODING_TYPE[spec.method]} needs a draft model location")
+        differ = conflicting_options(spec, self.run_options)
+        if differ:
+            raise ConfigError(f"{where}: sets {differ[0]}; every arm of a run is built with the run's LLM options (like for like with none): set it once for the run")
 
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int) -> GenerateResult:
+        self.check(spec)
+        self._check_sampling(spec, requests)
         built = self._llm_for(spec, batch_size)
         llm, params = built.llm, self._trtllm.SamplingParams
-        start = time.perf_counter()
+        start = self.clock()
         futures: list[Any] = []
         for request in requests:
             try:
-                prompt = self._prompt(llm, request)
-                futures.append(llm.generate_async(prompt, params(**sampling_kwargs(request.params))))
+                futures.append(llm.generate_async(self._prompt(llm, request), params(**sampling_kwargs(request.params))))
             except Exception as exc:  # a bad row (empty, too long) fails alone
                 futures.append(Completion.failed(request.id, one_line(exc)))
-        completions = [self._collect(request, f, built.spec.draft_len) for request, f in zip(requests, futures)]
-        wall = time.perf_counter() - start
-        self.last_iteration_stats = stats_from_iterations(llm.get_stats(timeout=self.stats_timeout_s))
-        draft_s = min(self.last_iteration_stats.draft_latency_s, wall)
-        return GenerateResult(completions, Timing(draft_s=draft_s, verify_s=wall - draft_s, wall_s=wall))
+        entries: list[Any] = []
+        completions = []
+        for request, future in zip(requests, futures):
+            completions.append(self._collect(request, future, built.spec.draft_len))
+            entries.extend(llm.get_stats(timeout=self.stats_timeout_s))  # drain: the queue drops the oldest
+        wall = self.clock() - start
+        entries.extend(llm.get_stats(timeout=self.stats_timeout_s))
+        stats = self.last_iteration_stats = stats_from_iterations(entries)
+        return self._result(built.spec, completions, stats, wall)
 
     def build_seconds(self, spec: SpecConfig) -> float:
         """Seconds spent building the LLM(s) for `spec`'s label (calibration counts them as cost)."""
         return sum(b.seconds for b in self.builds if b.label == spec.label)
 
     def close(self) -> None:
-        for built in self._cache.values():
-            built.llm.shutdown()
-        self._cache.clear()
+        self._shutdown_live()
 
     # -- helpers ------------------------------------------------------------------------------
 
+    def _result(self, spec: SpecConfig, completions: list[Completion], stats: IterationSpecStats, wall: float) -> GenerateResult:
+        caveats: dict[str, str] = {}
+        draft_s = 0.0
+        if spec.method != "none":
+            gap = stats_gap(stats, completions)
+            if gap is None:
+                apportion_drafts(completions, stats.draft_tokens, spec.draft_len)
+            else:
+                caveats["draft_tokens"] = f"estimate: upper bound draft_len x target steps per row ({gap})"
+            if one_model(spec):
+                caveats["draft_s"] = ("not measured: TensorRT-LLM reports no draft latency for one-model speculation; "
+                                      "drafting is inside verify_s")
+            else:
+                draft_s = min(stats.draft_latency_s, wall)
+        return GenerateResult(completions, Timing(draft_s=draft_s, verify_s=wall - draft_s, wall_s=wall), caveats=caveats)
+
+    def _check_sampling(self, spec: SpecConfig, requests: Sequence[Request]) -> None:
+        """1.2 decodes temperature > 0 greedily on one-model paths without allow_advanced_sampling
+        (llm_args.py DecodingBaseConfig); a file that turns it off cannot take sampled rows."""
+        if one_model(spec) and spec_options(spec).get("allow_advanced_sampling") is False:
+            if any(not r.params.greedy for r in requests):
+                raise ConfigError(
+                    f"{spec.source or 'spec'}: {SPEC_PREFIX}allow_advanced_sampling: false makes TensorRT-LLM {TRTLLM_RELEASE} decode "
+                    f"temperature > 0 rows greedily on one-model {METHOD_TO_DECODING_TYPE[spec.method]}; remove it or set it true"
+                )
+
     def _llm_for(self, spec: SpecConfig, batch_size: int) -> _Built:
         key = (spec, batch_size)
-        if key not in self._cache:
-            start = time.perf_counter()
-            effective, reason = self._fit_memory(spec, batch_size)
-            llm = self._build(llm_kwargs(self.model_name, effective, self.llm_options, batch_size))
-            self.builds.append(BuildRecord(spec.label, time.perf_counter() - start, effective.label, reason))
-            self._cache[key] = _Built(llm, effective)
-        return self._cache[key]
+        if self._live is not None and self._live.key == key:
+            return self._live
+        self._shutdown_live()  # one live LLM: its memory is back before the next plan and build
+        start = self.clock()
+        effective, reason = self._fit_memory(spec, batch_size)
+        llm = self._build(llm_kwargs(self.model_name, effective, self.run_options, batch_size))
+        self.builds.append(BuildRecord(spec.label, self.clock() - start, effective.label, reason))
+        self._live = _Built(llm, effective, key)
+        return self._live
+
+    def _shutdown_live(self) -> None:
+        if self._live is not None:
+            live, self._live = self._live, None
+            live.llm.shutdown()
+            del live
+            release_gpu_memory()
 
     def _build(self, kwargs: dict[str, Any]) -> Any:
         llmapi = importlib.import_module("tensorrt_llm.llmapi")
@@ -167,8 +228,11 @@ class TrtllmEngine:
         decoding = kwargs.pop("speculative_config")
         if decoding is not None:
             cls = getattr(llmapi, decoding.class_name, None)
-            if cls is None and decoding.class_name == "Eagle3DecodingConfig":  # releases before Eagle3DecodingConfig
-                cls, decoding.kwargs["decoding_type"] = llmapi.EagleDecodingConfig, "Eagle3"
+            if cls is None:
+                version = getattr(self._trtllm, "__version__", "unknown")
+                raise EngineUnavailable(
+                    f"tensorrt_llm {version} has no llmapi.{decoding.class_name}; batchspec's adapter is written for TensorRT-LLM {TRTLLM_RELEASE}"
+                )
             if "speculative_model_dir" in decoding.kwargs:
                 decoding.kwargs["speculative_model_dir"] = locate_model(decoding.kwargs["speculative_model_dir"])
             kwargs["speculative_config"] = cls(**decoding.kwargs)
@@ -178,33 +242,36 @@ class TrtllmEngine:
         return self._trtllm.LLM(**kwargs)
 
     def _fit_memory(self, spec: SpecConfig, batch_size: int) -> tuple[SpecConfig, str | None]:
+        """Plan a DraftTarget arm's memory on the GPU as it is now: with nothing resident."""
         if spec.method != "draft_target":
             return spec, None
         target, draft = model_size(locate_model(self.model_name)), model_size(locate_model(spec.draft_model or ""))
         if target is None or draft is None:
             return spec, None  # hub ids: sizes unknown before TensorRT-LLM downloads them
-        import torch
-
-        options = {**self.llm_options, **arm_llm_options(spec)}
-        fraction = (options.get("kv_cache_config") or {}).get("free_gpu_memory_fraction", DEFAULT_FREE_GPU_MEMORY_FRACTION)
+        options = self.run_options
+        fraction = (options.get("kv_cache_config") or {}).get("free_gpu_memory_fraction") or DEFAULT_FREE_GPU_MEMORY_FRACTION
         plan = plan_draft_memory(
-            torch.cuda.mem_get_info()[0], target, draft, fraction=fraction, batch_size=batch_size,
+            free_gpu_bytes(), target, draft, fraction=fraction, batch_size=batch_size,
             max_seq_len=int(options.get("max_seq_len") or 4096), draft_len=spec.draft_len,
         )
         if plan.draft_len == spec.draft_len:
             return spec, None
         if plan.draft_len == 0:
-            return SpecConfig(options=tuple((k, v) for k, v in spec.options if not k.startswith("speculative_config.")), source=spec.source), plan.reason
+            return SpecConfig(options=tuple((k, v) for k, v in spec.options if not k.startswith(SPEC_PREFIX)), source=spec.source), plan.reason
         return spec.with_draft_len(plan.draft_len), plan.reason
 
     @staticmethod
-    def _prompt(llm: Any, request: Request) -> str | list[int]:
-        if request.prompt_token_ids is not None:  # generate_async takes token ids as a prompt too
+    def _prompt(llm: Any, request: Request) -> list[int] | str:
+        """Token ids where batchspec holds them (chat templates are tokenized here, with the BOS the
+        template writes and no other); plain text goes in as text, which TensorRT-LLM tokenizes with
+        add_special_tokens=True like the torch engine does."""
+        if request.prompt_token_ids is not None:
             if not request.prompt_token_ids:
                 raise ValueError("empty prompt_token_ids")
             return list(request.prompt_token_ids)
         if request.messages is not None:
-            return llm.tokenizer.apply_chat_template(list(request.messages), tokenize=False, add_generation_prompt=True)
+            ids = llm.tokenizer.apply_chat_template(list(request.messages), tokenize=True, add_generation_prompt=True)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         if not request.prompt:
             raise ValueError("empty prompt")
         return request.prompt

@@ -68,3 +68,25 @@ def model_size(model_dir: str | os.PathLike, dtype_bytes: int = 2) -> ModelSize 
     head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
     weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     return ModelSize(weights, 2 * layers * kv_heads * head_dim * dtype_bytes)
+
+
+def free_gpu_bytes() -> int:
+    """Free memory on this worker's GPU now (torch.cuda.mem_get_info)."""
+    import torch
+
+    return int(torch.cuda.mem_get_info()[0])
+
+
+def release_gpu_memory() -> None:
+    """After an LLM's shutdown(): drop Python references and return cached blocks to the driver, so
+    the next build (and its memory plan) sees the GPU as empty as it is."""
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # no CUDA here (tests over the stand-in): nothing cached to return
+        pass

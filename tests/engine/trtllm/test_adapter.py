@@ -9,9 +9,9 @@ Stand-in objects carry the attribute names of TensorRT-LLM's own source (NVIDIA/
   (test_eagle3_spec_decoding_stats) at commit 03dd9bb8387c5c3015f41124da0f338751a177c0, the
   SpecDecodingStats struct of cpp/include/tensorrt_llm/executor/executor.h, and the JSON-string
   form documented by LLM.get_stats in older tensorrt_llm/llmapi/llm.py.
-- decoding-config fields: tensorrt_llm/llmapi/llm_args.py at commit
-  0004396720054fd8e205cbf616f21f0b57c6b412.
-Nothing here proves the adapter works against real TensorRT-LLM; jobs/gpu_check.py does that on
+- decoding-config fields: tensorrt_llm/llmapi/llm_args.py, the 1.2-era copy (see
+  tests/engine/trtllm/fake_tensorrt_llm/SOURCES.md).
+The adapter's flow over a whole stand-in library is tested in tests/engine/trtllm/. Nothing here proves the adapter works against real TensorRT-LLM; jobs/gpu_check.py does that on
 a GPU node.
 """
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from batchspec.config.spec import load_spec_file
-from batchspec.engine.base import NO_SPEC, Engine, Request, SamplingParams
+from batchspec.config.spec import load_spec_file, run_llm_options
+from batchspec.engine.base import NO_SPEC, Request, SamplingParams
 from batchspec.engine.trtllm.adapter import TrtllmEngine, require_trtllm
 from batchspec.engine.trtllm.memory import ModelSize, model_size, plan_draft_memory
 from batchspec.engine.trtllm.translate import (
@@ -67,7 +67,8 @@ def test_engine_is_unavailable_here_with_one_line():
 
 
 def test_ngram_file_becomes_llm_kwargs():
-    kwargs = llm_kwargs("meta-llama/Llama-3.1-8B-Instruct", spec_of("ngram.yaml"), {}, batch_size=16)
+    ngram = spec_of("ngram.yaml")
+    kwargs = llm_kwargs("meta-llama/Llama-3.1-8B-Instruct", ngram, run_llm_options({}, [ngram]), batch_size=16)
     assert kwargs["speculative_config"] == DecodingConfigSpec("NGramDecodingConfig", {
         "max_draft_len": 4, "max_matching_ngram_size": 3,
         "is_keep_all": True, "is_use_oldest": True, "is_public_pool": False,
@@ -76,6 +77,7 @@ def test_ngram_file_becomes_llm_kwargs():
     assert kwargs["disable_overlap_scheduler"] is True
     assert kwargs["kv_cache_config"] == {"free_gpu_memory_fraction": 0.85}
     assert kwargs["max_batch_size"] == 16 and kwargs["enable_iter_perf_stats"] is True
+    assert kwargs["max_stats_len"] >= 1000
 
 
 @pytest.mark.parametrize("name, class_name, decoding_type", [
@@ -98,14 +100,14 @@ def test_draft_models_travel_as_speculative_model_dir():
     assert draft == {"max_draft_len": 2, "speculative_model_dir": "meta-llama/Llama-3.2-1B-Instruct"}
 
 
-def test_none_arm_uses_the_engine_base_options_and_arms_override_them():
-    base = load_spec_file(CONFIGS / "none.yaml").llm_options | {"max_batch_size": 64}
-    plain = llm_kwargs("m", NO_SPEC, base, batch_size=8)
+def test_every_arm_is_built_with_the_run_options():
+    arms = [spec_of("ngram.yaml"), spec_of("draft_target.yaml")]
+    run = run_llm_options(load_spec_file(CONFIGS / "none.yaml").llm_options | {"max_batch_size": 64}, arms)
+    plain, arm = llm_kwargs("m", NO_SPEC, run, batch_size=8), llm_kwargs("m", arms[1], run, batch_size=8)
     assert plain["speculative_config"] is None
-    assert plain["kv_cache_config"] == {"free_gpu_memory_fraction": 0.85, "enable_block_reuse": True}
-    assert plain["max_batch_size"] == 64  # never below what the file asked for
-    arm = llm_kwargs("m", spec_of("draft_target.yaml"), base, batch_size=8)
-    assert arm["kv_cache_config"] == {"free_gpu_memory_fraction": 0.80}
+    assert plain["kv_cache_config"] == arm["kv_cache_config"] == {"free_gpu_memory_fraction": 0.85, "enable_block_reuse": True}
+    assert plain["disable_overlap_scheduler"] is arm["disable_overlap_scheduler"] is True
+    assert plain["max_batch_size"] == 8  # the production batch size: at most that many at once
 
 
 # ---- rows -> SamplingParams -------------------------------------------------------------------
@@ -113,9 +115,9 @@ def test_none_arm_uses_the_engine_base_options_and_arms_override_them():
 
 def test_sampling_kwargs():
     greedy = sampling_kwargs(SamplingParams(max_tokens=32, top_p=0.5))
-    assert greedy == {"max_tokens": 32, "temperature": 0.0, "return_perf_metrics": True}
+    assert greedy == {"max_tokens": 32, "temperature": 0.0}
     sampled = sampling_kwargs(SamplingParams(max_tokens=8, temperature=0.7, top_p=0.9, seed=3, stop=("\n\n",)))
-    assert sampled == {"max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "seed": 3, "stop": ["\n\n"], "return_perf_metrics": True}
+    assert sampled == {"max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "seed": 3, "stop": ["\n\n"]}
 
 
 # ---- RequestOutput -> Completion --------------------------------------------------------------
@@ -211,81 +213,6 @@ def test_model_size_reads_a_local_folder(tmp_path):
     assert model_size("meta-llama/Llama-3.2-1B-Instruct") is None  # a hub id: unknown until downloaded
 
 
-# ---- the adapter's flow, over a stand-in tensorrt_llm module --------------------------------------
-
-
-class StandInLLM:
-    """Records what the adapter asks of `tensorrt_llm.LLM` (tensorrt_llm/llmapi/llm.py names)."""
-
-    built: list[dict] = []
-
-    def __init__(self, **kwargs):
-        self.kwargs, self.closed = kwargs, False
-        StandInLLM.built.append(kwargs)
-
-    def generate_async(self, prompt, sampling_params):
-        if len(prompt) > 200:
-            raise ValueError("prompt length exceeds max_seq_len")
-        n = sampling_params.kwargs["max_tokens"]
-        text = prompt.upper() if isinstance(prompt, str) else " ".join(map(str, prompt))
-        out = request_output(range(n), decoding_iter=n if self.kwargs.get("speculative_config") is None else (n + 1) // 2,
-                             text=text)
-        return types.SimpleNamespace(result=lambda: out)
-
-    def get_stats(self, timeout):
-        return [iteration(1, 8, 4, 2)]
-
-    def shutdown(self):
-        self.closed = True
-
-
-@pytest.fixture
-def stand_in_trtllm(monkeypatch):
-    record = lambda name: type(name, (), {"__init__": lambda self, **kw: setattr(self, "kwargs", kw)})
-    llmapi = types.ModuleType("tensorrt_llm.llmapi")
-    for name in ("NGramDecodingConfig", "DraftTargetDecodingConfig", "Eagle3DecodingConfig", "KvCacheConfig", "CudaGraphConfig"):
-        setattr(llmapi, name, record(name))
-    module = types.ModuleType("tensorrt_llm")
-    module.LLM, module.SamplingParams, module.llmapi = StandInLLM, record("SamplingParams"), llmapi
-    monkeypatch.setitem(sys.modules, "tensorrt_llm", module)
-    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
-    StandInLLM.built = []
-    return module
-
-
-def test_adapter_flow_over_a_stand_in_library(stand_in_trtllm):
-    engine = TrtllmEngine("meta-llama/Llama-3.1-8B-Instruct")
-    assert isinstance(engine, Engine)
-    requests = [Request("a", prompt="short", params=SamplingParams(max_tokens=9)),
-                Request("b", prompt="x" * 250, params=SamplingParams(max_tokens=9)),
-                Request("c", prompt="", params=SamplingParams(max_tokens=9)),
-                Request("d", prompt_token_ids=(1, 2, 3), params=SamplingParams(max_tokens=9))]
-    ngram = spec_of("ngram.yaml")
-    result = engine.generate(requests, ngram, batch_size=4)
-    assert [c.id for c in result.completions] == ["a", "b", "c", "d"]
-    good, too_long, empty, tokens = result.completions
-    assert tokens.error is None and tokens.output_tokens == 9
-    assert (good.text, good.output_tokens, good.target_steps, good.accepted_tokens) == ("SHORT", 9, 4, 4)
-    assert too_long.finish_reason == "error" and "exceeds max_seq_len" in too_long.error
-    assert empty.finish_reason == "error" and "empty prompt" in empty.error
-    assert engine.last_iteration_stats.acceptance_rate == 0.5
-    built = StandInLLM.built[0]
-    assert type(built["speculative_config"]).__name__ == "NGramDecodingConfig"
-    assert built["speculative_config"].kwargs["max_draft_len"] == 4
-    assert type(built["kv_cache_config"]).__name__ == "KvCacheConfig" and built["enable_iter_perf_stats"] is True
-
-    engine.generate(requests[:1], ngram, batch_size=4)  # cached: no second build
-    plain = engine.generate(requests[:1], NO_SPEC, batch_size=4)  # another arm: another LLM
-    assert (plain.completions[0].error, plain.completions[0].accepted_tokens, plain.completions[0].target_steps) == (None, 0, 8)
-    assert "speculative_config" not in StandInLLM.built[1]
-    assert len(StandInLLM.built) == 2 and [b.label for b in engine.builds] == ["ngram:k=4", "none"]
-    assert engine.build_seconds(ngram) >= 0.0
-    engine.check(spec_of("eagle3.yaml"))  # every method runs here: no error
-    llms = [built.llm for built in engine._cache.values()]
-    engine.close()
-    assert len(llms) == 2 and all(llm.closed for llm in llms)
-
-
 # ---- the GPU smoke check -----------------------------------------------------------------------
 
 
@@ -297,13 +224,18 @@ def test_gpu_check_exits_2_with_one_line_without_tensorrt_llm():
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("gpu_check: engine trtllm needs tensorrt_llm")
 
 
-def test_gpu_check_flow_over_the_stand_in(stand_in_trtllm, capsys):
+def test_gpu_check_flow_over_the_stand_in(monkeypatch, capsys):
+    from tests.engine.trtllm import fake_tensorrt_llm
+
+    fake_tensorrt_llm.install(monkeypatch)
     sys.path.insert(0, str(ROOT / "jobs"))
     try:
         import gpu_check
     finally:
         sys.path.remove(str(ROOT / "jobs"))
-    assert gpu_check.main(["--config", str(CONFIGS / "ngram.yaml"), "--config", str(CONFIGS / "none.yaml"), "--max-tokens", "8"]) == 0
+    configs = [str(CONFIGS / n) for n in ("ngram.yaml", "eagle3.yaml", "none.yaml")]
+    assert gpu_check.main([arg for c in configs for arg in ("--config", c)] + ["--max-tokens", "24"]) == 0
     out = capsys.readouterr().out
-    assert "ngram.yaml: ngram:k=4 OK acceptance=0.50 mean_accepted_len=3.00" in out
+    assert "ngram.yaml: ngram:k=4 OK acceptance=" in out and "eagle3.yaml: eagle3:k=3 OK" in out
     assert "none.yaml: no speculation" in out
+    assert fake_tensorrt_llm.state().max_live == 1

@@ -177,7 +177,8 @@ def _mix(*xs: int) -> int:
 
 
 def logits(context: list[int]) -> list[float]:
-    """Target scores over ALPHABET + [EOS] after `context` (depends on its last two tokens)."""
+    """Target scores over ALPHABET + [EOS] after `context` (depends on its last two tokens). The
+    toy model never ends before its first output token (callers pass allow_eos=False there)."""
     a, b = (context[-2], context[-1]) if len(context) >= 2 else (0, context[-1] if context else 0)
     base = _mix(a, b)
     scores = [(_mix(base, j) % 1000) / 250.0 for j in range(len(ALPHABET))]
@@ -185,14 +186,18 @@ def logits(context: list[int]) -> list[float]:
     return scores
 
 
-def greedy(context: list[int]) -> int:
+def greedy(context: list[int], allow_eos: bool = True) -> int:
     s = logits(context)
+    if not allow_eos:
+        s[-1] = -1e9
     j = max(range(len(s)), key=lambda i: (s[i], -i))
     return EOS if j == len(ALPHABET) else ALPHABET[j]
 
 
-def sample(context: list[int], temperature: float, top_p: float, rng: random.Random) -> int:
+def sample(context: list[int], temperature: float, top_p: float, rng: random.Random, allow_eos: bool = True) -> int:
     s = logits(context)
+    if not allow_eos:
+        s[-1] = -1e9
     m = max(s)
     w = [math.exp((x - m) / temperature) for x in s]
     total = sum(w)

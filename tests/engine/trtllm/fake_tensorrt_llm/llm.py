@@ -193,10 +193,10 @@ class LLM:
         return spec is not None and spec.one_model and not spec.allow_advanced_sampling
 
     def _next_token(self, req: _Req, context: list[int]) -> int:
-        p = req.params
+        p, first = req.params, not req.out
         if p.greedy or self._forced_greedy():
-            return _sim.greedy(context)
-        return _sim.sample(context, float(p.temperature), p.top_p if p.top_p is not None else 1.0, req.rng)
+            return _sim.greedy(context, allow_eos=not first)
+        return _sim.sample(context, float(p.temperature), p.top_p if p.top_p is not None else 1.0, req.rng, allow_eos=not first)
 
     def _proposal(self, req: _Req) -> list[int]:
         spec, history = self._spec, req.prompt_ids + req.out
