@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from batchspec.config.kit import (
     describe,
@@ -50,15 +50,19 @@ from batchspec.config.kit import (
 from batchspec.engine.base import SpecConfig, freeze
 from batchspec.engine.trtllm.translate import (
     DECODING_TYPES,
+    LLM_ARGS,
+    LLM_ARGS_REFUSED,
     NGRAM_SIZE_DEFAULT,
     SPEC_KEYS,
     SPEC_PREFIX,
+    TRTLLM_RELEASE,
+    llm_options,
 )
 from batchspec.errors import ConfigError
 
 # Fields lifted into SpecConfig's own attributes; everything else goes to SpecConfig.options.
 _LIFTED = ("decoding_type", "max_draft_len", "speculative_model", "speculative_model_dir",
-           "max_matching_ngram_size")
+           "max_matching_ngram_size", "num_nextn_predict_layers")
 
 
 
@@ -75,13 +79,22 @@ class SpecFile:
 # TensorRT-LLM option files
 
 # Top-level LLM arguments batchspec reads or that commonly go wrong, with their checks.
-_TOP_INTS = {"max_batch_size": 1, "max_num_tokens": 1, "max_seq_len": 1, "max_input_len": 1,
-             "tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+_TOP_INTS = {"max_batch_size": 1, "max_num_tokens": 1, "max_seq_len": 1, "max_input_len": 1, "max_stats_len": 1}
 _TOP_BOOLS = ("disable_overlap_scheduler", "enable_iter_perf_stats", "enable_chunked_prefill",
               "trust_remote_code", "enable_attention_dp", "print_iter_log")
 
 
-def _check_llm_options(path: str, options: dict) -> None:
+def check_llm_options(path: str, options: dict) -> None:
+    """Top-level LLM arguments of an option file (or a pipeline's llm_options), TensorRT-LLM 1.2."""
+    for key in options:
+        if key in LLM_ARGS_REFUSED:
+            raise ConfigError(f"{path}: {key}: {LLM_ARGS_REFUSED[key]}")
+        if key not in LLM_ARGS:
+            raise ConfigError(
+                f"{path}: {key}: not a TensorRT-LLM {TRTLLM_RELEASE} LLM argument batchspec passes on (known: {', '.join(sorted(LLM_ARGS))})"
+            )
+    if "dtype" in options and options["dtype"] not in ("auto", "float16", "bfloat16", "float32"):
+        raise ConfigError(f"{path}: dtype: expected auto, float16, bfloat16 or float32, got {describe(options['dtype'])}")
     for key, minimum in _TOP_INTS.items():
         if key in options:
             need_int(path, key, options[key], minimum)
@@ -112,6 +125,9 @@ def _check_llm_options(path: str, options: dict) -> None:
 
 
 def _check_schedule(path: str, schedule: Any, draft_len: int) -> None:
+    """TensorRT-LLM 1.2's rules (llm_args.py DecodingBaseConfig.validate_draft_len_schedule_and_sort):
+    batch-size thresholds >= 1, draft lengths >= 0 (0 turns speculation off), batch size 1 present
+    and mapped to max_draft_len, no length above max_draft_len."""
     key = SPEC_PREFIX + "draft_len_schedule"
     need_mapping(path, key, schedule)
     if not schedule:
@@ -122,9 +138,9 @@ def _check_schedule(path: str, schedule: Any, draft_len: int) -> None:
         need_int(path, f"{key}[{batch}]", k, 0)
         if k > draft_len:
             raise ConfigError(f"{path}: {key}[{batch}]: expected a draft length <= max_draft_len {draft_len}, got {k}")
-    smallest = min(schedule)
-    if schedule[smallest] != draft_len:
-        raise ConfigError(f"{path}: {key}[{smallest}]: expected max_draft_len {draft_len} at the smallest batch size, got {schedule[smallest]}")
+    if schedule.get(1) != draft_len:
+        got = "nothing" if 1 not in schedule else schedule[1]
+        raise ConfigError(f"{path}: {key}[1]: expected max_draft_len {draft_len} at batch size 1 (TensorRT-LLM {TRTLLM_RELEASE} requires it), got {got}")
 
 
 def parse_spec_section(path: str, section: Any, *, require_draft: bool = True) -> SpecConfig:
@@ -174,10 +190,18 @@ def parse_spec_section(path: str, section: Any, *, require_draft: bool = True) -
 
 
 def _draft_len(path: str, kind: str, section: dict) -> int:
+    if kind == "MTP" and "num_nextn_predict_layers" in section:
+        # 1.2's MTPDecodingConfig takes its draft length from num_nextn_predict_layers and overwrites
+        # max_draft_len with it (llm_args.py set_max_total_draft_tokens): both must agree.
+        layers = need_int(path, SPEC_PREFIX + "num_nextn_predict_layers", section["num_nextn_predict_layers"], 1)
+        if "max_draft_len" in section and section["max_draft_len"] != layers:
+            raise ConfigError(
+                f"{path}: speculative_config.max_draft_len: MTP runs num_nextn_predict_layers ({layers}) drafts per step in "
+                f"TensorRT-LLM {TRTLLM_RELEASE}; expected max_draft_len {layers} or no max_draft_len, got {describe(section['max_draft_len'])}"
+            )
+        return layers
     if "max_draft_len" in section:
         return need_int(path, SPEC_PREFIX + "max_draft_len", section["max_draft_len"], 1)
-    if kind == "MTP" and "num_nextn_predict_layers" in section:  # MTP's older spelling of the length
-        return need_int(path, SPEC_PREFIX + "num_nextn_predict_layers", section["num_nextn_predict_layers"], 1)
     raise ConfigError(f"{path}: speculative_config.max_draft_len: expected an integer >= 1, got nothing (the key is required)")
 
 
@@ -196,7 +220,7 @@ def _parse_options_file(path: str, data: Any, *, require_draft: bool) -> SpecFil
     if is_candidates_file(data):
         raise ConfigError(f"{path}: this is a candidates file; expected a TensorRT-LLM option file here")
     llm_options = {k: v for k, v in data.items() if k != "speculative_config"}
-    _check_llm_options(path, llm_options)
+    check_llm_options(path, llm_options)
     section = data.get("speculative_config")
     if section is None:
         spec = SpecConfig(options=_llm_option_pairs(llm_options), source=path)
@@ -223,3 +247,34 @@ def load_spec_file(path: str | os.PathLike, *, draft_model: str | None = None) -
 
 def is_candidates_file(data: Any) -> bool:
     return isinstance(data, dict) and "candidates" in data
+
+
+def run_llm_options(base: dict[str, Any], arms: Sequence[SpecConfig], *, where: str = "run") -> dict[str, Any]:
+    """The non-speculative LLM options every arm of a TensorRT-LLM run is built with, "none"
+    included: `base` (the run's own, for example the pipeline's `llm_options`) plus each arm file's
+    top-level options (mappings such as kv_cache_config merged key by key). Two sources that set
+    one key to different values are refused with both named: arms built differently would not be
+    compared like for like."""
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    sources = [(where, dict(base))] + [(arm.source or "spec", llm_options(arm)) for arm in arms]
+    for source, options in sources:
+        for key, value in options.items():
+            flat = {f"{key}.{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value}
+            for name, v in flat.items():
+                if name in origin and _get(merged, name) != v:
+                    raise ConfigError(
+                        f"{source}: {name}: {describe(v)} differs from {describe(_get(merged, name))} in {origin[name]}; "
+                        "every arm of a run is built with the same LLM options (like for like with none): make them agree"
+                    )
+                origin.setdefault(name, source)
+            if isinstance(value, dict):
+                merged.setdefault(key, {}).update(value)
+            else:
+                merged[key] = value
+    return merged
+
+
+def _get(options: dict[str, Any], name: str) -> Any:
+    key, _, sub = name.partition(".")
+    return options.get(key, {}).get(sub) if sub else options.get(key)

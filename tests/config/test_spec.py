@@ -101,7 +101,7 @@ def test_bad_yaml_names_file_and_line(tmp_path):
         ("decoding_type: NGram\n  max_draft_len: 4\n  max_matching_ngram_size: 0", "speculative_config.max_matching_ngram_size", "expected an integer >= 1, got 0"),
         ("decoding_type: NGram\n  max_draft_len: 4\n  is_keep_all: 'yes'", "speculative_config.is_keep_all", "expected true or false"),
         ("decoding_type: DraftTarget\n  max_draft_len: 4\n  speculative_model: a\n  speculative_model_dir: b", "speculative_config.speculative_model", "not both"),
-        ("decoding_type: NGram\n  max_draft_len: 4\n  draft_len_schedule: {1: 3, 8: 2}", "speculative_config.draft_len_schedule[1]", "expected max_draft_len 4 at the smallest batch size, got 3"),
+        ("decoding_type: NGram\n  max_draft_len: 4\n  draft_len_schedule: {1: 3, 8: 2}", "speculative_config.draft_len_schedule[1]", "expected max_draft_len 4 at batch size 1 (TensorRT-LLM 1.2 requires it), got 3"),
     ],
 )
 def test_broken_speculative_config_names_the_key(tmp_path, body, key, expectation):
