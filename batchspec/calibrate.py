@@ -53,6 +53,7 @@ class CalibrationSettings:
     confirm: bool = True  # measure the predicted best draft length
     drift_ratio: float = 0.5  # fall back to "none" when acceptance drops below this x calibrated
     drift_chunk: int = 0  # rows per drift check; 0 = four times the batch size
+    max_builds_per_worker: int = 6  # engines whose arms are builds (TensorRT-LLM): builds calibration may cause per worker
 
     def sample_rows(self, batch_size: int) -> int:
         return self.sample_size or min(64, max(8, 2 * batch_size))
@@ -327,3 +328,56 @@ def _probe(cands: list[SpecConfig]) -> SpecConfig:
 def _split(items: list, parts: int) -> list[list]:
     parts = max(1, min(parts, len(items)))
     return [items[i::parts] for i in range(parts)] if items else [[]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Engines whose arms are builds (TensorRT-LLM): DESIGN.md "Calibration" item 5. Kept apart from
+# the calibration rule above: these only decide which arms a worker can afford to build and
+# account for what the builds cost.
+
+
+def arms_are_builds(engine: Engine) -> bool:
+    """True for engines where switching arms builds a new model instance (one live per worker)."""
+    return bool(getattr(engine, "arms_are_builds", False))
+
+
+def plan_builds(engine: Engine, arms: Sequence[SpecConfig], settings: CalibrationSettings) -> tuple[list[SpecConfig], CalibrationSettings, str]:
+    """The arms a build engine calibrates, the settings it calibrates with, and a note.
+
+    Each arm measured is one build (model load, CUDA-graph capture), and so is every return to
+    "none": so one round (none, then one probe per method), no confirmation runs (each would be
+    another build), and at most `max_builds_per_worker` builds over the worker's life. Arms that
+    do not fit in what is left are dropped, last methods first, and the note says so."""
+    one_round = replace(settings, rounds=1, confirm=False)
+    left = settings.max_builds_per_worker - len(getattr(engine, "builds", ()))
+    probes = [_probe([a for a in arms if a.method == m]) for m in dict.fromkeys(a.method for a in arms)]
+    affordable = max(0, left - 1)  # "none" is built too
+    kept = probes[:affordable]
+    note = ""
+    if len(kept) < len(probes):
+        dropped = ", ".join(a.label for a in probes[len(kept):])
+        note = f"build cap: {len(getattr(engine, 'builds', ()))} of max_builds_per_worker {settings.max_builds_per_worker} builds used on this worker; not calibrated: {dropped}"
+    return kept, one_round, note
+
+
+@dataclass(frozen=True)
+class BuildCost:
+    """Builds made while a shard ran, and their seconds (calibration cost on a build engine)."""
+
+    builds: int = 0
+    seconds: float = 0.0
+
+
+def build_cost(engine: Engine, since: int) -> BuildCost:
+    """The builds `engine` made after its first `since` (engine.builds records, seconds each)."""
+    records = list(getattr(engine, "builds", ()))[since:]
+    return BuildCost(len(records), sum(r.seconds for r in records))
+
+
+def speculation_unmeasured(decision: Decision) -> str | None:
+    """Why no speculative arm could be measured in a calibration that tried some (None when one
+    was measured, or none was tried): the run must say so loudly, not look like "none paid"."""
+    tried = [a for a in decision.arms if a.method != "none"]
+    if decision.source != "calibrated" or not tried or any(a.measured and not a.error for a in tried):
+        return None
+    return "; ".join(f"{a.label}: {a.error or 'not measured'}" for a in tried)[:500]

@@ -29,7 +29,7 @@ from itertools import groupby
 from typing import Protocol
 
 from batchspec.calibrate import CalibrationSettings, Decision, calibrate
-from batchspec.config.run import RunConfig
+from batchspec.config.run import RunConfig, check_engine_options
 from batchspec.engine.base import NO_SPEC
 from batchspec.engine.factory import create_engine
 from batchspec.errors import InputError, OutputError
@@ -63,6 +63,11 @@ class RunSummary:
     baseline_tokens_per_s: float | None
     speedup: float | None
     complete: bool
+    # shards whose calibration could not measure any speculative arm (every arm failed), and why
+    speculation_unmeasured: int = 0
+    speculation_reason: str | None = None
+    builds: int = 0  # engine builds over the run (TensorRT-LLM: one per arm switched to)
+    build_s: float = 0.0
 
 
 def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: type[ShardWorker] = ShardWorker) -> RunSummary:
@@ -70,7 +75,9 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
     run_date = config.run_date or dt.datetime.now(dt.timezone.utc).date()
     opts = dict(config.storage_options)
     check_engine(config.engine)
+    check_engine_options(config, config.pipeline or "run")
     arms, calibrate = resolve_arms(config)
+    llm_options = run_llm_options(config, arms)
     output = Output(resolve_template(config.output, run_date), tuple(opts.items()))
     output.check_writable()
 
@@ -88,7 +95,7 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
         engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
         device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
         calibration=config.calibration, defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed),
-        worker=config.worker,
+        worker=config.worker, llm_options=tuple(llm_options.items()),
     )
     work_started = time.perf_counter()
     report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls) if todo else None
@@ -107,6 +114,15 @@ def check_engine(engine: str) -> None:
         from batchspec.engine.trtllm.adapter import require_trtllm
 
         require_trtllm()
+
+
+def run_llm_options(config: RunConfig, arms) -> dict:
+    """trtllm: the LLM options every arm is built with, "none" included (like for like)."""
+    if config.engine != "trtllm":
+        return {}
+    from batchspec.config.spec import run_llm_options as merge
+
+    return merge(dict(config.llm_options), [a for a in arms if a.method != "none"], where=f"{config.pipeline or 'run'}: llm_options")
 
 
 def resolve_arms(config: RunConfig) -> tuple[tuple, bool]:
@@ -174,6 +190,7 @@ def summarize(url: str, plan: Plan, stats: list[dict], report, skipped: int, wor
     base_s = sum(s["decode_s"] * s["speedup"] for s in timed)  # what plain decoding would have taken
     decode_s = sum(s["decode_s"] for s in timed)
     timed_tokens = sum(s["tokens_per_s"] * s["decode_s"] for s in timed)
+    unmeasured = [s for s in stats if s.get("speculation_unmeasured")]
     return RunSummary(
         output=url,
         rows=rows,
@@ -188,6 +205,10 @@ def summarize(url: str, plan: Plan, stats: list[dict], report, skipped: int, wor
         baseline_tokens_per_s=timed_tokens / base_s if base_s else None,
         speedup=base_s / decode_s if decode_s else None,
         complete=rows == plan.rows and len(stats) == len(plan.shards),
+        speculation_unmeasured=len(unmeasured),
+        speculation_reason=f"{unmeasured[0]['shard_id']}: {unmeasured[0]['speculation_unmeasured']}" if unmeasured else None,
+        builds=sum(int(s.get("builds") or 0) for s in stats),
+        build_s=sum(float(s.get("build_s") or 0.0) for s in stats),
     )
 
 
@@ -237,6 +258,7 @@ class KeyCalibration:
 
 def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
     check_engine(config.engine)
+    check_engine_options(config, config.pipeline or "run")
     arms, _ = resolve_arms(config)
     storage = dict(config.storage_options)
     source = open_input(config.input, storage, config.shard_by)
@@ -244,7 +266,8 @@ def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
     defaults = RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed)
     order = sorted(range(len(keys.ids)), key=lambda i: (keys.keys[i] is None, keys.keys[i] or ""))
     groups = [(key, list(rows)) for key, rows in groupby(order, key=lambda i: keys.keys[i])]
-    engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device)
+    engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
+                           llm_options=run_llm_options(config, arms))
     settings = CalibrationSettings(**dict(config.calibration))
     results = []
     try:

@@ -11,10 +11,19 @@ This module knows nothing about Parquet, storage or Ray; the pipeline's workers 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
-from batchspec.calibrate import CalibrationSettings, Decision, calibrate, fixed_decision
+from batchspec.calibrate import (
+    CalibrationSettings,
+    Decision,
+    arms_are_builds,
+    build_cost,
+    calibrate,
+    fixed_decision,
+    plan_builds,
+    speculation_unmeasured,
+)
 from batchspec.engine.base import (
     NO_SPEC,
     Completion,
@@ -54,14 +63,38 @@ def decide(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibr
             return prior.reused_by(shard.shard_id)
         return Decision(NO_SPEC, source="too_small",
                         reason=f"shard has {len(shard.requests)} rows (< {settings.min_rows}) and no earlier decision for its key; ran none")
+    if arms_are_builds(engine):
+        return _decide_by_builds(engine, shard, spec_arms, batch_size, settings, prior)
     return calibrate(engine, shard.requests, spec_arms, batch_size, settings, shard_id=shard.shard_id)
+
+
+def _decide_by_builds(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], batch_size: int,
+                      settings: CalibrationSettings, prior: Decision | None) -> Decision:
+    """Engines whose arms are builds (TensorRT-LLM): a key is calibrated once and later shards of
+    it reuse the decision (under the drift watch), so its builds are paid once and amortized over
+    the key's shards; calibration builds each arm once (batchspec.calibrate.plan_builds), within
+    the worker's build cap."""
+    if prior is not None and prior.source in ("calibrated", "reused"):
+        return replace(prior.reused_by(shard.shard_id), reason=f"arms are builds: reused the decision of {prior.shard_id}")
+    kept, one_round, note = plan_builds(engine, arms, settings)
+    if not kept:
+        return Decision(NO_SPEC, source="capped", reason=note or "no arm could be built", shard_id=shard.shard_id)
+    clock = getattr(engine, "clock", time.perf_counter)
+    decision = calibrate(engine, shard.requests, kept, batch_size, one_round, shard_id=shard.shard_id, clock=clock)
+    if note:
+        decision.reason += f"; {note}"
+    return decision
 
 
 def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibrate: bool, batch_size: int,
               settings: CalibrationSettings = CalibrationSettings(), prior: Decision | None = None) -> ShardResult:
-    start = time.perf_counter()
+    clock = getattr(engine, "clock", time.perf_counter)  # an engine that times itself (and its builds)
+    start = clock()
+    builds_before = len(getattr(engine, "builds", ()))
     decision = decide(engine, shard, arms, calibrate, batch_size, settings, prior)
-    completions, row_specs, timing, fallback_row = generate_watching(engine, shard.requests, decision, batch_size, settings)
+    caveats: dict[str, str] = {}
+    completions, row_specs, timing, fallback_row = generate_watching(engine, shard.requests, decision, batch_size, settings, caveats)
+    builds = build_cost(engine, builds_before)
     result = GenerateResult(completions, timing)
     kept = sum(r.id in decision.finished for r in shard.requests)
     generated = GenerateResult([c for c in completions if c.id not in decision.finished], timing)
@@ -82,8 +115,8 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         target_steps=result.target_steps,
         decode_s=timing.decode_s,
         prefill_s=timing.prefill_s,
-        draft_s=timing.draft_s,
-        verify_s=timing.verify_s,
+        draft_s=None if "draft_s" in caveats else timing.draft_s,  # not measured: no split claimed
+        verify_s=None if "draft_s" in caveats else timing.verify_s,
         other_s=timing.other_s,
         tokens_per_s=tokens_per_s,
         wall_tokens_per_s=generated.output_tokens / timing.wall_s if timing.wall_s > 0 else 0.0,
@@ -96,12 +129,16 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         decision_source=decision.source,
         decision_reason=decision.reason,
         drift_fallback_row=fallback_row,
-        wall_s=time.perf_counter() - start,
+        wall_s=clock() - start,
         engine=engine.name,
         model=engine.model_name,
         draft_model=spec.draft_model,
         batch_size=batch_size,
         candidates=[a.to_struct() for a in decision.arms],
+        builds=builds.builds,
+        build_s=builds.seconds,
+        speculation_unmeasured=speculation_unmeasured(decision),
+        caveats="; ".join(f"{k}: {v}" for k, v in sorted(caveats.items())) or None,
     )
     return ShardResult(completions, row_specs, stats, decision)
 
@@ -116,26 +153,30 @@ def _measured_speedup(decision: Decision) -> float | None:
 
 
 def generate_watching(engine: Engine, requests: Sequence[Request], decision: Decision, batch_size: int,
-                      settings: CalibrationSettings) -> tuple[list[Completion], list[SpecConfig], Timing, int | None]:
+                      settings: CalibrationSettings, caveats: dict[str, str] | None = None,
+                      ) -> tuple[list[Completion], list[SpecConfig], Timing, int | None]:
     """Generate under the decision, in chunks when speculating, falling back on drift.
 
     Rows that calibration already generated to their end under the chosen arm are kept as they
-    are (their time was counted as calibration); only the rest are generated here."""
+    are (their time was counted as calibration); only the rest are generated here. The engine's
+    caveats (figures it estimated or did not measure) are gathered into `caveats`."""
+    caveats = {} if caveats is None else caveats
     spec = decision.chosen
     todo = [r for r in requests if r.id not in decision.finished]
     calibrated = decision.chosen_arm.acceptance_rate if decision.chosen_arm else None
     if spec.method == "none" or calibrated is None:
         result = engine.generate(todo, spec, batch_size)
+        caveats.update(result.caveats)
         done, specs, timing, fallback_row = result.completions, [spec] * len(todo), result.timing, None
     else:
-        done, specs, timing, fallback_row = _watch(engine, todo, spec, calibrated, batch_size, settings)
+        done, specs, timing, fallback_row = _watch(engine, todo, spec, calibrated, batch_size, settings, caveats)
     by_id = {c.id: (c, s) for c, s in zip(done, specs)}
     merged = [by_id.get(r.id) or decision.finished[r.id] for r in requests]
     return [c for c, _ in merged], [s for _, s in merged], timing, fallback_row
 
 
 def _watch(engine: Engine, requests: Sequence[Request], spec: SpecConfig, calibrated: float, batch_size: int,
-           settings: CalibrationSettings) -> tuple[list[Completion], list[SpecConfig], Timing, int | None]:
+           settings: CalibrationSettings, caveats: dict[str, str]) -> tuple[list[Completion], list[SpecConfig], Timing, int | None]:
     chunk = settings.drift_chunk or max(8 * batch_size, 64)
     completions: list[Completion] = []
     specs: list[SpecConfig] = []
@@ -144,6 +185,7 @@ def _watch(engine: Engine, requests: Sequence[Request], spec: SpecConfig, calibr
     for begin in range(0, len(requests), chunk):
         part = requests[begin : begin + chunk]
         result = engine.generate(part, spec, batch_size)
+        caveats.update(result.caveats)
         completions += result.completions
         specs += [spec] * len(part)
         timing = timing + result.timing

@@ -48,6 +48,7 @@ STATS_FIELDS = tuple(pa.field(name, kind) for name, kind in [
     ("calibration_overhead_s", F64),
     ("decision_source", STR),
     ("decision_reason", STR), ("drift_fallback_row", I64), ("attempts", I64), ("note", STR),
+    ("builds", I64), ("build_s", F64), ("speculation_unmeasured", STR), ("caveats", STR),
 ])
 STATS_SCHEMA = pa.schema(STATS_FIELDS)
 
@@ -140,8 +141,8 @@ class ShardStats:
     target_steps: int
     decode_s: float
     prefill_s: float
-    draft_s: float
-    verify_s: float
+    draft_s: float | None  # None: not measured (see caveats)
+    verify_s: float | None
     other_s: float
     tokens_per_s: float  # committed tokens per decode second (the calibration goodput measure),
     # over the rows generated after calibration (kept calibration rows were timed there)
@@ -161,6 +162,10 @@ class ShardStats:
     draft_model: str | None
     batch_size: int
     candidates: list[dict] = field(default_factory=list)
+    builds: int = 0  # engine builds while this shard ran (TensorRT-LLM: one per arm switched to)
+    build_s: float = 0.0  # their seconds, part of calibration_s when calibration caused them
+    speculation_unmeasured: str | None = None  # why no speculative arm could be measured, if none could
+    caveats: str | None = None  # figures that are estimates or were not measured, and why
 
     def to_row(self) -> dict:
         return asdict(self)

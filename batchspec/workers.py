@@ -61,6 +61,7 @@ class WorkerJob:
     calibration: tuple[tuple[str, Any], ...]
     defaults: RowDefaults
     worker: WorkerConfig
+    llm_options: tuple[tuple[str, Any], ...] = ()  # trtllm: what every arm is built with
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,8 @@ class ShardWorker:
         draft = self.job.draft_model
         if draft and self.job.engine == "torch":
             draft = str(resolve_model(draft, storage_options=opts))
-        self.engine = create_engine(self.job.engine, model, draft_model=draft, dtype=self.job.dtype, device=self.job.device)
+        self.engine = create_engine(self.job.engine, model, draft_model=draft, dtype=self.job.dtype, device=self.job.device,
+                                    llm_options=dict(self.job.llm_options))
         return self.engine.model_name
 
     def process(self, task: ShardTask) -> ShardOutcome:

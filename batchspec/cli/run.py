@@ -42,6 +42,12 @@ def command(input: str, output: str, pipeline: str | None, run_date: str | None,
     _print_summary(summary)
     if not summary.complete:
         raise click.ClickException(f"{summary.rows} output rows for a plan of more rows; rerun to resume")
+    if summary.speculation_unmeasured:
+        line = (f"speculation could not be measured in {summary.speculation_unmeasured} of {summary.shards} shard(s), "
+                f"which ran without it (first {summary.speculation_reason})")
+        if config.strict_speculation:
+            raise click.ClickException(line + "; outputs are complete; strict_speculation: false accepts this")
+        click.echo(f"warning: {line}", err=True)
 
 
 def _date(value: str | None) -> dt.date | None:
@@ -103,6 +109,8 @@ def _print_summary(s) -> None:
         ("baseline tokens/s", base),
         ("speedup vs baseline", speedup),
         ("wall", f"{s.wall_s:.1f} s"),
+        *([("engine builds", f"{s.builds} ({s.build_s:.0f} s, {s.build_s / s.wall_s:.0%} of wall)")] if s.builds and s.wall_s else []),
+        *([("speculation", f"NOT MEASURED in {s.speculation_unmeasured} shard(s): {s.speculation_reason}")] if s.speculation_unmeasured else []),
     ]:
         table.add_row(name, value)
     Console(file=sys.stderr).print(table)

@@ -75,10 +75,17 @@ class RunConfig:
     worker: WorkerConfig = WorkerConfig()
     calibration: tuple[tuple[str, Any], ...] = ()
     storage_options: tuple[tuple[str, Any], ...] = ()
+    # trtllm: TensorRT-LLM LLM arguments every arm of the run is built with (merged with the arms'
+    # option files by batchspec.config.spec.run_llm_options; "none" gets them too).
+    llm_options: tuple[tuple[str, Any], ...] = ()
+    # Exit non-zero when calibration could not measure any speculative arm in some shard (every
+    # arm failed): the outputs are complete, but speculation never ran. True in GPU pipelines.
+    strict_speculation: bool = False
 
     def to_doc(self) -> dict:
         doc = dataclasses.asdict(self)
         doc["calibration"] = dict(self.calibration)
+        doc["llm_options"] = dict(self.llm_options)
         doc["storage_options"] = {k: "***" if _secret(k) else v for k, v in self.storage_options}
         return doc
 
@@ -181,6 +188,8 @@ FIELDS: dict[str, tuple[str, Any]] = {
     "ray_num_cpus": ("an integer or null", _opt_int),
     "calibration": ("a mapping of calibration settings", _mapping),
     "storage_options": ("a mapping of fsspec options", _mapping),
+    "llm_options": ("a mapping of TensorRT-LLM LLM arguments", _mapping),
+    "strict_speculation": ("true or false", _bool),
 }
 WORKER_FIELDS: dict[str, tuple[str, Any]] = {
     "num_cpus": ("a number >= 0", _nonneg_float),
@@ -267,6 +276,7 @@ def build_config(input: str, output: str, pipeline: str | None = None, **options
         values["ray_address"] = os.environ["RAY_ADDRESS"]
     config = RunConfig(input=input, output=output, pipeline=source, worker=worker, **values)
     _check_calibration(config, source)
+    check_engine_options(config, source)
     return config
 
 
@@ -279,9 +289,25 @@ def _check_calibration(config: RunConfig, source: str) -> None:
     except ImportError:
         return
     names = {f.name for f in dataclasses.fields(CalibrationSettings)}
-    for key, _ in config.calibration:
+    for key, value in config.calibration:
         if key not in names:
             raise ConfigError(f"{source}: calibration.{key}: unknown key; expected one of {', '.join(sorted(names))}")
+        if key == "max_builds_per_worker" and (isinstance(value, bool) or not isinstance(value, int) or value < 2):
+            raise ConfigError(f"{source}: calibration.max_builds_per_worker: expected an integer >= 2 (none and one arm), got {value!r}")
+
+
+def check_engine_options(config: RunConfig, source: str) -> None:
+    """What only one engine takes: llm_options and a GPU for trtllm (one line naming the key)."""
+    if config.engine != "trtllm":
+        if config.llm_options:
+            raise ConfigError(f"{source}: llm_options: TensorRT-LLM arguments need engine trtllm, got engine {config.engine}")
+        return
+    if config.device not in (None, "cuda"):
+        raise ConfigError(f"{source}: device: the trtllm engine runs on the worker's GPU; expected null or cuda, got {config.device!r}")
+    if config.llm_options:
+        from batchspec.config.spec import check_llm_options
+
+        check_llm_options(f"{source}: llm_options", dict(config.llm_options))
 
 
 def validate_pipeline_file(path: str | os.PathLike) -> str:
@@ -289,9 +315,14 @@ def validate_pipeline_file(path: str | os.PathLike) -> str:
     values = load_pipeline(path)
     config = RunConfig(**{k: v for k, v in values.items()})
     _check_calibration(config, str(path))
+    check_engine_options(config, str(path))
     if config.engine == "trtllm" and config.worker.num_gpus < 1:
         raise ConfigError(f"{path}: worker.num_gpus: expected >= 1 for the trtllm engine, got {config.worker.num_gpus}")
     from batchspec.config.candidates import resolve_spec_arg
 
-    resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)  # the files it names
+    choice = resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)  # the files it names
+    if config.engine == "trtllm":  # every arm must be buildable with one set of LLM options
+        from batchspec.config.spec import run_llm_options
+
+        run_llm_options(dict(config.llm_options), choice.arms, where=f"{path}: llm_options")
     return f"{path}: pipeline, engine {config.engine}, model {config.model}, spec {config.spec}, {config.workers} worker(s)"

@@ -79,6 +79,8 @@ class ShardReport:
     decision_reason: str | None = None
     drift_fallback_row: int | None = None  # row where the shard fell back to "none", if it did
     note: str | None = None
+    speculation_unmeasured: str | None = None  # why no speculative arm could be measured, if none could
+    builds: int = 0  # engine builds while the shard ran (TensorRT-LLM)
 
 
 @dataclass(frozen=True)
@@ -235,6 +237,7 @@ def _shard(row: dict, per_shard: dict[str, dict] | None) -> ShardReport:
         decode_s=float(row.get("decode_s") or 0.0), time_split={p: parts[p] for p in TIME_PARTS},
         arms=arms, decision=row.get("decision_source"), decision_reason=row.get("decision_reason"),
         drift_fallback_row=row.get("drift_fallback_row"), note=row.get("note"),
+        speculation_unmeasured=row.get("speculation_unmeasured"), builds=int(row.get("builds") or 0),
     )
 
 
@@ -284,6 +287,11 @@ def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dic
 
 def _warnings(url: str, shards, planned: int | None, complete: bool, per_shard: dict | None) -> list[str]:
     out = []
+    unmeasured = [s for s in shards if s.speculation_unmeasured]
+    if unmeasured:
+        first = unmeasured[0]
+        out.append(f"speculation could not be measured in {len(unmeasured)} of {len(shards)} shard(s); they ran without "
+                   f"speculation (first {first.shard_id}: {first.speculation_unmeasured})")
     if not complete:
         done = f"{len(shards)} of {planned}" if planned is not None else str(len(shards))
         out.append(f"run not finished: no _SUCCESS; {done} shards committed (rerun `batchspec run` to resume)")
