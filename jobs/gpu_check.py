@@ -1,4 +1,4 @@
-"""GPU smoke check for the TensorRT-LLM engine: run it on your own GPU node.
+"""GPU smoke check for the TensorRT-LLM engine (and, with --engine torch, the torch engine).
 
 For each TensorRT-LLM option file (default: trt_configs/*.yaml) this builds the LLM through
 batchspec's adapter (batchspec/engine/trtllm/), generates a few prompts greedily with and
@@ -7,6 +7,10 @@ without that file's speculation, checks that the outputs are equal, and prints a
 
     make gpu-check
     python jobs/gpu_check.py --model meta-llama/Llama-3.1-8B-Instruct [--config trt_configs/ngram.yaml ...]
+    python jobs/gpu_check.py --engine torch [--shape 1b --shape 8b]   # see jobs/gpu_torch_check.py
+
+Every config's LLM is built with the same non-speculative options (--base plus the configs' own,
+merged as a run merges them), one at a time: each is shut down before the next is built.
 
 The shipped configs pair with Llama-3.1-8B-Instruct (eagle3.yaml's head and draft_target.yaml's
 Llama-3.2-1B draft are made for it). Batch size 1 by default: TensorRT-LLM's own tests note that
@@ -26,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "jobs"))
 
 from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SamplingParams  # noqa: E402
 from batchspec.errors import BatchspecError, EngineUnavailable  # noqa: E402
@@ -45,6 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--base", default=str(ROOT / "trt_configs" / "none.yaml"), help="LLM options for the plain run")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--dtype", default="bfloat16", choices=("auto", "bfloat16", "float16", "float32"))
     return parser.parse_args(argv)
 
 
@@ -87,19 +93,36 @@ def check_config(engine, path: str, plain: GenerateResult, args: argparse.Namesp
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--engine" in argv:  # --engine torch: the torch engine's check (needs no TensorRT-LLM)
+        at = argv.index("--engine")
+        engine_name = argv[at + 1] if at + 1 < len(argv) else ""
+        rest = argv[:at] + argv[at + 2:]
+        if engine_name == "torch":
+            import gpu_torch_check
+
+            return gpu_torch_check.main(rest)
+        if engine_name != "trtllm":
+            print(f"gpu_check: --engine: expected torch or trtllm, got {engine_name!r}", file=sys.stderr)
+            return 2
+        argv = rest
     args = parse_args(argv)
+    configs = args.config or sorted(glob.glob(str(ROOT / "trt_configs" / "*.yaml")))
     try:
         from batchspec.config.spec import load_spec_file
         from batchspec.engine.trtllm.adapter import TrtllmEngine
 
-        engine = TrtllmEngine(args.model, load_spec_file(args.base).llm_options)
+        from batchspec.config.spec import run_llm_options
+
+        arms = [load_spec_file(path).spec for path in configs]
+        engine = TrtllmEngine(args.model, run_llm_options(load_spec_file(args.base).llm_options, arms, where=args.base),
+                              dtype=args.dtype)
     except EngineUnavailable as exc:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
     except BatchspecError as exc:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 1
-    configs = args.config or sorted(glob.glob(str(ROOT / "trt_configs" / "*.yaml")))
     ok = True
     try:
         plain = run_arm(engine, NO_SPEC, args.batch_size, args.max_tokens)

@@ -1,0 +1,35 @@
+"""jobs/gpu_check.py --engine torch: prepared for a GPU node; here it must at least run end to end
+on CPU with the tiny shape (and refuse to write CPU figures into bench/results)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "jobs" / "gpu_check.py"), "--engine", "torch", *args],
+                          capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+
+
+def test_torch_check_runs_end_to_end_on_cpu_with_the_tiny_shape(tmp_path):
+    out = tmp_path / "profile.json"
+    done = run("--shape", "tiny", "--device", "cpu", "--out", str(out), "--reps", "1", "--max-tokens", "8", "--context", "32")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    tiny = report["shapes"]["tiny"]
+    assert tiny["check"]["draft_target:k=4"]["equal"] and tiny["check"]["ngram:k=4"]["equal"]
+    assert sorted(tiny["profile"]["ms_by_batch"], key=int) == ["1", "2", "4", "8", "16", "32", "64"]
+    assert all(len(row) == 9 for row in tiny["profile"]["ms_by_batch"].values())
+    assert (tmp_path / "profile.md").read_text().startswith("# torch engine on")
+
+
+def test_cpu_figures_never_land_in_bench_results():
+    done = run("--shape", "tiny", "--device", "cpu")
+    assert done.returncode == 2 and "not GPU figures" in done.stderr
+    done = run("--shape", "tiny", "--device", "cpu", "--out", str(ROOT / "bench" / "results" / "x.json"))
+    assert done.returncode == 2 and not (ROOT / "bench" / "results" / "x.json").exists()
