@@ -126,3 +126,18 @@ def test_the_gpu_job_names_pre_staged_models_only():
     assert len(locations) > 1
     assert all("://" in loc or loc.startswith("/") for loc in locations), locations
     assert pipeline["strict_speculation"] is True
+
+
+def test_a_trtllm_run_gives_every_worker_the_merged_options_and_refuses_a_device():
+    from batchspec.config.run import RunConfig, check_engine_options
+    from batchspec.pipeline import run_llm_options as for_run
+
+    arms = (load_spec_file(str(CONFIGS / "ngram.yaml")).spec,)
+    config = RunConfig(engine="trtllm", llm_options=(("dtype", "bfloat16"),))
+    assert for_run(config, arms) == {"dtype": "bfloat16", "disable_overlap_scheduler": True,
+                                     "kv_cache_config": {"free_gpu_memory_fraction": 0.85}}
+    assert for_run(RunConfig(engine="torch"), arms) == {}
+    with pytest.raises(ConfigError, match="device: the trtllm engine runs on the worker's GPU"):
+        check_engine_options(RunConfig(engine="trtllm", device="cpu"), "p.yaml")
+    with pytest.raises(ConfigError, match="llm_options: device"):
+        check_engine_options(RunConfig(engine="trtllm", llm_options=(("device", "cuda"),)), "p.yaml")
