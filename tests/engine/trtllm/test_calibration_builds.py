@@ -5,6 +5,7 @@ speculative arm could be measured says so (stats, summary, report, exit status).
 
 from __future__ import annotations
 
+import dataclasses
 from importlib.resources import files
 
 from click.testing import CliRunner
@@ -62,9 +63,8 @@ def test_builds_per_run_and_their_cost_share(monkeypatch):
 
 def test_a_run_where_no_arm_could_be_measured_is_loud(monkeypatch, tmp_path):
     st = fake.install(monkeypatch)
-    missing = load_spec_file(str(CONFIGS / "eagle3.yaml")).spec.__class__
     eagle = load_spec_file(str(CONFIGS / "eagle3.yaml")).spec
-    broken = [eagle.with_draft_len(2).__class__(**{**eagle.__dict__, "draft_model": "nowhere/EAGLE3-head", "draft_len": 2})]
+    broken = [dataclasses.replace(eagle, draft_model="nowhere/EAGLE3-head", draft_len=2)]  # a head that cannot load
     engine = TrtllmEngine(TARGET, run_llm_options({}, broken), clock=st.clock)
     stats = run_shard(engine, shard(0, "code"), broken, True, 4, CalibrationSettings(sample_size=8, max_tokens=16, min_rows=4)).stats
     engine.close()
