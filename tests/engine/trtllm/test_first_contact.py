@@ -210,3 +210,22 @@ def test_no_eagle_fallback_and_no_unread_perf_metrics(trt, monkeypatch):
         engine.generate(rows(1), arm("eagle3.yaml"), 1)
     assert "Eagle3DecodingConfig" in str(info.value) and "1.2" in str(info.value) and "\n" not in str(info.value)
     engine.close()
+
+
+def test_a_shard_worker_builds_its_engine_with_the_run_options(trt):
+    # the pipeline's create_engine call (workers.ShardWorker.start) passes the run's LLM options
+    import types
+
+    from batchspec.config.run import WorkerConfig
+    from batchspec.workers import ShardWorker
+
+    options = run_llm_options({"dtype": "bfloat16"}, [arm("ngram.yaml")])
+    job = types.SimpleNamespace(engine="trtllm", model=TARGET, draft_model=None, dtype="bfloat16", device=None,
+                                worker=WorkerConfig(torch_threads=1), output=types.SimpleNamespace(storage_options=()),
+                                llm_options=tuple(options.items()))
+    worker = ShardWorker(job)
+    assert worker.start() == TARGET
+    worker.engine.generate(rows(1), NO_SPEC, 2)  # "none" is built with the run's options too
+    assert trt.built[0].disable_overlap_scheduler is True and trt.built[0].dtype == "bfloat16"
+    assert trt.built[0].kv_cache_config.free_gpu_memory_fraction == 0.85
+    worker.engine.close()
