@@ -44,16 +44,20 @@ from batchspec.stats import ArmResult
 
 @dataclass(frozen=True)
 class CalibrationSettings:
-    sample_size: int = 0  # rows measured per arm; 0 = twice the batch size, within [8, 64]
-    max_tokens: int = 128  # generation cap per row while calibrating: rows that fit are finished (and kept)
-    rounds: int = 2  # interleaving rounds; the sample is split across them
-    margin: float = 0.05  # speculation must beat "none" by this fraction
-    max_fraction: float = 0.10  # calibration budget, as a fraction of the shard's expected time
-    min_rows: int = 16  # smaller shards reuse the last decision of their shard key
+    """The pipeline file's `calibration:` section. Each field declares its range in `metadata`
+    (min / max inclusive, above exclusive); batchspec.config checks every key against the type
+    and range at load, before any worker starts, so a new field needs only its declaration here."""
+
+    sample_size: int = field(default=0, metadata={"min": 0})  # rows measured per arm; 0 = twice the batch size, within [8, 64]
+    max_tokens: int = field(default=128, metadata={"min": 1})  # generation cap per row while calibrating: rows that fit are finished (and kept)
+    rounds: int = field(default=2, metadata={"min": 1})  # interleaving rounds; the sample is split across them
+    margin: float = field(default=0.05, metadata={"min": 0, "max": 1})  # speculation must beat "none" by this fraction
+    max_fraction: float = field(default=0.10, metadata={"min": 0, "max": 1})  # calibration budget, as a fraction of the shard's expected time
+    min_rows: int = field(default=16, metadata={"min": 0})  # smaller shards reuse the last decision of their shard key
     confirm: bool = True  # measure the predicted best draft length
-    drift_ratio: float = 0.5  # fall back to "none" when acceptance drops below this x calibrated
-    drift_chunk: int = 0  # rows per drift check; 0 = four times the batch size
-    max_builds_per_worker: int = 6  # engines whose arms are builds (TensorRT-LLM): builds calibration may cause per worker
+    drift_ratio: float = field(default=0.5, metadata={"min": 0, "max": 1})  # fall back to "none" when acceptance drops below this x calibrated
+    drift_chunk: int = field(default=0, metadata={"min": 0})  # rows per drift check; 0 = max(8 x batch size, 64)
+    max_builds_per_worker: int = field(default=6, metadata={"min": 2})  # engines whose arms are builds (TensorRT-LLM): builds calibration may cause per worker (none and one arm at least)
 
     def sample_rows(self, batch_size: int) -> int:
         return self.sample_size or min(64, max(8, 2 * batch_size))

@@ -44,7 +44,6 @@ from typing import Any
 from batchspec.errors import ModelError, one_line
 
 MARKER = "batchspec-model.json"  # written last into every cache entry: its presence means "prepared"
-DTYPES = ("float32", "bfloat16")
 _CHUNK = 8 << 20
 
 

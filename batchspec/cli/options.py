@@ -6,13 +6,15 @@ from __future__ import annotations
 import click
 
 from batchspec.config.run import DEFAULT_PIPELINE
+from batchspec.engine.base import DTYPES
+from batchspec.engine.factory import ENGINES
 
 SHARED = [
     click.option("--pipeline", envvar="BATCHSPEC_PIPELINE",
                  help=f"Pipeline YAML (default {DEFAULT_PIPELINE.name}: local Ray, torch on CPU, SmolLM2)."),
     click.option("--model", envvar="BATCHSPEC_MODEL", help="Target model: registry name, HF folder or fsspec URL."),
     click.option("--draft-model", envvar="BATCHSPEC_DRAFT_MODEL", help="Draft model for DraftTarget arms."),
-    click.option("--engine", type=click.Choice(["torch", "trtllm"]), envvar="BATCHSPEC_ENGINE"),
+    click.option("--engine", type=click.Choice(ENGINES), envvar="BATCHSPEC_ENGINE"),
     click.option("--spec", help="auto (calibrate per shard), none, or a trt_configs FILE.yaml."),
     click.option("--candidates", help="Candidates file that --spec auto calibrates over."),
     click.option("--shard-by", help="Column to group rows by before cutting shards (one calibration per value)."),
@@ -24,7 +26,7 @@ SAMPLING = [
     click.option("--temperature", type=float, help="Default temperature; 0 is greedy."),
     click.option("--top-p", type=float),
     click.option("--seed", type=int, help="Run seed; each row samples with a seed derived from it and its id."),
-    click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"])),
+    click.option("--dtype", type=click.Choice(DTYPES)),
 ]
 
 

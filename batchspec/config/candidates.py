@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-
 from batchspec.config.kit import describe, need_int, need_mapping, need_text, read_yaml
+from batchspec.config.kit import relative_to as _relative
 from batchspec.config.spec import (
     _parse_options_file,
     is_candidates_file,
@@ -61,16 +59,6 @@ class SpecChoice:
         """The one arm to run without calibration (None means no speculation)."""
         assert not self.calibrate
         return self.arms[0] if self.arms else None
-
-
-def _relative(base: str, target: str) -> str:
-    """`target` as written in the candidates file at `base`: relative paths are relative to it."""
-    protocol, _ = fsspec.core.split_protocol(target)
-    if protocol or posixpath.isabs(target) or os.path.isabs(target):
-        return target
-    base_protocol, base_path = fsspec.core.split_protocol(base)
-    joined = posixpath.normpath(posixpath.join(posixpath.dirname(base_path), target))
-    return f"{base_protocol}://{joined}" if base_protocol else joined
 
 
 def _entry_lengths(path: str, key: str, value: Any) -> list[int]:

@@ -7,7 +7,11 @@ Every check raises `ConfigError` with one line: "FILE: KEY: expected ..., got ..
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import os
+import posixpath
+import typing
+from typing import Any, Callable, Mapping
 
 import fsspec
 import yaml
@@ -68,3 +72,128 @@ def need_mapping(path: str, key: str, value: Any) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"{path}: {key}: expected a mapping, got {describe(value)}")
     return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed fields: a dataclass field's type hint and its declared range are the whole rule.
+#
+# A field declares its range in `metadata` (plain data, so the declaring module needs nothing
+# from here):  min / max (inclusive), above (exclusive lower bound), choices (a tuple),
+# expected (the noun for a string, e.g. "a model name, folder or URL"), or, for the odd field,
+# convert (value -> value, raising ValueError) together with expected (the whole description).
+# int, float, bool and str fields, and `X | None`, need nothing more.
+
+Rule = tuple[str, Callable[[Any], Any]]
+_NOUN = {bool: "true or false", int: "an integer", float: "a number", str: "a non-empty string"}
+
+
+def field_rules(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Rule]:
+    """name -> (what is expected, converter) for every field of the dataclass `cls`."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: _rule(f, hints[f.name]) for f in dataclasses.fields(cls) if f.name not in skip}
+
+
+def check_value(where: str, key: str, value: Any, rule: Rule) -> Any:
+    """The converted value, or ConfigError "WHERE: KEY: expected ..., got VALUE"."""
+    expected, convert = rule
+    try:
+        return convert(value)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{where}: {key}: expected {expected}, got {value!r}") from None
+
+
+def check_fields(where: str, key: str, cls: type, value: Any) -> dict[str, Any]:
+    """A mapping of `cls` fields, each checked and converted (`key` prefixes the error keys)."""
+    rules = field_rules(cls)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: {key}: expected a mapping of {', '.join(rules)}, got {value!r}")
+    out = {}
+    for name, v in value.items():
+        if name not in rules:
+            raise ConfigError(f"{where}: {key}.{name}: unknown key; expected one of {', '.join(rules)}")
+        out[name] = check_value(where, f"{key}.{name}", v, rules[name])
+    return out
+
+
+def _rule(f: dataclasses.Field, hint: Any) -> Rule:
+    meta = f.metadata
+    if "convert" in meta:
+        return meta["expected"], meta["convert"]
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    assert base in _NOUN, f"{f.name}: declare `convert` and `expected` for a field of type {hint}"
+    choices = meta.get("choices")
+    if choices is not None:
+        expected = f"one of {', '.join(map(str, choices))}"
+    else:
+        expected = meta.get("expected") or _NOUN[base]
+        expected += _range_text(meta)
+    if optional:
+        expected += " or null"
+
+    def convert(v: Any) -> Any:
+        if v is None and optional:
+            return None
+        if choices is not None:
+            if v not in choices:
+                raise ValueError
+            return v
+        if base is bool:
+            if not isinstance(v, bool):
+                raise ValueError
+            return v
+        if base is str:
+            if not isinstance(v, str) or not v.strip():
+                raise ValueError
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (base is int and not isinstance(v, int)):
+            raise ValueError
+        if not _in_range(v, meta):
+            raise ValueError
+        return float(v) if base is float else v
+
+    return expected, convert
+
+
+def _in_range(v: float, meta: Mapping[str, Any]) -> bool:
+    if v != v:  # NaN
+        return False
+    if "min" in meta and v < meta["min"]:
+        return False
+    if "above" in meta and v <= meta["above"]:
+        return False
+    return not ("max" in meta and v > meta["max"])
+
+
+def _range_text(meta: Mapping[str, Any]) -> str:
+    low = ("[", meta["min"]) if "min" in meta else ("(", meta["above"]) if "above" in meta else None
+    if low is not None and "max" in meta:
+        return f" in {low[0]}{low[1]}, {meta['max']}]"
+    if low is not None:
+        return f" {'>=' if low[0] == '[' else '>'} {low[1]}"
+    if "max" in meta:
+        return f" <= {meta['max']}"
+    return ""
+
+
+def relative_to(base: str, target: str) -> str:
+    """`target` as written in the file at `base` (a path or URL): a relative path is taken from
+    that file's folder, on the same filesystem; absolute paths and URLs are left as they are."""
+    protocol, _ = fsspec.core.split_protocol(target)
+    if protocol or posixpath.isabs(target) or os.path.isabs(target):
+        return target
+    base_protocol, base_path = fsspec.core.split_protocol(base)
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(base_path), target))
+    return f"{base_protocol}://{joined}" if base_protocol else joined
+
+
+def exists(path: str) -> bool:
+    """Whether a file or folder exists at a path or URL (False when it cannot be asked)."""
+    try:
+        fs, inner = fsspec.core.url_to_fs(path)
+        return fs.exists(inner)
+    except (OSError, ValueError, ImportError):
+        return False

@@ -25,129 +25,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
+from batchspec.config.kit import check_fields, check_value, exists, field_rules, read_yaml, relative_to
 from batchspec.data import DEFAULT_PIPELINE, PIPELINES_DIR  # noqa: F401  (PIPELINES_DIR re-exported for the CLI)
+from batchspec.engine.base import DTYPES
+from batchspec.engine.factory import ENGINES
 from batchspec.errors import ConfigError
-
-ENGINES = ("torch", "trtllm")
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """Resources and fault policy of each shard worker (one Ray actor, one engine)."""
-
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    torch_threads: int | None = None  # None: the CPUs Ray gives the actor, at least 1
-    max_attempts: int = 3  # tries per shard before its rows are written as error rows
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    input: str = ""
-    output: str = ""
-    pipeline: str | None = None
-    engine: str = "torch"
-    model: str = "smollm2-135m"
-    draft_model: str | None = None
-    dtype: str = "float32"
-    device: str | None = None
-    spec: str = "auto"
-    candidates: str | None = None
-    shard_by: str | None = None
-    shard_size: int = 64
-    workers: int = 1
-    batch_size: int = 8
-    max_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = 0
-    resume: bool = True
-    run_date: dt.date | None = None
-    ray_address: str | None = None
-    ray_num_cpus: int | None = None  # local Ray only; None: every CPU of the machine
-    worker: WorkerConfig = WorkerConfig()
-    calibration: tuple[tuple[str, Any], ...] = ()
-    storage_options: tuple[tuple[str, Any], ...] = ()
-    # trtllm: TensorRT-LLM LLM arguments every arm of the run is built with (merged with the arms'
-    # option files by batchspec.config.spec.run_llm_options; "none" gets them too).
-    llm_options: tuple[tuple[str, Any], ...] = ()
-    # Exit non-zero when calibration could not measure any speculative arm in some shard (every
-    # arm failed): the outputs are complete, but speculation never ran. True in GPU pipelines.
-    strict_speculation: bool = False
-
-    def to_doc(self) -> dict:
-        doc = dataclasses.asdict(self)
-        doc["calibration"] = dict(self.calibration)
-        doc["llm_options"] = dict(self.llm_options)
-        doc["storage_options"] = {k: "***" if _secret(k) else v for k, v in self.storage_options}
-        return doc
-
-
-def _secret(key: str) -> bool:
-    return any(word in key.lower() for word in ("secret", "key", "token", "password"))
-
-
-# key -> (expected description, checker returning the converted value or raising ValueError)
-def _pos_int(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError
-    return v
-
-
-def _opt_int(v: Any) -> int | None:
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError
-    return v
-
-
-def _nonneg_float(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise ValueError
-    return float(v)
-
-
-def _top_p(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-        raise ValueError
-    return float(v)
-
-
-def _opt_str(v: Any) -> str | None:
-    if v is None:
-        return None
-    if not isinstance(v, str) or not v:
-        raise ValueError
-    return v
-
-
-def _str(v: Any) -> str:
-    if not isinstance(v, str) or not v:
-        raise ValueError
-    return v
-
-
-def _choice(options: tuple[str, ...]):
-    def check(v: Any) -> str:
-        if v not in options:
-            raise ValueError
-        return v
-
-    return check
-
-
-def _bool(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError
-    return v
 
 
 def _date(v: Any) -> dt.date | None:
@@ -166,52 +51,81 @@ def _mapping(v: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(v.items()))
 
 
-FIELDS: dict[str, tuple[str, Any]] = {
-    "engine": (f"one of {', '.join(ENGINES)}", _choice(ENGINES)),
-    "model": ("a model name, folder or URL", _str),
-    "draft_model": ("a model name, folder, URL or null", _opt_str),
-    "dtype": (f"one of {', '.join(DTYPES)}", _choice(DTYPES)),
-    "device": ("a torch device string or null", _opt_str),
-    "spec": ("auto, none or a YAML file", _str),
-    "candidates": ("a candidates YAML file or null", _opt_str),
-    "shard_by": ("a column name or null", _opt_str),
-    "shard_size": ("an integer >= 1", _pos_int),
-    "workers": ("an integer >= 1", _pos_int),
-    "batch_size": ("an integer >= 1", _pos_int),
-    "max_tokens": ("an integer >= 1", _pos_int),
-    "temperature": ("a number >= 0", _nonneg_float),
-    "top_p": ("a number in (0, 1]", _top_p),
-    "seed": ("an integer or null", _opt_int),
-    "resume": ("true or false", _bool),
-    "run_date": ("a date YYYY-MM-DD or null", _date),
-    "ray_address": ("a Ray address or null", _opt_str),
-    "ray_num_cpus": ("an integer or null", _opt_int),
-    "calibration": ("a mapping of calibration settings", _mapping),
-    "storage_options": ("a mapping of fsspec options", _mapping),
-    "llm_options": ("a mapping of TensorRT-LLM LLM arguments", _mapping),
-    "strict_speculation": ("true or false", _bool),
-}
-WORKER_FIELDS: dict[str, tuple[str, Any]] = {
-    "num_cpus": ("a number >= 0", _nonneg_float),
-    "num_gpus": ("a number >= 0", _nonneg_float),
-    "torch_threads": ("an integer >= 1 or null", lambda v: None if v is None else _pos_int(v)),
-    "max_attempts": ("an integer >= 1", _pos_int),
-}
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Resources and fault policy of each shard worker (one Ray actor, one engine)."""
+
+    num_cpus: float = field(default=1.0, metadata={"min": 0})
+    num_gpus: float = field(default=0.0, metadata={"min": 0})
+    torch_threads: int | None = field(default=None, metadata={"min": 1})  # None: the CPUs Ray gives the actor, at least 1
+    max_attempts: int = field(default=3, metadata={"min": 1})  # tries per shard before its rows are written as error rows
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run's settings. Each field's type and `metadata` (range, choices, or the words for
+    what is expected) are the one rule `load_pipeline` and `build_config` check it by."""
+
+    input: str = ""
+    output: str = ""
+    pipeline: str | None = None
+    engine: str = field(default="torch", metadata={"choices": ENGINES})
+    model: str = field(default="smollm2-135m", metadata={"expected": "a model name, folder or URL"})
+    draft_model: str | None = field(default=None, metadata={"expected": "a model name, folder, URL"})
+    dtype: str = field(default="float32", metadata={"choices": DTYPES})
+    device: str | None = field(default=None, metadata={"expected": "a torch device string"})
+    spec: str = field(default="auto", metadata={"expected": "auto, none or a YAML file"})
+    candidates: str | None = field(default=None, metadata={"expected": "a candidates YAML file"})
+    shard_by: str | None = field(default=None, metadata={"expected": "a column name"})
+    shard_size: int = field(default=64, metadata={"min": 1})
+    workers: int = field(default=1, metadata={"min": 1})
+    batch_size: int = field(default=8, metadata={"min": 1})
+    max_tokens: int = field(default=64, metadata={"min": 1})
+    temperature: float = field(default=0.0, metadata={"min": 0})
+    top_p: float = field(default=1.0, metadata={"above": 0, "max": 1})
+    seed: int | None = 0
+    resume: bool = True
+    run_date: dt.date | None = field(default=None, metadata={"expected": "a date YYYY-MM-DD or null", "convert": _date})
+    ray_address: str | None = field(default=None, metadata={"expected": "a Ray address"})
+    ray_num_cpus: int | None = field(default=None, metadata={"min": 1})  # local Ray only; None: every CPU of the machine
+    worker: WorkerConfig = WorkerConfig()
+    # batchspec.calibrate.CalibrationSettings overrides, checked against its fields at load
+    calibration: tuple[tuple[str, Any], ...] = ()
+    storage_options: tuple[tuple[str, Any], ...] = field(
+        default=(), metadata={"expected": "a mapping of fsspec options", "convert": _mapping})
+    # trtllm: TensorRT-LLM LLM arguments every arm of the run is built with (merged with the arms'
+    # option files by batchspec.config.spec.run_llm_options; "none" gets them too).
+    llm_options: tuple[tuple[str, Any], ...] = field(
+        default=(), metadata={"expected": "a mapping of TensorRT-LLM LLM arguments", "convert": _mapping})
+    # Exit non-zero when calibration could not measure any speculative arm in some shard (every
+    # arm failed): the outputs are complete, but speculation never ran. True in GPU pipelines.
+    strict_speculation: bool = False
+
+    def to_doc(self) -> dict:
+        doc = dataclasses.asdict(self)
+        doc["calibration"] = dict(self.calibration)
+        doc["llm_options"] = dict(self.llm_options)
+        doc["storage_options"] = {k: "***" if _secret(k) else v for k, v in self.storage_options}
+        return doc
+
+
+def _secret(key: str) -> bool:
+    return any(word in key.lower() for word in ("secret", "key", "token", "password"))
+
+
+# key -> (what is expected, converter): derived from the dataclasses above, never listed twice.
+# `worker` and `calibration` are sections, checked field by field (WORKER_FIELDS, CalibrationSettings).
+FIELDS = field_rules(RunConfig, skip=("input", "output", "pipeline", "worker", "calibration"))
+WORKER_FIELDS = field_rules(WorkerConfig)
+SECTIONS = ("worker", "calibration")
 PATH_FIELDS = ("candidates", "spec", "model", "draft_model")
 
 
 def load_pipeline(path: str | os.PathLike) -> dict[str, Any]:
-    """A pipeline file's settings as RunConfig keyword values (ConfigError naming file and key)."""
+    """A pipeline file's settings as RunConfig keyword values, every key checked for type and
+    range (ConfigError naming file, key, value and expectation). `path` may be an fsspec URL."""
     path = str(path)
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"pipeline file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    data = read_yaml(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -219,81 +133,59 @@ def load_pipeline(path: str | os.PathLike) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key == "worker":
-            values["worker"] = _worker(path, value)
+            values["worker"] = WorkerConfig(**check_fields(path, "worker", WorkerConfig, value))
+        elif key == "calibration":
+            values["calibration"] = check_calibration(path, value)
         elif key in FIELDS:
-            values[key] = _check(path, key, value, FIELDS[key])
+            values[key] = check_value(path, key, value, FIELDS[key])
         else:
-            raise ConfigError(f"{path}: unknown key {key!r}; expected one of {', '.join([*FIELDS, 'worker'])}")
-    base = Path(path).resolve().parent
+            raise ConfigError(f"{path}: unknown key {key!r}; expected one of {', '.join([*FIELDS, *SECTIONS])}")
     for key in PATH_FIELDS:
-        if key in values:
-            values[key] = _relative(base, values[key])
+        if values.get(key) is not None:
+            values[key] = _relative(path, values[key])
     return values
 
 
-def _relative(base: Path, value: str | None) -> str | None:
-    """A relative path that exists next to the pipeline file is taken from there."""
-    if value is None or value in ("auto", "none") or "://" in value or os.path.isabs(value):
+def check_calibration(where: str, value: Any) -> tuple[tuple[str, Any], ...]:
+    """The `calibration:` section: keys and values checked against CalibrationSettings' fields
+    and their declared ranges; returned as sorted (key, value) pairs (RunConfig is hashable)."""
+    from batchspec.calibrate import CalibrationSettings  # lazy: calibrate pulls in pyarrow
+
+    return tuple(sorted(check_fields(where, "calibration", CalibrationSettings, value).items()))
+
+
+def _relative(pipeline: str, value: str) -> str:
+    """A relative path that exists next to the pipeline file (or URL) is taken from there;
+    anything else (auto, none, a registry model name) is left as written."""
+    if value in ("auto", "none"):
         return value
-    candidate = base / value
-    return str(candidate) if candidate.exists() else value
-
-
-def _check(where: str, key: str, value: Any, rule: tuple[str, Any]) -> Any:
-    expected, convert = rule
-    try:
-        return convert(value)
-    except (ValueError, TypeError):
-        raise ConfigError(f"{where}: {key}: expected {expected}, got {value!r}") from None
-
-
-def _worker(path: str, value: Any) -> WorkerConfig:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{path}: worker: expected a mapping of {', '.join(WORKER_FIELDS)}, got {value!r}")
-    out = {}
-    for key, v in value.items():
-        if key not in WORKER_FIELDS:
-            raise ConfigError(f"{path}: worker.{key}: unknown key; expected one of {', '.join(WORKER_FIELDS)}")
-        out[key] = _check(path, f"worker.{key}", v, WORKER_FIELDS[key])
-    return WorkerConfig(**out)
+    candidate = relative_to(pipeline, value)
+    if candidate == value:
+        return value
+    if "://" not in candidate:
+        candidate = os.path.abspath(candidate)
+    return candidate if exists(candidate) else value
 
 
 def build_config(input: str, output: str, pipeline: str | None = None, **options: Any) -> RunConfig:
     """Defaults < pipeline file (DEFAULT_PIPELINE when none is given) < options that are not None."""
     source = pipeline or str(DEFAULT_PIPELINE)
-    values = load_pipeline(source) if Path(source).exists() or pipeline else {}
+    values = load_pipeline(source)
     worker = values.pop("worker", WorkerConfig())
     for key, value in options.items():
         if value is None:
             continue
         if key in WORKER_FIELDS:
-            worker = dataclasses.replace(worker, **{key: _check("option", f"--{key.replace('_', '-')}", value, WORKER_FIELDS[key])})
+            worker = dataclasses.replace(worker, **{key: check_value("option", f"--{key.replace('_', '-')}", value, WORKER_FIELDS[key])})
         elif key in FIELDS:
-            values[key] = _check("option", f"--{key.replace('_', '-')}", value, FIELDS[key])
+            values[key] = check_value("option", f"--{key.replace('_', '-')}", value, FIELDS[key])
         else:
             raise AssertionError(f"unknown option {key}")
     if not values.get("ray_address") and os.environ.get("RAY_ADDRESS"):
         values["ray_address"] = os.environ["RAY_ADDRESS"]
     config = RunConfig(input=input, output=output, pipeline=source, worker=worker, **values)
-    _check_calibration(config, source)
     check_engine_options(config, source)
     return config
-
-
-def _check_calibration(config: RunConfig, source: str) -> None:
-    """Calibration keys must be fields of batchspec.calibrate.CalibrationSettings."""
-    if not config.calibration:
-        return
-    try:
-        from batchspec.calibrate import CalibrationSettings
-    except ImportError:
-        return
-    names = {f.name for f in dataclasses.fields(CalibrationSettings)}
-    for key, value in config.calibration:
-        if key not in names:
-            raise ConfigError(f"{source}: calibration.{key}: unknown key; expected one of {', '.join(sorted(names))}")
-        if key == "max_builds_per_worker" and (isinstance(value, bool) or not isinstance(value, int) or value < 2):
-            raise ConfigError(f"{source}: calibration.max_builds_per_worker: expected an integer >= 2 (none and one arm), got {value!r}")
 
 
 def check_engine_options(config: RunConfig, source: str) -> None:
@@ -313,8 +205,7 @@ def check_engine_options(config: RunConfig, source: str) -> None:
 def validate_pipeline_file(path: str | os.PathLike) -> str:
     """Check a pipeline file (for `batchspec validate`); return a one-line summary."""
     values = load_pipeline(path)
-    config = RunConfig(**{k: v for k, v in values.items()})
-    _check_calibration(config, str(path))
+    config = RunConfig(**values)
     check_engine_options(config, str(path))
     if config.engine == "trtllm" and config.worker.num_gpus < 1:
         raise ConfigError(f"{path}: worker.num_gpus: expected >= 1 for the trtllm engine, got {config.worker.num_gpus}")

@@ -23,14 +23,13 @@ from batchspec.config.candidates import load_candidates
 from batchspec.config.job import is_job_doc, load_job
 from batchspec.config.kit import read_yaml
 from batchspec.config.kube import check_manifests
-from batchspec.config.run import validate_pipeline_file
+from batchspec.config.run import FIELDS, SECTIONS, validate_pipeline_file
 from batchspec.config.spec import _parse_options_file, is_candidates_file
 from batchspec.engine.trtllm.translate import METHOD_TO_DECODING_TYPE
 from batchspec.errors import BatchspecError, ConfigError
 
-# Keys only a pipeline file has (a TensorRT-LLM option file may also carry `model` or `dtype`).
-PIPELINE_ONLY = ("engine", "spec", "candidates", "shard_by", "shard_size", "workers", "batch_size", "worker",
-                 "calibration", "storage_options", "ray_address", "ray_num_cpus", "draft_model", "resume", "run_date")
+# Keys only a pipeline file has: its fields less those a TensorRT-LLM option file may also carry.
+PIPELINE_ONLY = tuple(key for key in (*FIELDS, *SECTIONS) if key not in ("model", "dtype"))
 
 
 @dataclass(frozen=True)

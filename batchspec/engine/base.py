@@ -28,6 +28,8 @@ ENGINE_METHODS: dict[str, tuple[str, ...]] = {
     "torch": ("none", "ngram", "draft_target"),
     "trtllm": SPEC_METHODS,
 }
+# Weight dtypes a run may ask for, by torch name (engine/torch/load.py maps them to torch dtypes).
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)

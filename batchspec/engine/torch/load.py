@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import torch
 
+from batchspec.engine.base import DTYPES
 from batchspec.errors import ConfigError, ModelError, one_line
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 def load_pretrained(name: str, dtype: str, device: str):
     """(model, tokenizer) for a registry name, a model folder or an fsspec URL: the model in eval
     mode with gradients off, on `device` (cpu, cuda or cuda:N)."""
-    if dtype not in DTYPES:
+    if dtype not in TORCH_DTYPES:
         raise ConfigError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     if not (device == "cpu" or device.startswith("cuda")):
         raise ModelError(f"device {device!r} is not cpu or cuda[:N]")
@@ -29,7 +30,7 @@ def load_pretrained(name: str, dtype: str, device: str):
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=TORCH_DTYPES[dtype], attn_implementation="sdpa")
     except (OSError, ValueError) as exc:
         raise ModelError(f"model {name!r}: cannot load from {path}: {one_line(exc)}") from exc
     return model.to(device).eval().requires_grad_(False), tokenizer
