@@ -179,6 +179,8 @@ def _runtime_env(path: str, value: Any) -> dict[str, Any]:
     if wd is not None:
         if not isinstance(wd, str) or not wd:
             raise ConfigError(f"{path}: runtime_env.working_dir: expected a folder or a URI, got {wd!r}")
+        if "://" in path and "://" not in wd and not os.path.isabs(wd):
+            raise ConfigError(f"{path}: runtime_env.working_dir: expected a URI or an absolute folder for a job file at a URL, got {wd!r}")
         if "://" not in wd:
             local = (Path(path).resolve().parent / wd).resolve()
             if not local.is_dir():

@@ -16,8 +16,12 @@ nested sections:
     calibration: {sample_size: 8, max_tokens: 16, ...}   # batchspec.calibrate.CalibrationSettings
     storage_options: {}           # fsspec options for INPUT and OUTPUT (endpoint, credentials)
 
-Every error names the file (or the option), the key and what was expected, in one line. Relative
-paths inside a pipeline file (candidates, spec, a model folder) are taken relative to that file.
+Every key is checked for type and range at load, by the rules the dataclasses below (and
+CalibrationSettings) declare in their field metadata; every error names the file (or the option),
+the key, the value and what was expected, in one line. A pipeline file may be a path or an fsspec
+URL (`s3://bucket/conf/pipeline.yaml`, read with the ambient fsspec/AWS configuration, since its own
+storage_options cannot be read before it). Relative paths inside it (candidates, spec, a model
+folder) are taken relative to the file's folder, on the same filesystem, when something is there.
 """
 
 from __future__ import annotations
