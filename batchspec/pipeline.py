@@ -143,7 +143,9 @@ def ensure_ray(config: RunConfig) -> None:
     if config.ray_address:
         ray.init(address=config.ray_address, **quiet)
     else:
-        ray.init(num_cpus=config.ray_num_cpus, include_dashboard=False, **quiet)
+        # address="local": start Ray in this process even when a head (`make ray-head`) runs on
+        # this machine; plain ray.init() would join that head and refuse num_cpus.
+        ray.init(address="local", num_cpus=config.ray_num_cpus, include_dashboard=False, **quiet)
     import ray.data  # configures Ray Data's loggers on import; quiet them afterwards
 
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # our progress bar is the one to watch
