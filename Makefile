@@ -8,8 +8,10 @@ STAMP := $(VENV)/.batchspec-setup
 INPUT ?= examples/prompts.parquet
 OUTPUT ?= out
 PYTEST_ARGS ?=
+RAY_CPUS ?= 2
+RAY_ARGS ?=
 
-.PHONY: setup run test bench bench-engine bench-calibrate bench-pipeline gpu-check clean
+.PHONY: setup run test bench bench-engine bench-calibrate bench-pipeline gpu-check ray-head ray-stop clean
 
 setup: $(STAMP)
 
@@ -44,6 +46,18 @@ bench-pipeline: setup
 
 gpu-check: setup
 	$(PY) jobs/gpu_check.py
+
+# A local Ray head for `batchspec submit jobs/local.yaml --wait`. A job's entrypoint is
+# `python -m batchspec run ...`, and that `python` is the first one on the head's PATH: the venv
+# goes first, or the job fails with "No module named ...". 127.0.0.1 only, auth off (Ray 2.60).
+ray-head: setup
+	PATH="$(abspath $(VENV))/bin:$$PATH" RAY_AUTH_MODE=disabled $(VENV)/bin/ray start --head \
+		--node-ip-address=127.0.0.1 --num-cpus=$(RAY_CPUS) --include-dashboard=true \
+		--dashboard-host=127.0.0.1 --disable-usage-stats $(RAY_ARGS)
+
+# `ray stop` stops every Ray process this user runs on the machine; it has no narrower form.
+ray-stop:
+	$(VENV)/bin/ray stop
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -196,7 +196,38 @@ def wait(address: str, job_id: str, sink: Callable[[str], None]) -> JobOutcome:
         time.sleep(0.5)
         info = client.get_job_info(job_id)
         status = str(info.status).split(".")[-1]
-    return JobOutcome(job_id, status, one_line(info.message or ""))
+    message = None
+    if status != "SUCCEEDED":
+        try:
+            message = failure_line(client.get_job_logs(job_id))
+        except Exception:  # the logs are a better message when there are any; never a new failure
+            message = None
+        # Ray's own message ends with the last lines of the log: the fallback when reading failed.
+        message = message or failure_line(info.message or "")
+    return JobOutcome(job_id, status, message or one_line(info.message or ""))
+
+
+_NO_MODULE = re.compile(r"No module named '?([A-Za-z_][A-Za-z0-9_.]*)'?")
+_NO_PYTHON = re.compile(r"\bpython: (command )?not found")
+ENV_HINT = ("start the head from the venv (make ray-head: the job runs the head's PATH python), "
+            "or give the job file runtime_env pip")
+
+
+def failure_line(logs: str) -> str | None:
+    """Why a job failed, in one line, from its logs: the `Error: ...` line batchspec printed, or,
+    when batchspec never started, that the job's python lacks it (the head's PATH python is not
+    the venv's). None when the logs say neither."""
+    errors = [line for line in logs.splitlines() if line.startswith("Error: ")]
+    if errors:
+        return one_line(errors[-1][len("Error: "):])
+    if _NO_PYTHON.search(logs):
+        return f"the job found no python on the head's PATH; {ENV_HINT}"
+    missing = _NO_MODULE.search(logs)
+    if missing:
+        module = missing.group(1).split(".")[0]
+        what = "batchspec" if module == "batchspec" else f"batchspec's dependency {module!r}"
+        return f"the job's python lacks {what} (No module named {module!r}); {ENV_HINT}"
+    return None
 
 
 def _auth_hint(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -267,3 +268,49 @@ def test_a_failing_job_exits_1_with_one_line(ray_head, tiny_job):
     assert result.exit_code == 1
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("Error: job batchspec-broken-") and "FAILED" in last
+
+
+def test_a_job_whose_python_lacks_batchspec_says_so_in_one_line(ray_head, tiny_job, tmp_path):
+    """The head's PATH python is not the venv's (a head started without the venv on PATH): here the
+    job's PATH leads `python` to the system interpreter, which has no batchspec."""
+    root, _, _ = tiny_job
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if system_python is None:
+        pytest.skip("no system python3 to stand in for a head's PATH python")
+    (fake_bin / "python").symlink_to(system_python)
+    bad = write_job(tmp_path, name="nopython", input=str(root / "in.parquet"), output=str(tmp_path / "o" / "{date}"),
+                    resources={"entrypoint_num_cpus": 0},
+                    runtime_env={"env_vars": {"PATH": f"{fake_bin}:/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}})
+    result = CliRunner().invoke(cli, ["submit", str(bad), "--address", ray_head, "--wait"])
+    assert result.exit_code == 1, result.output[-2000:]
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("Error: job batchspec-nopython-") and "FAILED" in last, last
+    # batchspec itself (no working_dir) or, when the job's cwd holds the package, its first dependency
+    assert re.search(r"the job's python lacks batchspec(\'s dependency '\w+')? \(No module named '\w+'\); "
+                     r"start the head from the venv \(make ray-head", last), last
+
+
+@pytest.mark.parametrize("logs,line", [
+    ("Traceback (most recent call last):\n  File \"<frozen runpy>\", line 198\n"
+     "ModuleNotFoundError: No module named 'fsspec'\n",
+     "the job's python lacks batchspec's dependency 'fsspec' (No module named 'fsspec'); start the head from the venv"),
+    ("/usr/bin/python3: No module named batchspec\n", "the job's python lacks batchspec (No module named 'batchspec')"),
+    ("/bin/sh: 1: python: not found\n", "the job found no python on the head's PATH; start the head from the venv"),
+    ("rows read\nError: s3://b/in: no Parquet files\n", "s3://b/in: no Parquet files"),
+    ("Error: engine trtllm needs tensorrt_llm (No module named 'tensorrt_llm')\n", "engine trtllm needs tensorrt_llm"),
+    ("Killed\n", None),
+])
+def test_the_failure_line_comes_from_the_job_logs(logs, line):
+    found = submit.failure_line(logs)
+    assert found == line if line is None else found.startswith(line), found
+
+
+def test_make_ray_head_puts_the_venv_first_on_path():
+    venv = "/opt/batchspec-venv"
+    dry = subprocess.run(["make", "-n", "ray-head", f"VENV={venv}"], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert dry.returncode == 0, dry.stderr
+    start = dry.stdout[dry.stdout.index("PATH="):]
+    assert start.startswith(f'PATH="{venv}/bin:$PATH" RAY_AUTH_MODE=disabled {venv}/bin/ray start --head')
+    assert "--node-ip-address=127.0.0.1" in start and "--dashboard-host=127.0.0.1" in start
