@@ -37,7 +37,8 @@ JOB_KIND = "batchspec-job"
 KEYS = ("kind", "name", "address", "pipeline", "input", "output", "options", "resources", "runtime_env", "metadata")
 RESOURCE_KEYS = ("entrypoint_num_cpus", "entrypoint_num_gpus", "entrypoint_memory", "entrypoint_resources")
 RUNTIME_ENV_KEYS = ("working_dir", "py_modules", "pip", "uv", "conda", "env_vars", "excludes", "image_uri", "config")
-NOT_OPTIONS = ("device", "ray_address", "ray_num_cpus", "calibration", "storage_options")  # pipeline-file only
+NOT_OPTIONS = ("device", "ray_address", "ray_num_cpus", "calibration", "storage_options", "llm_options",
+               "strict_speculation")  # pipeline-file only
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
 
 
