@@ -49,6 +49,16 @@ from batchspec.engine.base import (  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 
 
+def ngram_arm(k: int) -> SpecConfig:
+    """The shipped trt_configs/ngram.yaml arm (its max_matching_ngram_size, which the README's
+    figures used) at draft length k."""
+    from importlib.resources import files
+
+    from batchspec.config.spec import load_spec_file
+
+    return load_spec_file(str(files("batchspec.data") / "trt_configs" / "ngram.yaml")).spec.with_draft_len(k)
+
+
 # -- shared measuring helpers ------------------------------------------------------------------
 
 
@@ -239,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     comparisons.append(bench_batching(engine_for(args.model), args.model, sizes))
     print(comparison_table([comparisons[-1].to_dict()]), flush=True)
-    ngram = SpecConfig("ngram", args.ngram_k)
+    ngram = ngram_arm(args.ngram_k)
     c, _ = bench_speculation(engine_for(args.ngram_model), args.ngram_model, "edit", sizes.copy_prompts, sizes.max_tokens,
                              ngram, "n-gram vs plain, batch 1", 2.0)
     comparisons.append(c)

@@ -42,6 +42,7 @@ from engine import (  # noqa: E402
     interleaved,
     load_engine,
     machine,
+    ngram_arm,
     write,
 )
 
@@ -287,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                             {"assistant_model": qwen._draft(args.draft_model)})]
         ngram_engine = qwen if args.ngram_model == args.target else load_engine(args.ngram_model, args.dtype)
         peers.append(bench_peer(ngram_engine, f"{args.ngram_model} n-gram, edit", "edit", n, max_tokens,
-                                SpecConfig("ngram", k), {"prompt_lookup_num_tokens": k}))
+                                ngram_arm(k), {"prompt_lookup_num_tokens": k}))
         data["peers"] = peers
         del qwen, ngram_engine
         print(peer_table(peers), flush=True)
@@ -302,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if "sweep" not in skip:
         small = load_engine(args.model, args.dtype)
         arms = bench_calibrate.candidate_arms(None)
-        fixed = SpecConfig("ngram", 4)
+        fixed = ngram_arm(4)
         rows = args.sweep_rows or (16 if args.quick else 32)
         data["sweep"] = bench_sweep(small, "edit", rows, max_tokens, fixed, arms, [int(b) for b in args.batches.split(",")])
         data["sweep_setup"] = {"model": args.model, "workload": "edit", "prompts": rows, "max_tokens": max_tokens}

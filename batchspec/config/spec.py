@@ -47,12 +47,11 @@ from batchspec.config.kit import (
     need_text,
     read_yaml,
 )
-from batchspec.engine.base import SpecConfig, freeze
+from batchspec.engine.base import NGRAM_SIZE_DEFAULT, SpecConfig, freeze
 from batchspec.engine.trtllm.translate import (
     DECODING_TYPES,
     LLM_ARGS,
     LLM_ARGS_REFUSED,
-    NGRAM_SIZE_DEFAULT,
     SPEC_KEYS,
     SPEC_PREFIX,
     TRTLLM_RELEASE,

@@ -59,6 +59,13 @@ class Request:
     prompt_token_ids: tuple[int, ...] | None = None
 
 
+# NGramDecodingConfig.max_matching_ngram_size's default in TensorRT-LLM's LLM API
+# (tensorrt_llm/llmapi/llm_args.py: `max_matching_ngram_size: PositiveInt = Field(default=2, ...)`,
+# the same in the 1.x reference docs through 1.4.0rc4). The one default for every engine, so an
+# option file without the key means the same thing to trtllm-serve and to the torch engine.
+NGRAM_SIZE_DEFAULT = 2
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """One speculative setting (one calibration arm), engine-neutral.
@@ -72,7 +79,7 @@ class SpecConfig:
     method: str = "none"
     draft_len: int = 0
     draft_model: str | None = None
-    ngram_size: int = 3
+    ngram_size: int = NGRAM_SIZE_DEFAULT
     options: tuple[tuple[str, Any], ...] = ()
     source: str | None = None  # the file it came from, for error messages
 

@@ -74,7 +74,6 @@ LLM_ARGS_REFUSED = {
     "device": "TensorRT-LLM runs on the worker's GPU; it takes no device argument",
 }
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": "auto"}  # LLM(dtype=...)
-NGRAM_SIZE_DEFAULT = 2  # NGramDecodingConfig.max_matching_ngram_size default in llm_args.py
 
 SPEC_PREFIX = "speculative_config."  # SpecConfig.options keys from the speculative_config block
 
