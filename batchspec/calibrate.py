@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 from batchspec.engine.base import NO_SPEC, Completion, Engine, Request, SpecConfig
 from batchspec.errors import one_line
 from batchspec.predict import predict_tokens_per_s
-from batchspec.stats import ArmResult
+from batchspec.stats import ArmResult, chosen_arm
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Decision:
 
     @property
     def chosen_arm(self) -> ArmResult | None:
-        return next((a for a in self.arms if a.measured and a.label == self.chosen.label), None)
+        return chosen_arm(self.arms, self.chosen)
 
     def reused_by(self, shard_id: str) -> "Decision":
         return replace(self, source="reused", calibration_s=0.0, overhead_s=0.0, capped=False, finished={},

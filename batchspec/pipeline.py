@@ -14,7 +14,8 @@ Ray: inside an existing Ray session (a test fixture, `ray job submit`) the pipel
 Totals. `tokens_per_s` is this run's output tokens over the wall time of the worker step.
 `speedup` compares every committed shard's decode time with what plain decoding would have taken
 for the same tokens, from each shard's calibrated ratio (chosen arm vs none, measured side by
-side): sum(decode_s x speedup) / sum(decode_s).
+side): sum(decode_s x speedup) / sum(decode_s) (`batchspec.stats.speedup_total`, which the report
+shows too).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from batchspec.engine.factory import create_engine
 from batchspec.errors import InputError, OutputError
 from batchspec.plan import Plan, check_resume, make_plan
 from batchspec.read import RowDefaults, open_input, parse_rows, read_rows, scan_keys
-from batchspec.stats import OUTPUT_NAMES
+from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
 from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, run_pool
 from batchspec.write import Output, output_schema, resolve_template
 
@@ -184,33 +185,30 @@ def _committed_in_order(output: Output, plan: Plan) -> list[str]:
     return [s.shard_id for s in plan.shards]
 
 
-def summarize(url: str, plan: Plan, stats: list[dict], report, skipped: int, work_s: float, wall_s: float) -> RunSummary:
-    rows = sum(s["rows"] or 0 for s in stats)
+def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: int, work_s: float, wall_s: float) -> RunSummary:
+    rows = sum(s.rows for s in stats)
     new_ids = {o.shard_id for o in report.outcomes} if report else set()
-    new_tokens = sum(s["output_tokens"] or 0 for s in stats if s["shard_id"] in new_ids)
-    timed = [s for s in stats if s.get("speedup") and s.get("decode_s") and s.get("tokens_per_s")]
-    base_s = sum(s["decode_s"] * s["speedup"] for s in timed)  # what plain decoding would have taken
-    decode_s = sum(s["decode_s"] for s in timed)
-    timed_tokens = sum(s["tokens_per_s"] * s["decode_s"] for s in timed)
-    unmeasured = [s for s in stats if s.get("speculation_unmeasured")]
+    new_tokens = sum(s.output_tokens for s in stats if s.shard_id in new_ids)
+    total = speedup_total(stats)
+    unmeasured = [s for s in stats if s.speculation_unmeasured]
     return RunSummary(
         output=url,
         rows=rows,
-        error_rows=sum(s["error_rows"] or 0 for s in stats),
+        error_rows=sum(s.error_rows for s in stats),
         shards=len(stats),
         shards_skipped=skipped,
         shards_failed=len(report.failed_shards) if report else 0,
         retries=report.retries if report else 0,
-        output_tokens=sum(s["output_tokens"] or 0 for s in stats),
+        output_tokens=sum(s.output_tokens for s in stats),
         wall_s=wall_s,
         tokens_per_s=new_tokens / work_s if work_s > 0 and new_tokens else 0.0,
-        baseline_tokens_per_s=timed_tokens / base_s if base_s else None,
-        speedup=base_s / decode_s if decode_s else None,
+        baseline_tokens_per_s=total.baseline_tokens_per_s,
+        speedup=total.speedup,
         complete=rows == plan.rows and len(stats) == len(plan.shards),
         speculation_unmeasured=len(unmeasured),
-        speculation_reason=f"{unmeasured[0]['shard_id']}: {unmeasured[0]['speculation_unmeasured']}" if unmeasured else None,
-        builds=sum(int(s.get("builds") or 0) for s in stats),
-        build_s=sum(float(s.get("build_s") or 0.0) for s in stats),
+        speculation_reason=f"{unmeasured[0].shard_id}: {unmeasured[0].speculation_unmeasured}" if unmeasured else None,
+        builds=sum(s.builds for s in stats),
+        build_s=sum(s.build_s for s in stats),
     )
 
 

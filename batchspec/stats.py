@@ -1,61 +1,143 @@
 """The records a run writes and reads back: output rows, shard stats rows, calibration arms.
 
-Each is declared here once; the Parquet schemas of OUTPUT/outputs and OUTPUT/stats (DESIGN.md
-"Output layout") are defined beside them, and write.py, report/ and the CLI read them from here.
+Each record is a dataclass declared here once; the Parquet schemas of OUTPUT/outputs and
+OUTPUT/stats (DESIGN.md "Output layout", the contract with data teams) are derived from the
+dataclass fields in declaration order, so adding a column is adding one field. write.py, the
+report and the CLI read the records from here; so do the few rules every reader shares (the
+chosen arm of a shard, the run's speedup total).
+
+Type hints map to Arrow as: int -> int64, float -> float64, str -> string, bool -> bool,
+`X | None` -> X (every column is nullable), list[X] -> list<X>, a record -> struct<its columns>.
+A record's `DERIVED` properties (ArmResult.label) are columns too, written first.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import dataclasses
+import functools
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 import pyarrow as pa
 
-from batchspec.engine.base import GenerateResult
+from batchspec.engine.base import Completion, GenerateResult, SpecConfig, spec_label
 
-OUTPUT_FIELDS = (
-    pa.field("id", pa.string()),
-    pa.field("shard_id", pa.string()),
-    pa.field("text", pa.string()),
-    pa.field("prompt_tokens", pa.int64()),
-    pa.field("output_tokens", pa.int64()),
-    pa.field("finish_reason", pa.string()),
-    pa.field("error", pa.string()),
-    pa.field("spec_method", pa.string()),
-    pa.field("draft_len", pa.int64()),
-    pa.field("draft_tokens", pa.int64()),
-    pa.field("accepted_tokens", pa.int64()),
-    pa.field("target_steps", pa.int64()),
-)
+_SCALARS = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
+
+
+def arrow_type(hint: Any) -> pa.DataType:
+    """The Arrow type of one (evaluated) type hint; a hint with no mapping is our bug."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        kinds = [a for a in args if a is not type(None)]
+        assert len(kinds) == 1, hint
+        return arrow_type(kinds[0])
+    if origin in (list, tuple):
+        return pa.list_(arrow_type(args[0]))
+    if dataclasses.is_dataclass(hint):
+        return pa.struct(arrow_fields(hint))
+    assert hint in _SCALARS, f"no Arrow type for {hint!r}"
+    return _SCALARS[hint]
+
+
+@functools.cache
+def arrow_fields(record: type) -> tuple[pa.Field, ...]:
+    """A record's columns: its DERIVED properties, then its dataclass fields, in order."""
+    hints = typing.get_type_hints(record)
+    derived = [(name, typing.get_type_hints(getattr(record, name).fget)["return"]) for name in getattr(record, "DERIVED", ())]
+    fields = [(f.name, hints[f.name]) for f in dataclasses.fields(record)]
+    return tuple(pa.field(name, arrow_type(hint)) for name, hint in derived + fields)
+
+
+def to_columns(record: Any) -> dict[str, Any]:
+    """A record as plain values keyed by column (nested records as dicts, derived columns included)."""
+    row = {name: getattr(record, name) for name in getattr(type(record), "DERIVED", ())}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, (list, tuple)):
+            value = [to_columns(v) if dataclasses.is_dataclass(v) else v for v in value]
+        row[f.name] = value
+    return row
+
+
+def from_columns(record: type, row: dict[str, Any]) -> Any:
+    """A record from a row read back from Parquet (any version of it): columns this version does
+    not know are ignored, missing or null ones take the field's default (None if it has none);
+    nested records are rebuilt the same way. Writing is strict (a ShardStats has exactly its
+    fields); reading is not, so `batchspec report` still reads runs written before a column was added or removed."""
+    hints = typing.get_type_hints(record)
+    values = {}
+    for f in dataclasses.fields(record):
+        value = row.get(f.name)
+        if value is None:
+            if f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+        else:
+            inner = _list_item(hints[f.name])
+            if inner is not None and dataclasses.is_dataclass(inner):
+                value = [from_columns(inner, v) for v in value]
+        values[f.name] = value
+    return record(**values)
+
+
+def _list_item(hint: Any) -> Any:
+    for h in [hint, *typing.get_args(hint)]:
+        if typing.get_origin(h) in (list, tuple):
+            return typing.get_args(h)[0]
+    return None
+
+
+def schema(record: type) -> pa.Schema:
+    return pa.schema(arrow_fields(record))
+
+
+def table(record: type, rows: Iterable[Any]) -> pa.Table:
+    """Records as one Arrow table typed by `record`'s schema."""
+    return pa.Table.from_pylist([to_columns(r) for r in rows], schema=schema(record))
+
+
+# ---------------------------------------------------------------------------------------------
+# OUTPUT/outputs: one row per input row (the input's passthrough columns follow these)
+
+
+@dataclass
+class OutputRow:
+    id: str
+    shard_id: str
+    text: str | None
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str  # stop | length | error
+    error: str | None  # null, or a one-line reason
+    spec_method: str  # the setting the row ran under: none | ngram | draft_target | eagle3 | mtp
+    draft_len: int
+    draft_tokens: int  # proposed
+    accepted_tokens: int
+    target_steps: int  # target forward passes in decode
+
+    @classmethod
+    def of(cls, shard_id: str, c: Completion, spec: SpecConfig) -> "OutputRow":
+        return cls(c.id, shard_id, c.text, c.prompt_tokens, c.output_tokens, c.finish_reason, c.error,
+                   spec.method, spec.draft_len, c.draft_tokens, c.accepted_tokens, c.target_steps)
+
+
+OUTPUT_FIELDS = arrow_fields(OutputRow)
 OUTPUT_NAMES = tuple(f.name for f in OUTPUT_FIELDS)
 
-F64, I64, STR = pa.float64(), pa.int64(), pa.string()
-# One calibrated arm (batchspec.calibrate.ArmResult.to_struct()).
-CANDIDATE_TYPE = pa.struct([
-    ("label", STR), ("method", STR), ("draft_len", I64), ("tokens_per_s", F64), ("speedup", F64), ("predicted_tokens_per_s", F64),
-    ("acceptance_rate", F64), ("mean_accepted_len", F64), ("output_tokens", I64), ("rows", I64),
-    ("target_steps", I64), ("draft_tokens", I64), ("accepted_tokens", I64), ("draft_s", F64), ("verify_s", F64),
-    ("other_s", F64), ("prefill_s", F64), ("measured", pa.bool_()), ("error", STR),
-])
-# DESIGN.md's stats columns first, then the rest of batchspec.shard.ShardStats, then ours.
-STATS_FIELDS = tuple(pa.field(name, kind) for name, kind in [
-    ("shard_id", STR), ("shard_key", STR), ("rows", I64), ("error_rows", I64), ("spec_method", STR),
-    ("draft_len", I64), ("acceptance_rate", F64), ("mean_accepted_len", F64), ("output_tokens", I64),
-    ("decode_s", F64), ("prefill_s", F64), ("draft_s", F64), ("verify_s", F64), ("tokens_per_s", F64),
-    ("baseline_tokens_per_s", F64), ("calibration_s", F64), ("wall_s", F64), ("engine", STR), ("model", STR),
-    ("draft_model", STR), ("batch_size", I64), ("candidates", pa.list_(CANDIDATE_TYPE)),
-    ("draft_tokens", I64), ("accepted_tokens", I64), ("target_steps", I64), ("other_s", F64),
-    ("wall_tokens_per_s", F64), ("speedup", F64), ("calibration_capped", pa.bool_()), ("calibration_rows_kept", I64),
-    ("calibration_overhead_s", F64),
-    ("decision_source", STR),
-    ("decision_reason", STR), ("drift_fallback_row", I64), ("attempts", I64), ("note", STR),
-    ("builds", I64), ("build_s", F64), ("speculation_unmeasured", STR), ("caveats", STR),
-])
-STATS_SCHEMA = pa.schema(STATS_FIELDS)
+
+# ---------------------------------------------------------------------------------------------
+# A calibration arm: one struct of OUTPUT/stats' `candidates`
 
 
 @dataclass
 class ArmResult:
     """One calibration arm: its settings and what was measured (or predicted) for it."""
+
+    DERIVED: typing.ClassVar[tuple[str, ...]] = ("label",)
 
     method: str
     draft_len: int
@@ -80,7 +162,7 @@ class ArmResult:
 
     @property
     def label(self) -> str:
-        return "none" if self.method == "none" else f"{self.method}:k={self.draft_len}"
+        return spec_label(self.method, self.draft_len)
 
     @property
     def decode_s(self) -> float:
@@ -94,7 +176,7 @@ class ArmResult:
         return self.tokens_per_s / baseline_tokens_per_s if self.tokens_per_s and baseline_tokens_per_s else None
 
     def to_struct(self) -> dict:
-        return {"label": self.label, **asdict(self)}
+        return to_columns(self)
 
     def add(self, result: GenerateResult) -> None:
         t = result.timing
@@ -123,49 +205,100 @@ def _add_into(total: list[int], more: list[int]) -> None:
         total[j] += x
 
 
-@dataclass
+def chosen_arm(arms: Iterable[ArmResult], chosen: SpecConfig | str) -> ArmResult | None:
+    """The arm a shard runs with: the measured arm whose label is the chosen setting's (None when
+    the setting was fixed, or reused, without measuring it)."""
+    label = chosen if isinstance(chosen, str) else chosen.label
+    return next((a for a in arms if a.measured and a.label == label), None)
+
+
+CANDIDATE_TYPE = arrow_type(ArmResult)
+
+
+# ---------------------------------------------------------------------------------------------
+# OUTPUT/stats: one row per shard
+
+
+@dataclass(kw_only=True)
 class ShardStats:
-    """One row of OUTPUT/stats. Rates are None where nothing was drafted."""
+    """One row of OUTPUT/stats, in column order: DESIGN.md's stats columns first, then ours.
+    Rates are None where nothing was drafted; measurements are None where the shard had no row
+    that could run (every row an error row)."""
 
     shard_id: str
-    shard_key: str | None
+    shard_key: str | None  # the shard-by value
     rows: int
     error_rows: int
-    spec_method: str
-    draft_len: int
-    acceptance_rate: float | None
-    mean_accepted_len: float | None
-    output_tokens: int
-    draft_tokens: int
-    accepted_tokens: int
-    target_steps: int
-    decode_s: float
-    prefill_s: float
-    draft_s: float | None  # None: not measured (see caveats)
-    verify_s: float | None
-    other_s: float
-    tokens_per_s: float  # committed tokens per decode second (the calibration goodput measure),
-    # over the rows generated after calibration (kept calibration rows were timed there)
-    wall_tokens_per_s: float  # the same rows' tokens per second of generation, prefill included
-    baseline_tokens_per_s: float | None  # "none" measured in calibration, same measure
-    speedup: float | None  # chosen arm vs none, both measured in calibration (see _measured_speedup)
-    calibration_s: float
-    calibration_overhead_s: float  # calibration time whose work was not kept as output
-    calibration_capped: bool
-    calibration_rows_kept: int  # sample rows calibration generated to their end, kept as outputs
-    decision_source: str  # calibrated | reused | fixed | too_small
-    decision_reason: str
-    drift_fallback_row: int | None  # row index where the shard fell back to "none", if it did
-    wall_s: float
+    spec_method: str = "none"  # the decision; rows after a drift fallback ran "none" (see outputs)
+    draft_len: int = 0
+    acceptance_rate: float | None = None  # accepted / proposed
+    mean_accepted_len: float | None = None  # committed tokens per target step, the bonus token included
+    output_tokens: int = 0
+    decode_s: float | None = None
+    prefill_s: float | None = None
+    draft_s: float | None = None  # None: not measured (see caveats)
+    verify_s: float | None = None
+    tokens_per_s: float | None = None  # committed tokens per decode second (the calibration goodput
+    # measure), over the rows generated after calibration (kept calibration rows were timed there)
+    baseline_tokens_per_s: float | None = None  # "none" measured in calibration, same measure
+    calibration_s: float | None = None
+    wall_s: float | None = None
     engine: str
     model: str
-    draft_model: str | None
+    draft_model: str | None = None
     batch_size: int
-    candidates: list[dict] = field(default_factory=list)
+    candidates: list[ArmResult] = field(default_factory=list)  # one per calibrated arm
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    target_steps: int | None = None
+    other_s: float | None = None
+    speedup: float | None = None  # chosen arm vs none, both measured in calibration (shard._measured_speedup)
+    calibration_capped: bool | None = None
+    calibration_rows_kept: int | None = None  # sample rows calibration generated to their end, kept as outputs
+    calibration_overhead_s: float | None = None  # calibration time whose work was not kept as output
+    decision_source: str | None = None  # calibrated | reused | fixed | too_small
+    decision_reason: str | None = None
+    drift_fallback_row: int | None = None  # row index where the shard fell back to "none", if it did
+    attempts: int = 1  # tries this shard took (a worker death or an exception is retried)
+    note: str | None = None  # why the shard's rows are error rows, when every attempt failed
     builds: int = 0  # engine builds while this shard ran (TensorRT-LLM: one per arm switched to)
     build_s: float = 0.0  # their seconds, part of calibration_s when calibration caused them
     speculation_unmeasured: str | None = None  # why no speculative arm could be measured, if none could
     caveats: str | None = None  # figures that are estimates or were not measured, and why
 
+    @property
+    def chosen(self) -> ArmResult | None:
+        return chosen_arm(self.candidates, spec_label(self.spec_method, self.draft_len))
+
     def to_row(self) -> dict:
-        return asdict(self)
+        return to_columns(self)
+
+    @classmethod
+    def from_row(cls, row: dict) -> "ShardStats":
+        return from_columns(cls, row)
+
+
+STATS_FIELDS = arrow_fields(ShardStats)
+STATS_SCHEMA = pa.schema(STATS_FIELDS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Totals over shards (pipeline.summarize prints them, report/load.py shows them)
+
+
+@dataclass(frozen=True)
+class Speedup:
+    speedup: float | None  # sum(decode_s x speedup) / sum(decode_s)
+    baseline_tokens_per_s: float | None  # the same shards' tokens over what plain decoding would have taken
+
+
+def speedup_total(shards: Iterable[ShardStats]) -> Speedup:
+    """The run's speedup over plain decoding: every shard with a calibrated ratio (chosen arm vs
+    none, measured side by side) weighs it by its decode time; sum(decode_s x speedup) is what
+    plain decoding would have taken for the same tokens."""
+    timed = [s for s in shards if s.speedup and s.decode_s and s.tokens_per_s]
+    plain_s = sum(s.decode_s * s.speedup for s in timed)
+    decode_s = sum(s.decode_s for s in timed)
+    tokens = sum(s.tokens_per_s * s.decode_s for s in timed)
+    return Speedup(plain_s / decode_s if decode_s else None, tokens / plain_s if plain_s else None)
+

@@ -22,7 +22,7 @@ import collections
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -39,6 +39,7 @@ from batchspec.read import (
     read_rows,
     row_id,
 )
+from batchspec.stats import ShardStats
 from batchspec.write import Output, output_table, stats_table
 
 
@@ -80,7 +81,7 @@ class ShardOutcome:
     rows: int
     error_rows: int
     output_tokens: int
-    stats: dict = field(default_factory=dict)
+    stats: ShardStats
     decision: Any = None
 
 
@@ -106,11 +107,11 @@ def load_shard(job: WorkerJob, plan: ShardPlan) -> ShardRows:
     return ShardRows(table, parse_rows(table, ids, job.defaults))
 
 
-def commit(job: WorkerJob, plan: ShardPlan, rows: ShardRows, completions: list[Completion], specs: list[SpecConfig], stats: dict) -> ShardOutcome:
+def commit(job: WorkerJob, plan: ShardPlan, rows: ShardRows, completions: list[Completion], specs: list[SpecConfig], stats: ShardStats) -> ShardOutcome:
+    """Write the shard: its rows (error rows included) counted into `stats`, outputs then stats."""
     errors = sum(c.finish_reason == "error" for c in completions)
     tokens = sum(c.output_tokens for c in completions)
-    stats = {**stats, "shard_id": plan.shard_id, "shard_key": plan.shard_key, "rows": len(completions), "error_rows": errors}
-    stats.setdefault("output_tokens", tokens)
+    stats = replace(stats, shard_id=plan.shard_id, shard_key=plan.shard_key, rows=len(completions), error_rows=errors, output_tokens=tokens)
     passthrough = rows.table.select([n for n in job.passthrough.names if n in rows.table.column_names])
     job.output.commit_shard(plan.shard_id, output_table(plan.shard_id, completions, specs, passthrough, job.out_schema), stats_table(stats))
     return ShardOutcome(plan.shard_id, plan.shard_key, len(completions), errors, tokens, stats)
@@ -121,9 +122,14 @@ def commit_failed(job: WorkerJob, plan: ShardPlan, reason: str, attempts: int) -
     rows = load_shard(job, plan)
     reason = f"shard failed {attempts} times: {reason}"
     completions = [Completion.failed(p.request.id, reason) for p in rows.parsed]
-    stats = {"engine": job.engine, "model": job.model, "draft_model": job.draft_model, "batch_size": job.batch_size,
-             "spec_method": "none", "draft_len": 0, "output_tokens": 0, "attempts": attempts, "note": reason}
+    stats = _unrun_stats(job, plan, attempts=attempts, note=reason)
     return commit(job, plan, rows, completions, [NO_SPEC] * len(completions), stats)
+
+
+def _unrun_stats(job: WorkerJob, plan: ShardPlan, **more: Any) -> ShardStats:
+    """Stats of a shard no row of which ran on the engine: counts only, no measurements."""
+    return ShardStats(shard_id=plan.shard_id, shard_key=plan.shard_key, rows=0, error_rows=0, engine=job.engine,
+                      model=job.model, draft_model=job.draft_model, batch_size=job.batch_size, **more)
 
 
 # ---- the actor -------------------------------------------------------------------------------
@@ -163,16 +169,15 @@ class ShardWorker:
         started = time.perf_counter()
         rows = load_shard(job, plan)
         good = [p.request for p in rows.parsed if p.error is None]
-        stats: dict = {"engine": job.engine, "model": job.model, "draft_model": job.draft_model, "batch_size": job.batch_size}
         result = None
         if good:
             arms = list(job.arms) if job.calibrate else [job.arms[0] if job.arms else NO_SPEC]
             settings = CalibrationSettings(**dict(job.calibration))
             result = run_shard(self.engine, ShardInput(plan.shard_id, plan.shard_key, good), arms, job.calibrate, job.batch_size, settings, task.prior)
-            stats = {**stats, **result.stats.to_row(), "model": job.model}
+            stats = replace(result.stats, model=job.model, attempts=task.attempt)  # the model as configured, not its resolved path
+        else:
+            stats = _unrun_stats(job, plan, attempts=task.attempt, wall_s=time.perf_counter() - started)
         completions, specs = _merge(rows.parsed, result)
-        stats["attempts"] = task.attempt
-        stats.setdefault("wall_s", time.perf_counter() - started)
         outcome = commit(job, plan, rows, completions, specs, stats)
         outcome.decision = result.decision if result is not None else task.prior
         return outcome

@@ -1,4 +1,5 @@
-"""Steps 4 and 5, commit and manifest: everything written under OUTPUT, through fsspec only.
+"""Step 4, commit: everything written under OUTPUT goes through `Output`, over fsspec only
+(pipeline.py composes the manifest of step 5 and writes it through `Output.put_json`).
 
 Layout (DESIGN.md, the contract with data teams):
 
@@ -12,8 +13,8 @@ which they publish atomically. A shard counts as committed once its stats object
 reader (or a resumed run) never takes half a shard for a whole one; names are deterministic, so a
 retried shard overwrites rather than duplicates.
 
-Schemas are explicit (nullable strings, int64 counts) so `pl.scan_parquet("OUTPUT/outputs/*.parquet")`
-reads every shard as one table.
+Schemas are explicit, derived from the records in stats.py (nullable strings, int64 counts), so
+`pl.scan_parquet("OUTPUT/outputs/*.parquet")` reads every shard as one table.
 
 Date templates: OUTPUT (and INPUT) may contain `{date}` (YYYY-MM-DD), `{yyyy}`, `{mm}`, `{dd}`, resolved
 once at start from the run date (today in UTC, or `--run-date` to rerun a given night).
@@ -36,7 +37,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from batchspec.engine.base import Completion, SpecConfig
 from batchspec.errors import ConfigError, OutputError, one_line
-from batchspec.stats import CANDIDATE_TYPE, OUTPUT_FIELDS, STATS_FIELDS, STATS_SCHEMA
+from batchspec import stats
+from batchspec.stats import OUTPUT_FIELDS, OutputRow, ShardStats
 
 
 def resolve_template(url: str, run_date: dt.date) -> str:
@@ -63,35 +65,18 @@ def output_table(
 ) -> pa.Table:
     """The shard's output rows in input order; one per completion, passthrough columns appended."""
     assert len(completions) == len(row_specs) == passthrough.num_rows, (len(completions), len(row_specs), passthrough.num_rows)
-    cols = {
-        "id": [c.id for c in completions],
-        "shard_id": [shard_id] * len(completions),
-        "text": [c.text for c in completions],
-        "prompt_tokens": [c.prompt_tokens for c in completions],
-        "output_tokens": [c.output_tokens for c in completions],
-        "finish_reason": [c.finish_reason for c in completions],
-        "error": [c.error for c in completions],
-        "spec_method": [s.method for s in row_specs],
-        "draft_len": [s.draft_len for s in row_specs],
-        "draft_tokens": [c.draft_tokens for c in completions],
-        "accepted_tokens": [c.accepted_tokens for c in completions],
-        "target_steps": [c.target_steps for c in completions],
-    }
-    arrays = [pa.array(cols[f.name], f.type) for f in OUTPUT_FIELDS]
+    ours = stats.table(OutputRow, [OutputRow.of(shard_id, c, s) for c, s in zip(completions, row_specs)])
+    arrays = list(ours.columns)
     for f in list(schema)[len(OUTPUT_FIELDS) :]:
         have = f.name in passthrough.column_names
         arrays.append(passthrough.column(f.name).cast(f.type) if have else pa.nulls(passthrough.num_rows, f.type))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def stats_table(row: dict) -> pa.Table:
-    """One stats row, typed by STATS_SCHEMA: missing columns are null, unknown keys are dropped."""
-    row = {**row, "candidates": [_candidate(c) for c in row.get("candidates") or []]}
-    return pa.Table.from_pylist([{f.name: row.get(f.name) for f in STATS_FIELDS}], schema=STATS_SCHEMA)
-
-
-def _candidate(c: dict) -> dict:
-    return {f.name: c.get(f.name) for f in CANDIDATE_TYPE}
+def stats_table(row: ShardStats) -> pa.Table:
+    """One stats row, typed by STATS_SCHEMA (derived from ShardStats: every field is a column)."""
+    assert isinstance(row, ShardStats), type(row)
+    return stats.table(ShardStats, [row])
 
 
 @dataclass(frozen=True)
@@ -174,12 +159,12 @@ class Output:
             raise OutputError(f"cannot list OUTPUT {self.url}: {one_line(exc)}") from exc
         return {posixpath.basename(n)[: -len(".parquet")] for n in names if n.endswith(".parquet") and not posixpath.basename(n).startswith(".")}
 
-    def read_stats(self, shard_ids: list[str]) -> list[dict]:
+    def read_stats(self, shard_ids: list[str]) -> list[ShardStats]:
         fs = self.fs
         rows = []
         for sid in shard_ids:
             with fs.open(self.stats_path(sid), "rb") as f:
-                rows.extend(pq.read_table(f).to_pylist())
+                rows.extend(ShardStats.from_row(r) for r in pq.read_table(f).to_pylist())
         return rows
 
     def clear(self) -> None:

@@ -312,14 +312,14 @@ def test_copy_heavy_and_free_prose_shards_get_different_decisions():
     copied = run_shard(engine, ShardInput("copy", "copy", copy), arms, True, 4, settings)
     free = run_shard(engine, ShardInput("prose", "prose", prose), arms, True, 4, settings)
     # what is deterministic: how often the target keeps n-gram drafts on each workload
-    acc = {s.stats.shard_key: next(a for a in s.stats.candidates if a["label"] == "ngram:k=2")["acceptance_rate"]
+    acc = {s.stats.shard_key: next(a for a in s.stats.candidates if a.label == "ngram:k=2").acceptance_rate
            for s in (copied, free)}
     assert acc["copy"] > 0.6 and acc["prose"] < 0.35, acc
     # what calibration measured and decided from it (2.2x vs 0.7x here: far from the margin)
     assert copied.stats.spec_method == "ngram" and free.stats.spec_method == "none"
     for s in (copied, free):
         assert s.stats.decision_source == "calibrated" and len(s.stats.candidates) == 4
-        assert math.isclose(s.stats.baseline_tokens_per_s, s.stats.candidates[0]["tokens_per_s"])
+        assert math.isclose(s.stats.baseline_tokens_per_s, s.stats.candidates[0].tokens_per_s)
 
 
 # -- the command ---------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.errors import ConfigError, InputError, OutputError
 from batchspec.plan import Plan, check_resume, make_plan
 from batchspec.read import RowDefaults, open_input, parse_rows, read_rows, scan_keys
-from batchspec.stats import OUTPUT_NAMES
+from batchspec.stats import OUTPUT_NAMES, ArmResult, ShardStats
 from batchspec.write import (
     Output,
     output_schema,
@@ -140,6 +140,10 @@ def test_messages_rows_parse_and_bad_shapes_are_errors():
     assert rows[2].error == "prompt and messages are both null"
 
 
+def _stats(shard_id: str, **more) -> ShardStats:
+    return ShardStats(shard_id=shard_id, shard_key=None, rows=1, error_rows=0, engine="torch", model="tiny", batch_size=1, **more)
+
+
 def test_output_and_stats_tables_keep_one_schema_across_shards(tmp_path):
     out = Output(str(tmp_path / "out"))
     passthrough = pa.schema([("task", pa.string())])
@@ -147,8 +151,8 @@ def test_output_and_stats_tables_keep_one_schema_across_shards(tmp_path):
     ok = [Completion("a", "hello", prompt_tokens=3, output_tokens=2, finish_reason="stop")]
     bad = [Completion.failed("b", "prompt is empty")]
     spec = SpecConfig("ngram", 4)
-    out.commit_shard("00000", output_table("00000", ok, [spec], pa.table({"task": ["code"]}), schema), stats_table({"shard_id": "00000", "rows": 1, "candidates": [{"label": "none", "method": "none", "draft_len": 0, "tokens_per_s": 9.5}]}))
-    out.commit_shard("00001", output_table("00001", bad, [NO_SPEC], pa.table({"task": [None]}, schema=passthrough), schema), stats_table({"shard_id": "00001", "rows": 1}))
+    out.commit_shard("00000", output_table("00000", ok, [spec], pa.table({"task": ["code"]}), schema), stats_table(_stats("00000", candidates=[ArmResult("none", 0, tokens_per_s=9.5, measured=True)])))
+    out.commit_shard("00001", output_table("00001", bad, [NO_SPEC], pa.table({"task": [None]}, schema=passthrough), schema), stats_table(_stats("00001")))
     df = pl.scan_parquet(f"{tmp_path}/out/outputs/*.parquet").collect().sort("id")
     assert df.columns == [*OUTPUT_NAMES, "task"]
     assert df["text"].to_list() == ["hello", None]

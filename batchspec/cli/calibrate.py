@@ -60,7 +60,7 @@ def _print_tables(results) -> None:
                 f"{a.acceptance_rate:.2f}" if a.acceptance_rate is not None else "",
                 f"{a.mean_accepted_len:.2f}" if a.mean_accepted_len else "",
                 speed,
-                "<- chosen" if a.measured and a.label == d.chosen.label else "",
+                "<- chosen" if a is d.chosen_arm else "",
             )
         console.print(table)
         console.print(f"choice: {d.chosen.label} ({d.reason}); calibration {d.calibration_s:.1f} s, "

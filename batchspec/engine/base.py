@@ -66,6 +66,11 @@ class Request:
 NGRAM_SIZE_DEFAULT = 2
 
 
+def spec_label(method: str, draft_len: int) -> str:
+    """An arm's name in stats, reports and logs: `none`, or `method:k=N`."""
+    return "none" if method == "none" else f"{method}:k={draft_len}"
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """One speculative setting (one calibration arm), engine-neutral.
@@ -89,7 +94,7 @@ class SpecConfig:
 
     @property
     def label(self) -> str:
-        return "none" if self.method == "none" else f"{self.method}:k={self.draft_len}"
+        return spec_label(self.method, self.draft_len)
 
     def with_draft_len(self, k: int) -> "SpecConfig":
         return dataclasses.replace(self, draft_len=k)

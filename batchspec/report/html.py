@@ -59,7 +59,7 @@ def table_rows(report: RunReport) -> tuple[list[str], list[list[str]], list[str]
     """Header, one row per shard, and the totals row: shared by the terminal and the HTML table."""
     header = ["shard", "key", "rows", "errors", "method", "k", "decision", "accept", "mean acc len", "tok/s", "baseline tok/s", "speedup", "calib share", "calib cost"]
     rows = [[s.shard_id, s.shard_key or "-", str(s.rows), str(s.error_rows), s.spec_method, str(s.draft_len) if s.spec_method != "none" else "-",
-             (s.decision or "-") + (f" (drift@{s.drift_fallback_row})" if s.drift_fallback_row is not None else ""),
+             (s.decision_source or "-") + (f" (drift@{s.drift_fallback_row})" if s.drift_fallback_row is not None else ""),
              _pct(s.acceptance_rate), _num(s.mean_accepted_len, 2), _num(s.tokens_per_s), _num(s.baseline_tokens_per_s), _x(s.speedup),
              _pct(s.calibration_share), _pct(s.calibration_cost)] for s in report.shards]
     t = report.totals

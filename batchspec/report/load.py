@@ -9,6 +9,7 @@ Definitions (per shard, from its stats row; totals over every committed shard):
 
     speedup            the stats' speedup: chosen arm vs "none", both measured in the shard's calibration;
                        totals: sum(decode_s x speedup) / sum(decode_s), as `batchspec run` prints it
+                       (one function for both: batchspec.stats.speedup_total)
     calibration share  calibration_s / wall_s (all calibration time, rows it kept as outputs included)
     calibration cost   calibration_overhead_s / wall_s (the calibration work not kept as output)
     time split         prefill_s, draft_s, verify_s, calibration_s, and other = the rest of wall_s
@@ -26,13 +27,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import fsspec
 import polars as pl
 
 from batchspec.errors import OutputError, one_line
+from batchspec.stats import ShardStats, speedup_total, to_columns
 
 POLARS_PROTOCOLS = ("file", "local", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 OUTPUT_COLUMNS = ("shard_id", "finish_reason", "output_tokens", "draft_tokens", "accepted_tokens", "target_steps")
@@ -41,46 +43,16 @@ MAX_PLOTTED = 60  # shards per bar chart; past it, a scatter per shard and time 
 MAX_ARM_PANELS = 24
 
 
-@dataclass(frozen=True)
-class Arm:
-    label: str
-    spec_method: str
-    draft_len: int
-    tokens_per_s: float | None
-    acceptance_rate: float | None
-    mean_accepted_len: float | None
-    chosen: bool
-    predicted_tokens_per_s: float | None = None  # calibration's prediction for an arm it did not measure
-    speedup: float | None = None  # over "none" on the same calibration rows
+@dataclass(kw_only=True)
+class ShardReport(ShardStats):
+    """A shard's stats row (every column of OUTPUT/stats, as batchspec.stats.ShardStats declares
+    them) and what the report derives from it. `candidates` are the calibrated arms; `chosen` is
+    the one the shard ran with (batchspec.stats.chosen_arm)."""
 
-
-@dataclass(frozen=True)
-class ShardReport:
-    shard_id: str
-    shard_key: str | None
-    rows: int
-    error_rows: int
-    output_rows: int | None  # rows found in outputs/ (None when outputs were not read)
-    spec_method: str
-    draft_len: int
-    acceptance_rate: float | None
-    mean_accepted_len: float | None
-    output_tokens: int
-    tokens_per_s: float | None
-    baseline_tokens_per_s: float | None
-    speedup: float | None
-    calibration_share: float | None
-    calibration_cost: float | None
-    wall_s: float
-    decode_s: float
-    time_split: dict[str, float]  # TIME_PARTS -> seconds, summing to wall_s
-    arms: tuple[Arm, ...]
-    decision: str | None = None  # calibrated | reused | fixed | too_small (batchspec.shard)
-    decision_reason: str | None = None
-    drift_fallback_row: int | None = None  # row where the shard fell back to "none", if it did
-    note: str | None = None
-    speculation_unmeasured: str | None = None  # why no speculative arm could be measured, if none could
-    builds: int = 0  # engine builds while the shard ran (TensorRT-LLM)
+    output_rows: int | None = None  # rows found in outputs/ (None when outputs were not read)
+    calibration_share: float | None = None
+    calibration_cost: float | None = None
+    time_split: dict[str, float] = field(default_factory=dict)  # TIME_PARTS -> seconds, summing to wall_s
 
 
 @dataclass(frozen=True)
@@ -115,7 +87,10 @@ class RunReport:
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     def to_doc(self) -> dict:
-        return asdict(self)
+        """The report as JSON-ready values: each shard's stats columns (arm labels included), the
+        label of its chosen arm, and what the report derives."""
+        shards = [{**to_columns(s), "chosen": s.chosen.label if s.chosen else None} for s in self.shards]
+        return {**asdict(self), "shards": shards}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,52 +192,33 @@ def _first(frame: pl.DataFrame, column: str) -> str | None:
 
 
 def _shard(row: dict, per_shard: dict[str, dict] | None) -> ShardReport:
-    wall = float(row.get("wall_s") or 0.0)
-    parts = {name: float(row.get(f"{name}_s") or 0.0) for name in ("prefill", "draft", "verify", "calibration")}
+    stats = ShardStats.from_row(row)
+    wall = stats.wall_s or 0.0
+    parts = {"prefill": stats.prefill_s, "draft": stats.draft_s, "verify": stats.verify_s, "calibration": stats.calibration_s}
+    parts = {name: v or 0.0 for name, v in parts.items()}
     parts["other"] = max(0.0, wall - sum(parts.values()))
-    base, tps = row.get("baseline_tokens_per_s"), row.get("tokens_per_s")
-    speedup = row.get("speedup")
-    method, k = row.get("spec_method") or "none", int(row.get("draft_len") or 0)
-    arms = tuple(_arm(c, method, k) for c in row.get("candidates") or [])
-    found = per_shard.get(row["shard_id"]) if per_shard is not None else None
+    found = per_shard.get(stats.shard_id) if per_shard is not None else None
     return ShardReport(
-        shard_id=row["shard_id"], shard_key=row.get("shard_key"), rows=int(row.get("rows") or 0),
-        error_rows=int(row.get("error_rows") or 0),
+        **{f.name: getattr(stats, f.name) for f in fields(ShardStats)},
         output_rows=None if per_shard is None else (found["rows"] if found else 0),
-        spec_method=method, draft_len=k, acceptance_rate=row.get("acceptance_rate"),
-        mean_accepted_len=row.get("mean_accepted_len"), output_tokens=int(row.get("output_tokens") or 0),
-        tokens_per_s=tps, baseline_tokens_per_s=base, speedup=speedup,
         calibration_share=parts["calibration"] / wall if wall > 0 else None,
-        calibration_cost=_cost(row) / wall if wall > 0 else None, wall_s=wall,
-        decode_s=float(row.get("decode_s") or 0.0), time_split={p: parts[p] for p in TIME_PARTS},
-        arms=arms, decision=row.get("decision_source"), decision_reason=row.get("decision_reason"),
-        drift_fallback_row=row.get("drift_fallback_row"), note=row.get("note"),
-        speculation_unmeasured=row.get("speculation_unmeasured"), builds=int(row.get("builds") or 0),
+        calibration_cost=_cost(stats) / wall if wall > 0 else None,
+        time_split={p: parts[p] for p in TIME_PARTS},
     )
 
 
-def _arm(c: dict, method: str, k: int) -> Arm:
-    m, dl = c.get("spec_method") or c.get("method") or "none", int(c.get("draft_len") or 0)
-    chosen = m == method and (m == "none" or dl == k)
-    return Arm(c.get("label") or (m if m == "none" else f"{m}:k={dl}"), m, dl, c.get("tokens_per_s"),
-               c.get("acceptance_rate"), c.get("mean_accepted_len"), chosen, c.get("predicted_tokens_per_s"),
-               c.get("speedup"))
-
-
-def _cost(row: dict) -> float:
+def _cost(stats: ShardStats) -> float:
     """Calibration time not kept as output; stats written before that column count it all."""
-    overhead = row.get("calibration_overhead_s")
-    return float(row.get("calibration_s") or 0.0) if overhead is None else float(overhead)
+    overhead = stats.calibration_overhead_s
+    return (stats.calibration_s or 0.0) if overhead is None else overhead
 
 
 def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dict | None, reasons: dict) -> Totals:
-    timed = [s for s in shards if s.speedup and s.decode_s and s.tokens_per_s]
     # tokens committed within each shard's timed decode (rows kept from calibration were timed there)
-    decoded = {s.shard_id: s.tokens_per_s * s.decode_s for s in shards if s.tokens_per_s and s.decode_s}
-    base_s = sum(s.decode_s * s.speedup for s in timed)  # what plain decoding would have taken
-    timed_decode = sum(s.decode_s for s in timed)
-    decode = sum(s.decode_s for s in shards)
-    wall = sum(s.wall_s for s in shards)
+    decoded = sum(s.tokens_per_s * s.decode_s for s in shards if s.tokens_per_s and s.decode_s)
+    decode = sum(s.decode_s or 0.0 for s in shards)
+    total = speedup_total(shards)
+    wall = sum(s.wall_s or 0.0 for s in shards)
     tokens = sum(s.output_tokens for s in shards)
     split = {p: sum(s.time_split[p] for s in shards) for p in TIME_PARTS}
     speculated = [r for r in (per_shard or {}).values() if r["draft_tokens"]]
@@ -275,11 +231,11 @@ def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dic
         output_rows=sum(r["rows"] for r in per_shard.values()) if per_shard is not None else None,
         output_tokens=tokens, acceptance_rate=accepted / drafted if drafted else None,
         mean_accepted_len=1 + accepted / steps if steps else None,
-        tokens_per_s=sum(decoded.values()) / decode if decode else None,
-        baseline_tokens_per_s=sum(decoded[s.shard_id] for s in timed) / base_s if base_s else None,
-        speedup=base_s / timed_decode if timed_decode else None,
+        tokens_per_s=decoded / decode if decode else None,
+        baseline_tokens_per_s=total.baseline_tokens_per_s,
+        speedup=total.speedup,
         calibration_share=split["calibration"] / wall if wall else None,
-        calibration_cost=sum((s.calibration_cost or 0.0) * s.wall_s for s in shards) / wall if wall else None,
+        calibration_cost=sum((s.calibration_cost or 0.0) * (s.wall_s or 0.0) for s in shards) / wall if wall else None,
         wall_s=wall, time_split=split,
         finish_reasons=reasons,
     )

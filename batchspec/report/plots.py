@@ -85,26 +85,26 @@ def _fig_rates_scatter(report: RunReport) -> str:
 def _fig_arms(report: RunReport) -> str | None:
     import matplotlib.pyplot as plt
 
-    with_arms = [s for s in report.shards if s.arms]
+    with_arms = [s for s in report.shards if s.candidates]
     shards = with_arms[:MAX_ARM_PANELS]
     if not shards:
         return None
     cols = min(4, len(shards))
     rows = (len(shards) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 0.6 + max(len(s.arms) for s in shards) * 0.28 * rows + 0.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 0.6 + max(len(s.candidates) for s in shards) * 0.28 * rows + 0.6 * rows), squeeze=False)
     for ax, s in zip(axes.flat, shards):
-        labels = [a.label for a in s.arms]
-        values = [a.tokens_per_s or a.predicted_tokens_per_s or 0.0 for a in s.arms]
-        colors = ["#f0b429" if a.chosen else COLORS.get(a.spec_method, "#2680c2") for a in s.arms]
-        bars = ax.barh(labels, values, color=colors, edgecolor=["#1f2933" if a.chosen else "none" for a in s.arms])
-        for bar, a in zip(bars, s.arms):
+        labels = [a.label for a in s.candidates]
+        values = [a.tokens_per_s or a.predicted_tokens_per_s or 0.0 for a in s.candidates]
+        colors = ["#f0b429" if a is s.chosen else COLORS.get(a.method, "#2680c2") for a in s.candidates]
+        bars = ax.barh(labels, values, color=colors, edgecolor=["#1f2933" if a is s.chosen else "none" for a in s.candidates])
+        for bar, a in zip(bars, s.candidates):
             if a.tokens_per_s is None:  # predicted only: an outline, not a measurement
                 bar.set_facecolor("none")
-                bar.set_edgecolor(COLORS.get(a.spec_method, "#2680c2"))
+                bar.set_edgecolor(COLORS.get(a.method, "#2680c2"))
                 bar.set_hatch("//")
-        for bar, a in zip(bars, s.arms):
+        for bar, a in zip(bars, s.candidates):
             if a.tokens_per_s is not None:
-                text = f"{a.tokens_per_s:.0f}" + (" chosen" if a.chosen else "")
+                text = f"{a.tokens_per_s:.0f}" + (" chosen" if a is s.chosen else "")
             else:
                 text = f"~{a.predicted_tokens_per_s:.0f} predicted" if a.predicted_tokens_per_s else "not measured"
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=7)

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from batchspec.cli import cli
 from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.errors import OutputError
+from batchspec.stats import ArmResult, ShardStats
 from batchspec.write import Output, output_schema, output_table, stats_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,17 +30,17 @@ def _shard(out: Output, shard_id: str, key: str, spec: SpecConfig, n: int, error
     completions += [Completion.failed(f"{shard_id}-e{i}", "prompt too long") for i in range(errors)]
     passthrough = pa.table({"task": [key] * n})
     table = output_table(shard_id, completions, [spec] * n, passthrough, output_schema(passthrough.schema))
-    arms = [{"label": "none", "method": "none", "draft_len": 0, "tokens_per_s": base},
-            {"label": "ngram:k=4", "method": "ngram", "draft_len": 4, "tokens_per_s": tps if spec.method != "none" else base * 0.8,
-             "acceptance_rate": 0.75, "mean_accepted_len": 4.0}]
-    stats = stats_table({"shard_id": shard_id, "shard_key": key, "rows": n, "error_rows": errors, "spec_method": spec.method,
-                         "draft_len": spec.draft_len, "acceptance_rate": 0.75 if spec.method != "none" else None,
-                         "mean_accepted_len": 4.0 if spec.method != "none" else 1.0, "output_tokens": 8 * (n - errors),
-                         "decode_s": 8 * (n - errors) / tps, "prefill_s": 0.5, "draft_s": 0.2, "verify_s": 1.0,
-                         "tokens_per_s": tps, "baseline_tokens_per_s": base, "calibration_s": 1.0, "wall_s": 4.0,
-                         "speedup": tps / base,  # chosen arm vs none in calibration (the arms above)
-                         "engine": "torch", "model": "tiny", "batch_size": 4, "candidates": arms,
-                         "decision_source": "calibrated", "drift_fallback_row": 2 if key == "prose" else None})
+    arms = [ArmResult("none", 0, tokens_per_s=base, measured=True),
+            ArmResult("ngram", 4, tokens_per_s=tps if spec.method != "none" else base * 0.8, acceptance_rate=0.75,
+                      mean_accepted_len=4.0, measured=True)]
+    stats = stats_table(ShardStats(shard_id=shard_id, shard_key=key, rows=n, error_rows=errors, spec_method=spec.method,
+                                   draft_len=spec.draft_len, acceptance_rate=0.75 if spec.method != "none" else None,
+                                   mean_accepted_len=4.0 if spec.method != "none" else 1.0, output_tokens=8 * (n - errors),
+                                   decode_s=8 * (n - errors) / tps, prefill_s=0.5, draft_s=0.2, verify_s=1.0,
+                                   tokens_per_s=tps, baseline_tokens_per_s=base, calibration_s=1.0, wall_s=4.0,
+                                   speedup=tps / base,  # chosen arm vs none in calibration (the arms above)
+                                   engine="torch", model="tiny", batch_size=4, candidates=arms,
+                                   decision_source="calibrated", drift_fallback_row=2 if key == "prose" else None))
     out.commit_shard(shard_id, table, stats)
 
 
@@ -100,8 +101,8 @@ def test_report_json_and_html(written_run, tmp_path):
     doc = json.loads(result.stdout)
     assert doc["totals"]["rows"] == 8 and doc["totals"]["error_rows"] == 1 and doc["totals"]["acceptance_rate"] == 0.75
     assert doc["totals"]["finish_reasons"] == {"error": 1, "length": 7}
-    assert [a["chosen"] for a in doc["shards"][0]["arms"]] == [False, True]
-    assert [a["chosen"] for a in doc["shards"][1]["arms"]] == [True, False]
+    assert [s["chosen"] for s in doc["shards"]] == ["ngram:k=4", "none"]
+    assert [a["label"] for a in doc["shards"][0]["candidates"]] == ["none", "ngram:k=4"]
     assert page.read_text().count("data:image/png;base64,") == 3
 
 

@@ -75,17 +75,16 @@ def test_report_of_a_real_run_agrees_with_its_files(real_run):
         assert s.output_rows == s.rows == ROWS // 2
         assert sum(s.time_split[p] for p in TIME_PARTS) == pytest.approx(s.wall_s)
         assert all(v >= 0 for v in s.time_split.values())
-        measured = {a.label: a.tokens_per_s for a in s.arms if a.tokens_per_s}
+        measured = {a.label: a.tokens_per_s for a in s.candidates if a.tokens_per_s}
         chosen_label = "none" if s.spec_method == "none" else f"{s.spec_method}:k={s.draft_len}"
-        if s.decision == "calibrated" and measured.get("none") and measured.get(chosen_label):
+        if s.decision_source == "calibrated" and measured.get("none") and measured.get(chosen_label):
             # like for like: the chosen arm and none, measured on the same calibration rows
-            paired = next(a.speedup for a in s.arms if a.label == chosen_label)
+            paired = next(a.speedup for a in s.candidates if a.label == chosen_label)
             assert s.speedup == pytest.approx(paired if paired is not None else measured[chosen_label] / measured["none"])
-        assert "none" in [a.label for a in s.arms]  # calibration always measures the baseline
-        chosen = [a for a in s.arms if a.chosen]
-        assert len(chosen) == 1 and chosen[0].spec_method == s.spec_method
+        assert "none" in [a.label for a in s.candidates]  # calibration always measures the baseline
+        assert s.chosen is not None and s.chosen.label == chosen_label and s.chosen.method == s.spec_method
         assert 0 <= s.calibration_cost <= s.calibration_share <= 1
-        assert s.decision in ("calibrated", "reused", "fixed", "too_small")
+        assert s.decision_source in ("calibrated", "reused", "fixed", "too_small")
 
 
 def test_report_reads_s3_with_endpoint_and_credentials_from_the_environment(real_run, monkeypatch):

@@ -50,7 +50,7 @@ def test_builds_per_run_and_their_cost_share(monkeypatch):
     # key "code": none + one probe per method (ngram, eagle3) = 3 calibration builds, no confirmations
     first = results[0]
     assert first.decision_source == "calibrated" and 3 <= first.builds <= 4
-    assert {c["label"] for c in first.candidates if c["measured"]} == {"none", "ngram:k=2", "eagle3:k=2"}
+    assert {c.label for c in first.candidates if c.measured} == {"none", "ngram:k=2", "eagle3:k=2"}
     assert first.calibration_s >= 3 * BUILD_S  # build seconds are calibration cost
     # later shards of the key reuse the decision: no calibration, at most the production build
     assert [s.decision_source for s in results[1:3]] == ["reused", "reused"] and builds[1:3] == [0, 0]
