@@ -69,6 +69,7 @@ class RunSummary:
     speculation_reason: str | None = None
     builds: int = 0  # engine builds over the run (TensorRT-LLM: one per arm switched to)
     build_s: float = 0.0
+    dropped_arms: tuple[str, ...] = ()  # candidate arms left out of calibration, one line each with the reason
 
 
 def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: type[ShardWorker] = ShardWorker) -> RunSummary:
@@ -77,7 +78,8 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
     opts = dict(config.storage_options)
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "run")
-    arms, calibrate = resolve_arms(config)
+    choice = resolve_spec(config)
+    arms, calibrate = run_arms(choice)
     llm_options = run_llm_options(config, arms)
     output = Output(resolve_template(config.output, run_date), tuple(opts.items()))
     output.check_writable()
@@ -103,7 +105,7 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
     work_s = time.perf_counter() - work_started
 
     stats = output.read_stats(_committed_in_order(output, plan))  # 4. commit: every shard accounted for
-    summary = summarize(output.url, plan, stats, report, skipped, work_s, time.perf_counter() - started)
+    summary = summarize(output.url, plan, stats, report, skipped, work_s, time.perf_counter() - started, choice.dropped)
     if summary.complete:  # 5. manifest
         write_manifest(output, config, plan, summary)
     return summary
@@ -126,10 +128,15 @@ def run_llm_options(config: RunConfig, arms) -> dict:
     return merge(dict(config.llm_options), [a for a in arms if a.method != "none"], where=f"{config.pipeline or 'run'}: llm_options")
 
 
-def resolve_arms(config: RunConfig) -> tuple[tuple, bool]:
+def resolve_spec(config: RunConfig):
+    """`--spec` as a `SpecChoice` (the arms, whether to calibrate, and any arm left out and why)."""
     from batchspec.config.candidates import resolve_spec_arg
 
-    choice = resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)
+    return resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)
+
+
+def run_arms(choice) -> tuple[tuple, bool]:
+    """The arms workers get, and whether they calibrate over them."""
     if choice.calibrate:
         return tuple(choice.arms), True
     return ((choice.fixed or NO_SPEC),), False
@@ -185,7 +192,8 @@ def _committed_in_order(output: Output, plan: Plan) -> list[str]:
     return [s.shard_id for s in plan.shards]
 
 
-def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: int, work_s: float, wall_s: float) -> RunSummary:
+def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: int, work_s: float, wall_s: float,
+              dropped_arms: tuple[str, ...] = ()) -> RunSummary:
     rows = sum(s.rows for s in stats)
     new_ids = {o.shard_id for o in report.outcomes} if report else set()
     new_tokens = sum(s.output_tokens for s in stats if s.shard_id in new_ids)
@@ -209,6 +217,7 @@ def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: in
         speculation_reason=f"{unmeasured[0].shard_id}: {unmeasured[0].speculation_unmeasured}" if unmeasured else None,
         builds=sum(s.builds for s in stats),
         build_s=sum(s.build_s for s in stats),
+        dropped_arms=tuple(dropped_arms),
     )
 
 
@@ -259,7 +268,7 @@ class KeyCalibration:
 def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "run")
-    arms, _ = resolve_arms(config)
+    arms, _ = run_arms(resolve_spec(config))
     storage = dict(config.storage_options)
     source = open_input(config.input, storage, config.shard_by)
     keys = scan_keys(source, config.shard_by)

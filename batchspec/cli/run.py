@@ -113,5 +113,8 @@ def _print_summary(s) -> None:
         *([("speculation", f"NOT MEASURED in {s.speculation_unmeasured} shard(s): {s.speculation_reason}")] if s.speculation_unmeasured else []),
     ]:
         table.add_row(name, value)
-    Console(file=sys.stderr).print(table)
+    console = Console(file=sys.stderr)
+    console.print(table)
+    for line in s.dropped_arms:
+        console.print(f"[yellow]warning:[/yellow] arm left out of calibration: {line}")
     click.echo(f"{s.rows} rows ({s.error_rows} errors), {s.shards} shards, {s.tokens_per_s:.1f} tokens/s, speedup {speedup} -> {s.output}")
