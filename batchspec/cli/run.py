@@ -113,8 +113,7 @@ def _print_summary(s) -> None:
         *([("speculation", f"NOT MEASURED in {s.speculation_unmeasured} shard(s): {s.speculation_reason}")] if s.speculation_unmeasured else []),
     ]:
         table.add_row(name, value)
-    console = Console(file=sys.stderr)
-    console.print(table)
-    for line in s.dropped_arms:
-        console.print(f"[yellow]warning:[/yellow] arm left out of calibration: {line}")
+    Console(file=sys.stderr).print(table)
+    for line in s.dropped_arms:  # one unwrapped line each, for logs and grep
+        click.echo(f"warning: arm left out of calibration: {line}", err=True)
     click.echo(f"{s.rows} rows ({s.error_rows} errors), {s.shards} shards, {s.tokens_per_s:.1f} tokens/s, speedup {speedup} -> {s.output}")
