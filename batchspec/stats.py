@@ -66,7 +66,8 @@ def from_columns(record: type, row: dict[str, Any]) -> Any:
     """A record from a row read back from Parquet (any version of it): columns this version does
     not know are ignored, missing or null ones take the field's default (None if it has none);
     nested records are rebuilt the same way. Writing is strict (a ShardStats has exactly its
-    fields); reading is not, so `batchspec report` still reads runs written before a column was added or removed."""
+    fields); reading is not, so `batchspec report` still reads runs written before a column was
+    added or removed."""
     hints = typing.get_type_hints(record)
     values = {}
     for f in dataclasses.fields(record):

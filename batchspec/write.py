@@ -37,7 +37,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from batchspec.engine.base import Completion, SpecConfig
 from batchspec.errors import ConfigError, OutputError, one_line
-from batchspec import stats
+from batchspec import stats as records
 from batchspec.stats import OUTPUT_FIELDS, OutputRow, ShardStats
 
 
@@ -65,7 +65,7 @@ def output_table(
 ) -> pa.Table:
     """The shard's output rows in input order; one per completion, passthrough columns appended."""
     assert len(completions) == len(row_specs) == passthrough.num_rows, (len(completions), len(row_specs), passthrough.num_rows)
-    ours = stats.table(OutputRow, [OutputRow.of(shard_id, c, s) for c, s in zip(completions, row_specs)])
+    ours = records.table(OutputRow, [OutputRow.of(shard_id, c, s) for c, s in zip(completions, row_specs)])
     arrays = list(ours.columns)
     for f in list(schema)[len(OUTPUT_FIELDS) :]:
         have = f.name in passthrough.column_names
@@ -76,7 +76,7 @@ def output_table(
 def stats_table(row: ShardStats) -> pa.Table:
     """One stats row, typed by STATS_SCHEMA (derived from ShardStats: every field is a column)."""
     assert isinstance(row, ShardStats), type(row)
-    return stats.table(ShardStats, [row])
+    return records.table(ShardStats, [row])
 
 
 @dataclass(frozen=True)
