@@ -82,6 +82,8 @@ def test_report_of_a_real_run_agrees_with_its_files(real_run):
             paired = next(a.speedup for a in s.candidates if a.label == chosen_label)
             assert s.speedup == pytest.approx(paired if paired is not None else measured[chosen_label] / measured["none"])
         assert "none" in [a.label for a in s.candidates]  # calibration always measures the baseline
+        measured_arms = [a for a in s.candidates if a.measured]
+        assert measured_arms and all(a.decode_tokens > 0 for a in measured_arms)  # written, not dropped
         assert s.chosen is not None and s.chosen.label == chosen_label and s.chosen.method == s.spec_method
         assert 0 <= s.calibration_cost <= s.calibration_share <= 1
         assert s.decision_source in ("calibrated", "reused", "fixed", "too_small")
