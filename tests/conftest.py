@@ -121,7 +121,7 @@ def ray_session():
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never join a cluster left running on the machine
         ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
     ray.shutdown()
