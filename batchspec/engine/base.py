@@ -143,10 +143,35 @@ class Completion:
     # position j+1 to j says how likely a draft continues; calibration predicts other draft lengths
     # from it. Empty when the engine does not report it.
     accepted_at: list[int] = field(default_factory=list)
+    # Drafts accepted at each of the row's target steps, in order (counts only tokens committed:
+    # drafts accepted past the row's end are not output). Empty when the engine does not report it.
+    accepted_steps: list[int] = field(default_factory=list)
 
     @classmethod
     def failed(cls, request_id: str, reason: str, prompt_tokens: int = 0) -> "Completion":
         return cls(request_id, None, prompt_tokens=prompt_tokens, finish_reason="error", error=reason)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One measured point of an engine's cost profile (`TorchEngine.profile`): seconds of one
+    forward of `model` over `batch` rows whose cache holds `context` tokens, `tokens` new tokens
+    per row. kind: target (a verify or plain step, the accept rule included) | draft (one draft
+    step) | draft_prefill (a draft model's prefill of one row of `tokens` tokens)."""
+
+    kind: str
+    model: str
+    batch: int
+    context: int
+    tokens: int
+    seconds: float
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.model, self.batch, self.context, self.tokens)
+
+    def to_struct(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 @dataclass

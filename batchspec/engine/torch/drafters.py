@@ -91,7 +91,7 @@ class ModelDrafter:
         feed = self.pending
         for i in range(K):
             logits = self.model_logits(feed)  # [B, V_draft]
-            q = probs_from_logits(_fit_vocab(logits, vocab), temps, top_ps)
+            q = probs_from_logits(fit_vocab(logits, vocab), temps, top_ps)
             u = torch.stack([r.uniform() for r in rows]).to(device)
             picked = sample_from(q, u).tolist()
             probs[:, i] = q
@@ -128,7 +128,7 @@ class ModelDrafter:
         self.pending = [self.pending[i] for i in keep.tolist()]
 
 
-def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     """Align the draft's vocabulary to the target's: pad with -inf, or cut ids the target lacks."""
     if logits.shape[-1] >= vocab:
         return logits[..., :vocab]

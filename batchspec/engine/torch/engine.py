@@ -18,6 +18,7 @@ chat templates, stop strings and the per-row checks (empty prompt, too long for 
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -31,10 +32,11 @@ from batchspec.engine.base import (
     Request,
     SamplingParams,
     SpecConfig,
+    StepCost,
     Timing,
 )
 from batchspec.engine.sampling import accept_reject, probs_from_logits, sample_from
-from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
+from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter, fit_vocab
 from batchspec.engine.torch.kv import Batch
 from batchspec.engine.torch.load import check_same_tokenizer, load_pretrained
 from batchspec.errors import ConfigError, ModelError, one_line
@@ -55,6 +57,7 @@ class Row:
     accepted_tokens: int = 0
     target_steps: int = 0
     accepted_at: list[int] = field(default_factory=list)  # see Completion
+    accepted_steps: list[int] = field(default_factory=list)  # see Completion
     finish: str | None = None
     stop_at: int | None = None  # char offset where a stop string begins
 
@@ -194,14 +197,16 @@ class TorchEngine:
             id=request.id, text=text, token_ids=out, prompt_tokens=row.prompt_len, output_tokens=len(out),
             finish_reason=row.finish or "length", draft_tokens=row.draft_tokens,
             accepted_tokens=row.accepted_tokens, target_steps=row.target_steps,
-            accepted_at=row.accepted_at,
+            accepted_at=row.accepted_at, accepted_steps=row.accepted_steps,
         )
 
     # -- the decode loop -------------------------------------------------------------------------
 
     def _decode(self, queue: list[Row], spec: SpecConfig, batch_size: int, clock: Clock):
-        """Yield each row when it finishes; keeps at most batch_size rows in flight."""
-        queue = list(queue)
+        """Yield each row when it finishes; keeps at most batch_size rows in flight. Rows are
+        admitted shortest prompt first (completions keep request order), so rows prefilled
+        together have similar lengths and batched prefill pads little."""
+        queue = sorted(queue, key=lambda r: r.prompt_len)
         active: list[Row] = []
         batch = Batch(self.device)
         drafter = self._drafter(spec)
@@ -279,36 +284,108 @@ class TorchEngine:
         if drafts is not None:
             drafter.commit(num_accepted, drafts, nexts)
         for row, d, n, nxt in zip(rows, draft_lists, accepted, nexts):
+            # drafts accepted past the row's end (eos, a stop string) are not output: not counted
+            n = min(n, self._commit(row, d[:n] + [nxt]))
             row.target_steps += 1
             row.draft_tokens += len(d)
             row.accepted_tokens += n
+            row.accepted_steps.append(n)
             row.accepted_at.extend([0] * (n - len(row.accepted_at)))
             for j in range(n):
                 row.accepted_at[j] += 1
-            self._commit(row, d[:n] + [nxt])
         clock.add("other_s", t)
 
-    def _commit(self, row: Row, tokens: list[int]) -> None:
-        """Append committed tokens, stopping at eos, max_tokens or a stop string."""
-        for token in tokens:
+    def _commit(self, row: Row, tokens: list[int]) -> int:
+        """Append committed tokens, stopping at eos, max_tokens or a stop string; return how many
+        were appended. Stop strings are checked after every token, so a speculative row ends on
+        the same token as a plain one."""
+        for i, token in enumerate(tokens, 1):
             row.context.append(token)
             if token in self.eos_ids:
                 row.finish = "stop"
-                return
+                return i
+            if row.params.stop and self._stopped(row):
+                return i
             if len(row.output) >= row.params.max_tokens:
                 row.finish = "length"
-                break
-        if row.params.stop:
-            text = self.tokenizer.decode(row.output, skip_special_tokens=True)
-            hits = [text.find(s) for s in row.params.stop if s and s in text]
-            if hits:
-                row.stop_at, row.finish = min(hits), "stop"
+                return i
+        return len(tokens)
+
+    def _stopped(self, row: Row) -> bool:
+        text = self.tokenizer.decode(row.output, skip_special_tokens=True)
+        hits = [text.find(s) for s in row.params.stop if s and s in text]
+        if hits:
+            row.stop_at, row.finish = min(hits), "stop"
+        return bool(hits)
 
     def _sampling_tensors(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
         return (
             torch.tensor([r.params.temperature for r in rows], device=self.device),
             torch.tensor([r.params.top_p for r in rows], device=self.device),
         )
+
+    # -- what calibration needs besides generate (batchspec.predict replays and prices) ----------
+
+    def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int]] = (),
+                temperature: float = 0.0, reps: int = 3) -> list[StepCost]:
+        """Time one target forward for each (batch, context, tokens per row) in `target`, the
+        accept rule's sampling work included, and one step for each (draft model, batch, context)
+        in `drafts` (plus each draft model's prefill of one row). Each point's cache is one
+        prefilled row copied to the batch size (attention cost depends on shapes, not values), so
+        a profile costs a few forwards, not batched prefills. The fastest of `reps` tries counts."""
+        points: list[StepCost] = []
+        plan = sorted([("target", self.model_name, b, c, w) for b, c, w in target] + [("draft", d, b, c, 1) for d, b, c in drafts])
+        with torch.inference_mode():
+            for (kind, name, b, c), group in itertools.groupby(plan, key=lambda p: p[:4]):
+                model = self.model if kind == "target" else self._draft(name)
+                filler = [(17 + 31 * i) % self.vocab for i in range(c)]
+                batch = Batch(self.device)
+                t = time.perf_counter()
+                batch.forward(model, [filler], self.pad_id)
+                if kind == "draft" and not any(p.kind == "draft_prefill" and p.model == name for p in points):
+                    points.append(StepCost("draft_prefill", name, 1, 0, c, time.perf_counter() - t))
+                batch.keep(torch.tensor([c], device=self.device))
+                batch.select(torch.zeros(b, dtype=torch.long, device=self.device))
+                widths = [w for *_, w in group]
+                self._time_forward(batch, model, kind, filler[:1], b, temperature)  # warm-up, not counted
+                best = {w: float("inf") for w in widths}
+                for _ in range(reps):  # round-robin over widths, so load changes hit every width alike
+                    for w in widths:
+                        best[w] = min(best[w], self._time_forward(batch, model, kind, filler[:w], b, temperature))
+                points += [StepCost(kind, name, b, c, w, best[w]) for w in widths]
+        return points
+
+    def _time_forward(self, batch: Batch, model, kind: str, tokens: list[int], b: int, temperature: float) -> float:
+        t = time.perf_counter()
+        logits = batch.forward(model, [tokens] * b, self.pad_id)
+        if kind == "target":
+            flat = logits.reshape(-1, logits.shape[-1])
+            n = flat.shape[0]
+            probs_from_logits(flat, torch.full((n,), temperature, device=self.device), torch.ones(n, device=self.device))
+        else:
+            logits[:, -1].argmax(-1).tolist()
+        seconds = time.perf_counter() - t
+        batch.keep(torch.zeros(b, dtype=torch.long, device=self.device))  # the probe's slots become holes
+        return seconds
+
+    def teacher_forced_logits(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+                              draft_model: str | None = None, group: int = 8) -> list[torch.Tensor]:
+        """For each (prompt ids, output ids): the target's (or a draft model's) logits [len(output), V]
+        after prompt + output[:s] for every s, from one forward per group of rows (right-padded).
+        A draft's logits are cut or -inf padded to the target's vocabulary, as its draft steps are."""
+        model = self.model if draft_model is None else self._draft(draft_model)
+        out: list[torch.Tensor] = []
+        with torch.inference_mode():
+            for begin in range(0, len(sequences), group):
+                part = sequences[begin : begin + group]
+                seqs = [list(p) + list(o)[:-1] for p, o in part]
+                width = max(len(s) for s in seqs)
+                ids = torch.tensor([s + [self.pad_id] * (width - len(s)) for s in seqs], device=self.device)
+                mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=self.device)
+                logits = model(input_ids=ids, attention_mask=mask).logits
+                for r, (p, o) in enumerate(part):
+                    out.append(fit_vocab(logits[r, len(p) - 1 : len(p) - 1 + len(o)].float(), self.vocab).cpu())
+        return out
 
     # -- drafters --------------------------------------------------------------------------------
 
