@@ -17,7 +17,7 @@ Three parts, no clock in any (the engine measures; this module replays and price
      g[s] == output[s].
    A step at t with budget b = min(k, max_tokens - t - 1) (the engine's cap) accepts
    n = min(run[t], b) drafts (fewer if the row ends inside them) and the next step starts at
-   t + n + 1. Greedy and float32: exact (tests/test_predict_counterfactual.py checks step-by-step
+   t + n + 1. Greedy and float32: exact (tests/test_predict.py checks step-by-step
    equality with the engine running the arm). Sampling (temperature > 0) has no single
    counterfactual: along the sampled path position s passes with sum_v min(p_s(v), q_s(v)) (p the
    target's, q the draft's distribution; q one-hot on the proposal for n-gram lookup), and a step's
@@ -289,12 +289,15 @@ class CostProfile:
     points: list[StepCost] = field(default_factory=list)
     measured_s: float = 0.0  # wall seconds spent measuring, summed over refreshes
 
-    def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = ()) -> bool:
+    def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = (),
+               check_context: bool = True) -> bool:
+        """Does the profile hold this batch size, widths up to `max_width`, the draft models and
+        (with `check_context`) the context range lo..hi?"""
         mine = [p for p in self.points if p.kind == "target" and p.batch == batch_size]
         if not mine or max(p.tokens for p in mine) < max_width:
             return False
         contexts = [p.context for p in mine]
-        if hi > max(contexts) * 1.25 or lo < min(contexts) / 2:  # a little past the ends is fine
+        if check_context and (hi > max(contexts) * 1.25 or lo < min(contexts) / 2):  # a little past the ends is fine
             return False
         return all(any(p.kind == "draft" and p.model == d and p.batch == batch_size for p in self.points) for d in draft_models)
 
@@ -326,14 +329,23 @@ class CostProfile:
             by_context.setdefault(p.context, []).append(p)
         home = max(by_context, key=lambda c: (len(by_context[c]), -c))  # the context with most widths
         here = sorted((p.tokens, p.seconds) for p in by_context[home])
-        cost = _lerp([t for t, _ in here], [s for _, s in here], tokens)
+        cost = _lerp([t for t, _ in here], _rising([s for _, s in here]), tokens)
         narrow = sorted((c, min(ps, key=lambda p: p.tokens).seconds) for c, ps in by_context.items())
-        at_home = dict(narrow)[home]
-        factor = _lerp([c for c, _ in narrow], [s for _, s in narrow], context) / at_home if at_home > 0 else 1.0
+        at = dict(zip([c for c, _ in narrow], _rising([s for _, s in narrow])))
+        factor = _lerp(list(at), list(at.values()), context) / at[home] if at[home] > 0 else 1.0
         return cost * factor
 
     def to_struct(self) -> list[dict]:
         return [p.to_struct() for p in self.points]
+
+
+def _rising(ys: Sequence[float]) -> list[float]:
+    """Costs never fall with more tokens or more context: a point below an earlier one was timed
+    in a quiet moment of a shared machine, so it takes the earlier value (a running maximum)."""
+    out: list[float] = []
+    for y in ys:
+        out.append(max(y, out[-1]) if out else y)
+    return out
 
 
 def _lerp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:

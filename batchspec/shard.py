@@ -1,8 +1,10 @@
 """One shard, start to finish on one engine: decide the speculative setting, generate, account.
 
     decision = calibrate (or reuse, or the fixed setting)
-    generate in chunks, watching acceptance; if it drifts far below what calibration saw,
-        fall back to plain decoding for the rest of the shard and record where
+    generate in chunks, watching for drift both ways, and record the row where it happened:
+        speculating, acceptance far below what calibration saw -> plain decoding for the rest;
+        under "none", counterfactual acceptance of a finished chunk says an arm now beats plain
+        decoding by the margin -> that arm for the rest
     stats = one row for OUTPUT/stats (DESIGN.md's columns)
 
 This module knows nothing about Parquet, storage or Ray; the pipeline's workers call `run_shard`.
@@ -17,12 +19,16 @@ from typing import Sequence
 from batchspec.calibrate import (
     CalibrationSettings,
     Decision,
+    WorkerCalibration,
     arms_are_builds,
     build_cost,
     calibrate,
+    calibrate_counterfactual,
+    counterfactual_ready,
     fixed_decision,
     plan_builds,
     speculation_unmeasured,
+    switch_on,
 )
 from batchspec.engine.base import (
     NO_SPEC,
@@ -52,8 +58,9 @@ class ShardResult:
 
 
 def decide(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibrate_arms: bool, batch_size: int,
-           settings: CalibrationSettings, prior: Decision | None) -> Decision:
-    """Calibrate when asked and the shard is big enough; otherwise reuse or run fixed."""
+           settings: CalibrationSettings, prior: Decision | None, worker: WorkerCalibration | None = None) -> Decision:
+    """Calibrate when asked and the shard is big enough (from counterfactual acceptance where the
+    engine and arms allow it, else by running every arm); otherwise reuse or run fixed."""
     spec_arms = [a for a in arms if a.method != "none"]
     if not calibrate_arms or not spec_arms:
         chosen = spec_arms[0] if spec_arms and not calibrate_arms else NO_SPEC
@@ -65,6 +72,9 @@ def decide(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibr
                         reason=f"shard has {len(shard.requests)} rows (< {settings.min_rows}) and no earlier decision for its key; ran none")
     if arms_are_builds(engine):
         return _decide_by_builds(engine, shard, spec_arms, batch_size, settings, prior)
+    if counterfactual_ready(engine, spec_arms):
+        return calibrate_counterfactual(engine, shard.requests, spec_arms, batch_size, settings, shard_id=shard.shard_id,
+                                        worker=worker, key=shard.shard_key)
     return calibrate(engine, shard.requests, spec_arms, batch_size, settings, shard_id=shard.shard_id)
 
 
@@ -87,13 +97,21 @@ def _decide_by_builds(engine: Engine, shard: ShardInput, arms: Sequence[SpecConf
 
 
 def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibrate: bool, batch_size: int,
-              settings: CalibrationSettings = CalibrationSettings(), prior: Decision | None = None) -> ShardResult:
+              settings: CalibrationSettings = CalibrationSettings(), prior: Decision | None = None,
+              worker: WorkerCalibration | None = None) -> ShardResult:
+    """`worker` carries what calibration keeps across one worker's shards (its cost profile, the
+    keys it confirmed); None calibrates as a fresh worker would."""
     clock = getattr(engine, "clock", time.perf_counter)  # an engine that times itself (and its builds)
     start = clock()
     builds_before = len(getattr(engine, "builds", ()))
-    decision = decide(engine, shard, arms, calibrate, batch_size, settings, prior)
+    worker = worker if worker is not None else WorkerCalibration()
+    decision = decide(engine, shard, arms, calibrate, batch_size, settings, prior, worker)
+    spec_arms = [a for a in arms if a.method != "none"]
+    watch = _SwitchOn(engine, spec_arms, worker, batch_size, settings.margin) \
+        if calibrate and counterfactual_ready(engine, spec_arms) and worker.profile.points else None
     caveats: dict[str, str] = {}
-    completions, row_specs, timing, fallback_row = generate_watching(engine, shard.requests, decision, batch_size, settings, caveats)
+    completions, row_specs, timing, drift = generate_watching(engine, shard.requests, decision, batch_size, settings,
+                                                              caveats, watch)
     builds = build_cost(engine, builds_before)
     result = GenerateResult(completions, timing)
     kept = sum(r.id in decision.finished for r in shard.requests)
@@ -127,7 +145,7 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         calibration_rows_kept=kept,
         decision_source=decision.source,
         decision_reason=decision.reason,
-        drift_fallback_row=fallback_row,
+        drift_fallback_row=drift.fallback_row,
         wall_s=clock() - start,
         engine=engine.name,
         model=engine.model_name,
@@ -138,6 +156,12 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         build_s=builds.seconds,
         speculation_unmeasured=speculation_unmeasured(decision),
         caveats="; ".join(f"{k}: {v}" for k, v in sorted(caveats.items())) or None,
+        predicted_speedup=decision.chosen_arm.predicted_speedup if decision.chosen_arm else None,
+        calibration_confirmed=decision.confirmed,
+        profile_s=decision.profile_s,
+        drift_switch_row=drift.switch_row,
+        drift_switch_arm=drift.switch_arm,
+        cost_profile=decision.profile,
     )
     return ShardResult(completions, row_specs, stats, decision)
 
@@ -151,36 +175,64 @@ def _measured_speedup(decision: Decision) -> float | None:
     return arm.vs_none(decision.baseline_tokens_per_s) if arm is not None else None
 
 
-def generate_watching(engine: Engine, requests: Sequence[Request], decision: Decision, batch_size: int,
-                      settings: CalibrationSettings, caveats: dict[str, str] | None = None,
-                      ) -> tuple[list[Completion], list[SpecConfig], Timing, int | None]:
-    """Generate under the decision, in chunks when speculating, falling back on drift.
+@dataclass
+class Drift:
+    """Where a shard changed its setting while running (row indices into the rows it generated)."""
 
-    Rows that calibration already generated to their end under the chosen arm are kept as they
-    are (their time was counted as calibration); only the rest are generated here. The engine's
+    fallback_row: int | None = None  # speculating -> "none"
+    switch_row: int | None = None  # "none" -> switch_arm
+    switch_arm: str | None = None
+
+
+@dataclass
+class _SwitchOn:
+    """The check run under "none" after each chunk (calibrate.switch_on), with what it needs."""
+
+    engine: Engine
+    arms: list[SpecConfig]
+    worker: WorkerCalibration
+    batch_size: int
+    margin: float
+
+    def __call__(self, part: Sequence[Request], result: GenerateResult) -> tuple[SpecConfig | None, float | None]:
+        """The arm to switch to (or None) and its predicted acceptance rate, the fallback's yardstick."""
+        spec, arm = switch_on(self.engine, part, result, self.arms, self.worker, self.batch_size, self.margin)
+        return spec, arm.acceptance_rate if arm is not None else None
+
+
+def generate_watching(engine: Engine, requests: Sequence[Request], decision: Decision, batch_size: int,
+                      settings: CalibrationSettings, caveats: dict[str, str] | None = None, switch=None,
+                      ) -> tuple[list[Completion], list[SpecConfig], Timing, Drift]:
+    """Generate under the decision in chunks, watching for drift both ways.
+
+    Speculating, a chunk whose acceptance falls below `drift_ratio` x calibration's sends the rest
+    to plain decoding. Under "none" with a `switch` check (counterfactual acceptance of the chunk
+    just generated), a chunk where an arm would have beaten plain decoding by the margin sends the
+    rest to that arm. Rows that calibration already generated to their end are kept as they are
+    (their time was counted as calibration); only the rest are generated here. The engine's
     caveats (figures it estimated or did not measure) are gathered into `caveats`."""
     caveats = {} if caveats is None else caveats
     spec = decision.chosen
     todo = [r for r in requests if r.id not in decision.finished]
     calibrated = decision.chosen_arm.acceptance_rate if decision.chosen_arm else None
-    if spec.method == "none" or calibrated is None:
+    if spec.method == "none" and switch is None or spec.method != "none" and calibrated is None:
         result = engine.generate(todo, spec, batch_size)
         caveats.update(result.caveats)
-        done, specs, timing, fallback_row = result.completions, [spec] * len(todo), result.timing, None
+        done, specs, timing, drift = result.completions, [spec] * len(todo), result.timing, Drift()
     else:
-        done, specs, timing, fallback_row = _watch(engine, todo, spec, calibrated, batch_size, settings, caveats)
+        done, specs, timing, drift = _watch(engine, todo, spec, calibrated, batch_size, settings, caveats, switch)
     by_id = {c.id: (c, s) for c, s in zip(done, specs)}
     merged = [by_id.get(r.id) or decision.finished[r.id] for r in requests]
-    return [c for c, _ in merged], [s for _, s in merged], timing, fallback_row
+    return [c for c, _ in merged], [s for _, s in merged], timing, drift
 
 
-def _watch(engine: Engine, requests: Sequence[Request], spec: SpecConfig, calibrated: float, batch_size: int,
-           settings: CalibrationSettings, caveats: dict[str, str]) -> tuple[list[Completion], list[SpecConfig], Timing, int | None]:
-    chunk = settings.drift_chunk or max(8 * batch_size, 64)
+def _watch(engine: Engine, requests: Sequence[Request], spec: SpecConfig, calibrated: float | None, batch_size: int,
+           settings: CalibrationSettings, caveats: dict[str, str], switch) -> tuple[list[Completion], list[SpecConfig], Timing, Drift]:
+    chunk = settings.drift_chunk or max(8 * batch_size, 16)
     completions: list[Completion] = []
     specs: list[SpecConfig] = []
     timing = Timing()
-    fallback_row = None
+    drift = Drift()
     for begin in range(0, len(requests), chunk):
         part = requests[begin : begin + chunk]
         result = engine.generate(part, spec, batch_size)
@@ -188,8 +240,16 @@ def _watch(engine: Engine, requests: Sequence[Request], spec: SpecConfig, calibr
         completions += result.completions
         specs += [spec] * len(part)
         timing = timing + result.timing
+        if begin + len(part) >= len(requests):
+            break
         rate = result.acceptance_rate
-        more = begin + len(part) < len(requests)
-        if more and spec is not NO_SPEC and rate is not None and rate < settings.drift_ratio * calibrated:
-            spec, fallback_row = NO_SPEC, begin + len(part)
-    return completions, specs, timing, fallback_row
+        if spec is not NO_SPEC and calibrated is not None and rate is not None and rate < settings.drift_ratio * calibrated:
+            spec, drift.fallback_row = NO_SPEC, begin + len(part)
+        elif spec is NO_SPEC and switch is not None and drift.fallback_row is None and drift.switch_row is None:
+            began = time.perf_counter()
+            arm, predicted = switch(part, result)
+            timing.other_s += time.perf_counter() - began  # the check is decode-time work of this shard
+            if arm is not None:
+                spec, calibrated = arm, predicted
+                drift.switch_row, drift.switch_arm = begin + len(part), arm.label
+    return completions, specs, timing, drift

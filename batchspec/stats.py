@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from batchspec.engine.base import Completion, GenerateResult, SpecConfig, spec_label
+from batchspec.engine.base import Completion, GenerateResult, SpecConfig, StepCost, spec_label
 
 _SCALARS = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
 
@@ -144,7 +144,7 @@ class ArmResult:
     draft_len: int
     tokens_per_s: float | None = None  # measured goodput (committed tokens / decode s)
     speedup: float | None = None  # goodput over plain decoding's on the same rows, run back to back
-    predicted_tokens_per_s: float | None = None
+    predicted_tokens_per_s: float | None = None  # from counterfactual acceptance and the worker's cost profile
     acceptance_rate: float | None = None
     mean_accepted_len: float | None = None
     output_tokens: int = 0
@@ -160,6 +160,8 @@ class ArmResult:
     accepted_at: list[int] = field(default_factory=list)  # by draft position: see Completion
     measured: bool = False
     error: str | None = None
+    predicted_speedup: float | None = None  # predicted goodput over plain decoding's on the same rows
+    acceptance_exact: bool | None = None  # counterfactual acceptance: exact (greedy) or an estimate (sampled)
 
     @property
     def label(self) -> str:
@@ -207,10 +209,10 @@ def _add_into(total: list[int], more: list[int]) -> None:
 
 
 def chosen_arm(arms: Iterable[ArmResult], chosen: SpecConfig | str) -> ArmResult | None:
-    """The arm a shard runs with: the measured arm whose label is the chosen setting's (None when
-    the setting was fixed, or reused, without measuring it)."""
+    """The arm a shard runs with: the measured or predicted arm whose label is the chosen setting's
+    (None when the setting was fixed, or reused, without measuring or predicting it)."""
     label = chosen if isinstance(chosen, str) else chosen.label
-    return next((a for a in arms if a.measured and a.label == label), None)
+    return next((a for a in arms if (a.measured or a.predicted_speedup is not None) and a.label == label), None)
 
 
 CANDIDATE_TYPE = arrow_type(ArmResult)
@@ -266,6 +268,12 @@ class ShardStats:
     build_s: float = 0.0  # their seconds, part of calibration_s when calibration caused them
     speculation_unmeasured: str | None = None  # why no speculative arm could be measured, if none could
     caveats: str | None = None  # figures that are estimates or were not measured, and why
+    predicted_speedup: float | None = None  # the chosen arm's, from counterfactual acceptance + cost profile
+    calibration_confirmed: bool = False  # a measured run of the chosen arm against none checked the prediction
+    profile_s: float = 0.0  # seconds this shard spent measuring the worker's cost profile (0: reused)
+    drift_switch_row: int | None = None  # row index where the shard switched from "none" to an arm, if it did
+    drift_switch_arm: str | None = None  # the arm it switched to
+    cost_profile: list[StepCost] = field(default_factory=list)  # the worker's measured step costs used
 
     @property
     def chosen(self) -> ArmResult | None:

@@ -141,6 +141,7 @@ class ShardWorker:
     def __init__(self, job: WorkerJob):
         self.job = job
         self.engine = None
+        self.calibration = None  # batchspec.calibrate.WorkerCalibration: the cost profile, for the actor's life
 
     def start(self) -> str:
         """Load the engine (a ModelError here stops the run with one line)."""
@@ -162,7 +163,7 @@ class ShardWorker:
         return self.engine.model_name
 
     def process(self, task: ShardTask) -> ShardOutcome:
-        from batchspec.calibrate import CalibrationSettings
+        from batchspec.calibrate import CalibrationSettings, WorkerCalibration
         from batchspec.shard import ShardInput, run_shard
 
         job, plan = self.job, task.plan
@@ -173,7 +174,9 @@ class ShardWorker:
         if good:
             arms = list(job.arms) if job.calibrate else [job.arms[0] if job.arms else NO_SPEC]
             settings = CalibrationSettings(**dict(job.calibration))
-            result = run_shard(self.engine, ShardInput(plan.shard_id, plan.shard_key, good), arms, job.calibrate, job.batch_size, settings, task.prior)
+            self.calibration = self.calibration or WorkerCalibration()
+            result = run_shard(self.engine, ShardInput(plan.shard_id, plan.shard_key, good), arms, job.calibrate,
+                               job.batch_size, settings, task.prior, worker=self.calibration)
             stats = replace(result.stats, model=job.model, attempts=task.attempt)  # the model as configured, not its resolved path
         else:
             stats = _unrun_stats(job, plan, attempts=task.attempt, wall_s=time.perf_counter() - started)

@@ -278,12 +278,105 @@ def test_drift_falls_back_to_plain_decoding(tiny_engine):
     calibrated = Decision(good, arms=[ArmResult("draft_target", 3, tokens_per_s=100.0, acceptance_rate=0.9, measured=True)],
                           baseline_tokens_per_s=50.0)
     rows = word_rows(12)
-    completions, specs, _, fallback = generate_watching(tiny_engine, rows, calibrated, 2,
-                                                        CalibrationSettings(drift_chunk=4, drift_ratio=0.5))
-    assert fallback == 4
+    completions, specs, _, drift = generate_watching(tiny_engine, rows, calibrated, 2,
+                                                     CalibrationSettings(drift_chunk=4, drift_ratio=0.5))
+    assert drift.fallback_row == 4 and drift.switch_row is None
     assert specs[:4] == [good] * 4 and specs[4:] == [NO_SPEC] * 8
     assert all(c.draft_tokens == 0 for c in completions[4:])
     assert len(completions) == 12 and [c.id for c in completions] == [r.id for r in rows]
+
+
+def test_drift_under_none_switches_on_and_says_from_which_row(tiny_engine):
+    """Under "none", a chunk whose counterfactual says an arm now pays sends the rest to that arm
+    (the check here is scripted: what the check computes is tested below and in test_predict)."""
+    from batchspec.shard import generate_watching
+
+    arm = SpecConfig("draft_target", 3, draft_model="self")
+    seen = []
+
+    def switch(part, result):
+        seen.append(len(part))
+        return (arm, 1.0) if len(seen) == 2 else (None, None)
+
+    rows = word_rows(12)
+    completions, specs, _, drift = generate_watching(tiny_engine, rows, Decision(NO_SPEC), 2,
+                                                     CalibrationSettings(drift_chunk=4), switch=switch)
+    assert (drift.switch_row, drift.switch_arm, drift.fallback_row) == (8, arm.label, None)
+    assert specs == [NO_SPEC] * 8 + [arm] * 4 and seen == [4, 4]
+    assert all(c.draft_tokens == 0 for c in completions[:8]) and all(c.draft_tokens > 0 for c in completions[8:])
+
+
+# -- counterfactual calibration (the torch engine) -------------------------------------------------
+
+
+def test_counterfactual_calibration_predicts_every_arm_from_one_plain_run(tiny_engine):
+    from batchspec.calibrate import WorkerCalibration, calibrate_counterfactual
+
+    arms = [SpecConfig("draft_target", k, draft_model="self") for k in (1, 2, 4)] + [SpecConfig("ngram", 3)]
+    worker = WorkerCalibration()
+    settings = CalibrationSettings(max_tokens=24, sample_size=8)
+    d = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, settings, shard_id="s0", worker=worker, key="k")
+    by = {a.label: a for a in d.arms}
+    assert list(by) == ["none"] + [a.label for a in arms]
+    for k in (1, 2, 4):  # the target drafting for itself: every draft accepted, exactly
+        a = by[f"draft_target:k={k}"]
+        assert a.acceptance_exact and a.acceptance_rate == 1.0 and a.predicted_speedup > 0
+    assert d.profile and d.profile_s > 0 and worker.profile.points
+    assert {p["kind"] for p in d.profile} == {"target", "draft", "draft_prefill"}
+    # the first shard of a key is confirmed by a measured run of the best arm on the same rows
+    assert d.confirmed and key_confirmed(worker, "k")
+    best = max((a for a in d.arms if a.predicted_speedup), key=lambda a: a.predicted_speedup)
+    assert best.measured and best.speedup and by["none"].measured
+    assert len(d.finished) == 8 and all(spec is NO_SPEC for _, spec in d.finished.values())
+    assert 0 <= d.overhead_s <= d.calibration_s
+
+    # the next shard of the key on this worker: profile reused; confirmed only near the margin
+    assert worker.errors  # the confirmation measured the prediction's error
+    worker.errors[:] = [0.0]  # as if the prediction had matched exactly: nothing is near the margin
+    again = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, settings, shard_id="s1", worker=worker, key="k")
+    assert again.profile_s == 0.0
+    assert not again.confirmed
+    assert all(not a.measured for a in again.arms if a.method != "none")
+
+
+def key_confirmed(worker, key) -> bool:
+    return key in worker.confirmed_keys
+
+
+def test_an_arm_that_cannot_load_is_recorded_not_fatal(tiny_engine):
+    from batchspec.calibrate import calibrate_counterfactual
+
+    arms = [SpecConfig("draft_target", 2, draft_model="missing"), SpecConfig("ngram", 2)]
+    d = calibrate_counterfactual(tiny_engine, word_rows(8), arms, 4, CalibrationSettings(max_tokens=8))
+    broken = next(a for a in d.arms if a.method == "draft_target")
+    assert broken.error and "missing" in broken.error and broken.predicted_speedup is None
+    assert next(a for a in d.arms if a.method == "ngram").predicted_speedup
+
+
+def test_sampled_rows_are_predicted_as_an_estimate(tiny_engine):
+    from batchspec.calibrate import calibrate_counterfactual
+
+    rows = [Request(r.id, r.prompt, params=SamplingParams(max_tokens=16, temperature=0.8, seed=1)) for r in word_rows(8)]
+    arms = [SpecConfig("draft_target", 2, draft_model="self")]
+    d = calibrate_counterfactual(tiny_engine, rows, arms, 4, CalibrationSettings(max_tokens=16))
+    arm = d.arms[1]
+    assert arm.acceptance_exact is False and "estimated" in d.reason
+    assert arm.acceptance_rate == pytest.approx(1.0)  # p == q: every draft passes with probability 1
+
+
+def test_run_shard_records_prediction_profile_and_confirmation(tiny_engine):
+    from batchspec.calibrate import WorkerCalibration
+    from batchspec.stats import STATS_FIELDS
+
+    worker = WorkerCalibration()
+    arms = [SpecConfig("ngram", k) for k in (2, 4)]
+    shard = run_shard(tiny_engine, ShardInput("s0", "a", word_rows(16)), arms, True, 4,
+                      CalibrationSettings(max_tokens=24, sample_size=8), worker=worker)
+    st = shard.stats
+    assert st.calibration_confirmed and st.profile_s > 0 and st.cost_profile
+    assert all(c["predicted_speedup"] for c in st.candidates if c["method"] != "none")
+    names = {f.name for f in STATS_FIELDS}
+    assert {"predicted_speedup", "calibration_confirmed", "profile_s", "drift_switch_row", "cost_profile"} <= names
 
 
 # -- real decisions on the packaged SmolLM2 ----------------------------------------------------------
