@@ -2,8 +2,9 @@
 
 Four workload shards (code, extraction, copy-heavy edit, free prose; shard-by workload). For each
 shard, side by side in one run:
-- calibrated: the pipeline's own decision (`generate.decide`, which calibrates on a sample of the
-  shard), then the chosen arm on the whole shard;
+- calibrated: the pipeline's own decision (`shard.decide`: on the torch engine, counterfactual
+  acceptance from a plain run of a sample, priced from the worker's cost profile, confirmed by a
+  measured run where it matters), then the chosen arm on the whole shard;
 - oracle: every arm (plain and each candidate) run on the whole shard, interleaved chunk by chunk,
   the best taken;
 - plain: the "none" arm.
@@ -17,7 +18,9 @@ prefill is the same for every arm). The shard's wall time is the pipeline's: cal
 rows calibration did not finish, at the chosen arm's rate. Calibration's cost is the part of its
 time whose work was not kept (`Decision.overhead_s`: sample rows generated to their end are kept
 as outputs, so only repeated work costs); all calibration time is reported beside it, and so is
-the shard end to end against plain decoding of the whole shard. Arms come from
+the shard end to end against plain decoding of the whole shard. Per arm, the predicted speedup
+(from the sample) is set beside the speedup the interleaved whole-shard run measured (target:
+within 10%). One `WorkerCalibration` serves every shard, as one worker's would. Arms come from
 trt_configs/candidates/torch_default.yaml (draft-model arms only with --draft-model). Writes
 OUT/calibrate.json and OUT/calibrate.md.
 
@@ -47,7 +50,7 @@ from engine import (  # noqa: E402
     write,
 )
 
-from batchspec.calibrate import CalibrationSettings  # noqa: E402
+from batchspec.calibrate import CalibrationSettings, WorkerCalibration  # noqa: E402
 from batchspec.config.candidates import default_candidates_path, load_candidates  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
 from batchspec.shard import ShardInput, decide  # noqa: E402
@@ -66,13 +69,13 @@ def candidate_arms(draft_model: str | None) -> list[SpecConfig]:
 
 
 def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: int, arms: Sequence[SpecConfig],
-                settings: CalibrationSettings) -> dict:
+                settings: CalibrationSettings, worker: WorkerCalibration | None = None) -> dict:
     """Calibrate the shard (the pipeline's own `decide`), then run every arm on the whole shard,
     interleaved. The calibrated choice's figure is its arm's from that interleaved run, so noise
     on this shared machine hits it, the oracle and plain alike; its end-to-end figure adds the
     calibration time and leaves out the rows calibration kept."""
     requests = workloads.requests(workload, rows, max_tokens)
-    decision = decide(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, None)
+    decision = decide(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, None, worker)
     oracle_arms = [("none", NO_SPEC, batch_size)] + [(a.label, a, batch_size) for a in arms]
     measured = interleaved(engine, requests, oracle_arms, chunk=max(2 * batch_size, 8))
     summaries = {label: m.summary() for label, m in measured.items()}
@@ -95,7 +98,34 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
         "calibration_time_share": decision.calibration_s / shard_wall if shard_wall else None,
         "calibration_capped": decision.capped,
         "calibration_arms": [a.to_struct() for a in decision.arms], "oracle_arms": list(summaries.values()),
+        "profile_s": decision.profile_s, "confirmed": decision.confirmed,
+        "predicted_vs_measured": _predicted_vs_measured(decision, summaries),
     }
+
+
+def _predicted_vs_measured(decision, summaries: dict) -> list[dict]:
+    """Per arm: the speedup calibration predicted (from its sample) and the one the interleaved
+    whole-shard run measured (the arm's goodput over plain decoding's)."""
+    plain = summaries["none"]["goodput"]
+    out = []
+    for arm in decision.arms:
+        if arm.method == "none" or arm.label not in summaries:
+            continue
+        measured = summaries[arm.label]["goodput"] / plain if plain else None
+        predicted = arm.predicted_speedup
+        out.append({"arm": arm.label, "predicted_speedup": predicted, "measured_speedup": measured,
+                    "error": predicted / measured - 1 if predicted and measured else None})
+    return out
+
+
+def prediction_table(shards: Sequence[dict]) -> str:
+    lines = ["| shard | arm | predicted speedup | measured speedup (whole shard) | error (target within 10%) |",
+             "|---|---|---|---|---|"]
+    for r in shards:
+        for a in r["predicted_vs_measured"]:
+            lines.append(f"| {r['shard']} | {a['arm']} | {fmt(a['predicted_speedup'])}x | {fmt(a['measured_speedup'])}x "
+                         f"| {_pct(a['error'])} |")
+    return "\n".join(lines)
 
 
 def shard_table(shards: Sequence[dict]) -> str:
@@ -135,18 +165,22 @@ def main(argv: Sequence[str] | None = None) -> dict:
     engine = load_engine(args.model, args.dtype, args.draft_model)
     arms = candidate_arms(args.draft_model)
     settings = CalibrationSettings(min_rows=min(16, rows))
+    worker = WorkerCalibration()
     shards = []
     for workload in args.workloads.split(","):
-        shards.append(bench_shard(engine, workload, rows, max_tokens, args.batch_size, arms, settings))
+        shards.append(bench_shard(engine, workload, rows, max_tokens, args.batch_size, arms, settings, worker))
         print(shard_table(shards[-1:]), flush=True)
+        print(prediction_table(shards[-1:]), flush=True)
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     data = {"benchmark": "calibrate", "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
             "rows_per_shard": rows, "max_tokens": max_tokens, "batch_size": args.batch_size,
             "arms": [a.label for a in arms], "machine": info, "shards": shards,
             "met": {"vs_oracle": all((r["vs_oracle"] or 0) >= 0.9 for r in shards),
                     "vs_plain": all((r["vs_plain"] or 0) >= 0.95 for r in shards),
-                    "calibration_share": all((r["calibration_share"] or 0) <= 0.10 for r in shards)}}
-    table = shard_table(shards)
+                    "calibration_share": all((r["calibration_share"] or 0) <= 0.10 for r in shards),
+                    "prediction_within_10pct": all(a["error"] is not None and abs(a["error"]) <= 0.10
+                                                   for r in shards for a in r["predicted_vs_measured"])}}
+    table = shard_table(shards) + "\n\n" + prediction_table(shards)
     md = (f"# Calibration benchmark\n\n`{command('bench/calibrate.py', argv)}`, {info['date_utc']}: "
           f"{args.model}{' + ' + args.draft_model if args.draft_model else ''}, {args.dtype}, batch {args.batch_size}, "
           f"{rows} prompts per shard, max_tokens {max_tokens}, arms none + {', '.join(a.label for a in arms)}; "

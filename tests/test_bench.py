@@ -66,7 +66,8 @@ def test_calibrate_bench_writes_every_shard(models, tmp_path):
     for s in saved["shards"]:
         assert {"chosen", "oracle", "vs_oracle", "vs_plain", "calibration_share", "calibration_arms"} <= set(s)
         assert len(s["oracle_arms"]) == 1 + len(saved["arms"])
-    assert set(saved["met"]) == {"vs_oracle", "vs_plain", "calibration_share"}
+        assert [a["arm"] for a in s["predicted_vs_measured"]] == saved["arms"]
+    assert set(saved["met"]) == {"vs_oracle", "vs_plain", "calibration_share", "prediction_within_10pct"}
 
 
 def test_run_all_writes_peers_sweep_limit_and_plot(models, tmp_path):
