@@ -29,7 +29,14 @@ from dataclasses import asdict, dataclass
 from itertools import groupby
 from typing import Protocol
 
-from batchspec.calibrate import CalibrationSettings, Decision, calibrate
+from batchspec.calibrate import (
+    CalibrationSettings,
+    Decision,
+    WorkerCalibration,
+    calibrate,
+    calibrate_counterfactual,
+    counterfactual_ready,
+)
 from batchspec.config.run import RunConfig, check_engine_options
 from batchspec.engine.base import NO_SPEC
 from batchspec.engine.factory import create_engine
@@ -278,6 +285,7 @@ def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
     engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
                            llm_options=run_llm_options(config, arms))
     settings = CalibrationSettings(**dict(config.calibration))
+    worker = WorkerCalibration()  # one engine: one cost profile for every key
     results = []
     try:
         for key, rows in groups:
@@ -290,8 +298,13 @@ def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
                 requests += [p.request for p in parsed if p.error is None]
             if not requests:
                 raise InputError(f"shard key {key!r}: none of its first {len(picked)} rows can run (all are error rows)")
-            decision = calibrate(engine, requests, [a for a in arms if a.method != "none"], config.batch_size,
-                                 settings, shard_id=str(key), expected_rows=len(rows))
+            spec_arms = [a for a in arms if a.method != "none"]
+            if counterfactual_ready(engine, spec_arms):
+                decision = calibrate_counterfactual(engine, requests, spec_arms, config.batch_size, settings,
+                                                    shard_id=str(key), worker=worker, key=key)
+            else:
+                decision = calibrate(engine, requests, spec_arms, config.batch_size, settings, shard_id=str(key),
+                                     expected_rows=len(rows))
             results.append(KeyCalibration(key, len(rows), len(requests), decision))
     finally:
         engine.close()

@@ -47,7 +47,7 @@ def _print_tables(results) -> None:
     for r in results:
         d = r.decision
         table = Table(title=f"shard key {r.shard_key!r}: {r.rows} rows, sample of {r.sampled}", title_justify="left")
-        for col in ("arm", "tokens/s", "predicted", "acceptance", "mean acc. len", "vs none", "choice"):
+        for col in ("arm", "tokens/s", "predicted", "acceptance", "mean acc. len", "predicted vs none", "measured vs none", "choice"):
             table.add_column(col, justify="left" if col in ("arm", "choice") else "right")
         base = d.baseline_tokens_per_s
         for a in d.arms:
@@ -59,6 +59,7 @@ def _print_tables(results) -> None:
                 f"{a.predicted_tokens_per_s:.1f}" if a.predicted_tokens_per_s else "",
                 f"{a.acceptance_rate:.2f}" if a.acceptance_rate is not None else "",
                 f"{a.mean_accepted_len:.2f}" if a.mean_accepted_len else "",
+                f"{a.predicted_speedup:.2f}x" if a.predicted_speedup else "",
                 speed,
                 "<- chosen" if a is d.chosen_arm else "",
             )
