@@ -563,27 +563,29 @@ def predict_arms(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], p
     return results
 
 
-def _counterfactual(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]) -> tuple[dict, float]:
+def _counterfactual(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], group: int = 4) -> tuple[dict, float]:
     """Acceptance of every arm, by label, from one n-gram replay per n-gram size and one
-    teacher-forced draft forward per draft model; and an n-gram lookup's cost per row and step."""
-    pairs = [(r.prompt_ids, r.output_ids) for r in rows]
-    target = engine.teacher_forced_logits(pairs) if any(not r.greedy for r in rows) else None
+    teacher-forced draft forward per draft model; and an n-gram lookup's cost per row and step.
+    Rows go `group` at a time: their logits ([output length, vocabulary] per row) are large."""
     out: dict = {}
-    lookup_s = 0.0
-    for (method, size, draft), group in itertools.groupby(
-            sorted(arms, key=_arm_group), key=_arm_group):
-        group = list(group)
-        ks = sorted({a.draft_len for a in group})
-        if method == "ngram":
-            began = time.perf_counter()
-            by_k = ngram_acceptance(rows, ks, size, target)
-            lookups = sum(max(0, len(r.output_ids) - 1) for r in rows)
-            lookup_s = (time.perf_counter() - began) / max(1, lookups * len(ks))
-        else:
-            by_k = draft_acceptance(rows, ks, engine.teacher_forced_logits(pairs, draft_model=draft), target)
-        for a in group:
-            out[a.label] = by_k[a.draft_len]
-    return out, lookup_s
+    lookup_s, lookups = 0.0, 0
+    arm_groups = [(key, list(g)) for key, g in itertools.groupby(sorted(arms, key=_arm_group), key=_arm_group)]
+    for begin in range(0, len(rows), group):
+        part = rows[begin : begin + group]
+        pairs = [(r.prompt_ids, r.output_ids) for r in part]
+        target = engine.teacher_forced_logits(pairs) if any(not r.greedy for r in part) else None
+        for (method, size, draft), mine in arm_groups:
+            ks = sorted({a.draft_len for a in mine})
+            if method == "ngram":
+                began = time.perf_counter()
+                by_k = ngram_acceptance(part, ks, size, target)
+                lookup_s += time.perf_counter() - began
+                lookups += sum(max(0, len(r.output_ids) - 1) for r in part) * len(ks)
+            else:
+                by_k = draft_acceptance(part, ks, engine.teacher_forced_logits(pairs, draft_model=draft), target)
+            for a in mine:
+                out[a.label] = out[a.label].extend(by_k[a.draft_len]) if a.label in out else by_k[a.draft_len]
+    return out, lookup_s / lookups if lookups else 0.0
 
 
 def _arm_group(arm: SpecConfig) -> tuple:

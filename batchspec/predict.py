@@ -90,6 +90,13 @@ class Acceptance:
     proposed: list[list[int]] = field(default_factory=list)
     exact: bool = True
 
+    def extend(self, other: "Acceptance") -> "Acceptance":
+        """These rows followed by `other`'s (the same arm); returns self."""
+        self.steps += other.steps
+        self.proposed += other.proposed
+        self.exact = self.exact and other.exact
+        return self
+
     @property
     def target_steps(self) -> float:
         return float(sum(len(s) for s in self.steps))

@@ -372,8 +372,11 @@ class TorchEngine:
                               draft_model: str | None = None, group: int = 8) -> list[torch.Tensor]:
         """For each (prompt ids, output ids): the target's (or a draft model's) logits [len(output), V]
         after prompt + output[:s] for every s, from one forward per group of rows (right-padded).
-        A draft's logits are cut or -inf padded to the target's vocabulary, as its draft steps are."""
+        The head runs on the output positions only (a prompt's logits would cost memory for
+        nothing); a draft's logits are cut or -inf padded to the target's vocabulary, as its draft
+        steps are."""
         model = self.model if draft_model is None else self._draft(draft_model)
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
         out: list[torch.Tensor] = []
         with torch.inference_mode():
             for begin in range(0, len(sequences), group):
@@ -382,9 +385,10 @@ class TorchEngine:
                 width = max(len(s) for s in seqs)
                 ids = torch.tensor([s + [self.pad_id] * (width - len(s)) for s in seqs], device=self.device)
                 mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=self.device)
-                logits = model(input_ids=ids, attention_mask=mask).logits
+                hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
                 for r, (p, o) in enumerate(part):
-                    out.append(fit_vocab(logits[r, len(p) - 1 : len(p) - 1 + len(o)].float(), self.vocab).cpu())
+                    logits = head(hidden[r, len(p) - 1 : len(p) - 1 + len(o)])
+                    out.append(fit_vocab(logits.float(), self.vocab).cpu())
         return out
 
     # -- drafters --------------------------------------------------------------------------------
