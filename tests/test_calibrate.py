@@ -322,7 +322,7 @@ def test_counterfactual_calibration_predicts_every_arm_from_one_plain_run(tiny_e
         a = by[f"draft_target:k={k}"]
         assert a.acceptance_exact and a.acceptance_rate == 1.0 and a.predicted_speedup > 0
     assert d.profile and d.profile_s > 0 and worker.profile.points
-    assert {p["kind"] for p in d.profile} == {"target", "draft", "draft_prefill"}
+    assert {p.kind for p in d.profile} == {"target", "draft", "draft_prefill"}
     # the first shard of a key is confirmed by a measured run of the best arm on the same rows
     assert d.confirmed and key_confirmed(worker, "k")
     best = max((a for a in d.arms if a.predicted_speedup), key=lambda a: a.predicted_speedup)
@@ -374,7 +374,7 @@ def test_run_shard_records_prediction_profile_and_confirmation(tiny_engine):
                       CalibrationSettings(max_tokens=24, sample_size=8), worker=worker)
     st = shard.stats
     assert st.calibration_confirmed and st.profile_s > 0 and st.cost_profile
-    assert all(c["predicted_speedup"] for c in st.candidates if c["method"] != "none")
+    assert all(c.predicted_speedup for c in st.candidates if c.method != "none")
     names = {f.name for f in STATS_FIELDS}
     assert {"predicted_speedup", "calibration_confirmed", "profile_s", "drift_switch_row", "cost_profile"} <= names
 
