@@ -7,6 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.batchspec-setup
 INPUT ?= examples/prompts.parquet
 OUTPUT ?= out
+SHARD_BY ?= task  # the examples carry a task column: one calibration per workload (SHARD_BY= for none)
 PYTEST_ARGS ?=
 RAY_CPUS ?= 2
 RAY_ARGS ?=
@@ -27,7 +28,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(VENV)/bin/batchspec run $(INPUT) $(OUTPUT) --pipeline pipelines/local.yaml
+	$(VENV)/bin/batchspec run $(INPUT) $(OUTPUT) --pipeline pipelines/local.yaml $(if $(SHARD_BY),--shard-by $(SHARD_BY))
 
 test: setup
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
