@@ -16,9 +16,10 @@ How it works where acceptance can be computed (the torch engine; n-gram and draf
    row across the shard's contexts, a draft step; measured once per worker, again only when a
    shard leaves its range) prices every arm by replaying the sample's schedule. The best predicted
    speedup wins if it beats "none" by the margin.
-4. A paired measured run (the best arm and "none" on the same fresh rows, back to back) confirms
-   only on a key's first shard on a worker, or when the prediction is within its own measured
-   error of the margin; the measured figure then decides. The winner's finished rows are kept.
+4. A measured run confirms only on a key's first shard on a worker, or when the prediction is
+   within its own measured error of the margin: the best arm runs the same sample rows, and its
+   goodput is compared with their plain run from step 1 (same rows; not back to back, so a change
+   of load between the two biases it). The measured figure then decides; the plain rows are kept.
 5. While a shard runs under "none", `switch_on` does the same on each finished chunk (drift in
    the other direction: shard.py switches to an arm that would now pay).
 

@@ -143,7 +143,7 @@ class ArmResult:
     method: str
     draft_len: int
     tokens_per_s: float | None = None  # measured goodput (committed tokens / decode s)
-    speedup: float | None = None  # goodput over plain decoding's on the same rows, run back to back
+    speedup: float | None = None  # measured goodput over plain decoding's on the same rows
     predicted_tokens_per_s: float | None = None  # from counterfactual acceptance and the worker's cost profile
     acceptance_rate: float | None = None
     mean_accepted_len: float | None = None
