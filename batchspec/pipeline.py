@@ -1,11 +1,17 @@
-"""`batchspec run` as a library call: read -> plan -> shard workers -> commit -> manifest; and
-`calibrate_only`, what `batchspec calibrate` runs (the same reading and calibration, nothing written).
+"""`batchspec run` as a library call: read -> plan -> group -> shard workers -> commit -> manifest;
+and `calibrate_only`, what `batchspec calibrate` runs (the same reading and calibration, nothing written).
 
 `run(config)` reads as the list of steps of DESIGN.md "Data flow"; each step lives in its own
 module (read, plan, workers, write). Everything that can be checked before work starts is checked
 first, in this order, so a bad run stops with one line and writes nothing it could mistake for
-done: the engine is available, the spec files are valid, OUTPUT is writable, the input files and
-columns are readable, the plan matches any run already in OUTPUT.
+done: the engine is available, the spec files are valid, OUTPUT is writable, the plan matches any
+run already in OUTPUT, the input files and columns are readable.
+
+Plan and group are one committed step (`plan_and_group`): the plan is made with Ray Data, each
+shard's rows are written once under OUTPUT/_shards/, and OUTPUT/_plan.json is written last, as
+the step's commit mark. A run that finds a _plan.json of the same input listing and options
+takes the plan and the shard files as they are (without reading the input again); one that finds
+none plans and groups from scratch. `plan_run` stops there (`batchspec run --plan-only`).
 
 Ray: inside an existing Ray session (a test fixture, `ray job submit`) the pipeline uses it; with
 `ray_address` or RAY_ADDRESS set it connects to that cluster; otherwise it starts a local Ray with
@@ -20,6 +26,7 @@ shows too).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.metadata
 import logging
@@ -41,8 +48,9 @@ from batchspec.config.run import RunConfig, check_engine_options
 from batchspec.engine.base import NO_SPEC
 from batchspec.engine.factory import create_engine
 from batchspec.errors import InputError, OutputError
-from batchspec.plan import Plan, check_resume, make_plan
-from batchspec.read import RowDefaults, open_input, parse_rows, read_rows, scan_keys
+from batchspec.group import group_shards
+from batchspec.plan import Plan, check_resume, fingerprint, make_plan
+from batchspec.read import RowDefaults, list_input, open_input, parse_rows, passthrough_schema, read_rows, scan_keys
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
 from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, run_pool
 from batchspec.write import Output, output_schema, resolve_template
@@ -81,31 +89,26 @@ class RunSummary:
 
 def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: type[ShardWorker] = ShardWorker) -> RunSummary:
     started = time.perf_counter()
-    run_date = config.run_date or dt.datetime.now(dt.timezone.utc).date()
-    opts = dict(config.storage_options)
+    config = dataclasses.replace(config, run_date=_run_date(config))  # one date for INPUT and OUTPUT
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "run")
     choice = resolve_spec(config)
     arms, calibrate = run_arms(choice)
     llm_options = run_llm_options(config, arms)
-    output = Output(resolve_template(config.output, run_date), tuple(opts.items()))
-    output.check_writable()
-
-    source = open_input(resolve_template(config.input, run_date), opts, config.shard_by)  # 1. read
-    passthrough = source.passthrough_schema(OUTPUT_NAMES)
-    ensure_ray(config)
-    keys = scan_keys(source, config.shard_by)
-    plan = make_plan(source, keys, config.shard_by, config.shard_size)  # 2. plan
-    todo, skipped = prepare_output(output, plan, config.resume)
+    output = open_output(config)
+    plan = plan_and_group(config, output)  # 1. read  2. plan + group (or the committed plan)
+    passthrough = passthrough_schema(plan.arrow_schema, OUTPUT_NAMES)
+    todo, skipped = pending(output, plan)
     if progress:
         progress.planned(len(plan.shards), plan.rows, skipped)
 
+    ensure_ray(config)
     job = WorkerJob(  # 3. shard workers: calibrate -> generate -> write, per shard
-        source=source, output=output, passthrough=passthrough, out_schema=output_schema(passthrough),
+        output=output, passthrough=passthrough, out_schema=output_schema(passthrough),
         engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
         device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
         calibration=config.calibration, defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed),
-        worker=config.worker, llm_options=tuple(llm_options.items()),
+        worker=config.worker, llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     work_started = time.perf_counter()
     report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls) if todo else None
@@ -167,20 +170,57 @@ def ensure_ray(config: RunConfig) -> None:
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 
-def prepare_output(output: Output, plan: Plan, resume: bool) -> tuple[list, int]:
-    """Write or check OUTPUT/_plan.json; return the shards still to run and how many are done."""
-    if not resume:
+def plan_run(config: RunConfig) -> Plan:
+    """`batchspec run --plan-only`: check the config, then plan and group; no model is loaded."""
+    config = dataclasses.replace(config, run_date=_run_date(config))
+    check_engine(config.engine)
+    check_engine_options(config, config.pipeline or "run")
+    run_llm_options(config, resolve_arms(config)[0])
+    return plan_and_group(config, open_output(config))
+
+
+def open_output(config: RunConfig) -> Output:
+    output = Output(resolve_template(config.output, _run_date(config)), tuple(config.storage_options))
+    output.check_writable()
+    return output
+
+
+def plan_and_group(config: RunConfig, output: Output) -> Plan:
+    """The committed plan of OUTPUT if it is this input's and options', else a new plan and group."""
+    opts = dict(config.storage_options)
+    listing = list_input(resolve_template(config.input, _run_date(config)), opts)
+    if not config.resume:
         output.clear()
     text = output.read_text("_plan.json")
     existing = Plan.from_json(text) if text else None
-    check_resume(existing, plan)
+    check_resume(existing, fingerprint(listing.files, config.shard_by, config.shard_size))
+    if existing is not None:
+        have = output.shard_inputs() | output.committed()
+        missing = [s.shard_id for s in existing.shards if s.shard_id not in have]
+        if missing:
+            raise OutputError(f"OUTPUT {output.url}: {len(missing)} shard file(s) under _shards/ are missing (first {missing[0]}); use --no-resume")
+        return existing
+    if output.committed():
+        raise OutputError(f"OUTPUT {output.url} holds shard files but no _plan.json; use a new OUTPUT or --no-resume")
+    source = open_input(listing, opts, config.shard_by)
+    passthrough_schema(source.schema, OUTPUT_NAMES)  # a clashing column stops the run before any work
+    ensure_ray(config)
+    output.clear_shard_inputs()  # a grouping that stopped half way left files of no plan
+    plan = make_plan(source, config.shard_by, config.shard_size)
+    group_shards(source, plan, output)
+    output.put(output.path("_plan.json"), plan.to_json().encode())
+    return plan
+
+
+def pending(output: Output, plan: Plan) -> tuple[list, int]:
+    """The shards still to run, and how many are committed already."""
     committed = output.committed()
-    if existing is None:
-        if committed:
-            raise OutputError(f"OUTPUT {output.url} holds shard files but no _plan.json; use a new OUTPUT or --no-resume")
-        output.put(output.path("_plan.json"), plan.to_json().encode())
     todo = [s for s in plan.shards if s.shard_id not in committed]
     return todo, len(plan.shards) - len(todo)
+
+
+def _run_date(config: RunConfig) -> dt.date:
+    return config.run_date or dt.datetime.now(dt.timezone.utc).date()
 
 
 def _on_done(progress: RunProgress | None):

@@ -1,40 +1,58 @@
-"""Step 2, plan: which input rows go to which shard, decided once and saved as OUTPUT/_plan.json.
+"""Step 2, plan: which input rows go to which shard, decided once with Ray Data and saved as
+OUTPUT/_plan.json (small: per-shard counts and fingerprints, never rows).
 
-Rows are grouped by the shard-by value (groups in sorted key order, rows in input order inside a
-group, null keys last) and each group is cut into shards of at most `shard_size` rows, so every
-workload gets its own calibration. A shard names its rows as runs of row indices per input file,
-which stays compact for millions of rows; no prompt text is held here.
+Rows are grouped by the shard-by value (groups in sorted key order, null key last, rows in input
+order inside a group) and each group is cut into shards of at most `shard_size` rows, so every
+workload gets its own calibration. How, without rows on the driver:
+
+1. Ray Data reads only the `id` and shard-by columns, one task per run of row groups
+   (`read.chunks`), and tags each row with its input position (file index << 40 | row index).
+2. Duplicate ids: `groupby(id).count()`, filtered to counts above one, in Ray Data; the driver
+   sees at most the first duplicate.
+3. Cutting: `groupby(key).map_groups` sorts each key's positions and emits one record per shard
+   (its first position, its row count, and the fingerprint of its positions). Only these records
+   reach the driver: per-shard metadata, nothing per row.
+
+A shard is thus named by its key and the input position of its first row; `batchspec.group`
+finds every row's shard by a binary search among those starts. The plan is a pure function of the
+input (files, sizes, keys, ids) and the options (shard_by, shard_size): the same input and options
+always give the same shards, ids and fingerprints.
 
 The plan's fingerprint covers the input files (paths and sizes) and the options that change the
-plan (shard_by, shard_size). The same input and options always give the same plan and shard ids;
-a resume against an OUTPUT whose plan has another fingerprint is refused (`check_resume`).
+plan; it can be computed from a listing alone, so a resume checks it before reading anything. A
+resume against an OUTPUT whose plan has another fingerprint is refused (`check_resume`).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass
 
-from batchspec.errors import OutputError
-from batchspec.read import InputSource, RowKeys
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-PLAN_VERSION = 1
+from batchspec.errors import InputError, OutputError
+from batchspec.read import ID, POS, InputSource, chunk_items, chunks_of, key_strings, position, read_chunk, row_ids
+
+PLAN_VERSION = 2
+SCAN_BYTES = 64 << 20  # uncompressed input bytes per key-scan task (only two columns are read)
 
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """One shard: its id, its shard-by value, and its rows as (file index, [[start, stop), ...])."""
+    """One shard: id, shard-by value, row count, input position of its first row, fingerprint of
+    its rows' positions (checked when the shard's file is written and when a worker reads it)."""
 
     shard_id: str
     shard_key: str | None
     rows: int
-    parts: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
-
-    def row_indices(self) -> list[tuple[int, list[int]]]:
-        """Per input file, the sorted row indices of this shard."""
-        return [(f, [r for start, stop in runs for r in range(start, stop)]) for f, runs in self.parts]
+    start: int
+    fingerprint: str
 
 
 @dataclass(frozen=True)
@@ -45,58 +63,118 @@ class Plan:
     shard_by: str | None
     shard_size: int
     rows: int
+    schema: str  # the unified input schema, Arrow IPC, base64
     shards: tuple[ShardPlan, ...]
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(self.schema)))
 
     def to_json(self) -> str:
         doc = asdict(self)
         doc["version"] = PLAN_VERSION
-        return json.dumps(doc, indent=1, sort_keys=True)
+        doc["shards"] = [asdict(s) for s in self.shards]
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         doc = json.loads(text)
-        doc.pop("version", None)
-        shards = tuple(
-            ShardPlan(s["shard_id"], s["shard_key"], s["rows"], tuple((f, tuple(map(tuple, runs))) for f, runs in s["parts"]))
-            for s in doc.pop("shards")
-        )
+        if doc.pop("version", None) != PLAN_VERSION:
+            return cls(fingerprint=doc.get("fingerprint", "?"), input_url="", files=(), shard_by=None, shard_size=0, rows=0, schema="", shards=())
+        shards = tuple(ShardPlan(**s) for s in doc.pop("shards"))
         files = tuple(tuple(f) for f in doc.pop("files"))
         return cls(shards=shards, files=files, **doc)
 
 
-def fingerprint(source: InputSource, shard_by: str | None, shard_size: int) -> str:
-    doc = {
-        "version": PLAN_VERSION,
-        "files": [(f.path, f.size) for f in source.files],
-        "shard_by": shard_by,
-        "shard_size": shard_size,
-    }
+def fingerprint(files: list[tuple[str, int]], shard_by: str | None, shard_size: int) -> str:
+    """Of the input listing (paths, sizes) and the plan options: computable without reading data."""
+    doc = {"version": PLAN_VERSION, "files": [list(f) for f in files], "shard_by": shard_by, "shard_size": shard_size}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def make_plan(source: InputSource, keys: RowKeys, shard_by: str | None, shard_size: int) -> Plan:
+def make_plan(source: InputSource, shard_by: str | None, shard_size: int) -> Plan:
     assert shard_size >= 1, shard_size
-    groups: dict[str | None, list[int]] = {}
-    for i, key in enumerate(keys.keys):
-        groups.setdefault(key, []).append(i)
-    order = sorted(groups, key=lambda k: (k is None, k or ""))
-    shards, n = [], 0
-    for key in order:
-        members = groups[key]
-        for start in range(0, len(members), shard_size):
-            chunk = members[start : start + shard_size]
-            parts = _runs([(keys.file_index[i], keys.row_index[i]) for i in chunk])
-            shards.append(ShardPlan(_shard_id(n, key), key, len(chunk), parts))
-            n += 1
+    records = cut_shards(source, shard_by, shard_size)
+    shards = tuple(
+        ShardPlan(_shard_id(n, None if r["knull"] else r["key"]), None if r["knull"] else r["key"], int(r["rows"]), int(r["start"]), r["fingerprint"])
+        for n, r in enumerate(records)
+    )
+    assert sum(s.rows for s in shards) == source.rows, (sum(s.rows for s in shards), source.rows)
     return Plan(
-        fingerprint=fingerprint(source, shard_by, shard_size),
+        fingerprint=fingerprint([(f.path, f.size) for f in source.files], shard_by, shard_size),
         input_url=source.url,
         files=tuple((f.path, f.size, f.rows) for f in source.files),
         shard_by=shard_by,
         shard_size=shard_size,
-        rows=len(keys.ids),
-        shards=tuple(shards),
+        rows=source.rows,
+        schema=base64.b64encode(source.schema.serialize().to_pybytes()).decode(),
+        shards=shards,
     )
+
+
+def cut_shards(source: InputSource, shard_by: str | None, shard_size: int) -> list[dict]:
+    """Ray Data: scan ids and keys, refuse duplicate ids, cut each key's rows into shards. One
+    record per shard, in plan order (keys sorted, null key last; a key's shards in input order)."""
+    import ray.data
+
+    items = chunk_items(source, SCAN_BYTES)
+    scan = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+    keys = scan.map_batches(_scan, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "shard_by": shard_by}).materialize()
+    if ID in keys.schema().names:
+        counts = keys.select_columns([ID]).groupby(ID, num_partitions=_partitions(source.rows, 1_000_000)).count()
+        dup = counts.map_batches(_duplicates, batch_format="pyarrow", batch_size=None).take(1)
+        if dup:
+            raise InputError(f"input {source.url} has duplicate id {dup[0][ID]!r}; ids must be unique")
+    grouped = keys.select_columns([POS, "knull", "key"]).groupby(["knull", "key"], num_partitions=_partitions(source.rows, 2_000_000))
+    records = grouped.map_groups(_cut, batch_format="pyarrow", fn_kwargs={"shard_size": shard_size}).take_all()
+    records.sort(key=lambda r: (r["knull"], r["key"], r["j"]))
+    return records
+
+
+def _partitions(rows: int, per: int) -> int:
+    """Shuffle partitions for `rows` small records: Ray's default (200) costs seconds of task
+    overhead per shuffle on a small cluster for nothing."""
+    return max(1, min(200, math.ceil(rows / per)))
+
+
+def _scan(batch: pa.Table, source: InputSource, shard_by: str | None) -> pa.Table:
+    """Per row of the chunks in `batch`: input position, key (null flag + value) and, when the
+    input has ids, the id. Never the prompt."""
+    columns = list(dict.fromkeys(c for c in ("id", shard_by) if c and c in source.schema.names))
+    out = []
+    for c in chunks_of(batch):
+        t = read_chunk(source, c, columns)
+        key = key_strings(t, shard_by)
+        cols = {POS: pa.array(position(c.file_index, c.first_row, c.rows)), "knull": pc.is_null(key), "key": pc.fill_null(key, "")}
+        if "id" in source.schema.names:
+            cols[ID] = row_ids(source, c, t)
+        out.append(pa.table(cols))
+    return pa.concat_tables(out)
+
+
+def _duplicates(batch: pa.Table) -> pa.Table:
+    return batch.filter(pc.greater(batch.column("count()"), 1))
+
+
+def _cut(group: pa.Table, shard_size: int) -> pa.Table:
+    """One key's rows -> one record per shard: index within the key, first position, rows, fingerprint."""
+    pos = np.sort(group.column(POS).to_numpy())
+    n = math.ceil(len(pos) / shard_size)
+    cuts = [pos[j * shard_size : (j + 1) * shard_size] for j in range(n)]
+    return pa.table({
+        "knull": pa.array([group.column("knull")[0].as_py()] * n, pa.bool_()),
+        "key": pa.array([group.column("key")[0].as_py()] * n, pa.string()),
+        "j": pa.array(range(n), pa.int64()),
+        "start": pa.array([int(c[0]) for c in cuts], pa.int64()),
+        "rows": pa.array([len(c) for c in cuts], pa.int64()),
+        "fingerprint": pa.array([fingerprint_positions(c) for c in cuts], pa.string()),
+    })
+
+
+def fingerprint_positions(pos: np.ndarray) -> str:
+    """A shard's fingerprint: its rows' input positions, in order (with the plan's fingerprint of
+    the input, this names the shard's content)."""
+    return hashlib.sha256(np.ascontiguousarray(pos, dtype="<i8").tobytes()).hexdigest()[:16]
 
 
 def _shard_id(n: int, key: str | None) -> str:
@@ -105,22 +183,10 @@ def _shard_id(n: int, key: str | None) -> str:
     return f"{n:05d}-{slug}" if slug else f"{n:05d}"
 
 
-def _runs(rows: list[tuple[int, int]]) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
-    """(file, row) pairs in input order -> per file, runs of consecutive rows as [start, stop)."""
-    by_file: dict[int, list[list[int]]] = {}
-    for f, r in rows:
-        runs = by_file.setdefault(f, [])
-        if runs and runs[-1][1] == r:
-            runs[-1][1] = r + 1
-        else:
-            runs.append([r, r + 1])
-    return tuple((f, tuple((a, b) for a, b in runs)) for f, runs in by_file.items())
-
-
-def check_resume(existing: Plan | None, plan: Plan) -> None:
+def check_resume(existing: Plan | None, fingerprint: str) -> None:
     """Refuse to resume into an OUTPUT that holds a run of another input or plan."""
-    if existing is not None and existing.fingerprint != plan.fingerprint:
+    if existing is not None and existing.fingerprint != fingerprint:
         raise OutputError(
-            f"OUTPUT holds a run of a different input/plan (fingerprint {existing.fingerprint} != {plan.fingerprint}); "
+            f"OUTPUT holds a run of a different input/plan (fingerprint {existing.fingerprint} != {fingerprint}); "
             "use a new OUTPUT or --no-resume"
         )

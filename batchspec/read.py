@@ -3,12 +3,13 @@
 What this module owns:
 - resolving INPUT (a file, a folder, a glob; local, file://, s3://, memory://, ...) to an ordered
   list of Parquet files, checking each footer and schema once, before any worker starts;
-- the key scan for the plan: `ray.data.read_parquet` over the input, reading only the `id` and
-  shard-by columns (never prompt text), so the driver holds keys, not prompts;
-- reading one shard's rows back by (file, row index) inside a worker, and turning each row into an
-  engine `Request` or a one-line per-row error.
+- listing INPUT without reading it (`list_input`: paths and sizes, all a plan fingerprint needs);
+- row identity and chunked reads for the Ray Data tasks of plan and group: a `Chunk` is a run of
+  row groups of one file, read with only the columns wanted and typed as in the unified schema;
+- turning each row into an engine `Request` or a one-line per-row error (inside a worker);
+- `scan_keys` / `read_rows`: the small in-process key scan `batchspec calibrate` uses on a sample.
 
-Row identity is (file, row index). When the input has no `id` column (or a row's id is null), the id
+Row identity is (file, row index), carried as one int64 position (file index << 40 | row index). When the input has no `id` column (or a row's id is null), the id
 is generated as `<file path relative to INPUT>#<row index>`, stable across runs. Duplicate ids are
 refused up front with an InputError naming the id: an output keyed by id must not be ambiguous.
 Every column except prompt, messages, id and the sampling columns passes through untouched.
@@ -24,7 +25,9 @@ import zlib
 from dataclasses import dataclass
 
 import fsspec
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 
@@ -42,6 +45,16 @@ class InputFile:
     rel: str  # relative to INPUT, used in generated ids
     size: int
     rows: int
+    row_groups: tuple[tuple[int, int], ...] = ()  # (rows, uncompressed bytes) per row group
+
+
+@dataclass(frozen=True)
+class InputListing:
+    """INPUT listed, not read: its Parquet files (paths as the filesystem names them, sizes)."""
+
+    url: str
+    files: tuple[tuple[str, int], ...]
+    base: str  # generated ids are relative to this folder
 
 
 @dataclass(frozen=True)
@@ -62,12 +75,16 @@ class InputSource:
         return filesystem(self.url, dict(self.storage_options))
 
     def passthrough_schema(self, output_names: tuple[str, ...]) -> pa.Schema:
-        """Input columns copied to the output; a clash with an output column is an input error."""
-        keep = [f for f in self.schema if f.name not in CONSUMED_COLUMNS]
-        for f in keep:
-            if f.name in output_names:
-                raise InputError(f"input column {f.name!r} clashes with the output column of that name; rename it")
-        return pa.schema(keep)
+        return passthrough_schema(self.schema, output_names)
+
+
+def passthrough_schema(schema: pa.Schema, output_names: tuple[str, ...]) -> pa.Schema:
+    """Input columns copied to the output; a clash with an output column is an input error."""
+    keep = [f for f in schema if f.name not in CONSUMED_COLUMNS]
+    for f in keep:
+        if f.name in output_names:
+            raise InputError(f"input column {f.name!r} clashes with the output column of that name; rename it")
+    return pa.schema(keep)
 
 
 @dataclass(frozen=True)
@@ -97,27 +114,37 @@ def arrow_filesystem(fs: fsspec.AbstractFileSystem) -> PyFileSystem:
     return PyFileSystem(FSSpecHandler(fs))
 
 
-def open_input(url: str, storage_options: dict | None = None, shard_by: str | None = None) -> InputSource:
-    """Resolve INPUT to its Parquet files and check their footers and columns (InputError if not)."""
+def list_input(url: str, storage_options: dict | None = None) -> InputListing:
+    """INPUT's Parquet files and their sizes, from a listing (no file is opened)."""
     opts = storage_options or {}
     try:
         fs, root = fsspec.core.url_to_fs(url, **opts)
         paths = _list_parquet(fs, root)
+        sizes = [fs.size(p) for p in paths]
+        base = (root if not _has_glob(root) and fs.isdir(root) else posixpath.dirname(paths[0])) if paths else ""
     except InputError:
         raise
     except Exception as exc:  # the backend's own error: unreachable bucket, bad credentials, ...
         raise InputError(f"cannot list input {url}: {one_line(exc)}") from exc
     if not paths:
         raise InputError(f"no Parquet files found at input {url}")
-    base = root if not _has_glob(root) and fs.isdir(root) else posixpath.dirname(paths[0])
+    return InputListing(url, tuple(zip(paths, sizes)), base)
+
+
+def open_input(url: str | InputListing, storage_options: dict | None = None, shard_by: str | None = None) -> InputSource:
+    """Resolve INPUT to its Parquet files and check their footers and columns (InputError if not)."""
+    opts = storage_options or {}
+    listing = url if isinstance(url, InputListing) else list_input(url, opts)
+    fs = filesystem(listing.url, opts)
     files, schemas = [], []
-    for path in paths:
+    for path, size in listing.files:
         meta = _footer(fs, path)
-        files.append(InputFile(path, posixpath.relpath(path, base) if base else path, fs.size(path), meta.num_rows))
+        groups = tuple((meta.row_group(g).num_rows, meta.row_group(g).total_byte_size) for g in range(meta.num_row_groups))
+        files.append(InputFile(path, posixpath.relpath(path, listing.base) if listing.base else path, size, meta.num_rows, groups))
         schemas.append(meta.schema.to_arrow_schema())
-    schema = _unify(schemas, [fs.unstrip_protocol(p) for p in paths])
-    _check_columns(schema, url, shard_by)
-    return InputSource(url, tuple(files), schema, tuple(sorted(opts.items())))
+    schema = _unify(schemas, [fs.unstrip_protocol(p) for p, _ in listing.files])
+    _check_columns(schema, listing.url, shard_by)
+    return InputSource(listing.url, tuple(files), schema, tuple(sorted(opts.items())))
 
 
 def _list_parquet(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
@@ -166,7 +193,101 @@ def _check_columns(schema: pa.Schema, url: str, shard_by: str | None) -> None:
         raise InputError(f"--shard-by column {shard_by!r} is not in input {url}; found {names}")
 
 
-# ---- the key scan (for the plan) -------------------------------------------------------------
+# ---- row identity and chunked reads (inside Ray Data tasks: plan and group) --------------------
+
+POS = "__bs_pos"  # int64 column: file index << ROW_BITS | row index within the file (input order)
+ID = "__bs_id"  # string column: the row's output id
+ROW_BITS = 40
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A run of consecutive row groups of one input file: the unit of one read task."""
+
+    file_index: int
+    groups: tuple[int, ...]
+    first_row: int
+    rows: int
+    bytes: int  # uncompressed, from the footer
+
+
+def position(file_index: int, first_row: int, rows: int) -> np.ndarray:
+    """Input positions of `rows` consecutive rows: sortable in input order across files."""
+    return (np.int64(file_index) << ROW_BITS) + np.arange(first_row, first_row + rows, dtype=np.int64)
+
+
+def chunks(source: InputSource, target_bytes: int) -> list[Chunk]:
+    """Consecutive row groups of each file, packed up to about `target_bytes` (uncompressed)."""
+    out = []
+    for fi, f in enumerate(source.files):
+        groups, first, rows, size = [], 0, 0, 0
+        for g, (g_rows, g_bytes) in enumerate(f.row_groups):
+            if groups and size + g_bytes > target_bytes:
+                out.append(Chunk(fi, tuple(groups), first, rows, size))
+                groups, first, rows, size = [], first + rows, 0, 0
+            groups.append(g)
+            rows += g_rows
+            size += g_bytes
+        if groups:
+            out.append(Chunk(fi, tuple(groups), first, rows, size))
+    return out
+
+
+def chunk_items(source: InputSource, target_bytes: int) -> list[dict]:
+    """`chunks` as rows for `ray.data.from_items` (one read task each)."""
+    return [{"file_index": c.file_index, "groups": list(c.groups), "first_row": c.first_row, "rows": c.rows, "bytes": c.bytes}
+            for c in chunks(source, target_bytes)]
+
+
+def chunks_of(batch: pa.Table) -> list[Chunk]:
+    return [Chunk(d["file_index"], tuple(d["groups"]), d["first_row"], d["rows"], d["bytes"]) for d in batch.to_pylist()]
+
+
+def read_chunk(source: InputSource, chunk: Chunk, columns: list[str] | None) -> pa.Table:
+    """The chunk's rows (only `columns`, or every column), typed as in the unified input schema."""
+    f = source.files[chunk.file_index]
+    fs = source.fs
+    wanted = columns if columns is not None else source.schema.names
+    try:
+        with fs.open(f.path, "rb") as fh:
+            pf = pq.ParquetFile(fh)
+            present = [c for c in wanted if c in pf.schema_arrow.names]
+            table = pf.read_row_groups(list(chunk.groups), columns=present)
+    except Exception as exc:
+        raise InputError(f"input file {fs.unstrip_protocol(f.path)} cannot be read: {one_line(exc)}") from exc
+    if table.num_rows != chunk.rows:
+        raise InputError(f"input file {fs.unstrip_protocol(f.path)} changed: row groups {list(chunk.groups)} hold {table.num_rows} rows, the footer said {chunk.rows}")
+    if not wanted:
+        return table  # no columns, but the row count
+    fields = [source.schema.field(n) for n in wanted]
+    arrays = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in fields]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def row_ids(source: InputSource, chunk: Chunk, table: pa.Table) -> pa.Array:
+    """Each row's output id: its `id` as a string, or `<file relative to INPUT>#<row index>`."""
+    rows = np.arange(chunk.first_row, chunk.first_row + chunk.rows)
+    generated = pc.binary_join_element_wise(source.files[chunk.file_index].rel, pa.array(rows.astype(str)), "#")
+    if "id" not in table.column_names:
+        return generated
+    return pc.coalesce(_as_strings(table.column("id").combine_chunks()), generated)
+
+
+def key_strings(table: pa.Table, shard_by: str | None) -> pa.Array:
+    """Each row's shard-by value as a string (null stays null); all null without shard_by."""
+    if not shard_by:
+        return pa.nulls(table.num_rows, pa.string())
+    return _as_strings(table.column(shard_by).combine_chunks())
+
+
+def _as_strings(col: pa.Array) -> pa.Array:
+    """str() of each value, as Python prints it; strings and integers are converted by Arrow."""
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_integer(col.type):
+        return col.cast(pa.string())
+    return pa.array([None if v is None else str(v) for v in col.to_pylist()], pa.string())
+
+
+# ---- the in-process key scan and row reads of `batchspec calibrate` (a sample, not a run) ------
 
 
 @dataclass(frozen=True)

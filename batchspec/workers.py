@@ -1,19 +1,21 @@
 """Step 3, shard workers: a pool of Ray actors, one engine each for its whole life.
 
-Per shard a worker reads the shard's rows back from the input (only the row groups it needs),
-turns bad rows into error rows, calibrates and generates through `batchspec.shard.run_shard`,
+Per shard a worker reads the shard's own file, OUTPUT/_shards/<shard_id>.parquet (written by
+`batchspec.group`; nothing else of the input is read), turns bad rows into error rows, calibrates and generates through `batchspec.shard.run_shard`,
 and commits outputs then stats (`batchspec.write`). The driver side (`run_pool`) hands shards to
 idle actors, passes each shard key's calibration decision on to the next shard of that key, and
 reports every committed shard to a callback (the progress bar).
 
 Faults. A worker process that dies (OOM, segfault, a killed node) is replaced by a fresh actor and
-its shard retried; a shard whose work raises an unexpected exception is retried on the same actor.
+its shard retried (actors start without blocking the loop, so a replacement waits for room on a
+live node while the other workers go on); a shard whose work raises an unexpected exception is retried on the same actor.
 After `worker.max_attempts` tries the shard's rows are written as error rows naming the last
 failure, so nothing is lost and the run still accounts for every row. A `BatchspecError` (bad
 model, bad config) is not retried: it affects every shard, so the run stops with that one line.
 
 Resources: `worker.num_cpus` may be fractional so Ray keeps CPUs for reading; on a GPU cluster
-`worker.num_gpus: 1` gives each actor its own GPU. Torch threads per actor are set explicitly.
+`worker.num_gpus: 1` gives each actor its own GPU. Actors are placed with Ray's SPREAD strategy, so
+shards spread over the nodes of a cluster. Torch threads per actor are set explicitly.
 """
 
 from __future__ import annotations
@@ -31,14 +33,8 @@ from batchspec.config.run import WorkerConfig
 from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.errors import BatchspecError
 from batchspec.plan import ShardPlan
-from batchspec.read import (
-    InputSource,
-    ParsedRow,
-    RowDefaults,
-    parse_rows,
-    read_rows,
-    row_id,
-)
+from batchspec.group import INTERNAL, read_shard_input
+from batchspec.read import ID, ParsedRow, RowDefaults, parse_rows
 from batchspec.stats import ShardStats
 from batchspec.write import Output, output_table, stats_table
 
@@ -47,8 +43,7 @@ from batchspec.write import Output, output_table, stats_table
 class WorkerJob:
     """Everything a worker needs, fixed for the run (sent once to each actor)."""
 
-    source: InputSource
-    output: Output
+    output: Output | None  # None for the Ray Data stage, which writes nothing itself
     passthrough: pa.Schema
     out_schema: pa.Schema
     engine: str
@@ -63,6 +58,7 @@ class WorkerJob:
     defaults: RowDefaults
     worker: WorkerConfig
     llm_options: tuple[tuple[str, Any], ...] = ()  # trtllm: what every arm is built with
+    storage_options: tuple[tuple[str, Any], ...] = ()  # fsspec options for a model given as a URL
 
 
 @dataclass(frozen=True)
@@ -83,6 +79,7 @@ class ShardOutcome:
     output_tokens: int
     stats: ShardStats
     decision: Any = None
+    node_id: str | None = None  # the Ray node that ran it
 
 
 # ---- the shard's rows ------------------------------------------------------------------------
@@ -95,16 +92,23 @@ class ShardRows:
 
 
 def load_shard(job: WorkerJob, plan: ShardPlan) -> ShardRows:
-    tables, ids = [], []
-    for file_index, rows in plan.row_indices():
-        table = read_rows(job.source, file_index, rows)
-        given = table.column("id").to_pylist() if "id" in table.column_names else [None] * len(rows)
-        f = job.source.files[file_index]
-        ids += [row_id(v, f, r) for v, r in zip(given, rows)]
-        tables.append(table)
-    table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-    assert table.num_rows == plan.rows, (plan.shard_id, table.num_rows, plan.rows)
+    table = read_shard_input(job.output, plan)
+    ids = table.column(ID).to_pylist()
+    table = table.drop_columns(list(INTERNAL))
     return ShardRows(table, parse_rows(table, ids, job.defaults))
+
+
+@dataclass
+class ShardRun:
+    """One shard's rows generated (not yet written): completions and settings in row order."""
+
+    completions: list[Completion]
+    specs: list[SpecConfig]
+    stats: ShardStats
+    decision: Any
+
+    def output_table(self, shard_id: str, passthrough: pa.Table, schema: pa.Schema) -> pa.Table:
+        return output_table(shard_id, self.completions, self.specs, passthrough, schema)
 
 
 def commit(job: WorkerJob, plan: ShardPlan, rows: ShardRows, completions: list[Completion], specs: list[SpecConfig], stats: ShardStats) -> ShardOutcome:
@@ -122,13 +126,13 @@ def commit_failed(job: WorkerJob, plan: ShardPlan, reason: str, attempts: int) -
     rows = load_shard(job, plan)
     reason = f"shard failed {attempts} times: {reason}"
     completions = [Completion.failed(p.request.id, reason) for p in rows.parsed]
-    stats = _unrun_stats(job, plan, attempts=attempts, note=reason)
+    stats = _unrun_stats(job, plan.shard_id, plan.shard_key, attempts=attempts, note=reason)
     return commit(job, plan, rows, completions, [NO_SPEC] * len(completions), stats)
 
 
-def _unrun_stats(job: WorkerJob, plan: ShardPlan, **more: Any) -> ShardStats:
+def _unrun_stats(job: WorkerJob, shard_id: str, shard_key: str | None, **more: Any) -> ShardStats:
     """Stats of a shard no row of which ran on the engine: counts only, no measurements."""
-    return ShardStats(shard_id=plan.shard_id, shard_key=plan.shard_key, rows=0, error_rows=0, engine=job.engine,
+    return ShardStats(shard_id=shard_id, shard_key=shard_key, rows=0, error_rows=0, engine=job.engine,
                       model=job.model, draft_model=job.draft_model, batch_size=job.batch_size, **more)
 
 
@@ -153,7 +157,7 @@ class ShardWorker:
 
         w = self.job.worker
         torch.set_num_threads(w.torch_threads or max(1, math.ceil(w.num_cpus)))
-        opts = dict(self.job.output.storage_options)
+        opts = dict(self.job.storage_options)
         model = str(resolve_model(self.job.model, storage_options=opts)) if self.job.engine == "torch" else self.job.model
         draft = self.job.draft_model
         if draft and self.job.engine == "torch":
@@ -163,27 +167,36 @@ class ShardWorker:
         return self.engine.model_name
 
     def process(self, task: ShardTask) -> ShardOutcome:
+        import ray
+
+        job, plan = self.job, task.plan
+        rows = load_shard(job, plan)
+        done = self.generate(plan.shard_id, plan.shard_key, rows.parsed, task.prior, task.attempt)
+        outcome = commit(job, plan, rows, done.completions, done.specs, done.stats)
+        outcome.decision = done.decision
+        outcome.node_id = ray.get_runtime_context().get_node_id()
+        return outcome
+
+    def generate(self, shard_id: str, shard_key: str | None, parsed: list[ParsedRow], prior: Any = None, attempt: int = 1) -> ShardRun:
+        """Calibrate and generate one shard's rows on this engine; error rows stay in place."""
         from batchspec.calibrate import CalibrationSettings, WorkerCalibration
         from batchspec.shard import ShardInput, run_shard
 
-        job, plan = self.job, task.plan
+        job = self.job
         started = time.perf_counter()
-        rows = load_shard(job, plan)
-        good = [p.request for p in rows.parsed if p.error is None]
+        good = [p.request for p in parsed if p.error is None]
         result = None
         if good:
             arms = list(job.arms) if job.calibrate else [job.arms[0] if job.arms else NO_SPEC]
             settings = CalibrationSettings(**dict(job.calibration))
             self.calibration = self.calibration or WorkerCalibration()
-            result = run_shard(self.engine, ShardInput(plan.shard_id, plan.shard_key, good), arms, job.calibrate,
-                               job.batch_size, settings, task.prior, worker=self.calibration)
-            stats = replace(result.stats, model=job.model, attempts=task.attempt)  # the model as configured, not its resolved path
+            result = run_shard(self.engine, ShardInput(shard_id, shard_key, good), arms, job.calibrate,
+                               job.batch_size, settings, prior, worker=self.calibration)
+            stats = replace(result.stats, model=job.model, attempts=attempt)  # the model as configured, not its resolved path
         else:
-            stats = _unrun_stats(job, plan, attempts=task.attempt, wall_s=time.perf_counter() - started)
-        completions, specs = _merge(rows.parsed, result)
-        outcome = commit(job, plan, rows, completions, specs, stats)
-        outcome.decision = result.decision if result is not None else task.prior
-        return outcome
+            stats = _unrun_stats(job, shard_id, shard_key, attempts=attempt, wall_s=time.perf_counter() - started)
+        completions, specs = _merge(parsed, result)
+        return ShardRun(completions, specs, stats, result.decision if result is not None else prior)
 
     def close(self) -> None:
         if self.engine is not None:
@@ -223,9 +236,20 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     as the fault tests do); returns once each shard is committed."""
     import ray
 
-    remote = ray.remote(worker_cls).options(num_cpus=job.worker.num_cpus, num_gpus=job.worker.num_gpus, max_restarts=0, max_task_retries=0)
+    remote = ray.remote(worker_cls).options(num_cpus=job.worker.num_cpus, num_gpus=job.worker.num_gpus, max_restarts=0,
+                                             max_task_retries=0, scheduling_strategy="SPREAD")
     actors: list[Any] = []  # every actor started, to stop them all at the end
-    idle = [_start(remote, job, actors) for _ in range(min(workers, len(plans)))]
+    starting: dict[Any, Any] = {}  # start() ref -> actor still loading its engine
+    lost = 0  # actors whose process or node died before they were ready
+
+    def start() -> None:
+        actor = remote.remote(job)
+        actors.append(actor)
+        starting[actor.start.remote()] = actor
+
+    for _ in range(min(workers, len(plans))):
+        start()
+    idle: list[Any] = []
     queue = collections.deque(ShardTask(p) for p in plans)
     decisions: dict[str | None, Any] = {}
     in_flight: dict[Any, tuple[Any, ShardTask]] = {}
@@ -236,14 +260,33 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
                 actor, task = idle.pop(), queue.popleft()
                 task = ShardTask(task.plan, task.attempt, decisions.get(task.plan.shard_key))
                 in_flight[actor.process.remote(task)] = (actor, task)
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            ready, _ = ray.wait([*in_flight, *starting], num_returns=1)
+            if ready[0] in starting:
+                actor = starting.pop(ready[0])
+                try:
+                    ray.get(ready[0])
+                except ray.exceptions.RayActorError as exc:
+                    ray.kill(actor, no_restart=True)
+                    lost += 1
+                    if lost > workers * job.worker.max_attempts:
+                        raise RuntimeError(f"{lost} shard workers died while starting; last: {_cause(exc)}") from None
+                    start()
+                except ray.exceptions.RayTaskError as exc:
+                    ray.kill(actor, no_restart=True)
+                    if isinstance(exc.cause, BatchspecError):
+                        raise exc.cause from None
+                    raise
+                else:
+                    idle.append(actor)
+                continue
             actor, task = in_flight.pop(ready[0])
             try:
                 outcome = ray.get(ready[0])
-            except ray.exceptions.RayActorError as exc:  # the process died: a fresh actor takes over
+            except ray.exceptions.RayActorError as exc:  # the process or its node died: a fresh actor takes over
                 ray.kill(actor, no_restart=True)
-                actor = _start(remote, job, actors)
+                start()
                 _retry(job, task, queue, report, on_done, f"worker died: {_cause(exc)}")
+                continue
             except ray.exceptions.RayTaskError as exc:
                 if isinstance(exc.cause, BatchspecError):
                     raise exc.cause from None
@@ -258,21 +301,6 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
         for a in actors:
             ray.kill(a, no_restart=True)
     return report
-
-
-def _start(remote, job: WorkerJob, actors: list) -> Any:
-    import ray
-
-    actor = remote.remote(job)
-    actors.append(actor)
-    try:
-        ray.get(actor.start.remote())
-    except ray.exceptions.RayTaskError as exc:
-        ray.kill(actor, no_restart=True)
-        if isinstance(exc.cause, BatchspecError):
-            raise exc.cause from None
-        raise
-    return actor
 
 
 def _retry(job: WorkerJob, task: ShardTask, queue, report: PoolReport, on_done, reason: str) -> None:

@@ -6,6 +6,7 @@ Layout (DESIGN.md, the contract with data teams):
     OUTPUT/outputs/<shard_id>.parquet   one row per input row of the shard
     OUTPUT/stats/<shard_id>.parquet     one row per shard: the shard's commit mark, written last
     OUTPUT/_plan.json  OUTPUT/_manifest.json  OUTPUT/_SUCCESS
+    OUTPUT/_shards/<shard_id>.parquet  each shard's input rows, written once by batchspec.group
 
 Atomicity: every object is written whole in one call. Local files go to a temporary name in the
 same folder and are renamed into place; object stores (s3://, gs://, memory://) get a single PUT,
@@ -105,6 +106,9 @@ class Output:
     def stats_path(self, shard_id: str) -> str:
         return self.path("stats", f"{shard_id}.parquet")
 
+    def shard_input_path(self, shard_id: str) -> str:
+        return self.path("_shards", f"{shard_id}.parquet")
+
     # -- writing ---------------------------------------------------------------------------------
 
     def put(self, path: str, data: bytes) -> None:
@@ -150,9 +154,17 @@ class Output:
 
     def committed(self) -> set[str]:
         """Shard ids whose stats object (the commit mark) exists."""
+        return self._shard_files("stats")
+
+    def shard_inputs(self) -> set[str]:
+        """Shard ids whose input file exists under _shards/."""
+        return self._shard_files("_shards")
+
+    def _shard_files(self, folder: str) -> set[str]:
         fs = self.fs
         try:
-            names = fs.ls(self.path("stats"), detail=False)
+            fs.invalidate_cache()
+            names = fs.ls(self.path(folder), detail=False)
         except FileNotFoundError:
             return set()
         except Exception as exc:
@@ -170,13 +182,24 @@ class Output:
     def clear(self) -> None:
         """Remove a previous run's files (for --no-resume); other files under OUTPUT are left alone."""
         fs = self.fs
-        for name in ("_SUCCESS", "_manifest.json", "_plan.json", "outputs", "stats"):
+        for name in ("_SUCCESS", "_manifest.json", "_plan.json", "outputs", "stats", "_shards"):
             p = self.path(name)
             try:
                 if fs.exists(p):
                     fs.rm(p, recursive=True)
             except Exception as exc:
                 raise OutputError(f"cannot clear {fs.unstrip_protocol(p)}: {one_line(exc)}") from exc
+        fs.invalidate_cache()
+
+    def clear_shard_inputs(self) -> None:
+        """Remove _shards/ (a grouping that stopped before its _plan.json was written)."""
+        fs = self.fs
+        p = self.path("_shards")
+        try:
+            if fs.exists(p):
+                fs.rm(p, recursive=True)
+        except Exception as exc:
+            raise OutputError(f"cannot clear {fs.unstrip_protocol(p)}: {one_line(exc)}") from exc
         fs.invalidate_cache()
 
     def check_writable(self) -> None:

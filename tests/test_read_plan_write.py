@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import posixpath
 
 import fsspec
 import polars as pl
@@ -13,8 +14,8 @@ import pytest
 
 from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.errors import ConfigError, InputError, OutputError
-from batchspec.plan import Plan, check_resume, make_plan
-from batchspec.read import RowDefaults, open_input, parse_rows, read_rows, scan_keys
+from batchspec.plan import check_resume, fingerprint, make_plan
+from batchspec.read import RowDefaults, list_input, open_input, parse_rows, read_rows, scan_keys
 from batchspec.stats import OUTPUT_NAMES, ArmResult, ShardStats
 from batchspec.write import (
     Output,
@@ -87,23 +88,15 @@ def test_scan_keys_generates_stable_ids_and_refuses_duplicates(ray_session, tmp_
         scan_keys(open_input(str(tmp_path / "dup.parquet")), None)
 
 
-def test_plan_groups_by_key_then_cuts_and_is_deterministic(ray_session, folder):
-    source = open_input(str(folder), shard_by="task")
-    keys = scan_keys(source, "task")
-    plan = make_plan(source, keys, "task", 3)
-    assert [(s.shard_id, s.shard_key, s.rows) for s in plan.shards] == [
-        ("00000-code", "code", 3), ("00001-code", "code", 2), ("00002-prose", "prose", 3), ("00003-prose", "prose", 2)
-    ]
-    # code rows are the even rows: 0,2,4 in a.parquet, then 6,8 = rows 0,2 of b.parquet
-    assert plan.shards[0].row_indices() == [(0, [0, 2, 4])]
-    assert plan.shards[1].row_indices() == [(1, [0, 2])]
-    assert make_plan(source, keys, "task", 10).shards[0].parts == ((0, ((0, 1), (2, 3), (4, 5))), (1, ((0, 1), (2, 3))))
-    again = Plan.from_json(plan.to_json())
-    assert again == plan
-    assert make_plan(source, keys, "task", 3).fingerprint == plan.fingerprint
-    other = make_plan(source, keys, "task", 4)
+def test_plan_fingerprint_is_of_the_listing_and_options_and_another_is_refused(ray_session, folder):
+    listing = list_input(str(folder))
+    assert [posixpath.basename(p) for p, _ in listing.files] == ["a.parquet", "b.parquet"]
+    source = open_input(listing, shard_by="task")
+    plan = make_plan(source, "task", 3)
+    assert plan.fingerprint == fingerprint(list_input(str(folder)).files, "task", 3), "a listing alone gives the fingerprint"
+    check_resume(plan, plan.fingerprint)
     with pytest.raises(OutputError, match=r"different input/plan \(fingerprint .* != .*\); use a new OUTPUT or --no-resume"):
-        check_resume(plan, other)
+        check_resume(plan, fingerprint(listing.files, "task", 4))
 
 
 def test_read_rows_reads_the_wanted_rows_across_row_groups(folder):
@@ -177,7 +170,7 @@ def test_read_plan_and_write_over_s3(ray_session, s3):
     fs = fsspec.filesystem("s3", **options)
     write_parquet(fs, f"{url}/in/part-0.parquet", prompts_table(5))
     source = open_input(f"{url}/in/", options, shard_by="task")
-    plan = make_plan(source, scan_keys(source, "task"), "task", 2)
+    plan = make_plan(source, "task", 2)
     assert sum(s.rows for s in plan.shards) == 5
     out = Output(f"{url}/out", tuple(options.items()))
     out.check_writable()

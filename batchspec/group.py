@@ -1,0 +1,145 @@
+"""Step 2b, group: materialize each shard's input rows once, under OUTPUT/_shards/<shard_id>.parquet.
+
+The plan (batchspec.plan) says which rows go to which shard without holding rows: per shard key,
+the input position of every shard's first row. This module moves the rows there with one Ray Data
+shuffle, so that a shard worker later reads one file, its own, and nothing else:
+
+    chunks of input row groups ──map_batches: read every column, tag each row with its shard──>
+    groupby(shard).map_groups: sort the shard's rows into input order, write one Parquet file
+
+Why `groupby(...).map_groups` and not `sort` or `repartition`: the unit we need together is
+exactly one shard (at most `shard_size` rows, so a group always fits in a task), and the UDF that
+receives it can write it whole, atomically, under a deterministic name. A global `sort` would
+order rows we only need co-located; `repartition(keys=...)` co-locates hash partitions, not shards,
+and would leave the per-shard split and write to us anyway. Ray Data's default shuffle here is the
+hash shuffle (`DataContext.shuffle_strategy`), which `map_groups` runs as a keyed repartition with
+sorted partitions; partitions are sized to about 128 MB of input each.
+
+Rows are tagged with their shard by a binary search of their input position among the plan's
+shard starts for their key, so tagging needs no join and no per-row state on the driver. Each
+shard file keeps every input column (typed as in the unified input schema) plus two internal
+columns: `__bs_pos` (file index << 40 | row index: input order and the shard's fingerprint) and
+`__bs_id` (the row's id as the output will carry it). The driver receives one small record per
+shard (rows, fingerprint, bytes) and checks it against the plan.
+
+Commit protocol: shard files are written atomically (batchspec.write.Output.put); OUTPUT/_plan.json
+is written after every shard file exists and is the commit mark of plan + group. A run that finds
+no _plan.json regroups from scratch (clearing _shards/ first); one that finds it uses the files.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from batchspec.errors import OutputError
+from batchspec.plan import Plan, ShardPlan, fingerprint_positions
+from batchspec.read import ID, POS, InputSource, chunk_items, chunks_of, key_strings, position, read_chunk, row_ids
+from batchspec.write import Output
+
+SHARD = "__bs_shard"  # int64: the shard's ordinal in the plan (only while shuffling)
+INTERNAL = (POS, ID)  # columns of a shard file that are not input columns
+PARTITION_BYTES = 128 << 20  # uncompressed input bytes per read task and per shuffle partition
+
+
+# ---- group: the shuffle that writes OUTPUT/_shards/ ----------------------------------------------
+
+_CACHE: dict[str, object] = {}
+
+
+def _shared(ref_box: list):
+    """A broadcast object, fetched once per worker process (the ref is boxed so Ray does not
+    resolve it into every task's arguments)."""
+    import ray
+
+    ref = ref_box[0]
+    key = ref.hex()
+    if key not in _CACHE:
+        _CACHE.clear()
+        _CACHE[key] = ray.get(ref)
+    return _CACHE[key]
+
+
+def _assignment(shards: tuple[ShardPlan, ...]) -> dict[tuple[bool, str], tuple[int, np.ndarray]]:
+    """(key is null, key) -> (ordinal of the key's first shard, its shards' start positions)."""
+    out: dict[tuple[bool, str], tuple[int, list[int]]] = {}
+    for n, s in enumerate(shards):
+        out.setdefault((s.shard_key is None, s.shard_key or ""), (n, []))[1].append(s.start)
+    return {k: (base, np.array(starts, np.int64)) for k, (base, starts) in out.items()}
+
+
+def _tag(batch: pa.Table, source: InputSource, shard_by: str | None, assignment: list) -> pa.Table:
+    """Every column of the chunks in `batch`, plus position, id and shard ordinal per row."""
+    starts_of = _shared(assignment)
+    out = []
+    for c in chunks_of(batch):
+        t = read_chunk(source, c, None)
+        pos = position(c.file_index, c.first_row, c.rows)
+        enc = pc.dictionary_encode(key_strings(t, shard_by), null_encoding="encode")
+        idx = enc.indices.to_numpy(zero_copy_only=False)
+        order = np.argsort(idx, kind="stable")
+        bounds = np.searchsorted(idx[order], np.arange(len(enc.dictionary) + 1))
+        shard = np.empty(c.rows, np.int64)
+        for d, value in enumerate(enc.dictionary.to_pylist()):
+            rows = order[bounds[d] : bounds[d + 1]]
+            base, starts = starts_of[(value is None, value or "")]
+            shard[rows] = base + np.searchsorted(starts, pos[rows], side="right") - 1
+        out.append(t.append_column(POS, pa.array(pos)).append_column(ID, row_ids(source, c, t)).append_column(SHARD, pa.array(shard)))
+    return pa.concat_tables(out)
+
+
+def _write(group: pa.Table, output: Output, shard_ids: list) -> pa.Table:
+    """One shard's rows, in input order, written whole under OUTPUT/_shards/."""
+    n = group.column(SHARD)[0].as_py()
+    table = group.sort_by(POS).drop_columns([SHARD])
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    output.put(output.shard_input_path(_shared(shard_ids)[n]), buf.getvalue())
+    fp = fingerprint_positions(table.column(POS).to_numpy())
+    return pa.table({SHARD: [n], "rows": [table.num_rows], "fingerprint": [fp], "bytes": [buf.tell()]})
+
+
+def group_shards(source: InputSource, plan: Plan, output: Output) -> int:
+    """Write every shard's input rows to OUTPUT/_shards/ with one Ray Data shuffle; returns the
+    bytes written. Each written shard is checked against the plan (rows and fingerprint)."""
+    import ray
+    import ray.data
+
+    shards = plan.shards
+    items = chunk_items(source, PARTITION_BYTES)
+    partitions = max(1, min(len(shards), math.ceil(sum(i["bytes"] for i in items) / PARTITION_BYTES)))
+    assignment = [ray.put(_assignment(shards))]
+    shard_ids = [ray.put([s.shard_id for s in shards])]
+    tagged = ray.data.from_items(items, override_num_blocks=max(1, len(items))).map_batches(
+        _tag, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "shard_by": plan.shard_by, "assignment": assignment})
+    written = tagged.groupby(SHARD, num_partitions=partitions).map_groups(
+        _write, batch_format="pyarrow", fn_kwargs={"output": output, "shard_ids": shard_ids}).take_all()
+    assert len(written) == len(shards), (len(written), len(shards))
+    for w in written:
+        s = shards[w[SHARD]]
+        assert (w["rows"], w["fingerprint"]) == (s.rows, s.fingerprint), (s.shard_id, w, s)
+    return sum(w["bytes"] for w in written)
+
+
+# ---- reading one shard back (inside a worker) ------------------------------------------------------
+
+
+def read_shard_input(output: Output, shard: ShardPlan) -> pa.Table:
+    """The shard's input rows, in input order, from its own file (and nothing else)."""
+    path = output.shard_input_path(shard.shard_id)
+    fs = output.fs
+    try:
+        with fs.open(path, "rb") as f:
+            table = pq.read_table(f)
+    except FileNotFoundError:
+        raise OutputError(f"shard file {fs.unstrip_protocol(path)} is missing; rerun with --no-resume to plan again") from None
+    got = fingerprint_positions(table.column(POS).to_numpy()) if POS in table.column_names else None
+    if table.num_rows != shard.rows or got != shard.fingerprint:
+        raise OutputError(f"shard file {fs.unstrip_protocol(path)} does not match the plan ({table.num_rows} rows, "
+                          f"fingerprint {got}; plan: {shard.rows}, {shard.fingerprint}); rerun with --no-resume")
+    return table

@@ -1,0 +1,123 @@
+"""Plan and group with Ray Data: shard assignment in input order per key, OUTPUT/_shards/ written
+once per shard, the small _plan.json, duplicate ids, S3, and a half-done group redone.
+(`--plan-only` and a resume that never reads the input again: tests/cli/test_run.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchspec.errors import InputError
+from batchspec.group import ID, POS, group_shards
+from batchspec.plan import Plan, make_plan
+from batchspec.read import open_input
+from batchspec.workers import read_shard_input
+from batchspec.write import Output
+from tests.data import prompts_table, write_parquet
+
+
+@pytest.fixture
+def folder(tmp_path):
+    fs = fsspec.filesystem("file")
+    (tmp_path / "in").mkdir()
+    write_parquet(fs, str(tmp_path / "in" / "a.parquet"), prompts_table(10).slice(0, 6), row_group_size=2)
+    write_parquet(fs, str(tmp_path / "in" / "b.parquet"), prompts_table(10).slice(6), row_group_size=3)
+    return tmp_path / "in"
+
+
+def shard_ids_of(output: Output, plan: Plan) -> dict[str, list[str]]:
+    return {s.shard_id: read_shard_input(output, s).column(ID).to_pylist() for s in plan.shards}
+
+
+def test_plan_groups_by_key_in_input_order_and_materializes_each_shard_once(ray_session, folder, tmp_path):
+    source = open_input(str(folder), shard_by="task")
+    plan = make_plan(source, "task", 3)
+    assert [(s.shard_id, s.shard_key, s.rows) for s in plan.shards] == [
+        ("00000-code", "code", 3), ("00001-code", "code", 2), ("00002-prose", "prose", 3), ("00003-prose", "prose", 2)
+    ]
+    out = Output(str(tmp_path / "out"))
+    group_shards(source, plan, out)
+    # code rows are the even rows, in input order across both files
+    assert shard_ids_of(out, plan) == {
+        "00000-code": ["row-0000", "row-0002", "row-0004"], "00001-code": ["row-0006", "row-0008"],
+        "00002-prose": ["row-0001", "row-0003", "row-0005"], "00003-prose": ["row-0007", "row-0009"],
+    }
+    table = read_shard_input(out, plan.shards[2])
+    assert table.column("prompt").to_pylist()[0] == "Write item 1 about prose: the quick brown fox 1"
+    assert set(table.column_names) >= {"id", "prompt", "task", "source", POS, ID}
+    assert sorted(p.name for p in (tmp_path / "out" / "_shards").iterdir()) == [f"{s.shard_id}.parquet" for s in plan.shards]
+
+
+def test_the_same_input_and_options_give_the_same_plan_and_shard_files(ray_session, folder, tmp_path):
+    source = open_input(str(folder), shard_by="task")
+    plans = [make_plan(source, "task", 4) for _ in range(2)]
+    assert plans[0] == plans[1]
+    outs = [Output(str(tmp_path / f"out{i}")) for i in range(2)]
+    for plan, out in zip(plans, outs):
+        group_shards(source, plan, out)
+    assert shard_ids_of(outs[0], plans[0]) == shard_ids_of(outs[1], plans[1])
+    assert make_plan(source, "task", 5).fingerprint != plans[0].fingerprint
+
+
+def test_plan_json_holds_per_shard_counts_and_fingerprints_not_rows(ray_session, folder):
+    source = open_input(str(folder), shard_by="task")
+    plan = make_plan(source, "task", 3)
+    doc = json.loads(plan.to_json())
+    assert set(doc["shards"][0]) == {"shard_id", "shard_key", "rows", "start", "fingerprint"}
+    assert "row-0000" not in plan.to_json()
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_without_id_column_ids_are_file_and_row_and_without_shard_by_one_key(ray_session, tmp_path):
+    pq.write_table(prompts_table(5, with_id=False), tmp_path / "noid.parquet", row_group_size=2)
+    source = open_input(str(tmp_path / "noid.parquet"))
+    plan = make_plan(source, None, 2)
+    assert [(s.shard_id, s.shard_key, s.rows) for s in plan.shards] == [("00000", None, 2), ("00001", None, 2), ("00002", None, 1)]
+    out = Output(str(tmp_path / "out"))
+    group_shards(source, plan, out)
+    assert sum(shard_ids_of(out, plan).values(), []) == [f"noid.parquet#{i}" for i in range(5)]
+
+
+def test_duplicate_ids_are_refused_naming_the_id(ray_session, tmp_path):
+    table = prompts_table(6).set_column(0, "id", pa.array(["a", "b", "c", "d", "e", "c"]))
+    pq.write_table(table.slice(0, 3), tmp_path / "x.parquet")
+    pq.write_table(table.slice(3), tmp_path / "y.parquet")
+    with pytest.raises(InputError, match=r"duplicate id 'c'; ids must be unique"):
+        make_plan(open_input(str(tmp_path)), None, 4)
+
+
+def test_null_keys_go_last_and_numeric_keys_group_by_their_string(ray_session, tmp_path):
+    pq.write_table(pa.table({"prompt": ["p"] * 5, "tier": pa.array([2, None, 10, 2, None], pa.int64())}), tmp_path / "t.parquet")
+    plan = make_plan(open_input(str(tmp_path / "t.parquet"), shard_by="tier"), "tier", 8)
+    assert [(s.shard_key, s.rows) for s in plan.shards] == [("10", 1), ("2", 2), (None, 2)]
+
+
+def test_plan_and_group_over_s3(ray_session, s3):
+    url, options, _ = s3
+    fs = fsspec.filesystem("s3", **options)
+    write_parquet(fs, f"{url}/in/part-0.parquet", prompts_table(5))
+    write_parquet(fs, f"{url}/in/part-1.parquet", prompts_table(9).slice(5))
+    source = open_input(f"{url}/in/", options, shard_by="task")
+    plan = make_plan(source, "task", 2)
+    out = Output(f"{url}/out", tuple(options.items()))
+    group_shards(source, plan, out)
+    got = shard_ids_of(out, plan)
+    assert sorted(sum(got.values(), [])) == [f"row-{i:04d}" for i in range(9)]
+    assert len(fs.ls(f"{url}/out/_shards")) == len(plan.shards)
+
+
+def test_a_partial_group_without_plan_json_is_redone(ray_session, folder, tmp_path):
+    from batchspec.pipeline import plan_run
+    from batchspec.config.run import build_config
+
+    out = tmp_path / "out"
+    (out / "_shards").mkdir(parents=True)
+    (out / "_shards" / "00000-code.parquet").write_bytes(b"half a file")
+    (out / "_shards" / "99999-stale.parquet").write_bytes(b"from another plan")
+    plan = plan_run(build_config(str(folder), str(out), shard_by="task", shard_size=3))
+    assert sorted(p.name for p in (out / "_shards").iterdir()) == [f"{s.shard_id}.parquet" for s in plan.shards]
+    assert read_shard_input(Output(str(out)), plan.shards[0]).num_rows == 3
