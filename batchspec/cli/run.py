@@ -19,7 +19,8 @@ from batchspec.config.run import build_config
 @sampling_options
 @click.option("--run-date", help="Date for {date}/{yyyy}/{mm}/{dd} in INPUT/OUTPUT (default today, UTC).")
 @click.option("--resume/--no-resume", default=None, help="Skip shards already committed in OUTPUT (default), or start OUTPUT afresh.")
-def command(input: str, output: str, pipeline: str | None, run_date: str | None, **options) -> None:
+@click.option("--plan-only", is_flag=True, help="Plan and group (OUTPUT/_plan.json, OUTPUT/_shards/), print the shard table, stop; no model is loaded.")
+def command(input: str, output: str, pipeline: str | None, run_date: str | None, plan_only: bool, **options) -> None:
     """Generate a completion for every row of INPUT into OUTPUT (paths or fsspec URLs).
 
     INPUT is a Parquet file, folder or glob with a `prompt` or `messages` column. OUTPUT receives
@@ -32,11 +33,18 @@ def command(input: str, output: str, pipeline: str | None, run_date: str | None,
       batchspec run examples/prompts.parquet out --shard-by task
       batchspec run s3://bucket/prompts/ s3://bucket/runs/{date} --workers 4
       batchspec run prompts.parquet out --spec none --max-tokens 32
+      batchspec run s3://bucket/prompts/ s3://bucket/run1 --shard-by task --plan-only
+
+    With --plan-only the run stops after the plan: a scheduler can size the job from the shard
+    table, and a later run of the same INPUT and OUTPUT without the flag resumes from that plan.
     """
-    from batchspec.pipeline import run
+    from batchspec.pipeline import plan_run, run
 
     date = _date(run_date)
     config = build_config(input, output, pipeline, run_date=date, **options)
+    if plan_only:
+        _print_plan(plan_run(config))
+        return
     with _Progress() as progress:
         summary = run(config, progress=progress)
     _print_summary(summary)
@@ -92,6 +100,16 @@ class _Progress:
 
     def __exit__(self, *exc) -> None:
         self.bar.__exit__(*exc)
+
+
+def _print_plan(plan) -> None:
+    """The shard table on stdout: one line per shard, then a total."""
+    click.echo(f"{'shard_id':<24} {'shard_key':<24} {'rows':>8}")
+    for s in plan.shards:
+        key = "" if s.shard_key is None else s.shard_key
+        click.echo(f"{s.shard_id:<24} {key:<24} {s.rows:>8}")
+    keys = len({s.shard_key for s in plan.shards})
+    click.echo(f"{plan.rows} rows, {len(plan.shards)} shards, {keys} shard key(s), plan {plan.fingerprint}")
 
 
 def _print_summary(s) -> None:

@@ -112,3 +112,33 @@ def test_options_override_the_pipeline_file_which_overrides_defaults(tmp_path, m
     assert config.candidates == str(tmp_path / "c.yaml"), "relative paths are taken from the pipeline file"
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     assert build_config("in", "out", str(pipeline)).ray_address == "ray://head:10001"
+
+
+def test_plan_only_prints_the_shard_table_and_a_later_run_resumes_without_reading_the_input(ray_session, tiny_model_dir, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(prompts_table(10).slice(0, 6), folder / "a.parquet", row_group_size=2)
+    pq.write_table(prompts_table(10).slice(6), folder / "b.parquet", row_group_size=3)
+    out = tmp_path / "out"
+    # No model is loaded: a model folder that does not exist is no problem for --plan-only.
+    result = invoke(str(folder), str(out), "--model", str(tmp_path / "no-such-model"), "--shard-by", "task", "--shard-size", "3", "--plan-only")
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[1].split() == ["00000-code", "code", "3"] and lines[4].split() == ["00003-prose", "prose", "2"]
+    assert lines[-1].startswith("10 rows, 4 shards, 2 shard key(s), plan ")
+    assert (out / "_plan.json").exists() and len(list((out / "_shards").glob("*.parquet"))) == 4
+    assert not (out / "outputs").exists() and not (out / "stats").exists()
+    plan_text = (out / "_plan.json").read_text()
+    shards = {p.name: p.read_bytes() for p in (out / "_shards").glob("*.parquet")}
+    # Same paths and sizes (so the same plan fingerprint), but not Parquet any more: the run below
+    # works only because it takes the plan and the shard files and never reads the input again.
+    for p in folder.glob("*.parquet"):
+        p.write_bytes(b"\0" * p.stat().st_size)
+    result = invoke(str(folder), str(out), "--model", str(tiny_model_dir), "--spec", "none", "--shard-by", "task", "--shard-size", "3",
+                    "--batch-size", "4", "--max-tokens", "4")
+    assert result.exit_code == 0, result.output
+    assert (out / "_plan.json").read_text() == plan_text
+    assert {p.name: p.read_bytes() for p in (out / "_shards").glob("*.parquet")} == shards
+    df = pl.read_parquet(f"{out}/outputs/*.parquet")
+    assert sorted(df["id"].to_list()) == [f"row-{i:04d}" for i in range(10)]
+    assert df["error"].null_count() == 10 and (out / "_SUCCESS").exists()
