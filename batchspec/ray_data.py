@@ -1,0 +1,140 @@
+"""batchspec as a Ray Data stage: `generate(ds, config) -> Dataset`, for teams that already hold a
+`ray.data.Dataset` (in the spirit of Ray Data LLM's `build_llm_processor`).
+
+    import ray
+    from batchspec.config.run import build_config
+    from batchspec.ray_data import generate
+
+    ds = ray.data.read_parquet("s3://bucket/prompts/")
+    config = build_config("", "", model="smollm2-135m", shard_by="task", shard_size=64, max_tokens=32)
+    out = generate(ds, config)          # lazy, like any Dataset: nothing runs until it is consumed
+    out.write_parquet("s3://bucket/completions/")
+
+The stage is one `map_batches` on an actor pool (`config.workers` actors at most, each holding one
+engine for its life, with `config.worker` resources: the same `ShardWorker` as `batchspec run`).
+Every batch of at most `shard_size` rows is a shard; its rows are split by the `shard_by` value and
+each part is calibrated and generated like a shard of `batchspec run` (the same `run_shard`: the
+same per-shard calibration, drift fallback and reuse of a key's decision for a later, smaller part
+on the same actor). Each output row carries the output columns of DESIGN.md (`id`, `shard_id`,
+`text`, ..., `target_steps`) and the input's passthrough columns; a row that cannot run becomes an
+error row, as in a run.
+
+What it does not do (use `batchspec run` for these): the deterministic plan, `_shards/`,
+exactly-once commit and resume, stats files. Ray Data owns retries and where the result goes, and
+shards are the batches Ray Data forms, so they can differ between runs. A row without an `id`
+gets `<hash of its batch's prompts>#<row in batch>`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pyarrow as pa
+
+from batchspec.errors import InputError
+
+STAGE = "batchspec.ray_data.generate"
+
+
+def generate(ds, config):
+    """A lazy Dataset with one output row per row of `ds` (see the module docstring).
+
+    `config` is a RunConfig (its input and output are ignored); validation of the engine and the
+    spec happens here, once, before any actor starts.
+    """
+    import ray.data
+
+    from batchspec.pipeline import check_engine, resolve_arms
+    from batchspec.read import RowDefaults
+    from batchspec.workers import WorkerJob
+
+    check_engine(config.engine)
+    arms, calibrate = resolve_arms(config)
+    job = WorkerJob(
+        output=None, passthrough=pa.schema([]), out_schema=pa.schema([]),
+        engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
+        device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
+        calibration=config.calibration, defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed),
+        worker=config.worker, storage_options=tuple(config.storage_options),
+    )
+    return ds.map_batches(
+        GenerateStage, fn_constructor_args=(job, config.shard_by), batch_size=config.shard_size, batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=config.workers),
+        num_cpus=config.worker.num_cpus, num_gpus=config.worker.num_gpus or None,
+    )
+
+
+class GenerateStage:
+    """The actor: one engine (loaded once), one call per batch."""
+
+    def __init__(self, job, shard_by: str | None):
+        from batchspec.workers import ShardWorker
+
+        self.worker = ShardWorker(job)
+        self.worker.start()
+        self.shard_by = shard_by
+        self.decisions: dict[str | None, object] = {}  # per shard key: the last decision, reused by small parts
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from batchspec.read import CONSUMED_COLUMNS, PROMPT_COLUMNS, parse_rows
+        from batchspec.stats import OUTPUT_NAMES
+        from batchspec.write import output_schema
+
+        names = batch.column_names
+        if not any(c in names for c in PROMPT_COLUMNS):
+            raise InputError(f"{STAGE}: needs a 'prompt' (string) or 'messages' (list of {{role, content}}) column; found {names}")
+        if self.shard_by and self.shard_by not in names:
+            raise InputError(f"{STAGE}: shard_by column {self.shard_by!r} is not in the dataset; found {names}")
+        passthrough = pa.schema([f for f in batch.schema if f.name not in CONSUMED_COLUMNS])
+        for f in passthrough:
+            if f.name in OUTPUT_NAMES:
+                raise InputError(f"{STAGE}: column {f.name!r} clashes with the output column of that name; rename it")
+        schema = output_schema(passthrough)
+        ids = _ids(batch)
+        parts, order = [], []
+        for key, rows in _by_key(batch, self.shard_by):
+            part = batch.take(pa.array(rows, pa.int64()))
+            part_ids = [ids[i] for i in rows]
+            shard_id = _shard_id(key, part_ids)
+            done = self.worker.generate(shard_id, key, parse_rows(part, part_ids, self.worker.job.defaults), self.decisions.get(key))
+            self.decisions[key] = done.decision
+            parts.append(done.output_table(shard_id, part.select(passthrough.names), schema))
+            order += rows
+        table = pa.concat_tables(parts)
+        inverse = [0] * len(order)
+        for at, row in enumerate(order):
+            inverse[row] = at
+        return table.take(pa.array(inverse, pa.int64()))
+
+    def __del__(self):
+        worker = getattr(self, "worker", None)
+        if worker is not None:
+            worker.close()
+
+
+def _ids(batch: pa.Table) -> list[str]:
+    """The `id` column as strings; a row without one gets `<hash of its batch's prompts>#<row>`."""
+    given = batch.column("id").to_pylist() if "id" in batch.column_names else [None] * batch.num_rows
+    if all(v is not None for v in given):
+        return [str(v) for v in given]
+    prompts = batch.column("prompt") if "prompt" in batch.column_names else batch.column("messages")
+    digest = hashlib.sha256(repr(prompts.to_pylist()).encode()).hexdigest()[:10]
+    return [str(v) if v is not None else f"{digest}#{i}" for i, v in enumerate(given)]
+
+
+def _by_key(batch: pa.Table, shard_by: str | None) -> list[tuple[str | None, list[int]]]:
+    """Row positions per shard-by value (as a string; null last), values in sorted order."""
+    if not shard_by:
+        return [(None, list(range(batch.num_rows)))]
+    groups: dict[str | None, list[int]] = {}
+    for i, v in enumerate(batch.column(shard_by).to_pylist()):
+        groups.setdefault(None if v is None else str(v), []).append(i)
+    return [(k, groups[k]) for k in sorted(groups, key=lambda k: (k is None, k or ""))]
+
+
+def _shard_id(key: str | None, ids: list[str]) -> str:
+    """`<key slug>-<hash of the part's ids>`: the same rows give the same id."""
+    digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:12]
+    slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", key)[:40].strip("_.") if key is not None else ""
+    return f"{slug}-{digest}" if slug else digest
