@@ -134,8 +134,9 @@ def read_shard_input(output: Output, shard: ShardPlan) -> pa.Table:
     path = output.shard_input_path(shard.shard_id)
     fs = output.fs
     try:
-        with fs.open(path, "rb") as f:
-            table = pq.read_table(f)
+        # One whole read (a single GET on object stores): parquet through a Python file object
+        # reads the footer and, with pre-buffering, column ranges more than once (3.2x measured).
+        table = pq.read_table(pa.BufferReader(fs.cat_file(path)))
     except FileNotFoundError:
         raise OutputError(f"shard file {fs.unstrip_protocol(path)} is missing; rerun with --no-resume to plan again") from None
     got = fingerprint_positions(table.column(POS).to_numpy()) if POS in table.column_names else None

@@ -250,7 +250,7 @@ def read_chunk(source: InputSource, chunk: Chunk, columns: list[str] | None) -> 
     wanted = columns if columns is not None else source.schema.names
     try:
         with fs.open(f.path, "rb") as fh:
-            pf = pq.ParquetFile(fh)
+            pf = pq.ParquetFile(fh, pre_buffer=False)  # through a Python file, pre-buffering re-reads ranges
             present = [c for c in wanted if c in pf.schema_arrow.names]
             table = pf.read_row_groups(list(chunk.groups), columns=present)
     except Exception as exc:
