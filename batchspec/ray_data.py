@@ -45,18 +45,21 @@ def generate(ds, config):
     """
     import ray.data
 
-    from batchspec.pipeline import check_engine, resolve_arms
+    from batchspec.config.run import check_engine_options
+    from batchspec.pipeline import check_engine, resolve_arms, run_llm_options
     from batchspec.read import RowDefaults
     from batchspec.workers import WorkerJob
 
     check_engine(config.engine)
+    check_engine_options(config, config.pipeline or "ray_data.generate")
     arms, calibrate = resolve_arms(config)
+    llm_options = run_llm_options(config, arms)
     job = WorkerJob(
         output=None, passthrough=pa.schema([]), out_schema=pa.schema([]),
         engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
         device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
         calibration=config.calibration, defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed),
-        worker=config.worker, storage_options=tuple(config.storage_options),
+        worker=config.worker, llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     return ds.map_batches(
         GenerateStage, fn_constructor_args=(job, config.shard_by), batch_size=config.shard_size, batch_format="pyarrow",
