@@ -43,7 +43,8 @@ def main() -> None:
         print(f"wrote {args.out}")
     else:
         for row in out.take_all():
-            print(f"{row['id']:>10}  {row['task']:<8} {row['spec_method']:<12} {row['finish_reason']:<6} {(row['text'] or row['error'])[:60]!r}")
+            shown = row["error"] if row["finish_reason"] == "error" else row["text"]
+            print(f"{row['id']:>10}  {row['task']:<8} {row['spec_method']:<12} {row['finish_reason']:<6} {shown[:60]!r}")
     ray.shutdown()
 
 
