@@ -175,7 +175,7 @@ def plan_run(config: RunConfig) -> Plan:
     config = dataclasses.replace(config, run_date=_run_date(config))
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "run")
-    run_llm_options(config, resolve_arms(config)[0])
+    run_llm_options(config, run_arms(resolve_spec(config))[0])
     return plan_and_group(config, open_output(config))
 
 

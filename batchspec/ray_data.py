@@ -46,13 +46,13 @@ def generate(ds, config):
     import ray.data
 
     from batchspec.config.run import check_engine_options
-    from batchspec.pipeline import check_engine, resolve_arms, run_llm_options
+    from batchspec.pipeline import check_engine, resolve_spec, run_arms, run_llm_options
     from batchspec.read import RowDefaults
     from batchspec.workers import WorkerJob
 
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "ray_data.generate")
-    arms, calibrate = resolve_arms(config)
+    arms, calibrate = run_arms(resolve_spec(config))
     llm_options = run_llm_options(config, arms)
     job = WorkerJob(
         output=None, passthrough=pa.schema([]), out_schema=pa.schema([]),
