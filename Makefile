@@ -7,7 +7,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.batchspec-setup
 INPUT ?= examples/prompts.parquet
 OUTPUT ?= out
-SHARD_BY ?= task  # the examples carry a task column: one calibration per workload (SHARD_BY= for none)
+# The examples carry a task column: one calibration per workload (SHARD_BY= for none).
+SHARD_BY ?= task
 PYTEST_ARGS ?=
 RAY_CPUS ?= 2
 RAY_ARGS ?=
