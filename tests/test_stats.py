@@ -75,6 +75,8 @@ def _full(record: type, seed: int = 0):
             values[f.name] = [i, i + 1, i + 2]
         elif typing.get_origin(kind) is list and typing.get_args(kind)[0] is ArmResult:
             values[f.name] = [_full(ArmResult, 10), _full(ArmResult, 40)]
+        elif typing.get_origin(kind) is list and dataclasses.is_dataclass(typing.get_args(kind)[0]):
+            values[f.name] = [_full(typing.get_args(kind)[0], 70), _full(typing.get_args(kind)[0], 90)]
         else:
             raise AssertionError(f"test has no value for {record.__name__}.{f.name}: {kind}")
     if record is ArmResult:

@@ -221,7 +221,7 @@ def test_a_shard_worker_builds_its_engine_with_the_run_options(trt):
 
     options = run_llm_options({"dtype": "bfloat16"}, [arm("ngram.yaml")])
     job = types.SimpleNamespace(engine="trtllm", model=TARGET, draft_model=None, dtype="bfloat16", device=None,
-                                worker=WorkerConfig(torch_threads=1), output=types.SimpleNamespace(storage_options=()),
+                                worker=WorkerConfig(torch_threads=1), storage_options=(),
                                 llm_options=tuple(options.items()))
     worker = ShardWorker(job)
     assert worker.start() == TARGET
