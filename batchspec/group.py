@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.errors import OutputError
-from batchspec.plan import Plan, ShardPlan, fingerprint_positions
+from batchspec.plan import Plan, ShardPlan, fingerprint_positions, plan_locally
 from batchspec.read import ID, POS, InputSource, chunk_items, chunks_of, key_strings, position, read_chunk, row_ids
 from batchspec.write import Output
 
@@ -74,8 +74,11 @@ def _assignment(shards: tuple[ShardPlan, ...]) -> dict[tuple[bool, str], tuple[i
 
 
 def _tag(batch: pa.Table, source: InputSource, shard_by: str | None, assignment: list) -> pa.Table:
+    return tag_rows(batch, source, shard_by, _shared(assignment))
+
+
+def tag_rows(batch: pa.Table, source: InputSource, shard_by: str | None, starts_of: dict) -> pa.Table:
     """Every column of the chunks in `batch`, plus position, id and shard ordinal per row."""
-    starts_of = _shared(assignment)
     out = []
     for c in chunks_of(batch):
         t = read_chunk(source, c, None)
@@ -94,19 +97,46 @@ def _tag(batch: pa.Table, source: InputSource, shard_by: str | None, assignment:
 
 
 def _write(group: pa.Table, output: Output, shard_ids: list) -> pa.Table:
+    return write_shard(group, output, _shared(shard_ids))
+
+
+def write_shard(group: pa.Table, output: Output, shard_ids: list[str]) -> pa.Table:
     """One shard's rows, in input order, written whole under OUTPUT/_shards/."""
     n = group.column(SHARD)[0].as_py()
     table = group.sort_by(POS).drop_columns([SHARD])
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
-    output.put(output.shard_input_path(_shared(shard_ids)[n]), buf.getvalue())
+    output.put(output.shard_input_path(shard_ids[n]), buf.getvalue())
     fp = fingerprint_positions(table.column(POS).to_numpy())
     return pa.table({SHARD: [n], "rows": [table.num_rows], "fingerprint": [fp], "bytes": [buf.tell()]})
 
 
-def group_shards(source: InputSource, plan: Plan, output: Output) -> int:
-    """Write every shard's input rows to OUTPUT/_shards/ with one Ray Data shuffle; returns the
-    bytes written. Each written shard is checked against the plan (rows and fingerprint)."""
+def group_shards(source: InputSource, plan: Plan, output: Output, local: bool | None = None) -> int:
+    """Write every shard's input rows to OUTPUT/_shards/ with one Ray Data shuffle (or, for a small
+    input, in this process: batchspec.plan.plan_locally); returns the bytes written. Each written
+    shard is checked against the plan (rows and fingerprint)."""
+    local = plan_locally(source) if local is None else local
+    written = (_group_locally if local else _group_with_ray_data)(source, plan, output)
+    assert len(written) == len(plan.shards), (len(written), len(plan.shards))
+    for w in written:
+        s = plan.shards[w[SHARD]]
+        assert (w["rows"], w["fingerprint"]) == (s.rows, s.fingerprint), (s.shard_id, w, s)
+    return sum(w["bytes"] for w in written)
+
+
+def _group_locally(source: InputSource, plan: Plan, output: Output) -> list[dict]:
+    starts_of = _assignment(plan.shards)
+    shard_ids = [s.shard_id for s in plan.shards]
+    tagged = [tag_rows(pa.Table.from_pylist([item]), source, plan.shard_by, starts_of) for item in chunk_items(source, PARTITION_BYTES)]
+    table = pa.concat_tables(tagged)
+    shard = table.column(SHARD).to_numpy()
+    order = np.argsort(shard, kind="stable")
+    bounds = np.searchsorted(shard[order], np.arange(len(shard_ids) + 1))
+    return [write_shard(table.take(pa.array(order[bounds[n] : bounds[n + 1]])), output, shard_ids).to_pylist()[0]
+            for n in range(len(shard_ids)) if bounds[n + 1] > bounds[n]]
+
+
+def _group_with_ray_data(source: InputSource, plan: Plan, output: Output) -> list[dict]:
     import ray
     import ray.data
 
@@ -117,13 +147,8 @@ def group_shards(source: InputSource, plan: Plan, output: Output) -> int:
     shard_ids = [ray.put([s.shard_id for s in shards])]
     tagged = ray.data.from_items(items, override_num_blocks=max(1, len(items))).map_batches(
         _tag, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "shard_by": plan.shard_by, "assignment": assignment})
-    written = tagged.groupby(SHARD, num_partitions=partitions).map_groups(
+    return tagged.groupby(SHARD, num_partitions=partitions).map_groups(
         _write, batch_format="pyarrow", fn_kwargs={"output": output, "shard_ids": shard_ids}).take_all()
-    assert len(written) == len(shards), (len(written), len(shards))
-    for w in written:
-        s = shards[w[SHARD]]
-        assert (w["rows"], w["fingerprint"]) == (s.rows, s.fingerprint), (s.shard_id, w, s)
-    return sum(w["bytes"] for w in written)
 
 
 # ---- reading one shard back (inside a worker) ------------------------------------------------------

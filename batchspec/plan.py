@@ -13,6 +13,11 @@ workload gets its own calibration. How, without rows on the driver:
    (its first position, its row count, and the fingerprint of its positions). Only these records
    reach the driver: per-shard metadata, nothing per row.
 
+Small inputs (at most LOCAL_BYTES on disk) run the same per-chunk functions in the driver's
+process instead: a Ray Data job costs seconds of fixed overhead (tasks, a shuffle, stats actors),
+which at that size is all of the cost, while the rows involved are a few MB. Both paths give the
+same plan; a test checks it.
+
 A shard is thus named by its key and the input position of its first row; `batchspec.group`
 finds every row's shard by a binary search among those starts. The plan is a pure function of the
 input (files, sizes, keys, ids) and the options (shard_by, shard_size): the same input and options
@@ -41,6 +46,12 @@ from batchspec.read import ID, POS, InputSource, chunk_items, chunks_of, key_str
 
 PLAN_VERSION = 2
 SCAN_BYTES = 64 << 20  # uncompressed input bytes per key-scan task (only two columns are read)
+LOCAL_BYTES = 32 << 20  # inputs up to this size on disk are planned and grouped in-process
+
+
+def plan_locally(source: InputSource) -> bool:
+    """Small inputs skip Ray Data's fixed per-job cost (see the module docstring)."""
+    return sum(f.size for f in source.files) <= LOCAL_BYTES
 
 
 @dataclass(frozen=True)
@@ -92,9 +103,11 @@ def fingerprint(files: list[tuple[str, int]], shard_by: str | None, shard_size: 
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def make_plan(source: InputSource, shard_by: str | None, shard_size: int) -> Plan:
+def make_plan(source: InputSource, shard_by: str | None, shard_size: int, local: bool | None = None) -> Plan:
+    """The plan; `local` None decides by size (plan_locally), True/False force a path."""
     assert shard_size >= 1, shard_size
-    records = cut_shards(source, shard_by, shard_size)
+    local = plan_locally(source) if local is None else local
+    records = (cut_shards_locally if local else cut_shards)(source, shard_by, shard_size)
     shards = tuple(
         ShardPlan(_shard_id(n, None if r["knull"] else r["key"]), None if r["knull"] else r["key"], int(r["rows"]), int(r["start"]), r["fingerprint"])
         for n, r in enumerate(records)
@@ -127,6 +140,27 @@ def cut_shards(source: InputSource, shard_by: str | None, shard_size: int) -> li
             raise InputError(f"input {source.url} has duplicate id {dup[0][ID]!r}; ids must be unique")
     grouped = keys.select_columns([POS, "knull", "key"]).groupby(["knull", "key"], num_partitions=_partitions(source.rows, 2_000_000))
     records = grouped.map_groups(_cut, batch_format="pyarrow", fn_kwargs={"shard_size": shard_size}).take_all()
+    records.sort(key=lambda r: (r["knull"], r["key"], r["j"]))
+    return records
+
+
+def cut_shards_locally(source: InputSource, shard_by: str | None, shard_size: int) -> list[dict]:
+    """`cut_shards` in this process, with the same per-chunk and per-key functions."""
+    tables = [_scan(pa.Table.from_pylist([item]), source, shard_by) for item in chunk_items(source, SCAN_BYTES)]
+    keys = pa.concat_tables(tables) if tables else pa.table({POS: pa.array([], pa.int64())})
+    if ID in keys.schema.names:
+        counts = pc.value_counts(keys.column(ID))
+        dup = counts.filter(pc.greater(counts.field("counts"), 1))
+        if len(dup):
+            raise InputError(f"input {source.url} has duplicate id {dup[0]['values'].as_py()!r}; ids must be unique")
+    records: list[dict] = []
+    groups: dict[tuple[bool, str], list[int]] = {}
+    if keys.num_rows:
+        knulls, vals = keys.column("knull").to_pylist(), keys.column("key").to_pylist()
+        for i, k in enumerate(zip(knulls, vals)):
+            groups.setdefault(k, []).append(i)
+    for (knull, key), rows in groups.items():
+        records += _cut(keys.select([POS, "knull", "key"]).take(pa.array(rows)), shard_size).to_pylist()
     records.sort(key=lambda r: (r["knull"], r["key"], r["j"]))
     return records
 

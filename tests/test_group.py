@@ -33,14 +33,15 @@ def shard_ids_of(output: Output, plan: Plan) -> dict[str, list[str]]:
     return {s.shard_id: read_shard_input(output, s).column(ID).to_pylist() for s in plan.shards}
 
 
-def test_plan_groups_by_key_in_input_order_and_materializes_each_shard_once(ray_session, folder, tmp_path):
+@pytest.mark.parametrize("local", [False, True], ids=["ray-data", "in-process"])
+def test_plan_groups_by_key_in_input_order_and_materializes_each_shard_once(ray_session, folder, tmp_path, local):
     source = open_input(str(folder), shard_by="task")
-    plan = make_plan(source, "task", 3)
+    plan = make_plan(source, "task", 3, local=local)
     assert [(s.shard_id, s.shard_key, s.rows) for s in plan.shards] == [
         ("00000-code", "code", 3), ("00001-code", "code", 2), ("00002-prose", "prose", 3), ("00003-prose", "prose", 2)
     ]
     out = Output(str(tmp_path / "out"))
-    group_shards(source, plan, out)
+    group_shards(source, plan, out, local=local)
     # code rows are the even rows, in input order across both files
     assert shard_ids_of(out, plan) == {
         "00000-code": ["row-0000", "row-0002", "row-0004"], "00001-code": ["row-0006", "row-0008"],
@@ -53,13 +54,16 @@ def test_plan_groups_by_key_in_input_order_and_materializes_each_shard_once(ray_
 
 
 def test_the_same_input_and_options_give_the_same_plan_and_shard_files(ray_session, folder, tmp_path):
+    """With Ray Data and in-process (small inputs), twice: one plan, the same shard files."""
     source = open_input(str(folder), shard_by="task")
-    plans = [make_plan(source, "task", 4) for _ in range(2)]
-    assert plans[0] == plans[1]
+    plans = [make_plan(source, "task", 4, local=local) for local in (False, True, True)]
+    assert plans[0] == plans[1] == plans[2]
     outs = [Output(str(tmp_path / f"out{i}")) for i in range(2)]
-    for plan, out in zip(plans, outs):
-        group_shards(source, plan, out)
+    for plan, out, local in zip(plans, outs, (False, True)):
+        group_shards(source, plan, out, local=local)
     assert shard_ids_of(outs[0], plans[0]) == shard_ids_of(outs[1], plans[1])
+    for s in plans[0].shards:
+        assert read_shard_input(outs[0], s).equals(read_shard_input(outs[1], s)), s.shard_id
     assert make_plan(source, "task", 5).fingerprint != plans[0].fingerprint
 
 
@@ -82,12 +86,13 @@ def test_without_id_column_ids_are_file_and_row_and_without_shard_by_one_key(ray
     assert sum(shard_ids_of(out, plan).values(), []) == [f"noid.parquet#{i}" for i in range(5)]
 
 
-def test_duplicate_ids_are_refused_naming_the_id(ray_session, tmp_path):
+@pytest.mark.parametrize("local", [False, True], ids=["ray-data", "in-process"])
+def test_duplicate_ids_are_refused_naming_the_id(ray_session, tmp_path, local):
     table = prompts_table(6).set_column(0, "id", pa.array(["a", "b", "c", "d", "e", "c"]))
     pq.write_table(table.slice(0, 3), tmp_path / "x.parquet")
     pq.write_table(table.slice(3), tmp_path / "y.parquet")
     with pytest.raises(InputError, match=r"duplicate id 'c'; ids must be unique"):
-        make_plan(open_input(str(tmp_path)), None, 4)
+        make_plan(open_input(str(tmp_path)), None, 4, local=local)
 
 
 def test_null_keys_go_last_and_numeric_keys_group_by_their_string(ray_session, tmp_path):
