@@ -53,11 +53,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from batchspec.engine.base import StepCost
+from batchspec.engine.base import StepCost, acceptance_rate, mean_accepted_len
 from batchspec.engine.sampling import probs_from_logits
 from batchspec.engine.torch.drafters import ngram_lookup
 from batchspec.stats import ArmResult
-
 
 # -- 1. counterfactual acceptance ------------------------------------------------------------------
 
@@ -111,13 +110,11 @@ class Acceptance:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+        return acceptance_rate(self.accepted_tokens, self.draft_tokens)
 
     @property
     def mean_accepted_len(self) -> float | None:
-        """Committed tokens per target step, the bonus token included."""
-        steps = self.target_steps
-        return 1.0 + self.accepted_tokens / steps if steps else None
+        return mean_accepted_len(self.accepted_tokens, self.target_steps)
 
 
 # -- runs: how far each position's proposal agrees with the plain output --------------------------

@@ -22,7 +22,15 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from batchspec.engine.base import Completion, GenerateResult, SpecConfig, StepCost, spec_label
+from batchspec.engine.base import (
+    Completion,
+    GenerateResult,
+    SpecConfig,
+    StepCost,
+    acceptance_rate,
+    mean_accepted_len,
+    spec_label,
+)
 
 _SCALARS = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
 
@@ -197,8 +205,8 @@ class ArmResult:
             _add_into(self.accepted_at, c.accepted_at)
         decode = self.decode_s
         self.tokens_per_s = self.decode_tokens / decode if decode > 0 and self.decode_tokens else None
-        self.acceptance_rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
-        self.mean_accepted_len = 1 + self.accepted_tokens / self.target_steps if self.target_steps else None
+        self.acceptance_rate = acceptance_rate(self.accepted_tokens, self.draft_tokens)
+        self.mean_accepted_len = mean_accepted_len(self.accepted_tokens, self.target_steps)
         self.measured = True
 
 

@@ -103,6 +103,16 @@ class SpecConfig:
 NO_SPEC = SpecConfig()
 
 
+def acceptance_rate(accepted: int, drafted: int) -> float | None:
+    """Accepted drafts over proposed drafts (None where nothing was drafted)."""
+    return accepted / drafted if drafted else None
+
+
+def mean_accepted_len(accepted: int, steps: int) -> float | None:
+    """Tokens committed per target step, the bonus token included (None without steps)."""
+    return 1.0 + accepted / steps if steps else None
+
+
 class FrozenMap(tuple):
     """A YAML mapping kept hashable inside a frozen SpecConfig: a tuple of (key, value) pairs."""
 
@@ -223,12 +233,11 @@ class GenerateResult:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+        return acceptance_rate(self.accepted_tokens, self.draft_tokens)
 
     @property
     def mean_accepted_len(self) -> float | None:
-        steps = self.target_steps
-        return 1.0 + self.accepted_tokens / steps if steps else None
+        return mean_accepted_len(self.accepted_tokens, self.target_steps)
 
     @property
     def goodput(self) -> float:

@@ -16,7 +16,6 @@ from batchspec.engine.base import (
     Engine,
     Request,
     SamplingParams,
-    SpecConfig,
 )
 from batchspec.errors import BatchspecError
 

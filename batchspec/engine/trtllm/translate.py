@@ -14,7 +14,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from batchspec.engine.base import Completion, Request, SamplingParams, SpecConfig, thaw
+from batchspec.engine.base import (
+    Completion,
+    Request,
+    SamplingParams,
+    SpecConfig,
+    acceptance_rate,
+    thaw,
+)
 
 # decoding_type (as written in TensorRT-LLM option files) -> batchspec method name
 DECODING_TYPES = {"Eagle3": "eagle3", "DraftTarget": "draft_target", "NGram": "ngram", "MTP": "mtp"}
@@ -239,7 +246,7 @@ class IterationSpecStats:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+        return acceptance_rate(self.accepted_tokens, self.draft_tokens)
 
     @property
     def mean_accepted_len(self) -> float | None:
