@@ -110,6 +110,21 @@ def word_models():
     return target, drafts, tokenizer
 
 
+@pytest.fixture(scope="session")
+def tiny_engine(word_models):
+    """A torch engine over `word_models`' target; a draft it does not know fails to load."""
+    from batchspec.engine.torch.engine import TorchEngine
+
+    target, drafts, tokenizer = word_models
+
+    def loader(name):
+        if name not in drafts:
+            raise RuntimeError(f"no draft called {name}")
+        return drafts[name], tokenizer
+
+    return TorchEngine(target, tokenizer, model_name="tiny", draft_loader=loader)
+
+
 # ---- one local Ray for the whole session, and a real S3 endpoint on loopback (moto's server) ----
 
 S3_KEY, S3_SECRET = "testing", "testing"

@@ -1,9 +1,12 @@
-"""Small Parquet prompt sets for the pipeline tests, written through fsspec."""
+"""Small Parquet prompt sets for the pipeline tests, written through fsspec, and word-vocabulary
+requests for the tiny engine (`word_models` in conftest.py)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from batchspec.engine.base import Request, SamplingParams
 
 
 def prompts_table(n: int, tasks=("code", "prose"), with_id: bool = True) -> pa.Table:
@@ -20,3 +23,9 @@ def prompts_table(n: int, tasks=("code", "prose"), with_id: bool = True) -> pa.T
 def write_parquet(fs, path: str, table: pa.Table, row_group_size: int | None = None) -> None:
     with fs.open(path, "wb") as f:
         pq.write_table(table, f, row_group_size=row_group_size)
+
+
+def word_rows(n: int) -> list[Request]:
+    """n short prompts over words w1..w11 (repeats, so n-gram lookup finds matches), max_tokens 24."""
+    return [Request(f"r{i}", " ".join(f"w{(i * 7 + j) % 11 + 1}" for j in range(6 + i % 5)),
+                    params=SamplingParams(max_tokens=24)) for i in range(n)]

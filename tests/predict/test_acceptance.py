@@ -1,26 +1,17 @@
-"""predict.py: counterfactual acceptance (literal walks, and the property that matters: computed
-from a plain greedy run, the accepted length of every step equals what the torch engine measures
-when it runs the arm on the same rows, both drafters, k = 1..8, batch 1 and 8, row by row and step
-by step), and the cost profile and schedule replay on constructed costs."""
+"""Counterfactual acceptance (batchspec.predict.acceptance): literal walks, and the property that
+matters: computed from a plain greedy run, the accepted length of every step equals what the torch
+engine measures when it runs the arm on the same rows, both drafters, k = 1..8, batch 1 and 8, row
+by row and step by step; sampled rows as an estimate."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from batchspec.predict import (
-    CostProfile,
-    PlainRow,
-    RowPlan,
-    draft_acceptance,
-    greedy_runs,
-    ngram_acceptance,
-    predict_decode_s,
-    profile_grid,
-    walk,
-)
-from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig, StepCost
+from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig, acceptance_rate
 from batchspec.engine.torch.engine import TorchEngine
+from batchspec.predict.acceptance import PlainRow, draft_acceptance, greedy_runs, ngram_acceptance, walk
+
 
 DRAFT_LENS = list(range(1, 9))
 
@@ -125,49 +116,4 @@ def test_sampling_estimate_stays_within_the_draft_length(plain, word_models):
     est = draft_acceptance(warm, [4], draft, target)[4]
     counts = [n for steps in est.steps for n in steps]
     assert counts and all(0.0 <= n <= 4.0 for n in counts)
-    assert 0.0 < est.acceptance_rate < 1.0
-
-
-# -- the cost profile and the replay ------------------------------------------------------------
-
-
-def profile_of(points: list[tuple]) -> CostProfile:
-    profile = CostProfile()
-    profile.merge([StepCost(*p) for p in points], 1.0)
-    return profile
-
-
-def test_profile_interpolates_in_tokens_context_and_batch():
-    p = profile_of([("target", "m", 8, 100, 1, 1.0), ("target", "m", 8, 100, 5, 2.0), ("target", "m", 8, 300, 1, 1.5),
-                    ("target", "m", 1, 100, 1, 0.5), ("target", "m", 1, 100, 5, 0.5)])
-    assert p.target_s(8, 100, 1) == 1.0 and p.target_s(8, 100, 5) == 2.0
-    assert p.target_s(8, 100, 3) == pytest.approx(1.5)  # linear in tokens per row
-    assert p.target_s(8, 200, 5) == pytest.approx(2.0 * 1.25)  # width cost x the context factor
-    assert p.target_s(1, 100, 3) == pytest.approx(0.5)
-    assert p.target_s(4, 100, 5) == pytest.approx(0.5 + (2.0 - 0.5) * 3 / 7)  # linear in rows between batches
-
-
-def test_a_cost_timed_in_a_quiet_moment_does_not_make_wider_steps_cheaper():
-    p = profile_of([("target", "m", 8, 100, 1, 1.0), ("target", "m", 8, 100, 3, 0.7), ("target", "m", 8, 100, 5, 2.0)])
-    assert p.target_s(8, 100, 3) == 1.0  # the running maximum, not 0.7
-
-
-def test_profile_coverage_and_grid():
-    target, drafts = profile_grid(8, 100, 300, 9, ["d"])
-    assert (8, 200, 9) in target and (8, 100, 1) in target and (8, 300, 1) in target and (1, 200, 9) in target
-    assert {d for d, _, _ in drafts} == {"d"}
-    p = profile_of([("target", "m", *t, 1.0) for t in target] + [("draft", "d", b, c, 1, 0.1) for _, b, c in drafts])
-    assert p.covers(8, 100, 300, 9, ["d"]) and p.covers(8, 60, 360, 5)
-    assert not p.covers(4, 100, 300, 9) and not p.covers(8, 100, 300, 10) and not p.covers(8, 100, 900, 9)
-    assert not p.covers(8, 100, 300, 9, ["other"]) and p.covers(8, 10, 900, 9, check_context=False)
-
-
-def test_replay_prices_each_step_as_wide_as_its_widest_row():
-    p = profile_of([("target", "m", 2, 10, 1, 1.0), ("target", "m", 2, 10, 3, 2.0),
-                    ("target", "m", 1, 10, 1, 0.5), ("target", "m", 1, 10, 3, 1.0)])
-    plain = [RowPlan(10, 3, [0, 0, 0], [0, 0, 0]), RowPlan(10, 1, [0], [0])]
-    got = predict_decode_s(plain, 2, p)
-    assert got.verify_s == pytest.approx(1.0 + 0.5 + 0.5) and got.target_steps == 4 and got.decode_tokens == 4
-    spec = [RowPlan(10, 3, [2, 0], [2, 0]), RowPlan(10, 1, [0], [2])]  # step 1 is 3 wide, step 2 has one row left, 1 wide
-    got = predict_decode_s(spec, 2, p, "ngram", lookup_per_row_step=0.01)
-    assert got.verify_s == pytest.approx(2.0 + 0.5) and got.draft_s == pytest.approx(0.01 * 3)
+    assert 0.0 < acceptance_rate(est.accepted_tokens, est.draft_tokens) < 1.0

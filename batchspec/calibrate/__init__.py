@@ -1,0 +1,42 @@
+"""Per-shard calibration: find out on the shard's own prompts whether speculation pays, then choose.
+
+The rule (DESIGN.md, from the seed documents): speculate only when
+
+    (draft time + verify time + coordination time) / committed tokens  <  baseline time per token
+
+by a margin (default 5%), goodput measured at the shard's production batch size. Two ways to get
+there, one rule and one record:
+
+    decision        the `calibration:` settings, the `Decision` record, the sample, and the rule
+                    (`choose` over measured speedups, `choose_predicted` over predicted ones)
+    counterfactual  where acceptance can be computed (the torch engine; n-gram and draft-model
+                    arms): one plain run of the sample, every arm predicted from it, a measured
+                    confirmation only where it matters; `switch_on` for drift under "none"
+    measured        where it cannot (TensorRT-LLM's Eagle3/MTP): every arm measured by running,
+                    in paired rounds, within a budget
+    builds          engines whose arms are builds: which arms a worker can afford, what they cost
+
+Decisions are plain data (`Decision`), reused for small shards of the same key by shard.py. The
+acceptance and cost models live in batchspec.predict; the arm record in batchspec.stats. Data
+flows down: shard -> calibrate -> predict -> engine.
+"""
+
+from batchspec.calibrate.builds import BuildCost, arms_are_builds, build_cost, plan_builds  # noqa: F401
+from batchspec.calibrate.counterfactual import (  # noqa: F401
+    WorkerCalibration,
+    calibrate_counterfactual,
+    counterfactual_ready,
+    plain_rows,
+    predict_arms,
+    switch_on,
+)
+from batchspec.calibrate.decision import (  # noqa: F401
+    CalibrationSettings,
+    Decision,
+    choose,
+    choose_predicted,
+    fixed_decision,
+    pick_sample,
+    speculation_unmeasured,
+)
+from batchspec.calibrate.measured import calibrate  # noqa: F401

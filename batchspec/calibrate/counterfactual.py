@@ -1,0 +1,236 @@
+"""Counterfactual calibration, where acceptance can be computed (the torch engine; n-gram and
+draft-model arms): nothing is repeated but a confirmation where it matters.
+
+1. A sample of the shard's rows is decoded under "none"; its rows are outputs, kept, not repeated.
+2. From each sample row's prompt and plain tokens, batchspec.predict.acceptance computes the
+   accepted length at every step each candidate arm would have had, every draft length at once
+   (exact for greedy).
+3. The worker's cost profile (target forwards at the production batch size for 1..k+1 tokens per
+   row across the shard's contexts, a draft step; measured once per worker, again only when a
+   shard leaves its range; batchspec.predict.cost) prices every arm by replaying the sample's
+   schedule. The best predicted speedup wins if it beats "none" by the margin
+   (`decision.choose_predicted`).
+4. A measured run confirms only on a key's first shard on a worker, or when the prediction is
+   within its own measured error of the margin: the best arm runs the same sample rows, and its
+   goodput is compared with their plain run from step 1 (same rows; not back to back, so a change
+   of load between the two biases it). The measured figure then decides; the plain rows are kept.
+5. While a shard runs under "none", `switch_on` does the same on each finished chunk (drift in
+   the other direction: shard.py switches to an arm that would now pay).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from batchspec.calibrate.decision import (
+    CalibrationSettings,
+    Decision,
+    best,
+    choose_predicted,
+    is_complete,
+    pays,
+    pick_sample,
+    predicted_speedups,
+)
+from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig, acceptance_rate, mean_accepted_len
+from batchspec.errors import one_line
+from batchspec.predict.acceptance import PlainRow, draft_acceptance, ngram_acceptance
+from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s, profile_grid
+from batchspec.stats import ArmResult
+
+
+@dataclass
+class WorkerCalibration:
+    """What calibration keeps for the life of one worker (one engine): its cost profile, the shard
+    keys it has confirmed a decision for, and how far its predictions were from confirmations."""
+
+    profile: CostProfile = field(default_factory=CostProfile)
+    confirmed_keys: set = field(default_factory=set)
+    errors: list[float] = field(default_factory=list)  # |predicted / measured speedup - 1| per confirmation
+
+    def prediction_error(self, default: float) -> float:
+        return max(self.errors) if self.errors else default
+
+
+def counterfactual_ready(engine: Engine, arms: Sequence[SpecConfig]) -> bool:
+    """Can every arm's acceptance be computed from a plain run on this engine? It must expose
+    tokenization, teacher-forced logits and a cost profile, and every arm be n-gram lookup or a
+    draft model (Eagle3/MTP on TensorRT-LLM are measured by running)."""
+    return (all(hasattr(engine, n) for n in ("encode", "profile", "teacher_forced_logits"))
+            and all(a.method in ("ngram", "draft_target") for a in arms))
+
+
+def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence[SpecConfig], batch_size: int,
+                             settings: CalibrationSettings = CalibrationSettings(), shard_id: str | None = None,
+                             worker: WorkerCalibration | None = None, key: str | None = None,
+                             clock: Callable[[], float] = time.perf_counter) -> Decision:
+    """Decode a sample under "none" (its finished rows are outputs), compute from it every arm's
+    accepted length at every step (batchspec.predict), price every arm from the worker's cost
+    profile, and choose by predicted speedup. A paired run (the best arm on the sample's rows,
+    against their plain run) confirms only on the first shard of a key on this worker, or when the
+    prediction is within its own measured error of the margin; otherwise nothing is run twice."""
+    worker = worker if worker is not None else WorkerCalibration()
+    start = clock()
+    budgets = {r.id: r.params.max_tokens for r in requests}
+    sample = pick_sample(requests, settings.sample_rows(batch_size), settings.max_tokens)
+    plain = engine.generate(sample, NO_SPEC, batch_size)
+    base = ArmResult("none", 0)
+    base.add(plain)
+    finished = {c.id: (c, NO_SPEC) for c in plain.completions if is_complete(c, budgets[c.id])}
+    kept_s = _share_s(plain, finished)
+    rows = plain_rows(engine, sample, plain)
+    if not rows or not base.tokens_per_s:
+        seconds = clock() - start
+        return Decision(NO_SPEC, [base], base.tokens_per_s, seconds, max(0.0, seconds - kept_s), shard_id=shard_id,
+                        reason="plain decoding of the sample gave nothing to predict from", finished=finished)
+    broken = _broken_arms(engine, arms)
+    arms = [a for a in arms if a.label not in broken]
+    profile_s = _refresh_profile(engine, worker.profile, rows, arms, batch_size, max(budgets.values())) if arms else 0.0
+    results = [base] + predict_arms(engine, rows, arms, plain, worker.profile, batch_size) + list(broken.values())
+    chosen, reason = choose_predicted(results, arms, settings.margin)
+    top = best(predicted_speedups(results))
+    error = worker.prediction_error(settings.prediction_error)
+    first = key not in worker.confirmed_keys
+    near = top is not None and abs(top[1] - (1 + settings.margin)) <= error * top[1]
+    confirmed = False
+    if top is not None and settings.confirm and (first or near):
+        arm, predicted = top
+        spec = next(s for s in arms if s.label == arm.label)
+        ran = engine.generate(sample, spec, batch_size)  # the same rows as the plain run; its outputs are not kept
+        arm.add(ran)
+        if ran.goodput and plain.goodput:
+            measured = arm.speedup = ran.goodput / plain.goodput
+            confirmed = True
+            worker.confirmed_keys.add(key)
+            worker.errors.append(abs(predicted / measured - 1))
+            chosen = spec if pays(measured, settings.margin) else NO_SPEC
+            why = "first shard of its key on this worker" if first else f"prediction within its error ({error:.0%}) of the margin"
+            reason += (f"; confirmed ({why}): {arm.label} measured {measured:.2f}x plain decoding on the same "
+                       f"{len(sample)} rows -> {chosen.label}")
+    if any(a.acceptance_exact is False for a in results):
+        reason += "; acceptance estimated (sampled rows: sum of min(p, q) along the sampled path)"
+    seconds = clock() - start
+    return Decision(
+        chosen=chosen, arms=results, baseline_tokens_per_s=base.tokens_per_s, calibration_s=seconds,
+        overhead_s=max(0.0, seconds - kept_s), reason=reason, shard_id=shard_id, finished=finished,
+        profile_s=profile_s, confirmed=confirmed, profile=list(worker.profile.points),
+    )
+
+
+def _broken_arms(engine, arms: Sequence[SpecConfig]) -> dict[str, ArmResult]:
+    """Arms the engine cannot run (a draft model that does not load), recorded with the reason."""
+    broken = {}
+    for arm in arms:
+        try:
+            engine.check(arm)
+        except Exception as exc:  # an arm that fails is skipped and recorded, as when measured by running
+            broken[arm.label] = ArmResult(arm.method, arm.draft_len, error=one_line(exc))
+    return broken
+
+
+def plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> list[PlainRow]:
+    """The rows of a plain run that counterfactual acceptance can replay (not errors, not empty)."""
+    return [PlainRow(engine.encode(r), c.token_ids, r.params.max_tokens, r.params.temperature, r.params.top_p)
+            for r, c in zip(requests, result.completions) if c.finish_reason != "error" and c.token_ids]
+
+
+def _refresh_profile(engine, profile: CostProfile, rows: Sequence[PlainRow], arms: Sequence[SpecConfig],
+                     batch_size: int, max_tokens: int) -> float:
+    """Measure the worker's step costs if the shard's batch size, context range or draft length
+    leaves what was measured; returns the seconds spent (0 when the profile already covers it)."""
+    lo = min(len(r.prompt_ids) for r in rows)
+    hi = max(len(r.prompt_ids) for r in rows) + max_tokens
+    width = 1 + max(a.draft_len for a in arms)
+    drafts = sorted({a.draft_model for a in arms if a.method == "draft_target" and a.draft_model})
+    if profile.covers(batch_size, lo, hi, width, drafts):
+        return 0.0
+    began = time.perf_counter()
+    target, draft = profile_grid(batch_size, lo, hi, width, drafts)
+    if profile.covers(batch_size, lo, hi, width, drafts, check_context=False):  # only the context range is new: its ends, plain width
+        target, draft = [(batch_size, c, 1) for c in (lo, hi)], [(d, batch_size, hi) for d in drafts]
+    points = engine.profile(target, draft, temperature=rows[0].temperature)
+    seconds = time.perf_counter() - began
+    profile.merge(points, seconds)
+    return seconds
+
+
+def predict_arms(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], plain: GenerateResult,
+                 profile: CostProfile, batch_size: int) -> list[ArmResult]:
+    """Every arm's counterfactual acceptance on `rows` and its goodput priced from `profile`,
+    scaled to the machine's present speed by the plain run's measured decode time."""
+    acceptance, lookup_s = _counterfactual(engine, rows, arms)
+    steps = plain.target_steps
+    other = plain.timing.other_s / steps if steps else 0.0
+    none_plans = [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, [0] * (len(r.output_ids) - 1),
+                          [0] * (len(r.output_ids) - 1)) for r in rows]
+    none = predict_decode_s(none_plans, batch_size, profile, other_per_row_step=other)
+    scale = plain.timing.decode_s / none.decode_s if none.decode_s > 0 and plain.timing.decode_s > 0 else 1.0
+    results = []
+    for arm in arms:
+        acc = acceptance[arm.label]
+        plans = [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, s, p) for r, s, p in zip(rows, acc.steps, acc.proposed)]
+        priced = predict_decode_s(plans, batch_size, profile, arm.method, arm.draft_model, other, lookup_s)
+        results.append(ArmResult(
+            arm.method, arm.draft_len,
+            predicted_tokens_per_s=priced.decode_tokens / (scale * priced.decode_s) if priced.decode_s > 0 else None,
+            predicted_speedup=none.decode_s / priced.decode_s if priced.decode_s > 0 else None,
+            acceptance_rate=acceptance_rate(acc.accepted_tokens, acc.draft_tokens),
+            mean_accepted_len=mean_accepted_len(acc.accepted_tokens, acc.target_steps),
+            acceptance_exact=acc.exact, target_steps=round(acc.target_steps), draft_tokens=acc.draft_tokens,
+            accepted_tokens=round(acc.accepted_tokens),
+        ))
+    return results
+
+
+def _counterfactual(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], group: int = 4) -> tuple[dict, float]:
+    """Acceptance of every arm, by label, from one n-gram replay per n-gram size and one
+    teacher-forced draft forward per draft model; and an n-gram lookup's cost per row and step.
+    Rows go `group` at a time: their logits ([output length, vocabulary] per row) are large."""
+    out: dict = {}
+    lookup_s, lookups = 0.0, 0
+    arm_groups = [(key, list(g)) for key, g in itertools.groupby(sorted(arms, key=_arm_group), key=_arm_group)]
+    for begin in range(0, len(rows), group):
+        part = rows[begin : begin + group]
+        pairs = [(r.prompt_ids, r.output_ids) for r in part]
+        target = engine.teacher_forced_logits(pairs) if any(not r.greedy for r in part) else None
+        for (method, size, draft), mine in arm_groups:
+            ks = sorted({a.draft_len for a in mine})
+            if method == "ngram":
+                began = time.perf_counter()
+                by_k = ngram_acceptance(part, ks, size, target)
+                lookup_s += time.perf_counter() - began
+                lookups += sum(max(0, len(r.output_ids) - 1) for r in part) * len(ks)
+            else:
+                by_k = draft_acceptance(part, ks, engine.teacher_forced_logits(pairs, draft_model=draft), target)
+            for a in mine:
+                out[a.label] = out[a.label].extend(by_k[a.draft_len]) if a.label in out else by_k[a.draft_len]
+    return out, lookup_s / lookups if lookups else 0.0
+
+
+def _arm_group(arm: SpecConfig) -> tuple:
+    return (arm.method, arm.ngram_size if arm.method == "ngram" else 0, arm.draft_model or "")
+
+
+def _share_s(result: GenerateResult, kept: dict) -> float:
+    """Seconds of a generate call that produced the rows in `kept`, shared out by output tokens."""
+    total = result.output_tokens
+    mine = sum(c.output_tokens for c in result.completions if c.id in kept)
+    return result.timing.wall_s * mine / total if total else 0.0
+
+
+def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms: Sequence[SpecConfig],
+              worker: WorkerCalibration, batch_size: int, margin: float) -> tuple[SpecConfig | None, ArmResult | None]:
+    """Drift under "none": the counterfactual of the rows just generated plainly. Returns the best
+    arm and its prediction if its predicted speedup over them beats plain decoding by the margin,
+    else (None, None). Free for n-gram lookup; one teacher-forced forward per draft model."""
+    rows = plain_rows(engine, rows_done, result)
+    if not rows or not worker.profile.points:
+        return None, None
+    results = predict_arms(engine, rows, arms, result, worker.profile, batch_size)
+    spec, _ = choose_predicted(results, arms, margin)
+    if spec is NO_SPEC:
+        return None, None
+    return spec, next(a for a in results if a.label == spec.label)

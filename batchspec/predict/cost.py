@@ -1,0 +1,177 @@
+"""The cost profile of a worker, and the replay that prices an arm from it. No clock here: the
+engine measures the points (`engine.profile`), this module lays out the grid and prices.
+
+`CostProfile` holds the seconds of one target forward at a batch size, context length and tokens
+per row (1 plain, 1 + k to verify k drafts), of one draft step, and of a draft's prefill, measured
+once per worker over the grid `profile_grid` lays out and again only when a shard leaves what it
+covers. A step costs cost_b(tokens) x a context factor: cost_b piecewise linear in tokens per row
+at the profile's middle context for each measured batch size (linear in rows between them), the
+factor the width-1 cost at the real context over that at the middle one. `predict_decode_s`
+replays a sample's schedule as the engine runs it (continuous batching, every step as wide as its
+widest row) with each row's counterfactual steps (batchspec.predict.acceptance) and prices every
+step. Plain decoding is priced by the same replay, so a predicted speedup is a ratio of two
+predictions of one model.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from batchspec.engine.base import StepCost
+
+def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
+                 draft_models: Sequence[str] = ()) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int]]]:
+    """The (batch, context, tokens) target points and (draft, batch, context) draft points to
+    measure for a shard whose rows hold `lo`..`hi` tokens of context and verify up to
+    `max_width` tokens per row: widths 1, 2, 3, 5, 9, ... up to max_width at the middle context
+    and the production batch; width 1 at both ends of the context range; and batch 1 at the
+    narrowest and widest, for the rows that drain a batch at the end."""
+    mid = (lo + hi) // 2
+    widths = sorted({w for w in (1, 2, 3, 5, 9, 17) if w < max_width} | {max_width})
+    target = {(batch_size, mid, w) for w in widths} | {(batch_size, c, 1) for c in (lo, hi)}
+    if batch_size > 1:
+        target |= {(1, mid, 1), (1, mid, max_width)}
+    drafts = {(d, b, c) for d in draft_models for b, c in ((batch_size, mid), (batch_size, hi), (1, mid))}
+    return sorted(target), sorted(drafts)
+
+
+@dataclass
+class CostProfile:
+    """Measured step costs, as the engine reported them."""
+
+    points: list[StepCost] = field(default_factory=list)
+    measured_s: float = 0.0  # wall seconds spent measuring, summed over refreshes
+
+    def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = (),
+               check_context: bool = True) -> bool:
+        """Does the profile hold this batch size, widths up to `max_width`, the draft models and
+        (with `check_context`) the context range lo..hi?"""
+        mine = [p for p in self.points if p.kind == "target" and p.batch == batch_size]
+        if not mine or max(p.tokens for p in mine) < max_width:
+            return False
+        contexts = [p.context for p in mine]
+        if check_context and (hi > max(contexts) * 1.25 or lo < min(contexts) / 2):  # a little past the ends is fine
+            return False
+        return all(any(p.kind == "draft" and p.model == d and p.batch == batch_size for p in self.points) for d in draft_models)
+
+    def merge(self, points: Sequence[StepCost], seconds: float) -> None:
+        new = {p.key for p in points}
+        self.points = [p for p in self.points if p.key not in new] + list(points)
+        self.measured_s += seconds
+
+    def target_s(self, batch: int, context: int, tokens: int) -> float:
+        return self._cost("target", None, batch, context, tokens)
+
+    def draft_s(self, model: str, batch: int, context: int) -> float:
+        return self._cost("draft", model, batch, context, 1)
+
+    def draft_prefill_s(self, model: str, tokens: int) -> float:
+        per = [p.seconds / p.tokens for p in self.points if p.kind == "draft_prefill" and p.model == model and p.tokens]
+        return tokens * sum(per) / len(per) if per else 0.0
+
+    def _cost(self, kind: str, model: str | None, batch: int, context: int, tokens: int) -> float:
+        pts = [p for p in self.points if p.kind == kind and (model is None or p.model == model)]
+        assert pts, f"no {kind} cost measured"
+        batches = sorted({p.batch for p in pts})
+        return _lerp(batches, [self._at_batch([p for p in pts if p.batch == b], context, tokens) for b in batches], batch)
+
+    @staticmethod
+    def _at_batch(pts: Sequence[StepCost], context: int, tokens: int) -> float:
+        by_context: dict[int, list[StepCost]] = {}
+        for p in pts:
+            by_context.setdefault(p.context, []).append(p)
+        home = max(by_context, key=lambda c: (len(by_context[c]), -c))  # the context with most widths
+        here = sorted((p.tokens, p.seconds) for p in by_context[home])
+        cost = _lerp([t for t, _ in here], _rising([s for _, s in here]), tokens)
+        narrow = sorted((c, min(ps, key=lambda p: p.tokens).seconds) for c, ps in by_context.items())
+        at = dict(zip([c for c, _ in narrow], _rising([s for _, s in narrow])))
+        factor = _lerp(list(at), list(at.values()), context) / at[home] if at[home] > 0 else 1.0
+        return cost * factor
+
+    def to_struct(self) -> list[dict]:
+        return [p.to_struct() for p in self.points]
+
+
+def _rising(ys: Sequence[float]) -> list[float]:
+    """Costs never fall with more tokens or more context: a point below an earlier one was timed
+    in a quiet moment of a shared machine, so it takes the earlier value (a running maximum)."""
+    out: list[float] = []
+    for y in ys:
+        out.append(max(y, out[-1]) if out else y)
+    return out
+
+
+def _lerp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise linear through (xs, ys), extended linearly past either end (flat with one point)."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass
+class RowPlan:
+    """One row as the engine would run it under an arm."""
+
+    prompt_len: int
+    decode_tokens: int  # output tokens after the first (which prefill commits)
+    steps: Sequence[float]  # drafts accepted per step (0 for plain decoding)
+    proposed: Sequence[int]  # drafts proposed per step
+
+
+@dataclass
+class Predicted:
+    """An arm's decode time on a sample, priced from the profile."""
+
+    decode_s: float
+    verify_s: float
+    draft_s: float
+    other_s: float
+    target_steps: int  # row-steps, as the engine counts them
+    decode_tokens: float
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else None
+
+
+def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProfile, method: str = "none",
+                     draft_model: str | None = None, other_per_row_step: float = 0.0,
+                     lookup_per_row_step: float = 0.0) -> Predicted:
+    """Replay continuous batching over `rows` and price every step.
+
+    `other_per_row_step` is the engine's bookkeeping per row and step beyond the forward and the
+    accept rule (from the measured plain run); `lookup_per_row_step` an n-gram lookup's cost."""
+    queue = list(range(len(rows)))
+    active: list[list[int | float]] = []  # [row index, next step, context]
+    verify = draft = other = 0.0
+    steps = 0
+    while queue or active:
+        while queue and len(active) < batch_size:
+            i = queue.pop(0)
+            if method == "draft_target":
+                draft += profile.draft_prefill_s(draft_model, rows[i].prompt_len)
+            if rows[i].steps:
+                active.append([i, 0, rows[i].prompt_len + 1])
+        if not active:
+            continue
+        width = 1 + max(rows[i].proposed[s] for i, s, _ in active)
+        context = int(max(c for _, _, c in active))
+        b = len(active)
+        verify += profile.target_s(b, context, width)
+        if method == "draft_target" and width > 1:
+            draft += (width - 1) * profile.draft_s(draft_model, b, context)
+        elif method == "ngram":
+            draft += lookup_per_row_step * b
+        other += other_per_row_step * b
+        steps += b
+        for slot in active:
+            n = rows[slot[0]].steps[slot[1]]
+            slot[1] += 1
+            slot[2] += n + 1
+        active = [slot for slot in active if slot[1] < len(rows[slot[0]].steps)]
+    tokens = float(sum(r.decode_tokens for r in rows))
+    return Predicted(verify + draft + other, verify, draft, other, steps, tokens)

@@ -1,0 +1,50 @@
+"""The cost profile and the schedule replay (batchspec.predict.cost) on constructed costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchspec.engine.base import StepCost
+from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s, profile_grid
+
+
+def profile_of(points: list[tuple]) -> CostProfile:
+    profile = CostProfile()
+    profile.merge([StepCost(*p) for p in points], 1.0)
+    return profile
+
+
+def test_profile_interpolates_in_tokens_context_and_batch():
+    p = profile_of([("target", "m", 8, 100, 1, 1.0), ("target", "m", 8, 100, 5, 2.0), ("target", "m", 8, 300, 1, 1.5),
+                    ("target", "m", 1, 100, 1, 0.5), ("target", "m", 1, 100, 5, 0.5)])
+    assert p.target_s(8, 100, 1) == 1.0 and p.target_s(8, 100, 5) == 2.0
+    assert p.target_s(8, 100, 3) == pytest.approx(1.5)  # linear in tokens per row
+    assert p.target_s(8, 200, 5) == pytest.approx(2.0 * 1.25)  # width cost x the context factor
+    assert p.target_s(1, 100, 3) == pytest.approx(0.5)
+    assert p.target_s(4, 100, 5) == pytest.approx(0.5 + (2.0 - 0.5) * 3 / 7)  # linear in rows between batches
+
+
+def test_a_cost_timed_in_a_quiet_moment_does_not_make_wider_steps_cheaper():
+    p = profile_of([("target", "m", 8, 100, 1, 1.0), ("target", "m", 8, 100, 3, 0.7), ("target", "m", 8, 100, 5, 2.0)])
+    assert p.target_s(8, 100, 3) == 1.0  # the running maximum, not 0.7
+
+
+def test_profile_coverage_and_grid():
+    target, drafts = profile_grid(8, 100, 300, 9, ["d"])
+    assert (8, 200, 9) in target and (8, 100, 1) in target and (8, 300, 1) in target and (1, 200, 9) in target
+    assert {d for d, _, _ in drafts} == {"d"}
+    p = profile_of([("target", "m", *t, 1.0) for t in target] + [("draft", "d", b, c, 1, 0.1) for _, b, c in drafts])
+    assert p.covers(8, 100, 300, 9, ["d"]) and p.covers(8, 60, 360, 5)
+    assert not p.covers(4, 100, 300, 9) and not p.covers(8, 100, 300, 10) and not p.covers(8, 100, 900, 9)
+    assert not p.covers(8, 100, 300, 9, ["other"]) and p.covers(8, 10, 900, 9, check_context=False)
+
+
+def test_replay_prices_each_step_as_wide_as_its_widest_row():
+    p = profile_of([("target", "m", 2, 10, 1, 1.0), ("target", "m", 2, 10, 3, 2.0),
+                    ("target", "m", 1, 10, 1, 0.5), ("target", "m", 1, 10, 3, 1.0)])
+    plain = [RowPlan(10, 3, [0, 0, 0], [0, 0, 0]), RowPlan(10, 1, [0], [0])]
+    got = predict_decode_s(plain, 2, p)
+    assert got.verify_s == pytest.approx(1.0 + 0.5 + 0.5) and got.target_steps == 4 and got.decode_tokens == 4
+    spec = [RowPlan(10, 3, [2, 0], [2, 0]), RowPlan(10, 1, [0], [2])]  # step 1 is 3 wide, step 2 has one row left, 1 wide
+    got = predict_decode_s(spec, 2, p, "ngram", lookup_per_row_step=0.01)
+    assert got.verify_s == pytest.approx(2.0 + 0.5) and got.draft_s == pytest.approx(0.01 * 3)
