@@ -125,6 +125,22 @@ def tiny_engine(word_models):
     return TorchEngine(target, tokenizer, model_name="tiny", draft_loader=loader)
 
 
+@pytest.fixture
+def folder(tmp_path):
+    """An input folder of two Parquet files (10 rows: 6 in a.parquet in row groups of 2, 4 in
+    b.parquet in row groups of 3) and a `_SUCCESS` marker that listing must skip."""
+    import fsspec
+
+    from tests.data import prompts_table, write_parquet
+
+    fs = fsspec.filesystem("file")
+    (tmp_path / "in").mkdir()
+    write_parquet(fs, str(tmp_path / "in" / "a.parquet"), prompts_table(10).slice(0, 6), row_group_size=2)
+    write_parquet(fs, str(tmp_path / "in" / "b.parquet"), prompts_table(10).slice(6), row_group_size=3)
+    (tmp_path / "in" / "_SUCCESS").write_text("")
+    return tmp_path / "in"
+
+
 # ---- one local Ray for the whole session, and a real S3 endpoint on loopback (moto's server) ----
 
 S3_KEY, S3_SECRET = "testing", "testing"

@@ -20,15 +20,6 @@ from batchspec.write import Output
 from tests.data import prompts_table, write_parquet
 
 
-@pytest.fixture
-def folder(tmp_path):
-    fs = fsspec.filesystem("file")
-    (tmp_path / "in").mkdir()
-    write_parquet(fs, str(tmp_path / "in" / "a.parquet"), prompts_table(10).slice(0, 6), row_group_size=2)
-    write_parquet(fs, str(tmp_path / "in" / "b.parquet"), prompts_table(10).slice(6), row_group_size=3)
-    return tmp_path / "in"
-
-
 def shard_ids_of(output: Output, plan: Plan) -> dict[str, list[str]]:
     return {s.shard_id: read_shard_input(output, s).column(ID).to_pylist() for s in plan.shards}
 

@@ -29,16 +29,6 @@ from tests.data import prompts_table, write_parquet
 DEFAULTS = RowDefaults(max_tokens=16, temperature=0.0, top_p=1.0, seed=7)
 
 
-@pytest.fixture
-def folder(tmp_path):
-    fs = fsspec.filesystem("file")
-    (tmp_path / "in").mkdir()
-    write_parquet(fs, str(tmp_path / "in" / "a.parquet"), prompts_table(10).slice(0, 6), row_group_size=2)
-    write_parquet(fs, str(tmp_path / "in" / "b.parquet"), prompts_table(10).slice(6), row_group_size=3)
-    (tmp_path / "in" / "_SUCCESS").write_text("")
-    return tmp_path / "in"
-
-
 def test_open_input_lists_parquet_files_of_a_folder_in_order(folder):
     source = open_input(str(folder))
     assert [f.rel for f in source.files] == ["a.parquet", "b.parquet"]
