@@ -1,7 +1,9 @@
 """The model registry, cache and loading (batchspec.models, `batchspec models`).
 
-The real packaged SmolLM2 is prepared once per session into a temporary cache (about 20 s on 2
-cores); the Qwen models are too big for CI and are never prepared here. Registry failure paths
+The real packaged SmolLM2 is the one `make setup` prepared (`batchspec models prepare smollm2-135m`:
+the real GGUF conversion, run on every fresh CI machine). These tests check what that preparation
+left and link it into a temporary cache, rather than converting it a second time (about 30 s on 2
+cores). The Qwen models are too big for CI and are never prepared here. Registry failure paths
 use small fake distributions on sys.path, found through the same importlib.metadata lookup as
 the real packages. URL copies go through fsspec's memory:// and a real moto S3 server.
 """
@@ -47,8 +49,21 @@ def cache(cache_root) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smol(cache) -> Path:
-    return prepare(REGISTRY["smollm2-135m"], cache)
+def smol(smollm2_dir, cache) -> Path:
+    """The SmolLM2 entry `make setup` prepared, hard-linked (copied across file systems) into the
+    session's temporary cache so the cache tests see a prepared entry they may not change."""
+    import os
+    import shutil
+
+    assert not list(smollm2_dir.parent.glob(f".tmp-{smollm2_dir.name}-*")), "make setup left a temp folder"
+
+    def link(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    return Path(shutil.copytree(smollm2_dir, entry_path(REGISTRY["smollm2-135m"], cache), copy_function=link))
 
 
 def _next_token_logits(model, tokenizer) -> torch.Tensor:
