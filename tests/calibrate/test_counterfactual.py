@@ -88,8 +88,8 @@ def test_copy_heavy_and_free_prose_shards_get_different_decisions():
     from batchspec.engine.torch.engine import TorchEngine
 
     engine = TorchEngine.load("smollm2-135m", dtype="float32", device="cpu")
-    copy = [chat(f"c{i}", f"Repeat the following text exactly, word for word:\n\n{t}") for i, t in enumerate(TEXTS * 2)]
-    prose = [chat(f"p{i}", f"Write a short poem about {t}.") for i, t in enumerate(TOPICS)]
+    copy = [chat(f"c{i}", f"Repeat the following text exactly, word for word:\n\n{t}") for i, t in enumerate(TEXTS)]
+    prose = [chat(f"p{i}", f"Write a short poem about {t}.") for i, t in enumerate(TOPICS[:4])]
     settings = CalibrationSettings(max_fraction=1.0, max_tokens=40, min_rows=4)
     arms = [SpecConfig("ngram", k) for k in (2, 4, 6)]
     worker = WorkerCalibration()
