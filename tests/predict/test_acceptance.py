@@ -53,7 +53,7 @@ def repetitive_requests(n: int, temperature: float = 0.0) -> list[Request]:
         phrase = [f"w{int(x)}" for x in torch.randint(1, 20, (3 + i % 4,), generator=gen)]
         noise = [f"w{int(x)}" for x in torch.randint(1, 64, (2 + 3 * i,), generator=gen)]
         words = phrase * (2 + i % 3) + noise + phrase
-        params = SamplingParams(max_tokens=20 + 7 * i, temperature=temperature, seed=i)
+        params = SamplingParams(max_tokens=12 + 4 * i, temperature=temperature, seed=i)
         out.append(Request(f"r{i}", " ".join(words), params=params))
     return out
 
