@@ -79,6 +79,7 @@ class RunSummary:
     baseline_tokens_per_s: float | None
     speedup: float | None
     complete: bool
+    speedup_predicted_share: float = 0.0  # share of the speedup's decode time priced by prediction, not measured
     # shards whose calibration could not measure any speculative arm (every arm failed), and why
     speculation_unmeasured: int = 0
     speculation_reason: str | None = None
@@ -259,6 +260,7 @@ def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: in
         tokens_per_s=new_tokens / work_s if work_s > 0 and new_tokens else 0.0,
         baseline_tokens_per_s=total.baseline_tokens_per_s,
         speedup=total.speedup,
+        speedup_predicted_share=total.predicted_share,
         complete=rows == plan.rows and len(stats) == len(plan.shards),
         speculation_unmeasured=len(unmeasured),
         speculation_reason=f"{unmeasured[0].shard_id}: {unmeasured[0].speculation_unmeasured}" if unmeasured else None,

@@ -307,15 +307,29 @@ STATS_SCHEMA = pa.schema(STATS_FIELDS)
 class Speedup:
     speedup: float | None  # sum(decode_s x speedup) / sum(decode_s)
     baseline_tokens_per_s: float | None  # the same shards' tokens over what plain decoding would have taken
+    predicted_share: float = 0.0  # share of that decode time priced by a predicted ratio, not a measured one
+
+
+def shard_speedup(s: ShardStats) -> tuple[float | None, bool]:
+    """A shard's ratio over plain decoding and whether it is predicted: the measured one (chosen
+    arm vs none, side by side in calibration) when calibration ran it, else the counterfactual
+    prediction (a shard whose arm was chosen on prediction alone, never confirmed)."""
+    if s.speedup:
+        return s.speedup, False
+    return (s.predicted_speedup, True) if s.predicted_speedup else (None, False)
 
 
 def speedup_total(shards: Iterable[ShardStats]) -> Speedup:
-    """The run's speedup over plain decoding: every shard with a calibrated ratio (chosen arm vs
-    none, measured side by side) weighs it by its decode time; sum(decode_s x speedup) is what
-    plain decoding would have taken for the same tokens."""
-    timed = [s for s in shards if s.speedup and s.decode_s and s.tokens_per_s]
-    plain_s = sum(s.decode_s * s.speedup for s in timed)
-    decode_s = sum(s.decode_s for s in timed)
-    tokens = sum(s.tokens_per_s * s.decode_s for s in timed)
-    return Speedup(plain_s / decode_s if decode_s else None, tokens / plain_s if plain_s else None)
+    """The run's speedup over plain decoding: every shard with a ratio (`shard_speedup`) weighs it
+    by its decode time; sum(decode_s x speedup) is what plain decoding would have taken for the
+    same tokens. Leaving out the shards whose ratio is predicted would count only the confirmed
+    ones (the first of each key on a worker, and close calls): a biased total."""
+    timed = [(s, *shard_speedup(s)) for s in shards if s.decode_s and s.tokens_per_s]
+    timed = [(s, x, predicted) for s, x, predicted in timed if x]
+    plain_s = sum(s.decode_s * x for s, x, _ in timed)
+    decode_s = sum(s.decode_s for s, _, _ in timed)
+    tokens = sum(s.tokens_per_s * s.decode_s for s, _, _ in timed)
+    predicted_s = sum(s.decode_s for s, _, predicted in timed if predicted)
+    return Speedup(plain_s / decode_s if decode_s else None, tokens / plain_s if plain_s else None,
+                   predicted_s / decode_s if decode_s else 0.0)
 

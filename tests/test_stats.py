@@ -130,13 +130,19 @@ def test_the_chosen_arm_is_the_measured_arm_with_the_chosen_label():
 
 
 def test_the_speedup_total_weighs_each_shard_by_its_decode_time():
-    def shard(decode_s, speedup, tokens_per_s):
+    def shard(decode_s, speedup, tokens_per_s, predicted=None):
         return ShardStats(shard_id="s", shard_key=None, rows=1, error_rows=0, engine="torch", model="m", batch_size=1,
-                          decode_s=decode_s, speedup=speedup, tokens_per_s=tokens_per_s)
+                          decode_s=decode_s, speedup=speedup, tokens_per_s=tokens_per_s, predicted_speedup=predicted)
 
     shards = [shard(2.0, 1.5, 30.0), shard(1.0, 1.0, 10.0), shard(5.0, None, 99.0), shard(None, None, None)]
     total = speedup_total(shards)
     plain_s = 2.0 * 1.5 + 1.0 * 1.0  # what plain decoding would have taken for the timed shards' tokens
     assert total.speedup == pytest.approx(plain_s / 3.0)
     assert total.baseline_tokens_per_s == pytest.approx((30.0 * 2.0 + 10.0 * 1.0) / plain_s)
+    assert total.predicted_share == 0.0
     assert speedup_total([shard(5.0, None, 99.0)]).speedup is None
+    # a shard chosen on prediction alone counts with its predicted ratio, and the total says how much
+    # of it is predicted; a measured ratio wins over a predicted one
+    both = speedup_total([shard(2.0, 1.5, 30.0, predicted=9.0), shard(6.0, None, 20.0, predicted=2.0)])
+    assert both.speedup == pytest.approx((2.0 * 1.5 + 6.0 * 2.0) / 8.0)
+    assert both.predicted_share == pytest.approx(6.0 / 8.0)

@@ -118,6 +118,8 @@ def _print_summary(s) -> None:
 
     table = Table(title=f"batchspec run -> {s.output}", show_header=False)
     speedup = f"{s.speedup:.2f}x" if s.speedup else "n/a"
+    if s.speedup and s.speedup_predicted_share:
+        speedup += f" ({s.speedup_predicted_share:.0%} of decode time predicted, not measured)"
     base = f"{s.baseline_tokens_per_s:.1f}" if s.baseline_tokens_per_s else "n/a"
     for name, value in [
         ("rows", f"{s.rows} ({s.error_rows} errors)"),

@@ -23,7 +23,8 @@ def render_html(report: RunReport) -> str:
     cards = [
         ("rows", f"{t.rows:,}", f"{t.error_rows} with errors"),
         ("shards", f"{t.shards}" + (f" / {t.planned_shards}" if t.planned_shards is not None else ""), "complete" if report.complete else "NOT finished"),
-        ("speedup vs none", _x(t.speedup), f"baseline {_num(t.baseline_tokens_per_s)} tok/s"),
+        ("speedup vs none", _x(t.speedup), f"baseline {_num(t.baseline_tokens_per_s)} tok/s"
+         + (f"; {_pct(t.speedup_predicted_share)} of decode time predicted, not measured" if t.speedup_predicted_share else "")),
         ("acceptance rate", _pct(t.acceptance_rate), f"mean accepted len {_num(t.mean_accepted_len, 2)}"),
         ("decode tokens/s", _num(t.tokens_per_s), f"{t.output_tokens:,} output tokens"),
         ("calibration share", _pct(t.calibration_share), f"of {t.wall_s:.1f} shard-seconds; cost {_pct(t.calibration_cost)} (not kept as output)"),

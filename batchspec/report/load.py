@@ -68,6 +68,7 @@ class Totals:
     tokens_per_s: float | None  # tokens committed in decode / decode seconds, over all shards
     baseline_tokens_per_s: float | None
     speedup: float | None
+    speedup_predicted_share: float  # share of the decode time behind `speedup` priced by prediction
     calibration_share: float | None
     calibration_cost: float | None
     wall_s: float  # summed over shards (workers run in parallel)
@@ -234,6 +235,7 @@ def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dic
         tokens_per_s=decoded / decode if decode else None,
         baseline_tokens_per_s=total.baseline_tokens_per_s,
         speedup=total.speedup,
+        speedup_predicted_share=total.predicted_share,
         calibration_share=split["calibration"] / wall if wall else None,
         calibration_cost=sum((s.calibration_cost or 0.0) * (s.wall_s or 0.0) for s in shards) / wall if wall else None,
         wall_s=wall, time_split=split,
