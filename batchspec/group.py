@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from batchspec.errors import OutputError
 from batchspec.plan import Plan, ShardPlan, fingerprint_positions, plan_locally
-from batchspec.read import ID, POS, InputSource, chunk_items, chunks_of, key_strings, position, read_chunk, row_ids
+from batchspec.read import ID, POS, Chunk, InputSource, chunk_items, chunks, chunks_of, key_strings, position, read_chunk, row_ids
 from batchspec.write import Output
 
 SHARD = "__bs_shard"  # int64: the shard's ordinal in the plan (only while shuffling)
@@ -79,21 +79,23 @@ def _tag(batch: pa.Table, source: InputSource, shard_by: str | None, assignment:
 
 def tag_rows(batch: pa.Table, source: InputSource, shard_by: str | None, starts_of: dict) -> pa.Table:
     """Every column of the chunks in `batch`, plus position, id and shard ordinal per row."""
-    out = []
-    for c in chunks_of(batch):
-        t = read_chunk(source, c, None)
-        pos = position(c.file_index, c.first_row, c.rows)
-        enc = pc.dictionary_encode(key_strings(t, shard_by), null_encoding="encode")
-        idx = enc.indices.to_numpy(zero_copy_only=False)
-        order = np.argsort(idx, kind="stable")
-        bounds = np.searchsorted(idx[order], np.arange(len(enc.dictionary) + 1))
-        shard = np.empty(c.rows, np.int64)
-        for d, value in enumerate(enc.dictionary.to_pylist()):
-            rows = order[bounds[d] : bounds[d + 1]]
-            base, starts = starts_of[(value is None, value or "")]
-            shard[rows] = base + np.searchsorted(starts, pos[rows], side="right") - 1
-        out.append(t.append_column(POS, pa.array(pos)).append_column(ID, row_ids(source, c, t)).append_column(SHARD, pa.array(shard)))
-    return pa.concat_tables(out)
+    return pa.concat_tables([tag_chunk(c, source, shard_by, starts_of) for c in chunks_of(batch)])
+
+
+def tag_chunk(c: Chunk, source: InputSource, shard_by: str | None, starts_of: dict) -> pa.Table:
+    """One chunk's rows, every column, plus position, id and shard ordinal per row."""
+    t = read_chunk(source, c, None)
+    pos = position(c.file_index, c.first_row, c.rows)
+    enc = pc.dictionary_encode(key_strings(t, shard_by), null_encoding="encode")
+    idx = enc.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(idx, kind="stable")
+    bounds = np.searchsorted(idx[order], np.arange(len(enc.dictionary) + 1))
+    shard = np.empty(c.rows, np.int64)
+    for d, value in enumerate(enc.dictionary.to_pylist()):
+        rows = order[bounds[d] : bounds[d + 1]]
+        base, starts = starts_of[(value is None, value or "")]
+        shard[rows] = base + np.searchsorted(starts, pos[rows], side="right") - 1
+    return t.append_column(POS, pa.array(pos)).append_column(ID, row_ids(source, c, t)).append_column(SHARD, pa.array(shard))
 
 
 def _write(group: pa.Table, output: Output, shard_ids: list) -> pa.Table:
@@ -149,6 +151,39 @@ def _group_with_ray_data(source: InputSource, plan: Plan, output: Output) -> lis
         _tag, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "shard_by": plan.shard_by, "assignment": assignment})
     return tagged.groupby(SHARD, num_partitions=partitions).map_groups(
         _write, batch_format="pyarrow", fn_kwargs={"output": output, "shard_ids": shard_ids}).take_all()
+
+
+# ---- a few shards' rows without the shuffle (`batchspec calibrate`'s sample) ------------------------
+
+
+def read_shards(source: InputSource, plan: Plan, wanted: list[int]) -> dict[int, pa.Table]:
+    """The input rows of the plan's shards `wanted` (ordinals), each in input order, tagged as
+    `group_shards` tags them; nothing is written. Chunks are read in input order from the first
+    wanted shard's start and the scan stops as soon as every wanted shard is complete, so a key's
+    first shard (its first `shard_size` rows) costs a read of the input up to its last row."""
+    starts_of = _assignment(plan.shards)
+    need = {n: plan.shards[n].rows for n in wanted}
+    parts: dict[int, list[pa.Table]] = {n: [] for n in wanted}
+    first = min((plan.shards[n].start for n in wanted), default=0)
+    for c in chunks(source, PARTITION_BYTES):
+        if not need:
+            break
+        if int(position(c.file_index, c.first_row + c.rows - 1, 1)[0]) < first:
+            continue
+        t = tag_chunk(c, source, plan.shard_by, starts_of)
+        t = t.filter(pc.is_in(t.column(SHARD), pa.array(list(need), pa.int64())))
+        shard = t.column(SHARD).to_numpy()
+        for n in np.unique(shard).tolist():
+            mine = t.filter(pa.array(shard == n)).drop_columns([SHARD])
+            parts[n].append(mine)
+            need[n] -= mine.num_rows
+            if need[n] == 0:
+                del need[n]
+    assert not need, need  # the plan counted these rows in this input
+    out = {n: pa.concat_tables(parts[n]) for n in wanted}
+    for n, table in out.items():
+        assert fingerprint_positions(table.column(POS).to_numpy()) == plan.shards[n].fingerprint, plan.shards[n]
+    return out
 
 
 # ---- reading one shard back (inside a worker) ------------------------------------------------------

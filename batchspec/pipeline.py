@@ -13,6 +13,17 @@ the step's commit mark. A run that finds a _plan.json of the same input listing 
 takes the plan and the shard files as they are (without reading the input again); one that finds
 none plans and groups from scratch. `plan_run` stops there (`batchspec run --plan-only`).
 
+`_shards/` after `_SUCCESS`. OUTPUT/_shards/ is intermediate data, like Spark's `_temporary/` or
+Ray Data's spilled blocks: a shard's input file is read only while the shard is uncommitted, and
+once `_SUCCESS` is written every shard is committed, so nothing reads `_shards/` again (a rerun of
+a finished OUTPUT resumes with nothing to do, and `plan_and_group` accepts a committed shard
+without its input file). A complete run therefore removes `_shards/` right after writing
+`_SUCCESS`; `--keep-shards` (pipeline key `keep_shards: true`) keeps it for debugging. Exactly-once
+and resume do not depend on it: a crash between `_SUCCESS` and the removal leaves the files, and
+the next run (a no-op over committed shards) removes them; a crash before `_SUCCESS` removes
+nothing, so an unfinished run always finds its shards' inputs. `--plan-only` keeps `_shards/`:
+it is what the later run reads.
+
 Ray: inside an existing Ray session (a test fixture, `ray job submit`) the pipeline uses it; with
 `ray_address` or RAY_ADDRESS set it connects to that cluster; otherwise it starts a local Ray with
 `ray_num_cpus` CPUs and no dashboard.
@@ -33,7 +44,6 @@ import logging
 import platform
 import time
 from dataclasses import asdict, dataclass
-from itertools import groupby
 from typing import Protocol
 
 from batchspec.calibrate import (
@@ -48,9 +58,10 @@ from batchspec.config.run import RunConfig, check_engine_options
 from batchspec.engine.base import NO_SPEC
 from batchspec.engine.factory import create_engine
 from batchspec.errors import InputError, OutputError
-from batchspec.group import group_shards
-from batchspec.plan import Plan, check_resume, fingerprint, make_plan
-from batchspec.read import RowDefaults, list_input, open_input, parse_rows, passthrough_schema, read_rows, scan_keys
+from batchspec.group import group_shards, read_shards
+from batchspec.parse import ParsedRow, RowDefaults, parse_rows
+from batchspec.plan import Plan, check_resume, fingerprint, make_plan, plan_locally
+from batchspec.read import ID, list_input, open_input, passthrough_schema
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
 from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, run_pool
 from batchspec.write import Output, output_schema, resolve_template
@@ -119,6 +130,8 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
     summary = summarize(output.url, plan, stats, report, skipped, work_s, time.perf_counter() - started, choice.dropped)
     if summary.complete:  # 5. manifest
         write_manifest(output, config, plan, summary)
+        if not config.keep_shards:  # 6. _shards/ is intermediate: removed once _SUCCESS is there
+            output.clear_shard_inputs()
     return summary
 
 
@@ -314,40 +327,55 @@ class KeyCalibration:
         }
 
 
+@dataclass(frozen=True)
+class KeySample:
+    shard_key: str | None
+    rows: int  # rows of this key in the input
+    parsed: list[ParsedRow]  # its first shard's rows: the key's first --shard-size rows, in input order
+
+
+def calibration_samples(config: RunConfig) -> list[KeySample]:
+    """Per shard key, in plan order, its row count and its first shard's rows. The plan is
+    `batchspec run`'s (with Ray Data for large inputs: per-shard records, never keys or rows, on
+    the driver); each key's first shard is read from the input, stopping once it is complete."""
+    source = open_input(config.input, dict(config.storage_options), config.shard_by)
+    if not plan_locally(source):
+        ensure_ray(config)
+    plan = make_plan(source, config.shard_by, config.shard_size)
+    first: dict[str | None, int] = {}  # key -> ordinal of its first shard
+    rows: dict[str | None, int] = {}
+    for n, s in enumerate(plan.shards):
+        first.setdefault(s.shard_key, n)
+        rows[s.shard_key] = rows.get(s.shard_key, 0) + s.rows
+    tables = read_shards(source, plan, list(first.values()))
+    defaults = RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed)
+    return [KeySample(key, rows[key], parse_rows(tables[n], tables[n].column(ID).to_pylist(), defaults)) for key, n in first.items()]
+
+
 def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "run")
     arms, _ = run_arms(resolve_spec(config))
-    storage = dict(config.storage_options)
-    source = open_input(config.input, storage, config.shard_by)
-    keys = scan_keys(source, config.shard_by)
-    defaults = RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed)
-    order = sorted(range(len(keys.ids)), key=lambda i: (keys.keys[i] is None, keys.keys[i] or ""))
-    groups = [(key, list(rows)) for key, rows in groupby(order, key=lambda i: keys.keys[i])]
+    samples = calibration_samples(config)
     engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
                            llm_options=run_llm_options(config, arms))
     settings = CalibrationSettings(**dict(config.calibration))
     worker = WorkerCalibration()  # one engine: one cost profile for every key
     results = []
     try:
-        for key, rows in groups:
-            picked = rows[: config.shard_size]
-            requests = []
-            for file_index in sorted({keys.file_index[i] for i in picked}):
-                mine = [i for i in picked if keys.file_index[i] == file_index]
-                table = read_rows(source, file_index, [keys.row_index[i] for i in mine])
-                parsed = parse_rows(table, [keys.ids[i] for i in mine], defaults)
-                requests += [p.request for p in parsed if p.error is None]
+        for sample in samples:
+            key = sample.shard_key
+            requests = [p.request for p in sample.parsed if p.error is None]
             if not requests:
-                raise InputError(f"shard key {key!r}: none of its first {len(picked)} rows can run (all are error rows)")
+                raise InputError(f"shard key {key!r}: none of its first {len(sample.parsed)} rows can run (all are error rows)")
             spec_arms = [a for a in arms if a.method != "none"]
             if counterfactual_ready(engine, spec_arms):
                 decision = calibrate_counterfactual(engine, requests, spec_arms, config.batch_size, settings,
                                                     shard_id=str(key), worker=worker, key=key)
             else:
                 decision = calibrate(engine, requests, spec_arms, config.batch_size, settings, shard_id=str(key),
-                                     expected_rows=len(rows))
-            results.append(KeyCalibration(key, len(rows), len(requests), decision))
+                                     expected_rows=sample.rows)
+            results.append(KeyCalibration(key, sample.rows, len(requests), decision))
     finally:
         engine.close()
     return results

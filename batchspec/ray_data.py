@@ -47,7 +47,7 @@ def generate(ds, config):
 
     from batchspec.config.run import check_engine_options
     from batchspec.pipeline import check_engine, resolve_spec, run_arms, run_llm_options
-    from batchspec.read import RowDefaults
+    from batchspec.parse import RowDefaults
     from batchspec.workers import WorkerJob
 
     check_engine(config.engine)
@@ -80,7 +80,7 @@ class GenerateStage:
         self.decisions: dict[str | None, object] = {}  # per shard key: the last decision, reused by small parts
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from batchspec.read import CONSUMED_COLUMNS, PROMPT_COLUMNS, parse_rows
+        from batchspec.parse import CONSUMED_COLUMNS, PROMPT_COLUMNS, parse_rows
         from batchspec.stats import OUTPUT_NAMES
         from batchspec.write import output_schema
 

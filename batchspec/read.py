@@ -1,27 +1,25 @@
-"""Step 1, read: find the input Parquet files behind any fsspec URL and turn rows into requests.
+"""Step 1, read: find the input Parquet files behind any fsspec URL and read them by chunks.
 
 What this module owns:
 - resolving INPUT (a file, a folder, a glob; local, file://, s3://, memory://, ...) to an ordered
   list of Parquet files, checking each footer and schema once, before any worker starts;
 - listing INPUT without reading it (`list_input`: paths and sizes, all a plan fingerprint needs);
-- row identity and chunked reads for the Ray Data tasks of plan and group: a `Chunk` is a run of
-  row groups of one file, read with only the columns wanted and typed as in the unified schema;
-- turning each row into an engine `Request` or a one-line per-row error (inside a worker);
-- `scan_keys` / `read_rows`: the small in-process key scan `batchspec calibrate` uses on a sample.
+- row identity and chunked reads for plan and group (Ray Data tasks, or in-process for small
+  inputs): a `Chunk` is a run of row groups of one file, read with only the columns wanted and
+  typed as in the unified schema.
 
-Row identity is (file, row index), carried as one int64 position (file index << 40 | row index). When the input has no `id` column (or a row's id is null), the id
-is generated as `<file path relative to INPUT>#<row index>`, stable across runs. Duplicate ids are
-refused up front with an InputError naming the id: an output keyed by id must not be ambiguous.
-Every column except prompt, messages, id and the sampling columns passes through untouched.
+What it does not: turning a row into an engine request (batchspec.parse, inside a worker), and
+deciding which rows belong together (batchspec.plan, batchspec.group).
+
+Row identity is (file, row index), carried as one int64 position (file index << 40 | row index).
+When the input has no `id` column (or a row's id is null), the id is `<file path relative to
+INPUT>#<row index>`, stable across runs; duplicate ids are refused by the plan. Every column
+except prompt, messages, id and the sampling columns passes through untouched.
 """
 
 from __future__ import annotations
 
-import bisect
-import json
-import math
 import posixpath
-import zlib
 from dataclasses import dataclass
 
 import fsspec
@@ -29,14 +27,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-from batchspec.engine.base import Request, SamplingParams
 from batchspec.errors import InputError, one_line
-
-PROMPT_COLUMNS = ("prompt", "messages")
-SAMPLING_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop")
-CONSUMED_COLUMNS = (*PROMPT_COLUMNS, "id", *SAMPLING_COLUMNS)
+from batchspec.parse import CONSUMED_COLUMNS, PROMPT_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -87,31 +80,9 @@ def passthrough_schema(schema: pa.Schema, output_names: tuple[str, ...]) -> pa.S
     return pa.schema(keep)
 
 
-@dataclass(frozen=True)
-class RowDefaults:
-    """Sampling values for rows that do not carry their own (from options / pipeline file)."""
-
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-
-
-@dataclass(frozen=True)
-class ParsedRow:
-    """One input row: the request to run, or `error` (one line) when the row cannot run."""
-
-    request: Request
-    error: str | None = None
-
-
 def filesystem(url: str, storage_options: dict | None = None) -> fsspec.AbstractFileSystem:
     fs, _ = fsspec.core.url_to_fs(url, **(storage_options or {}))
     return fs
-
-
-def arrow_filesystem(fs: fsspec.AbstractFileSystem) -> PyFileSystem:
-    return PyFileSystem(FSSpecHandler(fs))
 
 
 def list_input(url: str, storage_options: dict | None = None) -> InputListing:
@@ -285,197 +256,3 @@ def _as_strings(col: pa.Array) -> pa.Array:
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_integer(col.type):
         return col.cast(pa.string())
     return pa.array([None if v is None else str(v) for v in col.to_pylist()], pa.string())
-
-
-# ---- the in-process key scan and row reads of `batchspec calibrate` (a sample, not a run) ------
-
-
-@dataclass(frozen=True)
-class RowKeys:
-    """Per row, in input order: its file index, row index, id and shard key (no prompt text)."""
-
-    file_index: list[int]
-    row_index: list[int]
-    ids: list[str]
-    keys: list[str | None]
-
-
-def scan_keys(source: InputSource, shard_by: str | None) -> RowKeys:
-    """Ids and shard keys of every row, read with Ray Data (only those columns, input order)."""
-    wanted = [c for c in ("id", shard_by) if c and c in source.schema.names]
-    wanted = list(dict.fromkeys(wanted))
-    per_file: list[dict[str, list]] = [{c: [] for c in wanted} for _ in source.files]
-    if wanted:
-        _ray_scan(source, wanted, per_file)
-    file_index, row_index, ids, keys = [], [], [], []
-    for i, f in enumerate(source.files):
-        got = len(per_file[i][wanted[0]]) if wanted else f.rows
-        if got != f.rows:
-            raise InputError(f"input file {source.fs.unstrip_protocol(f.path)} yielded {got} rows, its footer says {f.rows}")
-        for r in range(f.rows):
-            file_index.append(i)
-            row_index.append(r)
-            ids.append(row_id(per_file[i]["id"][r] if "id" in wanted else None, f, r))
-            key = per_file[i][shard_by][r] if shard_by else None
-            keys.append(None if key is None else str(key))
-    _refuse_duplicates(ids, source)
-    return RowKeys(file_index, row_index, ids, keys)
-
-
-def _ray_scan(source: InputSource, columns: list[str], per_file: list[dict[str, list]]) -> None:
-    import ray.data
-
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # input order is what makes generated ids stable
-    index = {f.path: i for i, f in enumerate(source.files)}
-    try:
-        ds = ray.data.read_parquet(
-            [f.path for f in source.files],
-            filesystem=arrow_filesystem(source.fs),
-            columns=columns,
-            include_paths=True,
-        )
-        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
-            for path, group in _split_by_path(batch):
-                i = index[_strip(path, source.files)]
-                for c in columns:
-                    per_file[i][c].extend(group.column(c).to_pylist())
-    except Exception as exc:
-        raise InputError(f"cannot read input {source.url}: {one_line(exc)}") from exc
-
-
-def _split_by_path(batch: pa.Table):
-    paths = batch.column("path").to_pylist()
-    start = 0
-    for end in range(1, len(paths) + 1):
-        if end == len(paths) or paths[end] != paths[start]:
-            yield paths[start], batch.slice(start, end - start)
-            start = end
-
-
-def _strip(path: str, files: tuple[InputFile, ...]) -> str:
-    for f in files:
-        if path == f.path or path.endswith("/" + f.path.lstrip("/")) or f.path.endswith(path.lstrip("/")):
-            return f.path
-    raise AssertionError(f"Ray Data returned a path outside the input: {path}")
-
-
-def row_id(given, f: InputFile, row: int) -> str:
-    """The row's `id` as a string, or `<file relative to INPUT>#<row index>` when it has none."""
-    return str(given) if given is not None else f"{f.rel}#{row}"
-
-
-def _refuse_duplicates(ids: list[str], source: InputSource) -> None:
-    seen: set[str] = set()
-    for i in ids:
-        if i in seen:
-            raise InputError(f"input {source.url} has duplicate id {i!r}; ids must be unique")
-        seen.add(i)
-
-
-# ---- reading a shard's rows back (inside a worker) ---------------------------------------------
-
-
-def read_rows(source: InputSource, file_index: int, rows: list[int]) -> pa.Table:
-    """The given rows (sorted row indices) of one input file, reading only the row groups needed."""
-    f = source.files[file_index]
-    fs = source.fs
-    try:
-        with fs.open(f.path, "rb") as fh:
-            pf = pq.ParquetFile(fh)
-            sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
-            starts = [sum(sizes[:g]) for g in range(len(sizes))]
-            groups = sorted({bisect.bisect_right(starts, r) - 1 for r in rows})
-            table = pf.read_row_groups(groups)
-    except Exception as exc:
-        raise InputError(f"input file {fs.unstrip_protocol(f.path)} cannot be read: {one_line(exc)}") from exc
-    # Position of each wanted row inside the concatenation of the row groups just read.
-    base = {g: sum(sizes[h] for h in groups if h < g) for g in groups}
-    take = []
-    for r in rows:
-        g = bisect.bisect_right(starts, r) - 1
-        take.append(base[g] + r - starts[g])
-    return table.take(pa.array(take, pa.int64())).cast(_with_nulls(table.schema, source.schema))
-
-
-def _with_nulls(schema: pa.Schema, unified: pa.Schema) -> pa.Schema:
-    """This file's columns, typed as in the unified schema (a null-typed column takes the real type)."""
-    return pa.schema([unified.field(f.name) if f.name in unified.names else f for f in schema])
-
-
-def parse_rows(table: pa.Table, ids: list[str], defaults: RowDefaults) -> list[ParsedRow]:
-    """One ParsedRow per table row, in order; a row that cannot run gets a one-line error."""
-    cols = {name: table.column(name).to_pylist() for name in table.column_names if name in CONSUMED_COLUMNS}
-    return [_parse_row({c: v[i] for c, v in cols.items()}, ids[i], defaults) for i in range(table.num_rows)]
-
-
-def _parse_row(row: dict, row_id: str, defaults: RowDefaults) -> ParsedRow:
-    try:
-        params = _sampling(row, row_id, defaults)
-        prompt, messages = _prompt(row)
-    except ValueError as exc:
-        return ParsedRow(Request(row_id), str(exc))
-    return ParsedRow(Request(row_id, prompt=prompt, messages=messages, params=params))
-
-
-def _prompt(row: dict) -> tuple[str | None, tuple[dict[str, str], ...] | None]:
-    prompt, messages = row.get("prompt"), row.get("messages")
-    if prompt is not None:
-        if not isinstance(prompt, str):
-            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
-        if not prompt.strip():
-            raise ValueError("prompt is empty")
-        return prompt, None
-    if messages is None:
-        raise ValueError("prompt and messages are both null")
-    if isinstance(messages, str):  # a JSON-encoded list is common in exported data
-        try:
-            messages = json.loads(messages)
-        except json.JSONDecodeError:
-            raise ValueError("messages is a string that is not a JSON list") from None
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("messages must be a non-empty list of {role, content}")
-    out = []
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError("messages must be a list of {role: string, content: string}")
-        out.append({"role": m["role"], "content": m["content"]})
-    return None, tuple(out)
-
-
-def _sampling(row: dict, row_id: str, d: RowDefaults) -> SamplingParams:
-    max_tokens = _value(row, "max_tokens", d.max_tokens, int)
-    temperature = _value(row, "temperature", d.temperature, float)
-    top_p = _value(row, "top_p", d.top_p, float)
-    seed = _value(row, "seed", None, int)
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    if not temperature >= 0 or math.isinf(temperature):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if seed is None and d.seed is not None:
-        # A per-row seed from the run seed and the id: the same row samples the same text whatever
-        # shard or batch it lands in.
-        seed = (d.seed * 1_000_003 + zlib.crc32(row_id.encode())) % (2**31)
-    return SamplingParams(max_tokens, temperature, top_p, seed, _stop(row.get("stop")))
-
-
-def _value(row: dict, name: str, default, kind: type):
-    value = row.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-        raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
-    return kind(value)
-
-
-def _stop(value) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return tuple(s for s in value if s)
-    raise ValueError("stop must be a string or a list of strings")
-

@@ -282,6 +282,7 @@ class ShardStats:
     drift_switch_row: int | None = None  # row index where the shard switched from "none" to an arm, if it did
     drift_switch_arm: str | None = None  # the arm it switched to
     cost_profile: list[StepCost] = field(default_factory=list)  # the worker's measured step costs used
+    node_id: str | None = None  # the Ray node whose worker ran the shard (None: written by the driver)
 
     @property
     def chosen(self) -> ArmResult | None:

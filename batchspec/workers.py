@@ -34,7 +34,8 @@ from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.errors import BatchspecError
 from batchspec.plan import ShardPlan
 from batchspec.group import INTERNAL, read_shard_input
-from batchspec.read import ID, ParsedRow, RowDefaults, parse_rows
+from batchspec.parse import ParsedRow, RowDefaults, parse_rows
+from batchspec.read import ID
 from batchspec.stats import ShardStats
 from batchspec.write import Output, output_table, stats_table
 
@@ -172,9 +173,10 @@ class ShardWorker:
         job, plan = self.job, task.plan
         rows = load_shard(job, plan)
         done = self.generate(plan.shard_id, plan.shard_key, rows.parsed, task.prior, task.attempt)
-        outcome = commit(job, plan, rows, done.completions, done.specs, done.stats)
+        node = ray.get_runtime_context().get_node_id()
+        outcome = commit(job, plan, rows, done.completions, done.specs, replace(done.stats, node_id=node))
         outcome.decision = done.decision
-        outcome.node_id = ray.get_runtime_context().get_node_id()
+        outcome.node_id = node
         return outcome
 
     def generate(self, shard_id: str, shard_key: str | None, parsed: list[ParsedRow], prior: Any = None, attempt: int = 1) -> ShardRun:

@@ -108,7 +108,7 @@ def bench_engine(work: Path, table, args) -> dict:
     from batchspec.config.candidates import resolve_spec_arg
     from batchspec.engine.base import NO_SPEC
     from batchspec.engine.factory import create_engine
-    from batchspec.read import RowDefaults, parse_rows
+    from batchspec.parse import RowDefaults, parse_rows
 
     torch.set_num_threads(args.threads)
     choice = resolve_spec_arg(args.spec, None, "torch", None)

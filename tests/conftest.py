@@ -189,3 +189,6 @@ def s3(s3_endpoint, request):
         "aws_allow_http": "true",
     }
     return f"s3://{bucket}", options, polars_options
+
+
+from tests.cluster import two_node_cluster  # noqa: F401,E402  (session-scoped: one two-node Ray cluster for every test that needs it)

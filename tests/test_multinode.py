@@ -1,54 +1,82 @@
-"""A run on a local Ray cluster of two nodes: a head and a second raylet on this machine, each with
-its own resources and a custom resource label. Shards spread over both; the second node is killed
-while the run goes on, and every input row still ends up exactly once in the output.
+"""Runs on a local Ray cluster of two nodes (tests/cluster.py: a head and a second raylet on this
+machine, each with its own resources and a custom resource label, started once per session).
 
-Ray's own `ray.cluster_utils.Cluster` starts the raylets (real processes, real object stores);
-`remove_node` kills the second one's processes without warning, as a lost machine would."""
+- `batchspec submit JOB --wait` to the cluster's Jobs API: the job's shards spread over both nodes
+  (each shard's stats row names the node that ran it) and every row is written exactly once.
+- A run from this process whose second node is killed while it goes on: every input row still ends
+  up exactly once in the output. `remove_node` kills the node's processes without warning, as a
+  lost machine would; it runs last here, and a later user of the cluster that needs two nodes
+  asks for a fresh second one (`ensure_two_nodes`).
+"""
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+import yaml
+from click.testing import CliRunner
 
+from batchspec.cli import cli
 from batchspec.pipeline import run
 from tests.data import prompts_table
 from tests.test_pipeline import make_config, read_outputs
 
+REPO = Path(__file__).resolve().parent.parent
 
-@pytest.fixture
-def two_nodes():
+
+@pytest.fixture(scope="module")
+def two_nodes(two_node_cluster):
+    """The session's two-node cluster with this process's driver connected to it (and the local Ray
+    it had, if any, given back afterwards)."""
     import ray
-    from ray.cluster_utils import Cluster
 
     was_up = ray.is_initialized()
     ray.shutdown()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # Cluster writes its address to /tmp/ray/ray_current_cluster, which a bare ray.init() of any
-    # other process on this machine would then join: put back what was there.
-    address_file = Path(ray._private.utils.get_ray_address_file(None))
-    before = address_file.read_text() if address_file.exists() else None
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head_node": 1}, "include_dashboard": False})
-    if before is None:
-        address_file.unlink(missing_ok=True)
-    else:
-        address_file.write_text(before)
-    second = cluster.add_node(num_cpus=1, resources={"second_node": 1})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
+    two_node_cluster.ensure_two_nodes()
+    ray.init(address=two_node_cluster.address, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
-        yield cluster, second
+        yield two_node_cluster
     finally:
         ray.shutdown()
-        cluster.shutdown()
         if was_up:  # give the rest of the session back the local Ray it had
             ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
             ray.data.DataContext.get_current().enable_progress_bars = False
+
+
+def test_submit_spreads_shards_over_both_nodes_and_writes_every_row_once(two_nodes, tiny_model_dir, tmp_path):
+    """A job file in the style of jobs/local.yaml, submitted with the CLI and waited for."""
+    n = 8
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "pipeline.yaml").write_text(yaml.safe_dump({
+        "engine": "torch", "model": str(tiny_model_dir), "dtype": "float32", "spec": "none",
+        "shard_size": 2, "workers": 2, "batch_size": 2, "max_tokens": 3, "worker": {"num_cpus": 0.5, "torch_threads": 1},
+    }))
+    pq.write_table(prompts_table(n), tmp_path / "in.parquet")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "kind": "batchspec-job", "name": "two-nodes", "pipeline": "pipeline.yaml",
+        "input": str(tmp_path / "in.parquet"), "output": str(tmp_path / "runs" / "{date}"),
+        "options": {"shard_by": "task"}, "resources": {"entrypoint_num_cpus": 0},
+        # the job runs this checkout's batchspec, whatever the venv has installed
+        "runtime_env": {"working_dir": "wd", "env_vars": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}},
+    }))
+    result = CliRunner().invoke(cli, ["submit", str(job), "--address", two_nodes.jobs_address, "--wait", "--run-date", "2026-01-03"])
+    assert result.exit_code == 0, result.output[-3000:]
+
+    out = tmp_path / "runs" / "2026-01-03"
+    assert (out / "_SUCCESS").exists()
+    outputs = read_outputs(out)
+    assert sorted(outputs["id"].to_list()) == [f"row-{i:04d}" for i in range(n)], "every row exactly once"
+    assert outputs.filter(pl.col("finish_reason") == "error").height == 0
+    stats = pl.read_parquet(f"{out}/stats/*.parquet")
+    assert stats.height == n // 2 and stats["rows"].sum() == n
+    assert set(stats["node_id"].to_list()) == two_nodes.node_ids(), "shards ran on both nodes"
 
 
 class KillSecondNode:
@@ -85,8 +113,8 @@ def wait_dead(node_id: str, timeout_s: float = 180) -> bool:
 def test_shards_spread_over_two_nodes_and_a_killed_node_loses_no_row(two_nodes, tiny_model_dir, tmp_path):
     import ray
 
-    cluster, second = two_nodes
-    assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} == {cluster.head_node.node_id, second.node_id}
+    cluster, second = two_nodes.cluster, two_nodes.second
+    assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} >= {cluster.head_node.node_id, second.node_id}
     pq.write_table(prompts_table(16), tmp_path / "p.parquet")
     out = tmp_path / "out"
     config = make_config(tmp_path / "p.parquet", out, tiny_model_dir, spec="none", shard_size=2, workers=2, num_cpus=0.5, max_tokens=4)

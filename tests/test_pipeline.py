@@ -3,6 +3,7 @@ exactly one output row per input row, resume after a crash, a killed worker, ref
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -84,6 +85,7 @@ def test_s3_input_and_output_read_back_with_polars(ray_session, tiny_model_dir, 
     df = read_outputs(f"{url}/runs/2026-01-02", polars_options)
     assert sorted(df["id"].to_list()) == [f"a.parquet#{i}" for i in range(6)]
     assert fs.exists(f"{url}/runs/2026-01-02/_SUCCESS")
+    assert fs.exists(f"{url}/runs/2026-01-02/_plan.json") and not fs.exists(f"{url}/runs/2026-01-02/_shards"), "removed after _SUCCESS"
     assert summary.shards == 2 and set(df["spec_method"].to_list()) == {"none"}
 
 
@@ -129,6 +131,22 @@ def test_crash_after_some_shards_then_resume_recomputes_nothing_committed(ray_se
     assert len(ids) == len(set(ids)) == 12
 
 
+def test_shards_are_removed_after_success_unless_kept_and_a_rerun_needs_none(ray_session, tiny_model_dir, input_dir, tmp_path):
+    """_shards/ is intermediate: gone after _SUCCESS; --keep-shards keeps it, which is also what a
+    crash between _SUCCESS and the removal leaves; the next run removes it and recomputes nothing."""
+    out = tmp_path / "out"
+    config = make_config(input_dir, out, tiny_model_dir, spec="none")
+    kept = run(dataclasses.replace(config, keep_shards=True))
+    assert kept.complete and (out / "_SUCCESS").exists() and len(list((out / "_shards").glob("*.parquet"))) == 4
+    committed = {p.name: p.stat().st_mtime_ns for p in [*(out / "stats").iterdir(), *(out / "outputs").iterdir()]}
+    for _ in range(2):  # the run that removes _shards/, then one that finds none: both resume every shard
+        summary = run(config)
+        assert summary.complete and summary.shards_skipped == 4 and not (out / "_shards").exists()
+        assert {p.name: p.stat().st_mtime_ns for p in [*(out / "stats").iterdir(), *(out / "outputs").iterdir()]} == committed
+    assert sorted(read_outputs(out)["id"].to_list()) == [f"row-{i:04d}" for i in range(12)]
+    assert (out / "_SUCCESS").exists() and (out / "_plan.json").exists()
+
+
 def test_worker_killed_mid_shard_is_replaced_and_the_shard_retried(ray_session, tiny_model_dir, input_dir, tmp_path):
     out = tmp_path / "out"
     summary = run(make_config(input_dir, out, tiny_model_dir), worker_cls=killing_worker({"00000-code"}, attempts=1))
@@ -166,3 +184,44 @@ def test_input_and_output_problems_stop_before_any_work(ray_session, tiny_model_
     pq.write_table(prompts_table(3), tmp_path / "p.parquet")
     with pytest.raises(OutputError, match=r"cannot write OUTPUT s3://missing-bucket/out"):
         run(make_config(tmp_path / "p.parquet", "s3://missing-bucket/out", tiny_model_dir, storage_options=options))
+
+
+# ---- `batchspec calibrate`'s sample: the run's plan, each key's first shard read alone ---------------
+
+
+def first_rows_per_key(tables: list[pa.Table], shard_size: int) -> list[tuple[str | None, int, list[str]]]:
+    """The reference, from every row in memory: per key (sorted, null last), its row count and the
+    ids of its first `shard_size` rows in input order."""
+    rows = [r for t in tables for r in t.to_pylist()]
+    keys = sorted({r["task"] for r in rows}, key=lambda k: (k is None, k or ""))
+    return [(k, sum(r["task"] == k for r in rows), [r["id"] for r in rows if r["task"] == k][:shard_size]) for k in keys]
+
+
+def test_calibration_samples_of_the_examples_are_each_keys_first_rows():
+    from batchspec.pipeline import calibration_samples
+
+    examples = pq.read_table("examples/prompts.parquet")
+    config = build_config("examples/prompts.parquet", "", shard_by="task", shard_size=5)
+    samples = calibration_samples(config)
+    assert [(s.shard_key, s.rows, [p.request.id for p in s.parsed]) for s in samples] == first_rows_per_key([examples], 5)
+    prompts = dict(zip(examples.column("id").to_pylist(), examples.column("prompt").to_pylist()))
+    assert all(p.request.prompt == prompts[p.request.id] for s in samples for p in s.parsed)
+
+
+@pytest.mark.parametrize("path", ["in-process", "ray-data"])
+def test_calibration_samples_span_files_and_row_groups_with_a_null_key(request, tmp_path, monkeypatch, path):
+    """Two files of several row groups, interleaved keys, a null key, a key whose first shard spans both files."""
+    from batchspec import plan
+    from batchspec.pipeline import calibration_samples
+
+    if path == "ray-data":
+        request.getfixturevalue("ray_session")
+        monkeypatch.setattr(plan, "LOCAL_BYTES", 0)  # plan with Ray Data whatever the input's size
+    table = prompts_table(14, tasks=("a", "b", None, "b", "c"))
+    (tmp_path / "in").mkdir()
+    pq.write_table(table.slice(0, 8), tmp_path / "in" / "p0.parquet", row_group_size=3)
+    pq.write_table(table.slice(8), tmp_path / "in" / "p1.parquet", row_group_size=2)
+    config = build_config(str(tmp_path / "in"), "", shard_by="task", shard_size=4, max_tokens=3)
+    samples = calibration_samples(config)
+    assert [(s.shard_key, s.rows, [p.request.id for p in s.parsed]) for s in samples] == first_rows_per_key([table], 4)
+    assert samples[-1].shard_key is None and all(p.request.params.max_tokens == 3 for s in samples for p in s.parsed)

@@ -14,8 +14,9 @@ import pytest
 
 from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.errors import ConfigError, InputError, OutputError
+from batchspec.parse import RowDefaults, parse_rows
 from batchspec.plan import check_resume, fingerprint, make_plan
-from batchspec.read import RowDefaults, list_input, open_input, parse_rows, read_rows, scan_keys
+from batchspec.read import list_input, open_input
 from batchspec.stats import OUTPUT_NAMES, ArmResult, ShardStats
 from batchspec.write import (
     Output,
@@ -65,19 +66,6 @@ def test_passthrough_clash_with_an_output_column_is_refused(tmp_path):
         open_input(str(tmp_path / "x.parquet")).passthrough_schema(OUTPUT_NAMES)
 
 
-def test_scan_keys_generates_stable_ids_and_refuses_duplicates(ray_session, tmp_path, folder):
-    source = open_input(str(folder), shard_by="task")
-    keys = scan_keys(source, "task")
-    assert keys.ids == [f"row-{i:04d}" for i in range(10)]
-    assert keys.keys[:3] == ["code", "prose", "code"]
-    pq.write_table(prompts_table(4, with_id=False), tmp_path / "noid.parquet")
-    assert scan_keys(open_input(str(tmp_path / "noid.parquet")), None).ids == [f"noid.parquet#{i}" for i in range(4)]
-    dup = prompts_table(3).set_column(0, "id", pa.array(["x", "y", "x"]))
-    pq.write_table(dup, tmp_path / "dup.parquet")
-    with pytest.raises(InputError, match="duplicate id 'x'"):
-        scan_keys(open_input(str(tmp_path / "dup.parquet")), None)
-
-
 def test_plan_fingerprint_is_of_the_listing_and_options_and_another_is_refused(ray_session, folder):
     listing = list_input(str(folder))
     assert [posixpath.basename(p) for p, _ in listing.files] == ["a.parquet", "b.parquet"]
@@ -87,12 +75,6 @@ def test_plan_fingerprint_is_of_the_listing_and_options_and_another_is_refused(r
     check_resume(plan, plan.fingerprint)
     with pytest.raises(OutputError, match=r"different input/plan \(fingerprint .* != .*\); use a new OUTPUT or --no-resume"):
         check_resume(plan, fingerprint(listing.files, "task", 4))
-
-
-def test_read_rows_reads_the_wanted_rows_across_row_groups(folder):
-    source = open_input(str(folder))
-    table = read_rows(source, 0, [1, 4, 5])
-    assert table.column("id").to_pylist() == ["row-0001", "row-0004", "row-0005"]
 
 
 def test_bad_rows_become_errors_not_exceptions():

@@ -89,6 +89,9 @@ class RunConfig:
     top_p: float = field(default=1.0, metadata={"above": 0, "max": 1})
     seed: int | None = 0
     resume: bool = True
+    # Keep OUTPUT/_shards/ (each shard's input rows) after _SUCCESS, for debugging; by default a
+    # finished run removes it (batchspec.pipeline: the decision and why resume stays exact).
+    keep_shards: bool = field(default=False, metadata={"expected": "true or false"})
     run_date: dt.date | None = field(default=None, metadata={"expected": "a date YYYY-MM-DD or null", "convert": _date})
     ray_address: str | None = field(default=None, metadata={"expected": "a Ray address"})
     ray_num_cpus: int | None = field(default=None, metadata={"min": 1})  # local Ray only; None: every CPU of the machine

@@ -134,11 +134,17 @@ def test_plan_only_prints_the_shard_table_and_a_later_run_resumes_without_readin
     # works only because it takes the plan and the shard files and never reads the input again.
     for p in folder.glob("*.parquet"):
         p.write_bytes(b"\0" * p.stat().st_size)
-    result = invoke(str(folder), str(out), "--model", str(tiny_model_dir), "--spec", "none", "--shard-by", "task", "--shard-size", "3",
-                    "--batch-size", "4", "--max-tokens", "4")
+    args = [str(folder), str(out), "--model", str(tiny_model_dir), "--spec", "none", "--shard-by", "task", "--shard-size", "3",
+            "--batch-size", "4", "--max-tokens", "4"]
+    result = invoke(*args, "--keep-shards")
     assert result.exit_code == 0, result.output
     assert (out / "_plan.json").read_text() == plan_text
-    assert {p.name: p.read_bytes() for p in (out / "_shards").glob("*.parquet")} == shards
+    assert {p.name: p.read_bytes() for p in (out / "_shards").glob("*.parquet")} == shards, "kept, as they were"
     df = pl.read_parquet(f"{out}/outputs/*.parquet")
     assert sorted(df["id"].to_list()) == [f"row-{i:04d}" for i in range(10)]
     assert df["error"].null_count() == 10 and (out / "_SUCCESS").exists()
+    # Without the flag, a rerun of the finished OUTPUT removes _shards/ (still never reading the input).
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert not (out / "_shards").exists() and (out / "_SUCCESS").exists()
+    assert pl.read_parquet(f"{out}/outputs/*.parquet").sort("id").equals(df.sort("id"))

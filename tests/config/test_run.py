@@ -98,6 +98,7 @@ def test_a_new_field_needs_only_its_declaration():
     ({"engine": "vllm"}, "engine: expected one of torch, trtllm, got 'vllm'"),
     ({"dtype": "int8"}, "dtype: expected one of float32, bfloat16, float16, got 'int8'"),
     ({"run_date": "today"}, "run_date: expected a date YYYY-MM-DD or null, got 'today'"),
+    ({"keep_shards": "yes"}, "keep_shards: expected true or false, got 'yes'"),
     ({"storage_options": ["x"]}, "storage_options: expected a mapping of fsspec options, got ['x']"),
     ({"model": ""}, "model: expected a model name, folder or URL, got ''"),
     ({"shard_sise": 4}, "unknown key 'shard_sise'; expected one of engine, model"),
