@@ -7,7 +7,11 @@ jobs through the Jobs API (tests/test_submit.py). Starting it once costs about 1
 about 2 s. A test that kills the second node leaves the cluster with one; `ensure_two_nodes()`
 adds a fresh second node for whoever needs two.
 
-Isolation from other Ray sessions on the machine: its own --temp-dir, free ports for the GCS, the
+Each node has its own --temp-dir, as separate machines would: nodes sharing one would share the
+runtime_env cache too, and the second node deleting a job's working_dir when its last actor there
+exits would delete the driver's cwd on the head (seen: "[Errno 2]" from os.getcwd() in the job).
+
+Isolation from other Ray sessions on the machine: those temp dirs, free ports for the GCS, the
 dashboard (Jobs API), the dashboard agent (its default 52365 may be taken: the Jobs API then says
 "No available agent") and metrics; the address file a bare `ray.init()` would join is put back.
 Ray 2.60 enables token auth by default: the head runs with RAY_AUTH_MODE=disabled. Its processes,
@@ -62,7 +66,15 @@ class TwoNodes:
 
 
 def _second_node_args() -> dict:
-    return {"num_cpus": 1, "resources": {"second_node": 1}, "metrics_export_port": free_ports(1)[0]}
+    return {"num_cpus": 1, "resources": {"second_node": 1}, "metrics_export_port": free_ports(1)[0], "temp_dir": _temp_dir()}
+
+
+_TEMP_DIRS: list[str] = []
+
+
+def _temp_dir() -> str:
+    _TEMP_DIRS.append(tempfile.mkdtemp(prefix="bs2n-", dir="/tmp"))  # short: Ray's socket paths must fit
+    return _TEMP_DIRS[-1]
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +85,7 @@ def two_node_cluster():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     address_file = Path(ray._private.utils.get_ray_address_file(None))
     before = address_file.read_text() if address_file.exists() else None
-    temp_dir = tempfile.mkdtemp(prefix="bs2n-", dir="/tmp")  # short: Ray's socket paths must fit
+    temp_dir = _temp_dir()
     gcs, dashboard, agent, metrics = free_ports(4)
     path = os.environ.get("PATH", "")
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{path}"
@@ -97,7 +109,8 @@ def two_node_cluster():
         yield nodes
     finally:
         cluster.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        for d in _TEMP_DIRS:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _wait_for_jobs_api(address: str, temp_dir: str) -> None:
