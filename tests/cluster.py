@@ -2,21 +2,22 @@
 `head_node`, the Jobs API on 127.0.0.1) and a second raylet (1 CPU, resource `second_node`), each
 a real set of Ray processes on this machine, started by Ray's own `ray.cluster_utils.Cluster`.
 
-The multinode tests connect their driver to it (tests/test_multinode.py); the submit tests send it
-jobs through the Jobs API (tests/test_submit.py). Starting it once costs about 12 s, stopping it
-about 2 s. A test that kills the second node leaves the cluster with one; `ensure_two_nodes()`
-adds a fresh second node for whoever needs two.
+The multinode tests connect their driver to it and send it a job through its Jobs API
+(tests/test_multinode.py). Starting it once costs about 12-16 s, stopping it about 2 s. A test that
+kills the second node leaves the cluster with one; `ensure_two_nodes()` adds a fresh second node
+for whoever needs two. Both nodes share one temp dir, and so one runtime_env cache: a job with a
+working_dir failed here with "[Errno 2]" in its final cleanup, which the second node dropping the
+shared package (the driver's cwd) after its last actor exited would explain, and which separate
+temp dirs made go away; so jobs sent here carry no working_dir.
 
-Each node has its own --temp-dir, as separate machines would: nodes sharing one would share the
-runtime_env cache too, and the second node deleting a job's working_dir when its last actor there
-exits would delete the driver's cwd on the head (seen: "[Errno 2]" from os.getcwd() in the job).
-
-Isolation from other Ray sessions on the machine: those temp dirs, free ports for the GCS, the
+Isolation from other Ray sessions on the machine: its own temp dir, free ports for the GCS, the
 dashboard (Jobs API), the dashboard agent (its default 52365 may be taken: the Jobs API then says
 "No available agent") and metrics; the address file a bare `ray.init()` would join is put back.
-Ray 2.60 enables token auth by default: the head runs with RAY_AUTH_MODE=disabled. Its processes,
-and so the jobs' `python`, get this interpreter's folder first on PATH (ENVIRONMENT.md: a job runs
-the head's PATH python).
+Ray 2.60 enables token auth by default, and its `ray.init` writes RAY_AUTH_MODE=token into this
+process's environment and caches it: the cluster is started, and a driver joins it, under
+`auth_disabled()` (without it, once any local Ray ran in the session, the Jobs API answers 401).
+Its processes, and so the jobs' `python`, get this interpreter's folder first on PATH
+(ENVIRONMENT.md: a job runs the head's PATH python).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,11 +46,32 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+@contextmanager
+def auth_disabled():
+    """RAY_AUTH_MODE=disabled for what starts or joins the cluster; the previous value after. Ray
+    caches the mode (and token) in-process at its first init: reset that cache too, as Ray's own
+    tests do, or nodes started here run in token mode (the Jobs API answered 401)."""
+    from ray._private.authentication_test_utils import reset_auth_token_state
+
+    before = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    reset_auth_token_state()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = before
+        reset_auth_token_state()
+
+
 @dataclass
 class TwoNodes:
     cluster: object  # ray.cluster_utils.Cluster
     second: object  # its second node (ray._private.node.Node)
     jobs_address: str  # http://127.0.0.1:PORT, the Jobs API
+    left_local: bool = False  # this process drove a local Ray before the cluster started
 
     @property
     def address(self) -> str:
@@ -61,12 +84,13 @@ class TwoNodes:
         """A fresh second node if a test removed it (same resources, same label)."""
         if self.second in self.cluster.worker_nodes:
             return
-        self.second = self.cluster.add_node(**_second_node_args())
-        self.cluster.wait_for_nodes()
+        with auth_disabled():
+            self.second = self.cluster.add_node(**_second_node_args())
+            self.cluster.wait_for_nodes()
 
 
 def _second_node_args() -> dict:
-    return {"num_cpus": 1, "resources": {"second_node": 1}, "metrics_export_port": free_ports(1)[0], "temp_dir": _temp_dir()}
+    return {"num_cpus": 1, "resources": {"second_node": 1}, "metrics_export_port": free_ports(1)[0]}
 
 
 _TEMP_DIRS: list[str] = []
@@ -82,7 +106,11 @@ def two_node_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Nodes started while this process drives another Ray came up broken here (their actors were
+    # cancelled before running): leave it first, as Ray's own tests do; a driver joining the cluster
+    # rejoins a local Ray afterwards (TwoNodes.left_local).
+    left_local = ray.is_initialized()
+    ray.shutdown()
     address_file = Path(ray._private.utils.get_ray_address_file(None))
     before = address_file.read_text() if address_file.exists() else None
     temp_dir = _temp_dir()
@@ -90,12 +118,13 @@ def two_node_cluster():
     path = os.environ.get("PATH", "")
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{path}"
     try:
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "resources": {"head_node": 1}, "temp_dir": temp_dir, "gcs_server_port": gcs,
-            "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard,
-            "dashboard_agent_listen_port": agent, "metrics_export_port": metrics,
-        })
-        second = cluster.add_node(**_second_node_args())
+        with auth_disabled():
+            cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 1, "resources": {"head_node": 1}, "temp_dir": temp_dir, "gcs_server_port": gcs,
+                "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard,
+                "dashboard_agent_listen_port": agent, "metrics_export_port": metrics,
+            })
+            second = cluster.add_node(**_second_node_args())
     finally:
         os.environ["PATH"] = path
         if before is None:  # Cluster wrote its address where a bare ray.init() of any process would join it
@@ -104,7 +133,7 @@ def two_node_cluster():
             address_file.write_text(before)
     try:
         cluster.wait_for_nodes()
-        nodes = TwoNodes(cluster, second, f"http://127.0.0.1:{dashboard}")
+        nodes = TwoNodes(cluster, second, f"http://127.0.0.1:{dashboard}", left_local)
         _wait_for_jobs_api(nodes.jobs_address, temp_dir)
         yield nodes
     finally:
@@ -124,4 +153,6 @@ def _wait_for_jobs_api(address: str, temp_dir: str) -> None:
         except OSError:
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"the Jobs API at {address} did not come up (logs under {temp_dir})")
+    logs = Path(temp_dir, "session_latest", "logs")
+    tail = "".join(p.read_text()[-1500:] for p in (logs / "dashboard.err", logs / "dashboard.log") if p.exists())
+    raise RuntimeError(f"the Jobs API at {address} did not come up; its log ends:\n{tail}")

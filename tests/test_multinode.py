@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from batchspec.cli import cli
 from batchspec.pipeline import run
+from tests.cluster import auth_disabled
 from tests.data import prompts_table
 from tests.test_pipeline import make_config, read_outputs
 
@@ -34,15 +35,17 @@ def two_nodes(two_node_cluster):
     it had, if any, given back afterwards)."""
     import ray
 
-    was_up = ray.is_initialized()
+    was_up = ray.is_initialized() or two_node_cluster.left_local
+    two_node_cluster.left_local = False
     ray.shutdown()
     two_node_cluster.ensure_two_nodes()
-    ray.init(address=two_node_cluster.address, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    try:
-        yield two_node_cluster
-    finally:
-        ray.shutdown()
+    with auth_disabled():
+        ray.init(address=two_node_cluster.address, log_to_driver=False)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        try:
+            yield two_node_cluster
+        finally:
+            ray.shutdown()
         if was_up:  # give the rest of the session back the local Ray it had
             ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
             ray.data.DataContext.get_current().enable_progress_bars = False
@@ -50,21 +53,23 @@ def two_nodes(two_node_cluster):
 
 def test_submit_spreads_shards_over_both_nodes_and_writes_every_row_once(two_nodes, tiny_model_dir, tmp_path):
     """A job file in the style of jobs/local.yaml, submitted with the CLI and waited for."""
-    n = 8
-    wd = tmp_path / "wd"
-    wd.mkdir()
-    (wd / "pipeline.yaml").write_text(yaml.safe_dump({
+    n = 12
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump({
         "engine": "torch", "model": str(tiny_model_dir), "dtype": "float32", "spec": "none",
-        "shard_size": 2, "workers": 2, "batch_size": 2, "max_tokens": 3, "worker": {"num_cpus": 0.5, "torch_threads": 1},
+        # One CPU per node and per worker: one worker on each node. Shards of one row and 32 tokens
+        # leave work for the worker that finishes loading its model last.
+        "shard_size": 1, "workers": 2, "batch_size": 1, "max_tokens": 32, "worker": {"num_cpus": 1, "torch_threads": 1},
     }))
     pq.write_table(prompts_table(n), tmp_path / "in.parquet")
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({
-        "kind": "batchspec-job", "name": "two-nodes", "pipeline": "pipeline.yaml",
+        "kind": "batchspec-job", "name": "two-nodes", "pipeline": str(tmp_path / "pipeline.yaml"),
         "input": str(tmp_path / "in.parquet"), "output": str(tmp_path / "runs" / "{date}"),
         "options": {"shard_by": "task"}, "resources": {"entrypoint_num_cpus": 0},
-        # the job runs this checkout's batchspec, whatever the venv has installed
-        "runtime_env": {"working_dir": "wd", "env_vars": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}},
+        # The job runs this checkout's batchspec, whatever the venv has installed. No working_dir:
+        # both nodes share this machine's runtime_env cache, and the second node deleting the
+        # package when its last actor exits would delete the driver's cwd (seen: "[Errno 2]").
+        "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}},
     }))
     result = CliRunner().invoke(cli, ["submit", str(job), "--address", two_nodes.jobs_address, "--wait", "--run-date", "2026-01-03"])
     assert result.exit_code == 0, result.output[-3000:]
@@ -75,7 +80,7 @@ def test_submit_spreads_shards_over_both_nodes_and_writes_every_row_once(two_nod
     assert sorted(outputs["id"].to_list()) == [f"row-{i:04d}" for i in range(n)], "every row exactly once"
     assert outputs.filter(pl.col("finish_reason") == "error").height == 0
     stats = pl.read_parquet(f"{out}/stats/*.parquet")
-    assert stats.height == n // 2 and stats["rows"].sum() == n
+    assert stats.height == n and stats["rows"].sum() == n
     assert set(stats["node_id"].to_list()) == two_nodes.node_ids(), "shards ran on both nodes"
 
 

@@ -1,16 +1,26 @@
 """`batchspec submit`: the job file's translation (entrypoint, env, address, date) as unit tests, and
-end to end against the Jobs API of a real local Ray cluster (tests/cluster.py, started once per
-session and shared with tests/test_multinode.py, which also submits a job that spreads over both
-of its nodes). Jobs run this checkout's batchspec (PYTHONPATH), whatever the venv has installed.
+end to end against a real Ray head started here with `ray start --head --block` on 127.0.0.1.
+
+The head gets its own --temp-dir and free ports, so other Ray sessions on the machine are neither
+joined nor disturbed. It is stopped by signalling the `ray start --block` process group and then
+only the processes whose command line names this head's temp dir; `ray stop` is not used because it
+stops every Ray process of the machine, other people's included.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import polars as pl
@@ -24,7 +34,6 @@ from batchspec import submit
 from batchspec.cli import cli
 from batchspec.config.job import load_job
 from batchspec.errors import ConfigError
-from tests.cluster import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_DATE = "2026-01-02"
@@ -103,10 +112,88 @@ def test_unreachable_address_is_one_line(tmp_path):
 # End to end: a real Ray head on 127.0.0.1
 
 
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _stop_head(proc: subprocess.Popen, temp_dir: str) -> None:
+    """SIGTERM the `ray start --block` group, then anything left that names our temp dir."""
+    import psutil
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=5)  # Ray's processes exit on SIGTERM; `ray start --block` itself may linger
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    ours = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if temp_dir in " ".join(p.info["cmdline"] or []) or (p.pid != os.getpid() and os.getpgid(p.pid) == proc.pid):
+                ours.append(p)
+        except (psutil.Error, ProcessLookupError, OSError):
+            continue
+    for p in ours:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(ours, timeout=10)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
 @pytest.fixture(scope="module")
-def ray_head(two_node_cluster):
-    """The Jobs API of the session's local Ray cluster (tests/cluster.py: auth off, 127.0.0.1)."""
-    return two_node_cluster.jobs_address
+def ray_head():
+    """A Ray head with the Jobs API on 127.0.0.1 (auth off, as ENVIRONMENT.md says for Ray 2.60)."""
+    ray_bin = Path(sys.executable).parent / "ray"
+    temp_dir = tempfile.mkdtemp(prefix="bsray-", dir="/tmp")  # short: Ray's socket paths must fit
+    gcs, dash, client, agent, agent_grpc, env_agent, metrics, node, objm = free_ports(9)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "HF_HUB_OFFLINE": "1",
+           "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=2",
+           "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+           f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+           f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={env_agent}",
+           f"--metrics-export-port={metrics}", f"--node-manager-port={node}", f"--object-manager-port={objm}",
+           f"--temp-dir={temp_dir}", "--disable-usage-stats"]
+    log = open(os.path.join(temp_dir, "ray-start.log"), "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"http://127.0.0.1:{dash}"
+    try:
+        _wait_for_jobs_api(address, proc, temp_dir)
+        yield address
+    finally:
+        _stop_head(proc, temp_dir)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _wait_for_jobs_api(address: str, proc: subprocess.Popen, temp_dir: str) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited {proc.returncode}: {Path(temp_dir, 'ray-start.log').read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{address}/api/version", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError(f"the Jobs API at {address} did not come up: {Path(temp_dir, 'ray-start.log').read_text()[-2000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +215,7 @@ def tiny_job(tmp_path_factory, tiny_model_dir):
     job = write_job(root, name="e2e", pipeline="pipeline.yaml", input=str(root / "in.parquet"),
                     output=str(root / "runs" / "{date}"), options={"shard_by": "task", "max_tokens": 4},
                     resources={"entrypoint_num_cpus": 0},
-                    runtime_env={"working_dir": "wd", "env_vars": {"HF_HUB_OFFLINE": "1", "BS_MARK": "${BS_TEST_MARK}", "PYTHONPATH": str(REPO)}})
+                    runtime_env={"working_dir": "wd", "env_vars": {"HF_HUB_OFFLINE": "1", "BS_MARK": "${BS_TEST_MARK}"}})
     return root, job, n
 
 
