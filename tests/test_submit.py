@@ -15,7 +15,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from batchspec import submit
 from batchspec.cli import cli
 from batchspec.config.job import load_job
 from batchspec.errors import ConfigError
+from tests.cluster import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_DATE = "2026-01-02"
@@ -110,16 +110,6 @@ def test_unreachable_address_is_one_line(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # End to end: a real Ray head on 127.0.0.1
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _stop_head(proc: subprocess.Popen, temp_dir: str) -> None:
