@@ -13,6 +13,10 @@ After `worker.max_attempts` tries the shard's rows are written as error rows nam
 failure, so nothing is lost and the run still accounts for every row. A `BatchspecError` (bad
 model, bad config) is not retried: it affects every shard, so the run stops with that one line.
 
+Start: shards go to workers as they become ready (as in Ray Data's actor pool); with
+`worker.wait_for_workers_s` the pool first waits, that long at most, for every worker to load its
+engine, so each starts with a shard of its own.
+
 Resources: `worker.num_cpus` may be fractional so Ray keeps CPUs for reading; on a GPU cluster
 `worker.num_gpus: 1` gives each actor its own GPU. Actors are placed with Ray's SPREAD strategy, so
 shards spread over the nodes of a cluster. Torch threads per actor are set explicitly.
@@ -256,13 +260,17 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     decisions: dict[str | None, Any] = {}
     in_flight: dict[Any, tuple[Any, ShardTask]] = {}
     report = PoolReport([], 0, [])
+    gate = time.monotonic() + job.worker.wait_for_workers_s  # no shard handed out before every first actor is ready
     try:
         while queue or in_flight:
-            while queue and idle:
+            held = bool(starting) and time.monotonic() < gate
+            while queue and idle and not held:
                 actor, task = idle.pop(), queue.popleft()
                 task = ShardTask(task.plan, task.attempt, decisions.get(task.plan.shard_key))
                 in_flight[actor.process.remote(task)] = (actor, task)
-            ready, _ = ray.wait([*in_flight, *starting], num_returns=1)
+            ready, _ = ray.wait([*in_flight, *starting], num_returns=1, timeout=max(0.0, gate - time.monotonic()) if held else None)
+            if not ready:  # the wait for the pool ran out: hand out shards to the workers that are ready
+                continue
             if ready[0] in starting:
                 actor = starting.pop(ready[0])
                 try:

@@ -56,9 +56,10 @@ def test_submit_spreads_shards_over_both_nodes_and_writes_every_row_once(two_nod
     n = 12
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump({
         "engine": "torch", "model": str(tiny_model_dir), "dtype": "float32", "spec": "none",
-        # One CPU per node and per worker: one worker on each node. Shards of one row and 32 tokens
-        # leave work for the worker that finishes loading its model last.
-        "shard_size": 1, "workers": 2, "batch_size": 1, "max_tokens": 32, "worker": {"num_cpus": 1, "torch_threads": 1},
+        # One CPU per node and per worker: one worker on each node; no shard is handed out before
+        # both have loaded their model, so each node starts with a shard of its own.
+        "shard_size": 1, "workers": 2, "batch_size": 1, "max_tokens": 32,
+        "worker": {"num_cpus": 1, "torch_threads": 1, "wait_for_workers_s": 300},
     }))
     pq.write_table(prompts_table(n), tmp_path / "in.parquet")
     job = tmp_path / "job.yaml"
@@ -122,7 +123,8 @@ def test_shards_spread_over_two_nodes_and_a_killed_node_loses_no_row(two_nodes, 
     assert {n["NodeID"] for n in ray.nodes() if n["Alive"]} >= {cluster.head_node.node_id, second.node_id}
     pq.write_table(prompts_table(16), tmp_path / "p.parquet")
     out = tmp_path / "out"
-    config = make_config(tmp_path / "p.parquet", out, tiny_model_dir, spec="none", shard_size=2, workers=2, num_cpus=0.5, max_tokens=4)
+    config = make_config(tmp_path / "p.parquet", out, tiny_model_dir, spec="none", shard_size=2, workers=2, num_cpus=0.5, max_tokens=4,
+                         wait_for_workers_s=300)  # both workers ready before any shard: the second node gets one
     hook = KillSecondNode(cluster, second)
     try:
         summary = run(config, progress=hook)

@@ -12,7 +12,7 @@ nested sections:
     workers: 1
     batch_size: 8
     max_tokens: 64
-    worker: {num_cpus: 1, num_gpus: 0, torch_threads: null, max_attempts: 3}
+    worker: {num_cpus: 1, num_gpus: 0, torch_threads: null, max_attempts: 3, wait_for_workers_s: 0}
     calibration: {sample_size: 8, max_tokens: 16, ...}   # batchspec.calibrate.CalibrationSettings
     storage_options: {}           # fsspec options for INPUT and OUTPUT (endpoint, credentials)
 
@@ -63,6 +63,10 @@ class WorkerConfig:
     num_gpus: float = field(default=0.0, metadata={"min": 0})
     torch_threads: int | None = field(default=None, metadata={"min": 1})  # None: the CPUs Ray gives the actor, at least 1
     max_attempts: int = field(default=3, metadata={"min": 1})  # tries per shard before its rows are written as error rows
+    # Hand out no shard until every worker of the pool has loaded its engine, or this many seconds
+    # passed (Ray Data's `wait_for_min_actors_s`). 0: a worker starts on shards as soon as it is
+    # ready, and on a fast pool the first ready one may take every shard of a short run.
+    wait_for_workers_s: float = field(default=0.0, metadata={"min": 0})
 
 
 @dataclass(frozen=True)
