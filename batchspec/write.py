@@ -192,7 +192,8 @@ class Output:
         fs.invalidate_cache()
 
     def clear_shard_inputs(self) -> None:
-        """Remove _shards/ (a grouping that stopped before its _plan.json was written)."""
+        """Remove _shards/: a grouping that stopped before its _plan.json was written, or a complete run
+        after its _SUCCESS (unless keep_shards; see batchspec.pipeline)."""
         fs = self.fs
         p = self.path("_shards")
         try:
