@@ -29,6 +29,10 @@ from batchspec.config.job import JobSpec
 from batchspec.errors import ConfigError, one_line
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# Ray's Jobs API answers 500 "No available agent to submit job, please try again later." while the
+# head's job agent is not up yet (ray/dashboard/modules/job/job_head.py, submit_job): a head that
+# has just started, or a loaded one. batchspec tries again for this long before giving up.
+AGENT_WAIT_S = 60.0
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -156,12 +160,18 @@ def submit(job: JobSpec, address: str, plan: SubmitPlan) -> Submission:
     job_id, attached = _free_id(client, plan.base_id)
     if attached:
         return Submission(job_id, address, plan.entrypoint, plan.output, attached=True)
-    try:
-        client.submit_job(entrypoint=plan.entrypoint, submission_id=job_id, runtime_env=plan.runtime_env or None,
-                          metadata=plan.metadata, **plan.resources)
-    except Exception as exc:
-        raise ConfigError(f"{job.path}: the Ray Jobs API at {address} refused the job: {one_line(exc)}{_auth_hint(exc)}") from None
-    return Submission(job_id, address, plan.entrypoint, plan.output, attached=False)
+    deadline, pause = time.monotonic() + AGENT_WAIT_S, 0.5
+    while True:
+        try:
+            client.submit_job(entrypoint=plan.entrypoint, submission_id=job_id, runtime_env=plan.runtime_env or None,
+                              metadata=plan.metadata, **plan.resources)
+            return Submission(job_id, address, plan.entrypoint, plan.output, attached=False)
+        except Exception as exc:
+            if "try again later" in str(exc) and time.monotonic() + pause < deadline:
+                time.sleep(pause)
+                pause = min(pause * 2, 8.0)
+                continue
+            raise ConfigError(f"{job.path}: the Ray Jobs API at {address} refused the job: {one_line(exc)}{_auth_hint(exc)}") from None
 
 
 def _secret(name: str) -> bool:

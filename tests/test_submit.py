@@ -108,6 +108,41 @@ def test_unreachable_address_is_one_line(tmp_path):
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 
 
+class AgentNotUpYet:
+    """A Jobs client whose head answers as a real one did while its job agent was not up (seen in
+    this suite under load): JobSubmissionClient raises RuntimeError with Ray's 500 text
+    (ray/dashboard/modules/job/job_head.py, submit_job). A real head gives that answer only for a
+    moment after it starts, which a test cannot produce on demand."""
+
+    def __init__(self, refusals: int):
+        self.refusals, self.submitted = refusals, []
+
+    def get_job_status(self, job_id):
+        raise RuntimeError(f"Job {job_id} does not exist")
+
+    def submit_job(self, **kwargs):
+        if self.refusals:
+            self.refusals -= 1
+            raise RuntimeError("Request failed with status code 500: No available agent to submit job, please try again later.")
+        self.submitted.append(kwargs["submission_id"])
+
+
+def test_a_head_whose_job_agent_is_not_up_yet_is_tried_again(tmp_path, monkeypatch):
+    job = load_job(write_job(tmp_path))
+    plan = submit.plan_submission(job, dt.date(2026, 1, 2), {})
+    monkeypatch.setattr(submit.time, "sleep", lambda s: None)
+    client = AgentNotUpYet(refusals=3)
+    monkeypatch.setattr(submit, "connect", lambda address: client)
+    done = submit.submit(job, "http://head:8265", plan)
+    assert client.submitted == [done.job_id] and not done.attached
+
+    monkeypatch.setattr(submit, "AGENT_WAIT_S", 0.0)  # an agent that never comes up: one line, no traceback
+    monkeypatch.setattr(submit, "connect", lambda address: AgentNotUpYet(refusals=99))
+    with pytest.raises(ConfigError, match=r"refused the job: .*No available agent to submit job") as err:
+        submit.submit(job, "http://head:8265", plan)
+    assert "\n" not in str(err.value)
+
+
 # ---------------------------------------------------------------------------------------------
 # End to end: a real Ray head on 127.0.0.1
 
