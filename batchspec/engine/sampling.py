@@ -110,3 +110,17 @@ def accept_reject(
         usable = rejected & (residual.sum(-1) > 0)
         dist = torch.where(usable[:, None], residual, p_next)
     return num_accepted, sample_from(dist, u_sample)
+
+
+def greedy_accept(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`accept_reject` at temperature 0, on logits: a draft passes when it is the target's argmax,
+    and the next token is the argmax after the accepted prefix (the residual of a one-hot p
+    against a rejected draft is p itself). No probabilities, no float64 sums: the same tokens.
+
+    draft_tokens: [B, K]; num_drafts: [B]; logits: [B, K+1, V]. Returns (num_accepted [B], next_token [B]).
+    """
+    best = logits.argmax(-1)  # [B, K+1]
+    B, K = draft_tokens.shape
+    real = torch.arange(K, device=draft_tokens.device)[None, :] < num_drafts[:, None]
+    num_accepted = (real & (draft_tokens == best[:, :K])).long().cumprod(-1).sum(-1)
+    return num_accepted, best[torch.arange(B, device=best.device), num_accepted]

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from batchspec.engine.sampling import probs_from_logits, sample_from
-from batchspec.engine.torch.kv import Batch
+from batchspec.engine.torch.kv import Batch, prefill, prefill_waste
 
 
 @dataclass
@@ -70,10 +70,7 @@ class ModelDrafter:
 
     def admit(self, rows: list, device: torch.device) -> None:
         """Prefill the draft model on the new rows' prompts (everything but the first output token)."""
-        fresh = Batch(device)
-        prompts = [r.context[:-1] for r in rows]
-        fresh.forward(self.model, prompts, self.pad_id)
-        fresh.keep(torch.tensor([len(p) for p in prompts], device=device))
+        fresh, _ = prefill(self.model, [r.context[:-1] for r in rows], self.pad_id, device, prefill_waste(device))
         if self.batch is None:
             self.batch = fresh
         else:
@@ -81,33 +78,39 @@ class ModelDrafter:
         self.pending += [[r.context[-1]] for r in rows]
 
     def propose(self, rows: list, budgets: list[int], vocab: int) -> Drafts:
+        """Up to budgets[b] drafts per row. Greedy rows take the draft's argmax, and a batch of
+        greedy rows keeps no distributions (the accept rule needs none: q is one-hot on the draft)."""
         K = max(budgets)
         B = len(rows)
         device = self.batch.device
-        temps = torch.tensor([r.params.temperature for r in rows], device=device)
-        top_ps = torch.tensor([r.params.top_p for r in rows], device=device)
+        greedy = all(r.params.greedy for r in rows)
+        if not greedy:
+            temps = torch.tensor([r.params.temperature for r in rows], device=device)
+            top_ps = torch.tensor([r.params.top_p for r in rows], device=device)
+            probs = torch.zeros(B, K, vocab, device=device)
         tokens: list[list[int]] = [[] for _ in rows]
-        probs = torch.zeros(B, K, vocab, device=device)
         feed = self.pending
         for i in range(K):
-            logits = self.model_logits(feed)  # [B, V_draft]
-            q = probs_from_logits(fit_vocab(logits, vocab), temps, top_ps)
-            u = torch.stack([r.uniform() for r in rows]).to(device)
-            picked = sample_from(q, u).tolist()
-            probs[:, i] = q
+            logits = fit_vocab(self.model_logits(feed), vocab)  # [B, V]
+            if greedy:
+                picked = logits.argmax(-1).tolist()
+            else:
+                q = probs_from_logits(logits, temps, top_ps)
+                picked = sample_from(q, torch.stack([r.uniform() for r in rows]).to(device)).tolist()
+                probs[:, i] = q
             for b in range(B):
                 if i < budgets[b]:
                     tokens[b].append(picked[b])
             # A row past its budget feeds padding, which `commit` drops with the rejected drafts.
             feed = [[picked[b]] if i < budgets[b] else [self.pad_id] for b in range(B)]
         self._steps = K
-        return Drafts(tokens, probs)
+        return Drafts(tokens, None if greedy else probs)
 
     def model_logits(self, feed: list[list[int]]) -> torch.Tensor:
-        logits = self.batch.forward(self.model, feed, self.pad_id)
-        lengths = torch.tensor([len(f) for f in feed], device=self.batch.device)
-        self.batch.keep(lengths)
-        return logits[torch.arange(len(feed)), lengths - 1]
+        """The draft's logits after each row's last fed token [B, V_draft]."""
+        logits = self.batch.forward(self.model, feed, self.pad_id, last_only=True)
+        self.batch.keep(torch.tensor([len(f) for f in feed], device=self.batch.device))
+        return logits
 
     def commit(self, num_accepted: torch.Tensor, drafts: Drafts, next_tokens: list[int]) -> None:
         """Keep the drafts the target accepted in the draft cache; queue the rest as pending.

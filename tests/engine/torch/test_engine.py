@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 
 from batchspec.engine.base import Request, SamplingParams, SpecConfig
 from batchspec.engine.sampling import accept_reject, sample_from
-from batchspec.engine.torch import engine as torch_engine
+from batchspec.engine.torch import decode as torch_decode
 from batchspec.engine.torch.engine import TorchEngine
 from batchspec.errors import BatchspecError, ConfigError, ModelError
 from tests.conftest import tiny_llama, word_tokenizer
@@ -164,7 +164,7 @@ def test_sampled_speculation_follows_the_target_distribution(monkeypatch, rule_i
     engine = TorchEngine(target, tokenizer, model_name="t", draft_loader=lambda name: (draft, tokenizer))
     engine.eos_ids = set()  # every sequence runs four tokens, so every outcome is a full 4-tuple
     if not rule_is_right:
-        monkeypatch.setattr(torch_engine, "accept_reject", wrong_rule)
+        monkeypatch.setattr(torch_decode, "accept_reject", wrong_rule)
     prompt = [1, 2, 3, 1, 2, 4, 1, 2]  # repeats, so n-gram lookup proposes after "1 2"
     requests = [Request(f"s{i}", prompt_token_ids=tuple(prompt),
                         params=SamplingParams(max_tokens=4, temperature=0.9, seed=i)) for i in range(n)]

@@ -1,0 +1,213 @@
+"""The decode loop of the torch engine: continuous batching over prepared rows, one step at a time.
+
+Up to `batch_size` rows decode together; a finished row leaves at once and a queued row is
+prefilled and joins. Each step:
+
+    drafts  = drafter.propose(rows)                 # n-gram lookup or draft model, 0..k per row
+    logits  = target([pending token] + drafts)      # one forward verifies every row's drafts
+    n, next = accept_reject(drafts, q, p, uniforms) # sampling.py; greedy is its T=0 limit
+    commit n drafts + next per row; finish on eos, stop string or max_tokens
+
+When every row is greedy the rule runs on argmaxes (`greedy_accept`), with no probabilities at
+all: the same tokens, without a softmax over the vocabulary per position.
+
+It knows rows, a model, a drafter and a tokenizer (for stop strings only); it does not know
+requests, chat templates or how models are loaded (engine.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from batchspec.engine.base import SamplingParams, SpecConfig, Timing
+from batchspec.engine.sampling import (
+    accept_reject,
+    greedy_accept,
+    probs_from_logits,
+    sample_from,
+)
+from batchspec.engine.torch.kv import Batch, prefill, prefill_waste
+
+
+@dataclass
+class Row:
+    """A request being decoded: its tokens so far, its randomness and its counters."""
+
+    index: int  # position in the request list
+    params: SamplingParams
+    prompt_len: int
+    context: list[int]  # prompt + output so far
+    generator: torch.Generator | None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    target_steps: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # see Completion
+    accepted_steps: list[int] = field(default_factory=list)  # see Completion
+    finish: str | None = None
+    stop_at: int | None = None  # char offset where a stop string begins
+
+    @property
+    def output(self) -> list[int]:
+        return self.context[self.prompt_len :]
+
+    def uniform(self) -> torch.Tensor:
+        return self.uniforms(1)[0]
+
+    def uniforms(self, n: int) -> torch.Tensor:
+        """n uniform draws from this row's own generator (greedy rows draw nothing: zeros)."""
+        if self.generator is None:
+            return torch.zeros(n)
+        return torch.rand(n, generator=self.generator)
+
+
+@dataclass
+class Clock:
+    timing: Timing = field(default_factory=Timing)
+
+    def add(self, part: str, since: float) -> float:
+        now = time.perf_counter()
+        setattr(self.timing, part, getattr(self.timing, part) + now - since)
+        return now
+
+
+class Decoder:
+    """Runs rows to completion on one target model; `new_drafter(spec)` gives a fresh drafter."""
+
+    def __init__(self, model, tokenizer, eos_ids: set[int], pad_id: int, vocab: int, device: torch.device,
+                 new_drafter: Callable[[SpecConfig], object]) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.eos_ids, self.pad_id, self.vocab, self.device = eos_ids, pad_id, vocab, device
+        self.new_drafter = new_drafter
+
+    def run(self, queue: list[Row], spec: SpecConfig, batch_size: int, clock: Clock) -> Iterator[Row]:
+        """Yield each row when it finishes; keeps at most batch_size rows in flight. Rows are
+        admitted shortest prompt first (completions keep request order), so rows prefilled
+        together have similar lengths and batched prefill pads little."""
+        queue = sorted(queue, key=lambda r: r.prompt_len)
+        active: list[Row] = []
+        batch = Batch(self.device)
+        drafter = self.new_drafter(spec)
+        while queue or active:
+            if queue and len(active) < batch_size:
+                fresh, queue = queue[: batch_size - len(active)], queue[batch_size - len(active) :]
+                fresh_batch = self.prefill(fresh, clock)
+                t = time.perf_counter()
+                drafter.admit(fresh, self.device)
+                clock.add("draft_s", t)
+                batch.extend(fresh_batch)
+                active += fresh
+                active, batch, drafter = yield from self.retire(active, batch, drafter, spec)
+                continue
+            self.step(active, batch, drafter, spec, clock)
+            t = time.perf_counter()
+            active, batch, drafter = yield from self.retire(active, batch, drafter, spec)
+            batch.compact()
+            if getattr(drafter, "batch", None) is not None:
+                drafter.batch.compact()
+            clock.add("other_s", t)
+
+    def retire(self, active: list[Row], batch: Batch, drafter, spec: SpecConfig):
+        done = [r for r in active if r.finish]
+        if not done:
+            return active, batch, drafter
+        for row in done:
+            yield row
+        keep = [i for i, r in enumerate(active) if not r.finish]
+        if not keep:
+            return [], Batch(self.device), self.new_drafter(spec)
+        index = torch.tensor(keep, device=self.device)
+        batch.select(index)
+        drafter.select(index)
+        return [active[i] for i in keep], batch, drafter
+
+    def prefill(self, rows: list[Row], clock: Clock) -> Batch:
+        t = time.perf_counter()
+        batch, last = prefill(self.model, [r.context for r in rows], self.pad_id, self.device, prefill_waste(self.device))
+        if all(r.params.greedy for r in rows):
+            first = last.argmax(-1).tolist()
+        else:
+            probs = probs_from_logits(last, *self.sampling_tensors(rows))
+            first = sample_from(probs, torch.stack([r.uniform() for r in rows]).to(self.device)).tolist()
+        for row, token in zip(rows, first):
+            self.commit(row, [token])
+        clock.add("prefill_s", t)
+        return batch
+
+    def step(self, rows: list[Row], batch: Batch, drafter, spec: SpecConfig, clock: Clock) -> None:
+        t = time.perf_counter()
+        budgets = [max(0, min(spec.draft_len, r.params.max_tokens - len(r.output) - 1)) for r in rows]
+        drafts = drafter.propose(rows, budgets, self.vocab) if max(budgets, default=0) > 0 else None
+        t = clock.add("draft_s", t)
+
+        draft_lists = drafts.tokens if drafts else [[] for _ in rows]
+        logits = batch.forward(self.model, [[r.context[-1]] + d for r, d in zip(rows, draft_lists)], self.pad_id)
+        t = clock.add("verify_s", t)
+
+        K = logits.shape[1] - 1
+        num_drafts = torch.tensor([len(d) for d in draft_lists], device=self.device)
+        draft_tokens = torch.tensor([d + [0] * (K - len(d)) for d in draft_lists], device=self.device, dtype=torch.long)
+        draft_tokens = draft_tokens.view(len(rows), K)
+        if all(r.params.greedy for r in rows):
+            num_accepted, next_token = greedy_accept(draft_tokens, num_drafts, logits)
+        else:
+            num_accepted, next_token = self.sampled_accept(rows, logits, drafts, draft_tokens, num_drafts)
+        batch.keep(num_accepted + 1)  # the pending token plus the accepted drafts
+        accepted, nexts = num_accepted.tolist(), next_token.tolist()
+        if drafts is not None:
+            drafter.commit(num_accepted, drafts, nexts)
+        for row, d, n, nxt in zip(rows, draft_lists, accepted, nexts):
+            # drafts accepted past the row's end (eos, a stop string) are not output: not counted
+            n = min(n, self.commit(row, d[:n] + [nxt]))
+            row.target_steps += 1
+            row.draft_tokens += len(d)
+            row.accepted_tokens += n
+            row.accepted_steps.append(n)
+            row.accepted_at.extend([0] * (n - len(row.accepted_at)))
+            for j in range(n):
+                row.accepted_at[j] += 1
+        clock.add("other_s", t)
+
+    def sampled_accept(self, rows: list[Row], logits: torch.Tensor, drafts, draft_tokens: torch.Tensor,
+                       num_drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The accept rule on probabilities: logits [B, K+1, V], draft_tokens [B, K]."""
+        K = logits.shape[1] - 1
+        temps, top_ps = self.sampling_tensors(rows)
+        target_probs = probs_from_logits(
+            logits.reshape(-1, logits.shape[-1]), temps.repeat_interleave(K + 1), top_ps.repeat_interleave(K + 1)
+        ).view(len(rows), K + 1, -1)
+        u = torch.stack([r.uniforms(K + 1) for r in rows]).to(self.device)
+        draft_probs = drafts.probs[:, :K] if drafts is not None and drafts.probs is not None else None
+        return accept_reject(draft_tokens, draft_probs, num_drafts, target_probs, u[:, :K], u[:, K])
+
+    def commit(self, row: Row, tokens: list[int]) -> int:
+        """Append committed tokens, stopping at eos, max_tokens or a stop string; return how many
+        were appended. Stop strings are checked after every token, so a speculative row ends on
+        the same token as a plain one."""
+        for i, token in enumerate(tokens, 1):
+            row.context.append(token)
+            if token in self.eos_ids:
+                row.finish = "stop"
+                return i
+            if row.params.stop and self.stopped(row):
+                return i
+            if len(row.context) - row.prompt_len >= row.params.max_tokens:
+                row.finish = "length"
+                return i
+        return len(tokens)
+
+    def stopped(self, row: Row) -> bool:
+        text = self.tokenizer.decode(row.output, skip_special_tokens=True)
+        hits = [text.find(s) for s in row.params.stop if s and s in text]
+        if hits:
+            row.stop_at, row.finish = min(hits), "stop"
+        return bool(hits)
+
+    def sampling_tensors(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            torch.tensor([r.params.temperature for r in rows], device=self.device),
+            torch.tensor([r.params.top_p for r in rows], device=self.device),
+        )

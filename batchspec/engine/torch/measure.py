@@ -1,0 +1,87 @@
+"""What calibration needs from the torch engine besides generate (batchspec.predict replays and
+prices): a cost profile of target and draft forwards, and teacher-forced logits.
+
+It knows models and the KV cache; it does not know requests, rows or the accept rule's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+
+import torch
+
+from batchspec.engine.base import StepCost
+from batchspec.engine.sampling import probs_from_logits
+from batchspec.engine.torch.drafters import fit_vocab
+from batchspec.engine.torch.kv import Batch
+
+
+def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int]] = (),
+            temperature: float = 0.0, reps: int = 3) -> list[StepCost]:
+    """Time one target forward of `engine` for each (batch, context, tokens per row) in `target`,
+    the accept rule's sampling work included, and one step for each (draft model, batch, context)
+    in `drafts` (plus each draft model's prefill of one row). Each point's cache is one prefilled
+    row copied to the batch size (attention cost depends on shapes, not values), so a profile
+    costs a few forwards, not batched prefills. The fastest of `reps` tries counts."""
+    points: list[StepCost] = []
+    plan = sorted([("target", engine.model_name, b, c, w) for b, c, w in target] + [("draft", d, b, c, 1) for d, b, c in drafts])
+    with torch.inference_mode():
+        for (kind, name, b, c), group in itertools.groupby(plan, key=lambda p: p[:4]):
+            model = engine.model if kind == "target" else engine._draft(name)
+            filler = [(17 + 31 * i) % engine.vocab for i in range(c)]
+            batch = Batch(engine.device)
+            t = time.perf_counter()
+            batch.forward(model, [filler], engine.pad_id, last_only=True)
+            if kind == "draft" and not any(p.kind == "draft_prefill" and p.model == name for p in points):
+                points.append(StepCost("draft_prefill", name, 1, 0, c, time.perf_counter() - t))
+            batch.keep(torch.tensor([c], device=engine.device))
+            batch.select(torch.zeros(b, dtype=torch.long, device=engine.device))
+            widths = [w for *_, w in group]
+            time_forward(batch, model, kind, filler[:1], b, temperature, engine.pad_id)  # warm-up, not counted
+            best = {w: float("inf") for w in widths}
+            for _ in range(reps):  # round-robin over widths, so load changes hit every width alike
+                for w in widths:
+                    best[w] = min(best[w], time_forward(batch, model, kind, filler[:w], b, temperature, engine.pad_id))
+            points += [StepCost(kind, name, b, c, w, best[w]) for w in widths]
+    return points
+
+
+def time_forward(batch: Batch, model, kind: str, tokens: list[int], b: int, temperature: float, pad_id: int) -> float:
+    """Seconds of one forward of `tokens` on each of `b` rows (and, for the target, turning its
+    logits into probabilities); the probe's slots are forgotten afterwards."""
+    device = batch.device
+    t = time.perf_counter()
+    logits = batch.forward(model, [tokens] * b, pad_id)
+    if kind == "target":
+        flat = logits.reshape(-1, logits.shape[-1])
+        n = flat.shape[0]
+        probs_from_logits(flat, torch.full((n,), temperature, device=device), torch.ones(n, device=device))
+    else:
+        logits[:, -1].argmax(-1).tolist()
+    seconds = time.perf_counter() - t
+    batch.keep(torch.zeros(b, dtype=torch.long, device=device))  # the probe's slots are cut off
+    return seconds
+
+
+def teacher_forced_logits(model, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], vocab: int, pad_id: int,
+                          device: torch.device, group: int = 8) -> list[torch.Tensor]:
+    """For each (prompt ids, output ids): the model's logits [len(output), V] after prompt +
+    output[:s] for every s, from one forward per group of rows (right-padded). The head runs on
+    the output positions only (a prompt's logits would cost memory for nothing); a draft's logits
+    are cut or -inf padded to the target's vocabulary `vocab`, as its draft steps are."""
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    out: list[torch.Tensor] = []
+    with torch.inference_mode():
+        for begin in range(0, len(sequences), group):
+            part = sequences[begin : begin + group]
+            seqs = [list(p) + list(o)[:-1] for p, o in part]
+            width = max(len(s) for s in seqs)
+            ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs], device=device)
+            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
+            hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+            for r, (p, o) in enumerate(part):
+                logits = head(hidden[r, len(p) - 1 : len(p) - 1 + len(o)])
+                out.append(fit_vocab(logits.float(), vocab).cpu())
+    return out
