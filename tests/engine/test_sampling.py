@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from batchspec.engine.sampling import accept_reject, probs_from_logits, sample_from
+from batchspec.engine.sampling import accept_reject, greedy_accept, probs_from_logits, sample_from
 
 
 def one_hot(tokens: list[list[int]], vocab: int) -> torch.Tensor:
@@ -99,3 +99,17 @@ def test_committed_tokens_follow_the_target_distribution(rule, should_match):
         assert pvalue > 1e-3, (observed, expected)
     else:
         assert pvalue < 1e-6, (observed, expected)
+
+
+def test_greedy_accept_on_logits_equals_the_rule_on_one_hot_probabilities():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        B, K, V = 4, 3, 7
+        logits = torch.randn(B, K + 1, V, generator=gen)
+        best = logits.argmax(-1)
+        drafts = torch.where(torch.rand(B, K, generator=gen) < 0.6, best[:, :K], torch.randint(0, V, (B, K), generator=gen))
+        num = torch.randint(0, K + 1, (B,), generator=gen)
+        probs = probs_from_logits(logits.view(-1, V), torch.zeros(B * (K + 1)), torch.ones(B * (K + 1))).view(B, K + 1, V)
+        expected = accept_reject(drafts, None, num, probs, torch.rand(B, K, generator=gen), torch.rand(B, generator=gen))
+        got = greedy_accept(drafts, num, logits)
+        assert [t.tolist() for t in got] == [t.tolist() for t in expected]

@@ -1,0 +1,46 @@
+"""bench/peer.py: its held-out prompt builder and one run of its harness on tiny random models (a
+smoke test of the harness, no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+
+def test_held_out_prompts_are_chat_requests_in_the_length_range(smol_tokenizer):
+    import peer_prompts
+
+    prompts = peer_prompts.held_out(smol_tokenizer, 8, seed=0)
+    assert [p.task for p in prompts] == list(peer_prompts.TASKS) * 2
+    for p in prompts:
+        assert 300 <= len(p.token_ids) <= 600, (p.id, len(p.token_ids))
+        assert list(p.token_ids) == peer_prompts.encode(smol_tokenizer, list(p.messages))
+        assert p.source.lower() not in peer_prompts.OWN
+    assert len({p.messages[0]["content"] for p in prompts}) == 8
+    # seeded: the same seed gives the same prompts, another seed others
+    assert peer_prompts.held_out(smol_tokenizer, 3, seed=0) == prompts[:3]
+    assert [p.token_ids for p in peer_prompts.held_out(smol_tokenizer, 3, seed=1)] != [p.token_ids for p in prompts[:3]]
+
+
+def test_peer_bench_compares_every_arm_and_profiles_a_step(tiny_model_dir, tiny_draft_dir, tmp_path):
+    import peer
+
+    target, draft = str(tiny_model_dir), str(tiny_draft_dir)
+    data = peer.main(["--model", target, "--target", target, "--draft-model", draft, "--quick", "--max-tokens", "4",
+                      "--min-tokens", "100", "--max-prompt-tokens", "200", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "peer.json").read_text())
+    assert [c["name"] for c in saved["comparisons"]] == ["plain b8", "ngram b1", "draft b1"]
+    for c in saved["comparisons"]:
+        assert c["ours"]["tokens"] > 0 and c["theirs"]["tokens"] > 0
+        assert c["ratio"] > 0 and c["cpu_ratio"] > 0 and len(c["chunk_ratios"]) == -(-c["prompts"] // c["batch_size"])
+        assert all(100 <= n <= 200 for n in c["prompt_tokens"])
+    assert saved["machine"]["torch_threads"] == 1 and len(saved["machine"]["load_avg_end"]) == 3
+    step = saved["profile"]["parts"]["decode step"]
+    assert abs(sum(step[p]["share"] for p in peer.profile_step.PARTS) - 1.0) < 1e-6
+    assert step["forward"]["ms"] > 0 and saved["profile"]["target_steps"] > 0
+    assert "| plain b8 |" in (tmp_path / "peer.md").read_text() and "one decode step" in (tmp_path / "peer.md").read_text()
+    assert data["comparisons"] == saved["comparisons"]
