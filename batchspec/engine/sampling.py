@@ -119,7 +119,7 @@ def greedy_accept(draft_tokens: torch.Tensor, num_drafts: torch.Tensor, logits: 
 
     draft_tokens: [B, K]; num_drafts: [B]; logits: [B, K+1, V]. Returns (num_accepted [B], next_token [B]).
     """
-    best = logits.argmax(-1)  # [B, K+1]
+    best = logits.float().argmax(-1)  # [B, K+1]; exact for bfloat16 logits, and faster on CPU
     B, K = draft_tokens.shape
     real = torch.arange(K, device=draft_tokens.device)[None, :] < num_drafts[:, None]
     num_accepted = (real & (draft_tokens == best[:, :K])).long().cumprod(-1).sum(-1)

@@ -128,7 +128,7 @@ class Decoder:
         t = time.perf_counter()
         batch, last = prefill(self.model, [r.context for r in rows], self.pad_id, self.device, prefill_waste(self.device))
         if all(r.params.greedy for r in rows):
-            first = last.argmax(-1).tolist()
+            first = last.float().argmax(-1).tolist()
         else:
             probs = probs_from_logits(last, *self.sampling_tensors(rows))
             first = sample_from(probs, torch.stack([r.uniform() for r in rows]).to(self.device)).tolist()

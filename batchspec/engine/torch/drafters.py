@@ -93,7 +93,7 @@ class ModelDrafter:
         for i in range(K):
             logits = fit_vocab(self.model_logits(feed), vocab)  # [B, V]
             if greedy:
-                picked = logits.argmax(-1).tolist()
+                picked = logits.float().argmax(-1).tolist()
             else:
                 q = probs_from_logits(logits, temps, top_ps)
                 picked = sample_from(q, torch.stack([r.uniform() for r in rows]).to(device)).tolist()
