@@ -17,7 +17,7 @@ TEST_WORKERS ?= 2
 RAY_CPUS ?= 2
 RAY_ARGS ?=
 
-.PHONY: setup run test bench bench-engine bench-calibrate bench-pipeline gpu-check ray-head ray-stop clean
+.PHONY: setup run test bench bench-engine bench-calibrate bench-pipeline bench-peer gpu-check ray-head ray-stop clean
 
 setup: $(STAMP)
 
@@ -49,6 +49,9 @@ bench-calibrate: setup
 
 bench-pipeline: setup
 	$(PY) bench/pipeline.py
+
+bench-peer: setup
+	$(PY) bench/peer.py
 
 gpu-check: setup
 	$(PY) jobs/gpu_check.py
