@@ -125,6 +125,13 @@ def two_node_cluster():
                 "dashboard_agent_listen_port": agent, "metrics_export_port": metrics,
             })
             second = cluster.add_node(**_second_node_args())
+        # Where `ray start --temp-dir` writes the address (ray/scripts/scripts.py, write_ray_address(
+        # gcs_address, temp_dir)) and where a job's supervisor looks it up (job_supervisor.py,
+        # canonicalize_bootstrap_address_or_die("auto", the node's temp_dir)). Cluster writes it to
+        # the default /tmp/ray only, so without this the supervisor fell back to grepping for a
+        # GCS process and sent the job's driver to another Ray on the machine (seen under
+        # pytest-xdist: the job hung dialing the other test process's local Ray).
+        ray._private.utils.write_ray_address(cluster.head_node.gcs_address, temp_dir)
     finally:
         os.environ["PATH"] = path
         if before is None:  # Cluster wrote its address where a bare ray.init() of any process would join it
