@@ -181,26 +181,22 @@ class Output:
 
     def clear(self) -> None:
         """Remove a previous run's files (for --no-resume); other files under OUTPUT are left alone."""
+        self._remove("_SUCCESS", "_manifest.json", "_plan.json", "outputs", "stats", "_shards")
+
+    def clear_shard_inputs(self) -> None:
+        """Remove _shards/: a grouping that stopped before its _plan.json was written, or a complete run
+        after its _SUCCESS (unless keep_shards; see batchspec.pipeline)."""
+        self._remove("_shards")
+
+    def _remove(self, *names: str) -> None:
         fs = self.fs
-        for name in ("_SUCCESS", "_manifest.json", "_plan.json", "outputs", "stats", "_shards"):
+        for name in names:
             p = self.path(name)
             try:
                 if fs.exists(p):
                     fs.rm(p, recursive=True)
             except Exception as exc:
                 raise OutputError(f"cannot clear {fs.unstrip_protocol(p)}: {one_line(exc)}") from exc
-        fs.invalidate_cache()
-
-    def clear_shard_inputs(self) -> None:
-        """Remove _shards/: a grouping that stopped before its _plan.json was written, or a complete run
-        after its _SUCCESS (unless keep_shards; see batchspec.pipeline)."""
-        fs = self.fs
-        p = self.path("_shards")
-        try:
-            if fs.exists(p):
-                fs.rm(p, recursive=True)
-        except Exception as exc:
-            raise OutputError(f"cannot clear {fs.unstrip_protocol(p)}: {one_line(exc)}") from exc
         fs.invalidate_cache()
 
     def check_writable(self) -> None:
