@@ -130,12 +130,16 @@ def _group_locally(source: InputSource, plan: Plan, output: Output) -> list[dict
     starts_of = _assignment(plan.shards)
     shard_ids = [s.shard_id for s in plan.shards]
     tagged = [tag_rows(pa.Table.from_pylist([item]), source, plan.shard_by, starts_of) for item in chunk_items(source, PARTITION_BYTES)]
-    table = pa.concat_tables(tagged)
+    return [write_shard(rows, output, shard_ids).to_pylist()[0] for _, rows in by_shard(pa.concat_tables(tagged))]
+
+
+def by_shard(table: pa.Table):
+    """(shard ordinal, that shard's rows in their order in `table`) for each shard present."""
     shard = table.column(SHARD).to_numpy()
     order = np.argsort(shard, kind="stable")
-    bounds = np.searchsorted(shard[order], np.arange(len(shard_ids) + 1))
-    return [write_shard(table.take(pa.array(order[bounds[n] : bounds[n + 1]])), output, shard_ids).to_pylist()[0]
-            for n in range(len(shard_ids)) if bounds[n + 1] > bounds[n]]
+    ordinals, firsts = np.unique(shard[order], return_index=True)
+    for n, lo, hi in zip(ordinals.tolist(), firsts, [*firsts[1:], len(order)]):
+        yield n, table.take(pa.array(order[lo:hi]))
 
 
 def _group_with_ray_data(source: InputSource, plan: Plan, output: Output) -> list[dict]:
@@ -172,9 +176,8 @@ def read_shards(source: InputSource, plan: Plan, wanted: list[int]) -> dict[int,
             continue
         t = tag_chunk(c, source, plan.shard_by, starts_of)
         t = t.filter(pc.is_in(t.column(SHARD), pa.array(list(need), pa.int64())))
-        shard = t.column(SHARD).to_numpy()
-        for n in np.unique(shard).tolist():
-            mine = t.filter(pa.array(shard == n)).drop_columns([SHARD])
+        for n, mine in by_shard(t):
+            mine = mine.drop_columns([SHARD])
             parts[n].append(mine)
             need[n] -= mine.num_rows
             if need[n] == 0:
