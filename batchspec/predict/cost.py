@@ -25,11 +25,11 @@ def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
                  draft_models: Sequence[str] = ()) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int]]]:
     """The (batch, context, tokens) target points and (draft, batch, context) draft points to
     measure for a shard whose rows hold `lo`..`hi` tokens of context and verify up to
-    `max_width` tokens per row: widths 1, 2, 3, 5, 9, ... up to max_width at the middle context
+    `max_width` tokens per row: widths 1, 3, 5, 9, ... up to max_width at the middle context
     and the production batch; width 1 at both ends of the context range; and batch 1 at the
     narrowest and widest, for the rows that drain a batch at the end."""
     mid = (lo + hi) // 2
-    widths = sorted({w for w in (1, 2, 3, 5, 9, 17) if w < max_width} | {max_width})
+    widths = sorted({w for w in (1, 3, 5, 9, 17) if w < max_width} | {max_width})  # cost is near linear in width: 2 is interpolated
     target = {(batch_size, mid, w) for w in widths} | {(batch_size, c, 1) for c in (lo, hi)}
     if batch_size > 1:
         target |= {(1, mid, 1), (1, mid, max_width)}

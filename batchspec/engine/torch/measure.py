@@ -24,8 +24,15 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
     the accept rule's sampling work included, and one step for each (draft model, batch, context)
     in `drafts` (plus each draft model's prefill of one row). Each point's cache is one prefilled
     row copied to the batch size (attention cost depends on shapes, not values), so a profile
-    costs a few forwards, not batched prefills. The fastest of `reps` tries counts."""
+    costs a few forwards, not batched prefills. The fastest of `reps` tries counts (the first
+    try warms each shape; one forward per model warms the model).
+
+    A decoding batch of several rows almost always holds holes (rows of different lengths,
+    rejected drafts), so its forwards take the explicit-mask path (kv.Batch._attention_inputs);
+    a probe of several rows gets one hole, so it times that path too. A single row never keeps a
+    hole (slots it does not keep are cut off), so its probe stays dense."""
     points: list[StepCost] = []
+    warmed: set[str] = set()
     plan = sorted([("target", engine.model_name, b, c, w) for b, c, w in target] + [("draft", d, b, c, 1) for d, b, c in drafts])
     with torch.inference_mode():
         for (kind, name, b, c), group in itertools.groupby(plan, key=lambda p: p[:4]):
@@ -38,14 +45,25 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
                 points.append(StepCost("draft_prefill", name, 1, 0, c, time.perf_counter() - t))
             batch.keep(torch.tensor([c], device=engine.device))
             batch.select(torch.zeros(b, dtype=torch.long, device=engine.device))
+            if b > 1:
+                _open_hole(batch)
             widths = [w for *_, w in group]
-            time_forward(batch, model, kind, filler[:1], b, temperature, engine.pad_id)  # warm-up, not counted
+            if name not in warmed:  # a model's first forwards after loading run slow: one warm-up, not counted
+                time_forward(batch, model, kind, filler[:1], b, temperature, engine.pad_id)
+                warmed.add(name)
             best = {w: float("inf") for w in widths}
             for _ in range(reps):  # round-robin over widths, so load changes hit every width alike
                 for w in widths:
                     best[w] = min(best[w], time_forward(batch, model, kind, filler[:w], b, temperature, engine.pad_id))
             points += [StepCost(kind, name, b, c, w, best[w]) for w in widths]
     return points
+
+
+def _open_hole(batch: Batch) -> None:
+    """Mark every row's first slot invalid, as a row shorter than its batch or a rejected draft
+    would leave it: the context is one token shorter, and the forward needs an explicit mask."""
+    batch.valid[:, 0] = False
+    batch.positions = batch.positions - 1
 
 
 def time_forward(batch: Batch, model, kind: str, tokens: list[int], b: int, temperature: float, pad_id: int) -> float:
