@@ -73,16 +73,20 @@ def test_run_shard_records_prediction_profile_and_confirmation(tiny_engine):
 
 def test_rows_finished_in_calibration_are_kept_not_regenerated(tiny_engine):
     """Calibration generates its sample rows to their end when their max_tokens fits the cap; the
-    shard keeps the chosen arm's rows (identical to plain greedy) and generates only the rest."""
+    shard keeps them, and the rows the confirmation generated with the best arm (identical to
+    plain greedy), and generates only the rest."""
     rows = word_rows(16)  # max_tokens 24 each
     arms = [SpecConfig("draft_target", 2, draft_model="self")]
     settings = CalibrationSettings(max_fraction=100.0, max_tokens=24, sample_size=8, rounds=1)
     shard = run_shard(tiny_engine, ShardInput("s0", None, rows), arms, True, 4, settings)
-    assert shard.stats.calibration_rows_kept == 8
+    assert shard.stats.calibration_rows_kept == 8 + 4  # the sample, and batch-size rows of the confirmation
+    made_by = {c.id: spec.label for c, spec in zip(shard.completions, shard.row_specs)}
+    assert {i for i, label in made_by.items() if label == "draft_target:k=2"} == {
+        i for i, (_, spec) in shard.decision.finished.items() if spec.method == "draft_target"} == {"r1", "r5", "r9", "r13"}
     assert shard.stats.rows == 16 and [c.id for c in shard.completions] == [r.id for r in rows]
     plain = tiny_engine.generate(rows, NO_SPEC, 4).completions
     assert [c.token_ids for c in shard.completions] == [c.token_ids for c in plain]
-    # only the 8 rows generated after calibration are in the shard's speed figure
+    # only the 4 rows generated after calibration are in the shard's speed figure
     generated_tokens = sum(c.output_tokens - 1 for c in shard.completions if c.id not in shard.decision.finished)
     decode = shard.stats.decode_s
     assert shard.stats.tokens_per_s == pytest.approx(generated_tokens / decode)

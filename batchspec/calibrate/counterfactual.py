@@ -11,9 +11,14 @@ draft-model arms): nothing is repeated but a confirmation where it matters.
    schedule. The best predicted speedup wins if it beats "none" by the margin
    (`decision.choose_predicted`).
 4. A measured run confirms only on a key's first shard on a worker, or when the prediction is
-   within its own measured error of the margin: the best arm runs the same sample rows, and its
-   goodput is compared with their plain run from step 1 (same rows; not back to back, so a change
-   of load between the two biases it). The measured figure then decides; the plain rows are kept.
+   within its own measured error of the margin; never when the best arm is predicted far below
+   the margin (`_far_below`). It repeats no work: the best arm generates `batch_size` other rows
+   of the shard, which are kept as output (greedy speculation is lossless: they are the rows plain
+   decoding would give). Their plain decode time is priced from the profile by the same replay,
+   scaled by the sample's measured plain run, so the confirmation compares the arm's measured time
+   with plain decoding's on the same rows; and the prediction's error is measured on those rows
+   too (the arm's counterfactual on their outputs against its measured time). The measured figure
+   then decides; only what the arm lost against the chosen setting counts as overhead.
 5. While a shard runs under "none", `switch_on` does the same on each finished chunk (drift in
    the other direction: shard.py switches to an arm that would now pay).
 """
@@ -69,9 +74,9 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
                              clock: Callable[[], float] = time.perf_counter) -> Decision:
     """Decode a sample under "none" (its finished rows are outputs), compute from it every arm's
     accepted length at every step (batchspec.predict), price every arm from the worker's cost
-    profile, and choose by predicted speedup. A paired run (the best arm on the sample's rows,
-    against their plain run) confirms only on the first shard of a key on this worker, or when the
-    prediction is within its own measured error of the margin; otherwise nothing is run twice."""
+    profile, and choose by predicted speedup. A measured run of the best arm on other rows of the
+    shard (kept as output) confirms only on the first shard of a key on this worker, or when the
+    prediction is within its own measured error of the margin; nothing is run twice."""
     worker = worker if worker is not None else WorkerCalibration()
     start = clock()
     budgets = {r.id: r.params.max_tokens for r in requests}
@@ -89,35 +94,76 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
     broken = _broken_arms(engine, arms)
     arms = [a for a in arms if a.label not in broken]
     profile_s = _refresh_profile(engine, worker.profile, rows, arms, batch_size, max(budgets.values())) if arms else 0.0
-    results = [base] + predict_arms(engine, rows, arms, plain, worker.profile, batch_size) + list(broken.values())
+    anchor = Anchor.of(plain, rows, worker.profile, batch_size) if arms else Anchor(1.0, 0.0)
+    results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size) + list(broken.values())
     chosen, reason = choose_predicted(results, arms, settings.margin)
     top = best(predicted_speedups(results))
     error = worker.prediction_error(settings.prediction_error)
     first = key not in worker.confirmed_keys
     near = top is not None and abs(top[1] - (1 + settings.margin)) <= error * top[1]
-    confirmed = False
-    if top is not None and settings.confirm and (first or near):
-        arm, predicted = top
-        spec = next(s for s in arms if s.label == arm.label)
-        ran = engine.generate(sample, spec, batch_size)  # the same rows as the plain run; its outputs are not kept
-        arm.add(ran)
-        if ran.goodput and plain.goodput:
-            measured = arm.speedup = ran.goodput / plain.goodput
+    lost_s, confirmed = 0.0, False
+    if top is not None and settings.confirm and (first or near) and _far_below(top[1], settings.margin, error):
+        reason += (f"; not confirmed: {top[0].label} predicted far below the margin "
+                   f"(under (1 + margin) x (1 - 3 x its error {error:.0%}))")
+    elif top is not None and settings.confirm and (first or near):
+        taken = {r.id for r in sample}
+        others = [r for r in requests if r.id not in taken]
+        spec = next(s for s in arms if s.label == top[0].label)
+        check = _confirm(engine, others, spec, top[0], anchor, worker.profile, batch_size) if others else None
+        if check is None:
+            reason += "; not confirmed: no other rows of the shard to confirm on"
+        else:
+            measured, on_rows, ran = check
             confirmed = True
             worker.confirmed_keys.add(key)
-            worker.errors.append(abs(predicted / measured - 1))
+            worker.errors.append(abs(on_rows / measured - 1))
             chosen = spec if pays(measured, settings.margin) else NO_SPEC
+            done = {c.id: (c, spec) for c in ran.completions if is_complete(c, budgets[c.id])}
+            finished.update(done)
+            kept_s += _share_s(ran, done)
+            if chosen is NO_SPEC:  # the rows were kept, but the arm took longer than plain decoding would have
+                lost_s = max(0.0, ran.timing.decode_s * (1 - measured))
             why = "first shard of its key on this worker" if first else f"prediction within its error ({error:.0%}) of the margin"
-            reason += (f"; confirmed ({why}): {arm.label} measured {measured:.2f}x plain decoding on the same "
-                       f"{len(sample)} rows -> {chosen.label}")
+            reason += (f"; confirmed ({why}): {spec.label} measured {measured:.2f}x plain decoding on "
+                       f"{len(ran.completions)} other rows of the shard (kept; their plain time priced from the "
+                       f"profile; predicted {on_rows:.2f}x on those rows) -> {chosen.label}")
     if any(a.acceptance_exact is False for a in results):
         reason += "; acceptance estimated (sampled rows: sum of min(p, q) along the sampled path)"
     seconds = clock() - start
     return Decision(
         chosen=chosen, arms=results, baseline_tokens_per_s=base.tokens_per_s, calibration_s=seconds,
-        overhead_s=max(0.0, seconds - kept_s), reason=reason, shard_id=shard_id, finished=finished,
-        profile_s=profile_s, confirmed=confirmed, profile=list(worker.profile.points),
+        overhead_s=min(seconds, max(0.0, seconds - kept_s) + lost_s), reason=reason, shard_id=shard_id,
+        finished=finished, profile_s=profile_s, confirmed=confirmed, profile=list(worker.profile.points),
     )
+
+
+def _far_below(predicted: float, margin: float, error: float) -> bool:
+    """Is a predicted speedup so far under the margin that even three times the prediction's
+    error would not lift it over? Confirming it would only spend time running a losing arm."""
+    return predicted < (1 + margin) * (1 - 3 * error)
+
+
+def _confirm(engine, others: Sequence[Request], spec: SpecConfig, arm: ArmResult, anchor: "Anchor",
+             profile: CostProfile, batch_size: int) -> tuple[float, float, GenerateResult] | None:
+    """Run `spec` on `batch_size` rows of `others` (evenly spaced; full budgets, so they are kept).
+    Returns (measured speedup, speedup predicted on those rows, the run): measured = plain decode
+    time of those rows priced from the profile and scaled by the sample's plain run, over the
+    arm's measured decode time. Greedy speculation is lossless, so the arm's outputs are the plain
+    outputs the pricing replays; the prediction on those rows is the arm's counterfactual from
+    their outputs (for sampled rows, whose counterfactual needs the target's logits, the sample's
+    prediction stands in). The arm's measured figures are added to `arm`."""
+    picked = pick_sample(others, batch_size, max(r.params.max_tokens for r in others))
+    ran = engine.generate(picked, spec, batch_size)
+    done = plain_rows(engine, picked, ran)
+    if not done or ran.timing.decode_s <= 0:
+        return None
+    arm.add(ran)
+    plain_s = anchor.scale * predict_decode_s(none_plans(done), batch_size, profile, other_per_row_step=anchor.other).decode_s
+    measured = arm.speedup = plain_s / ran.timing.decode_s
+    on_rows = arm.predicted_speedup
+    if all(r.greedy for r in done):
+        on_rows = predict_arms(engine, done, [spec], anchor, profile, batch_size)[0].predicted_speedup or on_rows
+    return measured, on_rows, ran
 
 
 def _broken_arms(engine, arms: Sequence[SpecConfig]) -> dict[str, ArmResult]:
@@ -157,25 +203,46 @@ def _refresh_profile(engine, profile: CostProfile, rows: Sequence[PlainRow], arm
     return seconds
 
 
-def predict_arms(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], plain: GenerateResult,
+def none_plans(rows: Sequence[PlainRow]) -> list[RowPlan]:
+    """`rows` as plain decoding runs them: one token per step."""
+    return [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, [0] * (len(r.output_ids) - 1),
+                    [0] * (len(r.output_ids) - 1)) for r in rows]
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """What ties the profile's prices to a measured plain run: its scale (measured decode time
+    over the replay's price of the same rows, i.e. the machine's present speed) and the engine's
+    bookkeeping per row and step beyond the forward."""
+
+    scale: float
+    other: float
+
+    @classmethod
+    def of(cls, plain: GenerateResult, rows: Sequence[PlainRow], profile: CostProfile, batch_size: int) -> "Anchor":
+        steps = plain.target_steps
+        other = plain.timing.other_s / steps if steps else 0.0
+        priced = predict_decode_s(none_plans(rows), batch_size, profile, other_per_row_step=other).decode_s
+        measured = plain.timing.decode_s
+        return cls(measured / priced if priced > 0 and measured > 0 else 1.0, other)
+
+
+def predict_arms(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], anchor: Anchor,
                  profile: CostProfile, batch_size: int) -> list[ArmResult]:
     """Every arm's counterfactual acceptance on `rows` and its goodput priced from `profile`,
-    scaled to the machine's present speed by the plain run's measured decode time."""
+    scaled to the machine's present speed by `anchor` (a measured plain run's)."""
+    if not arms:
+        return []
     acceptance, lookup_s = _counterfactual(engine, rows, arms)
-    steps = plain.target_steps
-    other = plain.timing.other_s / steps if steps else 0.0
-    none_plans = [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, [0] * (len(r.output_ids) - 1),
-                          [0] * (len(r.output_ids) - 1)) for r in rows]
-    none = predict_decode_s(none_plans, batch_size, profile, other_per_row_step=other)
-    scale = plain.timing.decode_s / none.decode_s if none.decode_s > 0 and plain.timing.decode_s > 0 else 1.0
+    none = predict_decode_s(none_plans(rows), batch_size, profile, other_per_row_step=anchor.other)
     results = []
     for arm in arms:
         acc = acceptance[arm.label]
         plans = [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, s, p) for r, s, p in zip(rows, acc.steps, acc.proposed)]
-        priced = predict_decode_s(plans, batch_size, profile, arm.method, arm.draft_model, other, lookup_s)
+        priced = predict_decode_s(plans, batch_size, profile, arm.method, arm.draft_model, anchor.other, lookup_s)
         results.append(ArmResult(
             arm.method, arm.draft_len,
-            predicted_tokens_per_s=priced.decode_tokens / (scale * priced.decode_s) if priced.decode_s > 0 else None,
+            predicted_tokens_per_s=priced.decode_tokens / (anchor.scale * priced.decode_s) if priced.decode_s > 0 else None,
             predicted_speedup=none.decode_s / priced.decode_s if priced.decode_s > 0 else None,
             acceptance_rate=acceptance_rate(acc.accepted_tokens, acc.draft_tokens),
             mean_accepted_len=mean_accepted_len(acc.accepted_tokens, acc.target_steps),
@@ -229,7 +296,7 @@ def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms
     rows = plain_rows(engine, rows_done, result)
     if not rows or not worker.profile.points:
         return None, None
-    results = predict_arms(engine, rows, arms, result, worker.profile, batch_size)
+    results = predict_arms(engine, rows, arms, Anchor.of(result, rows, worker.profile, batch_size), worker.profile, batch_size)
     spec, _ = choose_predicted(results, arms, margin)
     if spec is NO_SPEC:
         return None, None

@@ -24,11 +24,16 @@ def test_counterfactual_calibration_predicts_every_arm_from_one_plain_run(tiny_e
         assert a.acceptance_exact and a.acceptance_rate == 1.0 and a.predicted_speedup > 0
     assert d.profile and d.profile_s > 0 and worker.profile.points
     assert {p.kind for p in d.profile} == {"target", "draft", "draft_prefill"}
-    # the first shard of a key is confirmed by a measured run of the best arm on the same rows
+    # the first shard of a key is confirmed by a measured run of the best arm on batch-size other
+    # rows of the shard: those rows are kept as output, made by the arm; nothing runs twice
     assert d.confirmed and key_confirmed(worker, "k")
     best = max((a for a in d.arms if a.predicted_speedup), key=lambda a: a.predicted_speedup)
-    assert best.measured and best.speedup and by["none"].measured
-    assert len(d.finished) == 8 and all(spec is NO_SPEC for _, spec in d.finished.values())
+    assert best.measured and best.speedup and by["none"].measured and f"measured {best.speedup:.2f}x" in d.reason
+    sample = {f"r{i}" for i in range(0, 16, 2)}  # 8 evenly spaced rows of 16
+    plain = {i for i, (_, spec) in d.finished.items() if spec is NO_SPEC}
+    confirm = {i: spec.label for i, (_, spec) in d.finished.items() if spec is not NO_SPEC}
+    assert plain == sample and len(confirm) == 4 and not set(confirm) & sample
+    assert set(confirm.values()) == {best.label} and best.decode_tokens > 0
     assert 0 <= d.overhead_s <= d.calibration_s
 
     # the next shard of the key on this worker: profile reused; confirmed only near the margin
@@ -38,6 +43,19 @@ def test_counterfactual_calibration_predicts_every_arm_from_one_plain_run(tiny_e
     assert again.profile_s == 0.0
     assert not again.confirmed
     assert all(not a.measured for a in again.arms if a.method != "none")
+
+
+def test_no_confirmation_far_below_the_margin_or_without_other_rows(tiny_engine):
+    arms = [SpecConfig("draft_target", 2, draft_model="self")]
+    worker = WorkerCalibration(errors=[0.0])  # a prediction error of 0: "far below" is anything below the margin
+    far = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, CalibrationSettings(max_tokens=16, sample_size=8, margin=1.0),
+                                   worker=worker, key="k")
+    top = far.arms[1]
+    assert top.predicted_speedup < 2.0 and not far.confirmed and not top.measured
+    assert "not confirmed: draft_target:k=2 predicted far below the margin" in far.reason
+    assert far.chosen.method == "none" and all(spec.method == "none" for _, spec in far.finished.values())
+    alone = calibrate_counterfactual(tiny_engine, word_rows(8), arms, 4, CalibrationSettings(max_tokens=16, sample_size=8))
+    assert not alone.confirmed and "not confirmed: no other rows of the shard to confirm on" in alone.reason
 
 
 def key_confirmed(worker, key) -> bool:
