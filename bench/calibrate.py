@@ -10,8 +10,10 @@ shard, side by side in one run:
 - plain: the "none" arm.
 The chosen arm's figure comes from that same interleaved run (a separate whole-shard run at
 another moment measured the machine's load, not the choice: 0.5x-0.7x swings were seen).
-Targets: calibrated >= 0.9x oracle on every shard, never below 0.95x plain, calibration <= 10% of
-the shard's wall time (for shards of 128 prompts).
+Targets (issue 12): calibrated >= 0.95x oracle on every shard, never below 0.97x plain,
+calibration overhead <= 2% of the shard's wall time (for shards of 128 prompts). The worker's cost
+profile is a cost per worker, paid on its first shard (and again only when a shard leaves what it
+measured): the table shows the overhead with it and without it.
 
 tokens/s here is goodput (committed tokens per second of decode time, calibration's own measure:
 prefill is the same for every arm). The shard's wall time is the pipeline's: calibration, then the
@@ -95,6 +97,7 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
         "calibration_s": decision.calibration_s, "calibration_overhead_s": decision.overhead_s,
         "calibration_rows_kept": kept, "shard_wall_s": shard_wall,
         "calibration_share": decision.overhead_s / shard_wall if shard_wall else None,
+        "calibration_share_without_profile": (decision.overhead_s - decision.profile_s) / shard_wall if shard_wall else None,
         "calibration_time_share": decision.calibration_s / shard_wall if shard_wall else None,
         "calibration_capped": decision.capped,
         "calibration_arms": [a.to_struct() for a in decision.arms], "oracle_arms": list(summaries.values()),
@@ -129,13 +132,15 @@ def prediction_table(shards: Sequence[dict]) -> str:
 
 
 def shard_table(shards: Sequence[dict]) -> str:
-    lines = ["| shard | rows | chosen | calibrated tok/s | oracle (arm) tok/s | plain tok/s | vs oracle (>= 0.9) | vs plain (>= 0.95) "
-             "| shard end to end vs plain | calibration s (rows kept) | calibration cost: share of shard wall (<= 10%) | all calibration time: share |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shard | rows | chosen | calibrated tok/s | oracle (arm) tok/s | plain tok/s | vs oracle (>= 0.95) | vs plain (>= 0.97) "
+             "| shard end to end vs plain | calibration s (rows kept) | profile s | calibration overhead: share of shard wall (<= 2%) "
+             "| overhead without the worker's profile | all calibration time: share |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in shards:
         lines.append(f"| {r['shard']} | {r['rows']} | {r['chosen']} | {r['calibrated_tokens_per_s']:.1f} | {r['oracle']}: {r['oracle_tokens_per_s']:.1f} "
                      f"| {r['plain_tokens_per_s']:.1f} | {fmt(r['vs_oracle'])}x | {fmt(r['vs_plain'])}x | {fmt(r['end_to_end_vs_plain'])}x "
-                     f"| {r['calibration_s']:.1f} ({r['calibration_rows_kept']}) | {_pct(r['calibration_share'])} | {_pct(r['calibration_time_share'])} |")
+                     f"| {r['calibration_s']:.1f} ({r['calibration_rows_kept']}) | {r['profile_s']:.1f} | {_pct(r['calibration_share'])} "
+                     f"| {_pct(r['calibration_share_without_profile'])} | {_pct(r['calibration_time_share'])} |")
     return "\n".join(lines)
 
 
@@ -175,9 +180,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     data = {"benchmark": "calibrate", "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
             "rows_per_shard": rows, "max_tokens": max_tokens, "batch_size": args.batch_size,
             "arms": [a.label for a in arms], "machine": info, "shards": shards,
-            "met": {"vs_oracle": all((r["vs_oracle"] or 0) >= 0.9 for r in shards),
-                    "vs_plain": all((r["vs_plain"] or 0) >= 0.95 for r in shards),
-                    "calibration_share": all((r["calibration_share"] or 0) <= 0.10 for r in shards),
+            "met": {"vs_oracle": all((r["vs_oracle"] or 0) >= 0.95 for r in shards),
+                    "vs_plain": all((r["vs_plain"] or 0) >= 0.97 for r in shards),
+                    "calibration_share": all((r["calibration_share"] or 0) <= 0.02 for r in shards),
                     "prediction_within_10pct": all(a["error"] is not None and abs(a["error"]) <= 0.10
                                                    for r in shards for a in r["predicted_vs_measured"])}}
     table = shard_table(shards) + "\n\n" + prediction_table(shards)
