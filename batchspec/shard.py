@@ -1,10 +1,14 @@
 """One shard, start to finish on one engine: decide the speculative setting, generate, account.
 
     decision = calibrate (or reuse, or the fixed setting)
-    generate in chunks, watching for drift both ways, and record the row where it happened:
-        speculating, acceptance far below what calibration saw -> plain decoding for the rest;
+    generate in chunks, watching for drift both ways after each chunk, and record the first row
+    where each change happened:
+        speculating, the running arm predicted to lose to plain decoding on the chunk it just
+        generated (greedy rows: its counterfactual on their outputs, which are plain decoding's),
+        or else acceptance far below what calibration saw -> plain decoding;
         under "none", counterfactual acceptance of a finished chunk says an arm now beats plain
-        decoding by the margin -> that arm for the rest
+        decoding by the margin -> that arm
+    (switching on needs the margin, falling back only a predicted loss: no flapping at the edge)
     stats = one row for OUTPUT/stats (DESIGN.md's columns)
 
 This module knows nothing about Parquet, storage or Ray; the pipeline's workers call `run_shard`.
@@ -28,6 +32,7 @@ from batchspec.calibrate import (
     fixed_decision,
     plan_builds,
     speculation_unmeasured,
+    running_speedup,
     switch_on,
 )
 from batchspec.engine.base import (
@@ -199,23 +204,32 @@ class _SwitchOn:
         spec, arm = switch_on(self.engine, part, result, self.arms, self.worker, self.batch_size, self.margin)
         return spec, arm.acceptance_rate if arm is not None else None
 
+    def loses(self, part: Sequence[Request], result: GenerateResult, spec: SpecConfig) -> bool | None:
+        """Would plain decoding have been faster on the chunk `spec` just generated? None when the
+        counterfactual cannot tell (sampled rows)."""
+        speedup = running_speedup(self.engine, part, result, spec, self.worker, self.batch_size)
+        return None if speedup is None else speedup < 1.0
+
 
 def generate_watching(engine: Engine, requests: Sequence[Request], decision: Decision, batch_size: int,
                       settings: CalibrationSettings, caveats: dict[str, str] | None = None, switch=None,
                       ) -> tuple[list[Completion], list[SpecConfig], Timing, Drift]:
     """Generate under the decision in chunks, watching for drift both ways.
 
-    Speculating, a chunk whose acceptance falls below `drift_ratio` x calibration's sends the rest
-    to plain decoding. Under "none" with a `switch` check (counterfactual acceptance of the chunk
-    just generated), a chunk where an arm would have beaten plain decoding by the margin sends the
-    rest to that arm. Rows that calibration already generated to their end are kept as they are
+    Speculating, a chunk on which the arm is predicted to lose to plain decoding (`switch.loses`,
+    from the chunk's own greedy outputs), or, where that cannot tell, whose acceptance falls below
+    `drift_ratio` x calibration's, sends what follows to plain decoding. Under "none" with a
+    `switch` check (counterfactual acceptance of the chunk just generated), a chunk where an arm
+    would have beaten plain decoding by the margin sends what follows to that arm. Both can
+    happen more than once; the first row of each is recorded (each row's setting is in
+    `row_specs`). Rows that calibration already generated to their end are kept as they are
     (their time was counted as calibration); only the rest are generated here. The engine's
     caveats (figures it estimated or did not measure) are gathered into `caveats`."""
     caveats = {} if caveats is None else caveats
     spec = decision.chosen
     todo = [r for r in requests if r.id not in decision.finished]
     calibrated = decision.chosen_arm.acceptance_rate if decision.chosen_arm else None
-    if spec.method == "none" and switch is None or spec.method != "none" and calibrated is None:
+    if switch is None and (spec.method == "none" or calibrated is None):  # nothing to watch with
         result = engine.generate(todo, spec, batch_size)
         caveats.update(result.caveats)
         done, specs, timing, drift = result.completions, [spec] * len(todo), result.timing, Drift()
@@ -228,7 +242,7 @@ def generate_watching(engine: Engine, requests: Sequence[Request], decision: Dec
 
 def _watch(engine: Engine, requests: Sequence[Request], spec: SpecConfig, calibrated: float | None, batch_size: int,
            settings: CalibrationSettings, caveats: dict[str, str], switch) -> tuple[list[Completion], list[SpecConfig], Timing, Drift]:
-    chunk = settings.drift_chunk or max(8 * batch_size, 16)
+    chunk = settings.drift_chunk or 8 * batch_size
     completions: list[Completion] = []
     specs: list[SpecConfig] = []
     timing = Timing()
@@ -242,14 +256,21 @@ def _watch(engine: Engine, requests: Sequence[Request], spec: SpecConfig, calibr
         timing = timing + result.timing
         if begin + len(part) >= len(requests):
             break
-        rate = result.acceptance_rate
-        if spec is not NO_SPEC and calibrated is not None and rate is not None and rate < settings.drift_ratio * calibrated:
-            spec, drift.fallback_row = NO_SPEC, begin + len(part)
-        elif spec is NO_SPEC and switch is not None and drift.fallback_row is None and drift.switch_row is None:
-            began = time.perf_counter()
+        row = begin + len(part)
+        began = time.perf_counter()
+        if spec is not NO_SPEC:
+            loses = switch.loses(part, result, spec) if hasattr(switch, "loses") else None
+            if loses is None:
+                rate = result.acceptance_rate
+                loses = calibrated is not None and rate is not None and rate < settings.drift_ratio * calibrated
+            if loses:
+                spec = NO_SPEC
+                drift.fallback_row = row if drift.fallback_row is None else drift.fallback_row
+        elif switch is not None:
             arm, predicted = switch(part, result)
-            timing.other_s += time.perf_counter() - began  # the check is decode-time work of this shard
             if arm is not None:
                 spec, calibrated = arm, predicted
-                drift.switch_row, drift.switch_arm = begin + len(part), arm.label
+                if drift.switch_row is None:
+                    drift.switch_row, drift.switch_arm = row, arm.label
+        timing.other_s += time.perf_counter() - began  # the checks are decode-time work of this shard
     return completions, specs, timing, drift

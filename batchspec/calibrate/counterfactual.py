@@ -301,3 +301,16 @@ def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms
     if spec is NO_SPEC:
         return None, None
     return spec, next(a for a in results if a.label == spec.label)
+
+
+def running_speedup(engine, rows_done: Sequence[Request], result: GenerateResult, spec: SpecConfig,
+                    worker: WorkerCalibration, batch_size: int) -> float | None:
+    """Drift while speculating: the predicted speedup of `spec` over plain decoding on the rows it
+    just generated. Greedy speculation is lossless, so their outputs are plain decoding's and the
+    arm's counterfactual on them is exact; None for sampled rows (their counterfactual needs the
+    target's logits) or without a profile."""
+    rows = plain_rows(engine, rows_done, result)
+    if not rows or not worker.profile.points or not all(r.greedy for r in rows):
+        return None
+    anchor = Anchor.of(result, rows, worker.profile, batch_size)
+    return predict_arms(engine, rows, [spec], anchor, worker.profile, batch_size)[0].predicted_speedup

@@ -35,7 +35,7 @@ class CalibrationSettings:
     min_rows: int = field(default=16, metadata={"min": 0})  # smaller shards reuse the last decision of their shard key
     confirm: bool = True  # measure the predicted best draft length
     drift_ratio: float = field(default=0.5, metadata={"min": 0, "max": 1})  # fall back to "none" when acceptance drops below this x calibrated
-    drift_chunk: int = field(default=0, metadata={"min": 0})  # rows per drift check; 0 = max(8 x batch size, 16)
+    drift_chunk: int = field(default=0, metadata={"min": 0})  # rows per drift check; 0 = 8 x batch size
     max_builds_per_worker: int = field(default=6, metadata={"min": 2})  # engines whose arms are builds (TensorRT-LLM): builds calibration may cause per worker (none and one arm at least)
     prediction_error: float = field(default=0.10, metadata={"min": 0})  # assumed error of a predicted speedup until confirmations measure it
 
