@@ -70,6 +70,21 @@ def test_calibrate_bench_writes_every_shard(models, tmp_path):
     assert set(saved["met"]) == {"vs_oracle", "vs_plain", "calibration_share", "prediction_within_10pct"}
 
 
+def test_switch_bench_runs_the_changing_shard_against_plain(models, tmp_path):
+    import switch
+
+    target, _ = models
+    data = switch.main(["--model", target, "--rows", "3", "--max-tokens", "4", "--repeats", "2", "--threads", "1",
+                        "--dtype", "float32", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "switch.json").read_text())
+    assert saved["speedup"] == data["speedup"] > 0 and len(saved["runs"]) == 2
+    for run in saved["runs"]:
+        cal = run["calibrated"]
+        assert len(cal["row_settings"]) == 6 and run["identical_rows"] == 6  # greedy, lossless, float32
+        assert run["plain"]["output_tokens"] == cal["output_tokens"]
+    assert "| repeat |" in (tmp_path / "switch.md").read_text()
+
+
 def test_run_all_writes_peers_sweep_limit_and_plot(models, tmp_path):
     import run_all
 
