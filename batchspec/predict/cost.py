@@ -143,12 +143,17 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
                      lookup_per_row_step: float = 0.0) -> Predicted:
     """Replay continuous batching over `rows` and price every step.
 
+    A target step is priced at the batch's cache length as kv.Batch keeps it, holes included: a
+    row that rejects drafts keeps the slots another row of its batch accepted, so speculation
+    lengthens the cache attention reads faster than the rows' contexts grow (until compaction).
+
     `other_per_row_step` is the engine's bookkeeping per row and step beyond the forward and the
     accept rule (from the measured plain run); `lookup_per_row_step` an n-gram lookup's cost."""
     queue = list(range(len(rows)))
     active: list[list[int | float]] = []  # [row index, next step, context]
     verify = draft = other = 0.0
     steps = 0
+    slots = 0  # the batch's cache length, holes included (kv.Batch), which attention reads
     while queue or active:
         while queue and len(active) < batch_size:
             i = queue.pop(0)
@@ -156,22 +161,31 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
                 draft += profile.draft_prefill_s(draft_model, rows[i].prompt_len)
             if rows[i].steps:
                 active.append([i, 0, rows[i].prompt_len + 1])
+                slots = max(slots, rows[i].prompt_len)  # a new row's cache is padded to the batch's, or the batch's to it
         if not active:
             continue
         width = 1 + max(rows[i].proposed[s] for i, s, _ in active)
-        context = int(max(c for _, _, c in active))
+        context = slots + 1  # the step's pending token, then its drafts
         b = len(active)
         verify += profile.target_s(b, context, width)
         if method == "draft_target" and width > 1:
-            draft += (width - 1) * profile.draft_s(draft_model, b, context)
+            draft += (width - 1) * profile.draft_s(draft_model, b, int(max(c for _, _, c in active)))
         elif method == "ngram":
             draft += lookup_per_row_step * b
         other += other_per_row_step * b
         steps += b
+        kept = 0
         for slot in active:
             n = rows[slot[0]].steps[slot[1]]
             slot[1] += 1
             slot[2] += n + 1
+            kept = max(kept, round(n) + 1)
+        slots += kept  # every row appends `width` slots; those no row keeps are cut off the end (kv.Batch.keep)
         active = [slot for slot in active if slot[1] < len(rows[slot[0]].steps)]
+        longest = int(max((c for _, _, c in active), default=0)) - 1
+        if not active:
+            slots = 0  # the engine starts a fresh batch
+        elif slots > 2 * longest + 64:
+            slots = longest  # kv.Batch.compact squeezes the holes out
     tokens = float(sum(r.decode_tokens for r in rows))
     return Predicted(verify + draft + other, verify, draft, other, steps, tokens)

@@ -48,3 +48,15 @@ def test_replay_prices_each_step_as_wide_as_its_widest_row():
     spec = [RowPlan(10, 3, [2, 0], [2, 0]), RowPlan(10, 1, [0], [2])]  # step 1 is 3 wide, step 2 has one row left, 1 wide
     got = predict_decode_s(spec, 2, p, "ngram", lookup_per_row_step=0.01)
     assert got.verify_s == pytest.approx(2.0 + 0.5) and got.draft_s == pytest.approx(0.01 * 3)
+
+
+def test_replay_prices_a_step_at_the_cache_length_holes_included():
+    """Rows of one batch that accept at different steps keep each other's slots (kv.Batch.keep cuts
+    only what no row keeps), so the cache attention reads grows faster than either row's context."""
+    p = profile_of([("target", "m", 2, 10, 1, 1.0), ("target", "m", 2, 10, 3, 1.0), ("target", "m", 2, 110, 1, 2.0)])
+    rows = [RowPlan(10, 5, [2, 0, 0], [2, 2, 2]), RowPlan(10, 5, [0, 2, 0], [2, 2, 2])]
+    got = predict_decode_s(rows, 2, p, "ngram")
+    # cache 10, 13, 16 slots before the three steps (3 kept each step: 2 drafts + 1 by one row or
+    # the other); priced at the pending token's position, cost 1 + (context - 10) / 100
+    assert got.verify_s == pytest.approx(1.01 + 1.04 + 1.07)
+    assert got.target_steps == 6
