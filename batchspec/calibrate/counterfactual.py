@@ -12,7 +12,7 @@ draft-model arms): nothing is repeated but a confirmation where it matters.
    (`decision.choose_predicted`).
 4. A measured run confirms only on a key's first shard on a worker, or when the prediction is
    within its own measured error of the margin; never when the best arm is predicted far below
-   the margin (`_far_below`). It repeats no work: the best arm generates `batch_size` other rows
+   the margin (`_far_below`). It repeats no work: the best arm generates max(batch size, 4) other rows
    of the shard, which are kept as output (greedy speculation is lossless: they are the rows plain
    decoding would give). Their plain decode time is priced from the profile by the same replay,
    scaled by the sample's measured plain run, so the confirmation compares the arm's measured time
@@ -45,6 +45,9 @@ from batchspec.errors import one_line
 from batchspec.predict.acceptance import PlainRow, draft_acceptance, ngram_acceptance
 from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s, profile_grid
 from batchspec.stats import ArmResult
+
+
+CONFIRM_MIN_ROWS = 4  # at batch 1 a single row is too few to measure an arm on
 
 
 @dataclass
@@ -145,14 +148,15 @@ def _far_below(predicted: float, margin: float, error: float) -> bool:
 
 def _confirm(engine, others: Sequence[Request], spec: SpecConfig, arm: ArmResult, anchor: "Anchor",
              profile: CostProfile, batch_size: int) -> tuple[float, float, GenerateResult] | None:
-    """Run `spec` on `batch_size` rows of `others` (evenly spaced; full budgets, so they are kept).
+    """Run `spec` on max(batch_size, CONFIRM_MIN_ROWS) rows of `others` (evenly spaced; full budgets,
+    so they are kept).
     Returns (measured speedup, speedup predicted on those rows, the run): measured = plain decode
     time of those rows priced from the profile and scaled by the sample's plain run, over the
     arm's measured decode time. Greedy speculation is lossless, so the arm's outputs are the plain
     outputs the pricing replays; the prediction on those rows is the arm's counterfactual from
     their outputs (for sampled rows, whose counterfactual needs the target's logits, the sample's
     prediction stands in). The arm's measured figures are added to `arm`."""
-    picked = pick_sample(others, batch_size, max(r.params.max_tokens for r in others))
+    picked = pick_sample(others, max(batch_size, CONFIRM_MIN_ROWS), max(r.params.max_tokens for r in others))
     ran = engine.generate(picked, spec, batch_size)
     done = plain_rows(engine, picked, ran)
     if not done or ran.timing.decode_s <= 0:
