@@ -31,8 +31,8 @@ from batchspec.calibrate import (
     counterfactual_ready,
     fixed_decision,
     plan_builds,
-    speculation_unmeasured,
     running_speedup,
+    speculation_unmeasured,
     switch_on,
 )
 from batchspec.engine.base import (

@@ -105,10 +105,11 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
     first = key not in worker.confirmed_keys
     near = top is not None and abs(top[1] - (1 + settings.margin)) <= error * top[1]
     lost_s, confirmed = 0.0, False
-    if top is not None and settings.confirm and (first or near) and _far_below(top[1], settings.margin, error):
+    wanted = top is not None and settings.confirm and (first or near)
+    if wanted and _far_below(top[1], settings.margin, error):
         reason += (f"; not confirmed: {top[0].label} predicted far below the margin "
                    f"(under (1 + margin) x (1 - 3 x its error {error:.0%}))")
-    elif top is not None and settings.confirm and (first or near):
+    elif wanted:
         taken = {r.id for r in sample}
         others = [r for r in requests if r.id not in taken]
         spec = next(s for s in arms if s.label == top[0].label)
@@ -292,15 +293,24 @@ def _share_s(result: GenerateResult, kept: dict) -> float:
     return result.timing.wall_s * mine / total if total else 0.0
 
 
+def _predict_chunk(engine, rows_done: Sequence[Request], result: GenerateResult, arms: Sequence[SpecConfig],
+                   worker: WorkerCalibration, batch_size: int, greedy_only: bool = False) -> list[ArmResult] | None:
+    """Drift checks: every arm in `arms` predicted on the chunk of rows `result` just generated,
+    anchored on that run; None without rows, without a profile, or (`greedy_only`) with sampled rows."""
+    rows = plain_rows(engine, rows_done, result)
+    if not rows or not worker.profile.points or greedy_only and not all(r.greedy for r in rows):
+        return None
+    return predict_arms(engine, rows, arms, Anchor.of(result, rows, worker.profile, batch_size), worker.profile, batch_size)
+
+
 def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms: Sequence[SpecConfig],
               worker: WorkerCalibration, batch_size: int, margin: float) -> tuple[SpecConfig | None, ArmResult | None]:
     """Drift under "none": the counterfactual of the rows just generated plainly. Returns the best
     arm and its prediction if its predicted speedup over them beats plain decoding by the margin,
     else (None, None). Free for n-gram lookup; one teacher-forced forward per draft model."""
-    rows = plain_rows(engine, rows_done, result)
-    if not rows or not worker.profile.points:
+    results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size)
+    if results is None:
         return None, None
-    results = predict_arms(engine, rows, arms, Anchor.of(result, rows, worker.profile, batch_size), worker.profile, batch_size)
     spec, _ = choose_predicted(results, arms, margin)
     if spec is NO_SPEC:
         return None, None
@@ -313,8 +323,5 @@ def running_speedup(engine, rows_done: Sequence[Request], result: GenerateResult
     just generated. Greedy speculation is lossless, so their outputs are plain decoding's and the
     arm's counterfactual on them is exact; None for sampled rows (their counterfactual needs the
     target's logits) or without a profile."""
-    rows = plain_rows(engine, rows_done, result)
-    if not rows or not worker.profile.points or not all(r.greedy for r in rows):
-        return None
-    anchor = Anchor.of(result, rows, worker.profile, batch_size)
-    return predict_arms(engine, rows, [spec], anchor, worker.profile, batch_size)[0].predicted_speedup
+    results = _predict_chunk(engine, rows_done, result, [spec], worker, batch_size, greedy_only=True)
+    return None if results is None else results[0].predicted_speedup
