@@ -124,8 +124,11 @@ def test_rows_finished_in_calibration_are_kept_not_regenerated(tiny_engine):
     shard = run_shard(tiny_engine, ShardInput("s0", None, rows), arms, True, 4, settings)
     assert shard.stats.calibration_rows_kept == 8 + 4  # the sample, and batch-size rows of the confirmation
     made_by = {c.id: spec.label for c, spec in zip(shard.completions, shard.row_specs)}
-    assert {i for i, label in made_by.items() if label == "draft_target:k=2"} == {
-        i for i, (_, spec) in shard.decision.finished.items() if spec.method == "draft_target"} == {"r1", "r5", "r9", "r13"}
+    finished = shard.decision.finished
+    assert {i for i, (_, spec) in finished.items() if spec.method == "draft_target"} == {"r1", "r5", "r9", "r13"}
+    # kept rows keep the setting that made them (the rest run under the decision, which depends on
+    # how the arm measured on this machine: not asserted here)
+    assert {i: made_by[i] for i in finished} == {i: spec.label for i, (_, spec) in finished.items()}
     assert shard.stats.rows == 16 and [c.id for c in shard.completions] == [r.id for r in rows]
     plain = tiny_engine.generate(rows, NO_SPEC, 4).completions
     assert [c.token_ids for c in shard.completions] == [c.token_ids for c in plain]
