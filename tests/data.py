@@ -29,3 +29,8 @@ def word_rows(n: int) -> list[Request]:
     """n short prompts over words w1..w11 (repeats, so n-gram lookup finds matches), max_tokens 24."""
     return [Request(f"r{i}", " ".join(f"w{(i * 7 + j) % 11 + 1}" for j in range(6 + i % 5)),
                     params=SamplingParams(max_tokens=24)) for i in range(n)]
+
+
+# A calibration's assumed prediction error of 34%: 3 x it exceeds 1, so no prediction counts as far
+# below the margin and a key's first shard is confirmed whatever the machine's load does to the profile.
+LENIENT = 0.34

@@ -10,7 +10,7 @@ from batchspec.calibrate import CalibrationSettings, Decision, WorkerCalibration
 from batchspec.engine.base import NO_SPEC, SpecConfig
 from batchspec.shard import ShardInput, generate_watching, run_shard
 from batchspec.stats import STATS_FIELDS, ArmResult
-from tests.data import word_rows
+from tests.data import LENIENT, word_rows
 
 
 def test_small_shards_reuse_the_decision_of_their_key(tiny_engine):
@@ -106,7 +106,7 @@ def test_run_shard_records_prediction_profile_and_confirmation(tiny_engine):
     worker = WorkerCalibration()
     arms = [SpecConfig("ngram", k) for k in (2, 4)]
     shard = run_shard(tiny_engine, ShardInput("s0", "a", word_rows(16)), arms, True, 4,
-                      CalibrationSettings(max_tokens=24, sample_size=8), worker=worker)
+                      CalibrationSettings(max_tokens=24, sample_size=8, prediction_error=LENIENT), worker=worker)
     st = shard.stats
     assert st.calibration_confirmed and st.profile_s > 0 and st.cost_profile
     assert all(c.predicted_speedup for c in st.candidates if c.method != "none")
@@ -120,7 +120,7 @@ def test_rows_finished_in_calibration_are_kept_not_regenerated(tiny_engine):
     plain greedy), and generates only the rest."""
     rows = word_rows(16)  # max_tokens 24 each
     arms = [SpecConfig("draft_target", 2, draft_model="self")]
-    settings = CalibrationSettings(max_fraction=100.0, max_tokens=24, sample_size=8, rounds=1)
+    settings = CalibrationSettings(max_fraction=100.0, max_tokens=24, sample_size=8, rounds=1, prediction_error=LENIENT)
     shard = run_shard(tiny_engine, ShardInput("s0", None, rows), arms, True, 4, settings)
     assert shard.stats.calibration_rows_kept == 8 + 4  # the sample, and batch-size rows of the confirmation
     made_by = {c.id: spec.label for c, spec in zip(shard.completions, shard.row_specs)}

@@ -9,13 +9,13 @@ import pytest
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration, calibrate_counterfactual
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
 from batchspec.shard import ShardInput, run_shard
-from tests.data import word_rows
+from tests.data import LENIENT, word_rows
 
 
 def test_counterfactual_calibration_predicts_every_arm_from_one_plain_run(tiny_engine):
     arms = [SpecConfig("draft_target", k, draft_model="self") for k in (1, 2, 4)] + [SpecConfig("ngram", 3)]
     worker = WorkerCalibration()
-    settings = CalibrationSettings(max_tokens=24, sample_size=8)
+    settings = CalibrationSettings(max_tokens=24, sample_size=8, prediction_error=LENIENT)
     d = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, settings, shard_id="s0", worker=worker, key="k")
     by = {a.label: a for a in d.arms}
     assert list(by) == ["none"] + [a.label for a in arms]
@@ -54,7 +54,8 @@ def test_no_confirmation_far_below_the_margin_or_without_other_rows(tiny_engine)
     assert top.predicted_speedup < 2.0 and not far.confirmed and not top.measured
     assert "not confirmed: draft_target:k=2 predicted far below the margin" in far.reason
     assert far.chosen.method == "none" and all(spec.method == "none" for _, spec in far.finished.values())
-    alone = calibrate_counterfactual(tiny_engine, word_rows(8), arms, 4, CalibrationSettings(max_tokens=16, sample_size=8))
+    alone = calibrate_counterfactual(tiny_engine, word_rows(8), arms, 4,
+                                     CalibrationSettings(max_tokens=16, sample_size=8, prediction_error=LENIENT))
     assert not alone.confirmed and "not confirmed: no other rows of the shard to confirm on" in alone.reason
 
 
