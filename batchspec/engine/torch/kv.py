@@ -201,6 +201,23 @@ class Batch:
         for layer in self.cache.layers:
             layer.take(rows, None, layer.length)
 
+    def fork(self, rows: torch.Tensor, slots: int) -> "Batch":
+        """A new batch of copies of `rows`, each cut to its first `slots` slots (this batch must
+        have no holes there). This batch is left as it was: one prefilled row can seed probes of
+        any batch size and any shorter context."""
+        assert bool(self.valid[rows, :slots].all()), "fork needs rows without holes in their first slots"
+        out = Batch(self.device)
+        for layer in self.cache.layers:
+            copy = SlotLayer()
+            copy.lazy_initialization(layer.keys, layer.values)
+            copy.k_buf = layer.keys[rows, :, :slots].contiguous()
+            copy.v_buf = layer.values[rows, :, :slots].contiguous()
+            copy.length = slots
+            out.cache.layers.append(copy)
+        out.valid = self.valid[rows, :slots].clone()
+        out.positions = torch.full((len(rows),), slots, dtype=torch.long, device=self.device)
+        return out
+
     def extend(self, other: "Batch") -> None:
         """Take in `other`'s rows (freshly prefilled) after ours."""
         if other.size == 0:

@@ -19,43 +19,52 @@ from batchspec.engine.torch.kv import Batch
 
 
 def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int]] = (),
-            temperature: float = 0.0, reps: int = 3) -> list[StepCost]:
+            temperature: float = 0.0, reps: int = 3, agree: float = 0.2) -> list[StepCost]:
     """Time one target forward of `engine` for each (batch, context, tokens per row) in `target`,
     the accept rule's sampling work included, and one step for each (draft model, batch, context)
-    in `drafts` (plus each draft model's prefill of one row). Each point's cache is one prefilled
-    row copied to the batch size (attention cost depends on shapes, not values), so a profile
-    costs a few forwards, not batched prefills. The fastest of `reps` tries counts (the first
-    try warms each shape; one forward per model warms the model).
+    in `drafts` (plus each draft model's prefill of one row). Each model prefills one row once, at
+    the widest context asked of it, and every point's cache is a copy of that row cut to the
+    point's context and copied to its batch size (attention cost depends on shapes, not values),
+    so a profile costs one prefill per model and a few forwards. The fastest try counts: two
+    tries of every point (round-robin over widths, so a change of load hits every width alike),
+    and up to `reps` while some point's tries differ by more than `agree`; one forward per model
+    warms it first, not counted.
 
     A decoding batch of several rows almost always holds holes (rows of different lengths,
     rejected drafts), so its forwards take the explicit-mask path (kv.Batch._attention_inputs);
     a probe of several rows gets one hole, so it times that path too. A single row never keeps a
     hole (slots it does not keep are cut off), so its probe stays dense."""
     points: list[StepCost] = []
-    warmed: set[str] = set()
     plan = sorted([("target", engine.model_name, b, c, w) for b, c, w in target] + [("draft", d, b, c, 1) for d, b, c in drafts])
+    device = engine.device
     with torch.inference_mode():
-        for (kind, name, b, c), group in itertools.groupby(plan, key=lambda p: p[:4]):
+        for (kind, name), per_model in itertools.groupby(plan, key=lambda p: p[:2]):
+            per_model = list(per_model)
             model = engine.model if kind == "target" else engine._draft(name)
-            filler = [(17 + 31 * i) % engine.vocab for i in range(c)]
-            batch = Batch(engine.device)
+            widest = max(c for *_, c, _ in per_model)
+            filler = [(17 + 31 * i) % engine.vocab for i in range(widest)]
+            seed = Batch(device)
             t = time.perf_counter()
-            batch.forward(model, [filler], engine.pad_id, last_only=True)
-            if kind == "draft" and not any(p.kind == "draft_prefill" and p.model == name for p in points):
-                points.append(StepCost("draft_prefill", name, 1, 0, c, time.perf_counter() - t))
-            batch.keep(torch.tensor([c], device=engine.device))
-            batch.select(torch.zeros(b, dtype=torch.long, device=engine.device))
-            if b > 1:
-                _open_hole(batch)
-            widths = [w for *_, w in group]
-            if name not in warmed:  # a model's first forwards after loading run slow: one warm-up, not counted
-                time_forward(batch, model, kind, filler[:1], b, temperature, engine.pad_id)
-                warmed.add(name)
-            best = {w: float("inf") for w in widths}
-            for _ in range(reps):  # round-robin over widths, so load changes hit every width alike
-                for w in widths:
-                    best[w] = min(best[w], time_forward(batch, model, kind, filler[:w], b, temperature, engine.pad_id))
-            points += [StepCost(kind, name, b, c, w, best[w]) for w in widths]
+            seed.forward(model, [filler], engine.pad_id, last_only=True)
+            if kind == "draft":
+                points.append(StepCost("draft_prefill", name, 1, 0, widest, time.perf_counter() - t))
+            seed.keep(torch.tensor([widest], device=device))
+            warm = True  # a model's first forwards after loading run slow: one warm-up, not counted
+            for (b, c), group in itertools.groupby(per_model, key=lambda p: p[2:4]):
+                batch = seed.fork(torch.zeros(b, dtype=torch.long, device=device), c)
+                if b > 1:
+                    _open_hole(batch)
+                widths = [w for *_, w in group]
+                if warm:
+                    time_forward(batch, model, kind, filler[:1], b, temperature, engine.pad_id)
+                    warm = False
+                tries: dict[int, list[float]] = {w: [] for w in widths}
+                for i in range(reps):
+                    if i >= 2 and all(max(t) <= (1 + agree) * min(t) for t in tries.values()):
+                        break
+                    for w in widths:
+                        tries[w].append(time_forward(batch, model, kind, filler[:w], b, temperature, engine.pad_id))
+                points += [StepCost(kind, name, b, c, w, min(tries[w])) for w in widths]
     return points
 
 

@@ -54,3 +54,22 @@ def test_prefill_last_logits_do_not_depend_on_grouping(word_models, waste):
         alone = torch.stack([target(torch.tensor([p])).logits[0, -1] for p in prompts])
     assert batch.positions.tolist() == [3, 5, 2]
     torch.testing.assert_close(last, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fork_is_the_rows_cut_to_a_shorter_context_and_leaves_its_seed_alone(word_models):
+    """Profile probes start from one prefilled row: a fork to 3 rows of its first 4 slots must
+    compute what a fresh prefill of those 4 tokens would, and the seed must not change."""
+    target, _, _ = word_models
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        seed = Batch(cpu)
+        seed.forward(target, [[1, 2, 3, 4, 5, 6, 7]])
+        seed.keep(torch.tensor([7]))
+        forked = seed.fork(torch.zeros(3, dtype=torch.long), 4)
+        assert forked.size == 3 and forked.slots == 4 and forked.positions.tolist() == [4, 4, 4] and forked.dense
+        got = forked.forward(target, [[9, 10]] * 3)
+        fresh = target(torch.tensor([[1, 2, 3, 4, 9, 10]])).logits[0, -2:]
+        for row in got:
+            torch.testing.assert_close(row, fresh, rtol=1e-5, atol=1e-5)
+        assert seed.size == 1 and seed.slots == 7 and seed.positions.tolist() == [7]
+        assert seed.cache.layers[0].length == 7 and seed.cache.layers[0].keys.shape[2] == 7
