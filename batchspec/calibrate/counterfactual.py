@@ -113,18 +113,22 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
         taken = {r.id for r in sample}
         others = [r for r in requests if r.id not in taken]
         spec = next(s for s in arms if s.label == top[0].label)
-        check = _confirm(engine, others, spec, top[0], anchor, worker.profile, batch_size) if others else None
-        if check is None:
+        measured, on_rows, ran = _confirm(engine, others, spec, top[0], anchor, worker.profile, batch_size) \
+            if others else (None, None, None)
+        if ran is not None:  # the rows the arm generated are kept, measured or not
+            done = {c.id: (c, spec) for c in ran.completions if is_complete(c, budgets[c.id])}
+            finished.update(done)
+            kept_s += _share_s(ran, done)
+        if ran is None:
             reason += "; not confirmed: no other rows of the shard to confirm on"
+        elif measured is None:
+            reason += (f"; not confirmed: the {len(ran.completions)} rows {spec.label} ran on (kept) ended after "
+                       f"their first token, leaving no decode step to measure")
         else:
-            measured, on_rows, ran = check
             confirmed = True
             worker.confirmed_keys.add(key)
             worker.errors.append(abs(on_rows / measured - 1))
             chosen = spec if pays(measured, settings.margin) else NO_SPEC
-            done = {c.id: (c, spec) for c in ran.completions if is_complete(c, budgets[c.id])}
-            finished.update(done)
-            kept_s += _share_s(ran, done)
             if chosen is NO_SPEC:  # the rows were kept, but the arm took longer than plain decoding would have
                 lost_s = max(0.0, ran.timing.decode_s * (1 - measured))
             why = "first shard of its key on this worker" if first else f"prediction within its error ({error:.0%}) of the margin"
@@ -148,7 +152,7 @@ def _far_below(predicted: float, margin: float, error: float) -> bool:
 
 
 def _confirm(engine, others: Sequence[Request], spec: SpecConfig, arm: ArmResult, anchor: "Anchor",
-             profile: CostProfile, batch_size: int) -> tuple[float, float, GenerateResult] | None:
+             profile: CostProfile, batch_size: int) -> tuple[float | None, float | None, GenerateResult]:
     """Run `spec` on max(batch_size, CONFIRM_MIN_ROWS) rows of `others` (evenly spaced; full budgets,
     so they are kept).
     Returns (measured speedup, speedup predicted on those rows, the run): measured = plain decode
@@ -156,14 +160,16 @@ def _confirm(engine, others: Sequence[Request], spec: SpecConfig, arm: ArmResult
     arm's measured decode time. Greedy speculation is lossless, so the arm's outputs are the plain
     outputs the pricing replays; the prediction on those rows is the arm's counterfactual from
     their outputs (for sampled rows, whose counterfactual needs the target's logits, the sample's
-    prediction stands in). The arm's measured figures are added to `arm`."""
+    prediction stands in). The arm's measured figures are added to `arm`. When the rows ended
+    after their first token (no decode step for the arm to shorten) there is nothing to measure:
+    (None, None, the run)."""
     picked = pick_sample(others, max(batch_size, CONFIRM_MIN_ROWS), max(r.params.max_tokens for r in others))
     ran = engine.generate(picked, spec, batch_size)
     done = plain_rows(engine, picked, ran)
-    if not done or ran.timing.decode_s <= 0:
-        return None
-    arm.add(ran)
     plain_s = anchor.scale * predict_decode_s(none_plans(done), batch_size, profile, other_per_row_step=anchor.other).decode_s
+    if plain_s <= 0 or ran.timing.decode_s <= 0:
+        return None, None, ran
+    arm.add(ran)
     measured = arm.speedup = plain_s / ran.timing.decode_s
     on_rows = arm.predicted_speedup
     if all(r.greedy for r in done):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration, calibrate_counterfactual
+from batchspec.calibrate.decision import pick_sample
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
 from batchspec.shard import ShardInput, run_shard
 from tests.data import LENIENT, word_rows
@@ -131,3 +132,18 @@ def test_copy_heavy_and_free_prose_shards_get_different_decisions():
         else:  # the chosen arm's decisive figure beat it
             figure = chosen.speedup if chosen.speedup is not None else chosen.predicted_speedup
             assert figure > 1 + settings.margin, figure
+
+
+def test_a_confirmation_on_rows_of_one_token_measures_nothing_and_keeps_them(tiny_engine):
+    """Rows that end after their first token leave no decode step: the confirmation cannot
+    measure a speedup (make run's code shard divided by a plain time of zero here and failed);
+    it says so and keeps the rows the arm made."""
+    arms = [SpecConfig("draft_target", 2, draft_model="self")]
+    sample = {r.id for r in pick_sample(word_rows(12), 4, 24)}  # decoded to 24 tokens; every other row to 1
+    rows = [r if r.id in sample else Request(r.id, r.prompt, params=SamplingParams(max_tokens=1)) for r in word_rows(12)]
+    d = calibrate_counterfactual(tiny_engine, rows, arms, 4, CalibrationSettings(sample_size=4, prediction_error=LENIENT),
+                                 worker=WorkerCalibration(), key="k")
+    assert not d.confirmed and d.chosen.method == "none"
+    assert "not confirmed: the 4 rows draft_target:k=2 ran on (kept) ended after their first token" in d.reason
+    by_spec = sorted(spec.label for _, spec in d.finished.values())
+    assert by_spec == ["draft_target:k=2"] * 4 + ["none"] * 4
