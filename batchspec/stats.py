@@ -271,7 +271,7 @@ class ShardStats:
     decision_reason: str | None = None
     drift_fallback_row: int | None = None  # row index where the shard fell back to "none", if it did
     attempts: int = 1  # tries this shard took (a worker death or an exception is retried)
-    note: str | None = None  # why the shard's rows are error rows, when every attempt failed
+    note: str | None = None  # why every attempt failed (rows written as errors), or why the attempts before the last did
     builds: int = 0  # engine builds while this shard ran (TensorRT-LLM: one per arm switched to)
     build_s: float = 0.0  # their seconds, part of calibration_s when calibration caused them
     speculation_unmeasured: str | None = None  # why no speculative arm could be measured, if none could

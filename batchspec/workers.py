@@ -71,6 +71,7 @@ class ShardTask:
     plan: ShardPlan
     attempt: int = 1
     prior: Any = None  # batchspec.calibrate.Decision of an earlier shard with the same key
+    failures: tuple[str, ...] = ()  # why earlier attempts failed (recorded in the stats' note)
 
 
 @dataclass
@@ -178,7 +179,8 @@ class ShardWorker:
         rows = load_shard(job, plan)
         done = self.generate(plan.shard_id, plan.shard_key, rows.parsed, task.prior, task.attempt)
         node = ray.get_runtime_context().get_node_id()
-        outcome = commit(job, plan, rows, done.completions, done.specs, replace(done.stats, node_id=node))
+        note = "; ".join(f"attempt {i} failed: {why}" for i, why in enumerate(task.failures, 1)) or None
+        outcome = commit(job, plan, rows, done.completions, done.specs, replace(done.stats, node_id=node, note=note))
         outcome.decision = done.decision
         outcome.node_id = node
         return outcome
@@ -266,7 +268,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
             held = bool(starting) and time.monotonic() < gate
             while queue and idle and not held:
                 actor, task = idle.pop(), queue.popleft()
-                task = ShardTask(task.plan, task.attempt, decisions.get(task.plan.shard_key))
+                task = replace(task, prior=decisions.get(task.plan.shard_key))
                 in_flight[actor.process.remote(task)] = (actor, task)
             ready, _ = ray.wait([*in_flight, *starting], num_returns=1, timeout=max(0.0, gate - time.monotonic()) if held else None)
             if not ready:  # the wait for the pool ran out: hand out shards to the workers that are ready
@@ -316,7 +318,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
 def _retry(job: WorkerJob, task: ShardTask, queue, report: PoolReport, on_done, reason: str) -> None:
     if task.attempt < job.worker.max_attempts:
         report.retries += 1
-        queue.appendleft(ShardTask(task.plan, task.attempt + 1))
+        queue.appendleft(ShardTask(task.plan, task.attempt + 1, failures=task.failures + (reason,)))
         return
     outcome = commit_failed(job, task.plan, reason, task.attempt)
     report.failed_shards.append(task.plan.shard_id)

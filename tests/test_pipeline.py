@@ -153,7 +153,10 @@ def test_worker_killed_mid_shard_is_replaced_and_the_shard_retried(ray_session, 
     assert summary.retries == 1 and summary.shards_failed == 0
     df = read_outputs(out)
     assert sorted(df["id"].to_list()) == [f"row-{i:04d}" for i in range(12)]
-    assert pl.read_parquet(out / "stats" / "00000-code.parquet")["attempts"].to_list() == [2]
+    stats = pl.read_parquet(out / "stats" / "00000-code.parquet")
+    assert stats["attempts"].to_list() == [2]
+    assert stats["note"][0].startswith("attempt 1 failed: worker died")  # a retry that succeeds still says why it was needed
+    assert pl.read_parquet(out / "stats" / "00001-code.parquet")["note"].to_list() == [None]
 
 
 def test_a_shard_that_keeps_failing_is_written_as_error_rows(ray_session, tiny_model_dir, input_dir, tmp_path):
