@@ -83,20 +83,23 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
     worker = worker if worker is not None else WorkerCalibration()
     start = clock()
     budgets = {r.id: r.params.max_tokens for r in requests}
-    sample = pick_sample(requests, settings.sample_rows(batch_size), settings.max_tokens)
+    sample = pick_sample(requests, settings.sample_rows(batch_size, counterfactual=True), settings.max_tokens)
     plain = engine.generate(sample, NO_SPEC, batch_size)
     base = ArmResult("none", 0)
     base.add(plain)
     finished = {c.id: (c, NO_SPEC) for c in plain.completions if is_complete(c, budgets[c.id])}
     kept_s = _share_s(plain, finished)
     rows = plain_rows(engine, sample, plain)
-    if not rows or not base.tokens_per_s:
-        seconds = clock() - start
-        return Decision(NO_SPEC, [base], base.tokens_per_s, seconds, max(0.0, seconds - kept_s), shard_id=shard_id,
-                        reason="plain decoding of the sample gave nothing to predict from", finished=finished)
     broken = _broken_arms(engine, arms)
     arms = [a for a in arms if a.label not in broken]
-    profile_s = _refresh_profile(engine, worker.profile, rows, arms, batch_size, max(budgets.values())) if arms else 0.0
+    grid = _grid_needed(worker.profile, rows, arms, batch_size, max(budgets.values())) if rows and arms else None
+    why_not = "plain decoding of the sample gave nothing to predict from" if not rows or not base.tokens_per_s else \
+        _cannot_repay(plain, len(sample), len(requests), grid, batch_size, max(a.draft_len for a in arms)) if grid else None
+    if why_not:
+        seconds = clock() - start
+        return Decision(NO_SPEC, [base, *broken.values()], base.tokens_per_s, seconds, max(0.0, seconds - kept_s),
+                        shard_id=shard_id, reason=why_not, finished=finished)
+    profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature) if grid and arms else 0.0
     anchor = Anchor.of(plain, rows, worker.profile, batch_size) if arms else Anchor(1.0, 0.0)
     results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size) + list(broken.values())
     chosen, reason = choose_predicted(results, arms, settings.margin)
@@ -194,21 +197,47 @@ def plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> l
             for r, c in zip(requests, result.completions) if c.finish_reason != "error" and c.token_ids]
 
 
-def _refresh_profile(engine, profile: CostProfile, rows: Sequence[PlainRow], arms: Sequence[SpecConfig],
-                     batch_size: int, max_tokens: int) -> float:
-    """Measure the worker's step costs if the shard's batch size, context range or draft length
-    leaves what was measured; returns the seconds spent (0 when the profile already covers it)."""
+def _grid_needed(profile: CostProfile, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int,
+                 max_tokens: int) -> tuple[list, list] | None:
+    """The (target, draft) points to measure if the shard's batch size, context range, draft
+    length or draft models leave what the worker's profile covers; None when it covers them."""
     lo = min(len(r.prompt_ids) for r in rows)
     hi = max(len(r.prompt_ids) for r in rows) + max_tokens
     width = 1 + max(a.draft_len for a in arms)
     drafts = sorted({a.draft_model for a in arms if a.method == "draft_target" and a.draft_model})
     if profile.covers(batch_size, lo, hi, width, drafts):
-        return 0.0
-    began = time.perf_counter()
-    target, draft = profile_grid(batch_size, lo, hi, width, drafts)
+        return None
     if profile.covers(batch_size, lo, hi, width, drafts, check_context=False):  # only the context range is new: its ends, plain width
-        target, draft = [(batch_size, c, 1) for c in (lo, hi)], [(d, batch_size, hi) for d in drafts]
-    points = engine.profile(target, draft, temperature=rows[0].temperature)
+        return [(batch_size, c, 1) for c in (lo, hi)], [(d, batch_size, hi) for d in drafts]
+    return profile_grid(batch_size, lo, hi, width, drafts)
+
+
+def _cannot_repay(plain: GenerateResult, sampled: int, rows: int, grid: tuple[list, list], batch_size: int,
+                  max_draft: int) -> str | None:
+    """Why profiling would cost more than speculation could save on this shard, or None. The
+    saving is bounded above: the rest of the shard's plain decode time (the sample's, per row),
+    of which drafts of `max_draft` tokens could at best save all but one step in max_draft + 1.
+    The cost is bounded below: two tries of every probe at the production batch size, each at
+    least a plain step (the sample's mean). Only a certain loss skips it (short outputs, tiny
+    shards); the next shard that could repay it measures the profile."""
+    steps = plain.target_steps
+    if not steps or rows <= sampled:
+        return None
+    rest_s = plain.timing.decode_s * (rows - sampled) / sampled
+    saving = rest_s * max_draft / (max_draft + 1)
+    forwards = 2 * (sum(1 for b, *_ in grid[0] if b == batch_size) + len(grid[1]))
+    cost = forwards * plain.timing.decode_s / steps
+    if saving >= cost:
+        return None
+    return (f"speculation cannot repay a cost profile on this shard: the rest of its plain decode time "
+            f"(~{rest_s:.1f} s, from the sample) would shrink by at most {saving:.1f} s with every draft accepted, "
+            f"and profiling takes at least {cost:.1f} s ({forwards} forwards at the sample's step time); none, not profiled")
+
+
+def _refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temperature: float) -> float:
+    """Measure the points of `grid` (from `_grid_needed`) on the engine; returns the seconds spent."""
+    began = time.perf_counter()
+    points = engine.profile(*grid, temperature=temperature)
     seconds = time.perf_counter() - began
     profile.merge(points, seconds)
     return seconds

@@ -27,7 +27,7 @@ class CalibrationSettings:
     (min / max inclusive, above exclusive); batchspec.config checks every key against the type
     and range at load, before any worker starts, so a new field needs only its declaration here."""
 
-    sample_size: int = field(default=0, metadata={"min": 0})  # rows measured per arm; 0 = twice the batch size, within [8, 64]
+    sample_size: int = field(default=0, metadata={"min": 0})  # rows in the calibration sample; 0 = see sample_rows
     max_tokens: int = field(default=128, metadata={"min": 1})  # generation cap per row while calibrating: rows that fit are finished (and kept)
     rounds: int = field(default=2, metadata={"min": 1})  # interleaving rounds; the sample is split across them
     margin: float = field(default=0.05, metadata={"min": 0, "max": 1})  # speculation must beat "none" by this fraction
@@ -39,8 +39,12 @@ class CalibrationSettings:
     max_builds_per_worker: int = field(default=6, metadata={"min": 2})  # engines whose arms are builds (TensorRT-LLM): builds calibration may cause per worker (none and one arm at least)
     prediction_error: float = field(default=0.10, metadata={"min": 0})  # assumed error of a predicted speedup until confirmations measure it
 
-    def sample_rows(self, batch_size: int) -> int:
-        return self.sample_size or min(64, max(8, 2 * batch_size))
+    def sample_rows(self, batch_size: int, counterfactual: bool = False) -> int:
+        """Rows in the sample, within [8, 64] unless set: twice the batch size where every arm is
+        measured by running it on part of the sample; one batch where every arm is computed from
+        the sample's plain run (counterfactual), whose decision the drift watch then re-checks on
+        every chunk of the shard, so a larger sample would buy little and cost kept-but-slower rows."""
+        return self.sample_size or min(64, max(8, batch_size if counterfactual else 2 * batch_size))
 
 
 @dataclass

@@ -141,9 +141,22 @@ def test_a_confirmation_on_rows_of_one_token_measures_nothing_and_keeps_them(tin
     arms = [SpecConfig("draft_target", 2, draft_model="self")]
     sample = {r.id for r in pick_sample(word_rows(12), 4, 24)}  # decoded to 24 tokens; every other row to 1
     rows = [r if r.id in sample else Request(r.id, r.prompt, params=SamplingParams(max_tokens=1)) for r in word_rows(12)]
+    worker = WorkerCalibration()
     d = calibrate_counterfactual(tiny_engine, rows, arms, 4, CalibrationSettings(sample_size=4, prediction_error=LENIENT),
-                                 worker=WorkerCalibration(), key="k")
-    assert not d.confirmed and d.chosen.method == "none"
+                                 worker=worker, key="k")
+    assert not d.confirmed and not worker.errors and "k" not in worker.confirmed_keys  # the prediction's choice stands, unmeasured
     assert "not confirmed: the 4 rows draft_target:k=2 ran on (kept) ended after their first token" in d.reason
     by_spec = sorted(spec.label for _, spec in d.finished.values())
     assert by_spec == ["draft_target:k=2"] * 4 + ["none"] * 4
+
+
+def test_no_profile_where_speculation_could_not_repay_it(tiny_engine):
+    """Rows of two tokens leave one decode step each: even with every draft accepted the rest of
+    the shard could save less than the profile's probes would cost, so none, without profiling."""
+    arms = [SpecConfig("draft_target", 2, draft_model="self")]
+    rows = [Request(r.id, r.prompt, params=SamplingParams(max_tokens=2)) for r in word_rows(12)]
+    worker = WorkerCalibration()
+    d = calibrate_counterfactual(tiny_engine, rows, arms, 4, CalibrationSettings(sample_size=4), worker=worker, key="k")
+    assert d.reason.startswith("speculation cannot repay a cost profile on this shard")
+    assert d.chosen.method == "none" and d.profile_s == 0 and not worker.profile.points
+    assert len(d.finished) == 4 and [a.label for a in d.arms] == ["none"]
