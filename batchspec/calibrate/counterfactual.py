@@ -217,15 +217,15 @@ def _cannot_repay(plain: GenerateResult, sampled: int, rows: int, grid: tuple[li
     """Why profiling would cost more than speculation could save on this shard, or None. The
     saving is bounded above: the rest of the shard's plain decode time (the sample's, per row),
     of which drafts of `max_draft` tokens could at best save all but one step in max_draft + 1.
-    The cost is bounded below: two tries of every probe at the production batch size, each at
-    least a plain step (the sample's mean). Only a certain loss skips it (short outputs, tiny
+    The cost is bounded below: two tries of every target probe at the production batch size,
+    each at least a plain step (the sample's mean). Only a certain loss skips it (short outputs, tiny
     shards); the next shard that could repay it measures the profile."""
     steps = plain.target_steps
     if not steps or rows <= sampled:
         return None
     rest_s = plain.timing.decode_s * (rows - sampled) / sampled
     saving = rest_s * max_draft / (max_draft + 1)
-    forwards = 2 * (sum(1 for b, *_ in grid[0] if b == batch_size) + len(grid[1]))
+    forwards = 2 * sum(1 for b, *_ in grid[0] if b == batch_size)  # draft steps may cost less than a target's: not counted
     cost = forwards * plain.timing.decode_s / steps
     if saving >= cost:
         return None
