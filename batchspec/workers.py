@@ -318,7 +318,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
 def _retry(job: WorkerJob, task: ShardTask, queue, report: PoolReport, on_done, reason: str) -> None:
     if task.attempt < job.worker.max_attempts:
         report.retries += 1
-        queue.appendleft(ShardTask(task.plan, task.attempt + 1, failures=task.failures + (reason,)))
+        queue.appendleft(replace(task, attempt=task.attempt + 1, failures=task.failures + (reason,)))
         return
     outcome = commit_failed(job, task.plan, reason, task.attempt)
     report.failed_shards.append(task.plan.shard_id)

@@ -93,13 +93,15 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
     broken = _broken_arms(engine, arms)
     arms = [a for a in arms if a.label not in broken]
     grid = _grid_needed(worker.profile, rows, arms, batch_size, max(budgets.values())) if rows and arms else None
-    why_not = "plain decoding of the sample gave nothing to predict from" if not rows or not base.tokens_per_s else \
-        _cannot_repay(plain, len(sample), len(requests), grid, batch_size, max(a.draft_len for a in arms)) if grid else None
+    if not rows or not base.tokens_per_s:
+        why_not = "plain decoding of the sample gave nothing to predict from"
+    else:
+        why_not = _cannot_repay(plain, len(sample), len(requests), grid, batch_size, max(a.draft_len for a in arms)) if grid else None
     if why_not:
         seconds = clock() - start
         return Decision(NO_SPEC, [base, *broken.values()], base.tokens_per_s, seconds, max(0.0, seconds - kept_s),
                         shard_id=shard_id, reason=why_not, finished=finished)
-    profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature) if grid and arms else 0.0
+    profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature) if grid else 0.0  # a grid implies arms
     anchor = Anchor.of(plain, rows, worker.profile, batch_size) if arms else Anchor(1.0, 0.0)
     results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size) + list(broken.values())
     chosen, reason = choose_predicted(results, arms, settings.margin)

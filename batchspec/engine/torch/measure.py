@@ -60,7 +60,7 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
                     warm = False
                 tries: dict[int, list[float]] = {w: [] for w in widths}
                 for i in range(reps):
-                    if i >= 2 and all(max(t) <= (1 + agree) * min(t) for t in tries.values()):
+                    if i >= 2 and all(max(ts) <= (1 + agree) * min(ts) for ts in tries.values()):
                         break
                     for w in widths:
                         tries[w].append(time_forward(batch, model, kind, filler[:w], b, temperature, engine.pad_id))
