@@ -7,9 +7,9 @@ draft-model arms): nothing is repeated but a confirmation where it matters.
    (exact for greedy).
 3. The worker's cost profile (target forwards at the production batch size for 1..k+1 tokens per
    row across the shard's contexts, a draft step; measured once per worker, again only when a
-   shard leaves its range; batchspec.predict.cost) prices every arm by replaying the sample's
-   schedule. The best predicted speedup wins if it beats "none" by the margin
-   (`decision.choose_predicted`).
+   shard leaves what it covers, e.g. a middle context over twice as long; batchspec.predict.cost)
+   prices every arm by replaying the sample's schedule. The best predicted speedup wins if it
+   beats "none" by the margin (`decision.choose_predicted`).
 4. A measured run confirms only on a key's first shard on a worker, or when the prediction is
    within its own measured error of the margin; never when the best arm is predicted far below
    the margin (`_far_below`). It repeats no work: the best arm generates max(batch size, 4) other rows
@@ -201,17 +201,14 @@ def plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> l
 
 def _grid_needed(profile: CostProfile, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int,
                  max_tokens: int) -> tuple[list, list] | None:
-    """The (target, draft) points to measure if the shard's batch size, context range, draft
-    length or draft models leave what the worker's profile covers; None when it covers them."""
+    """The (target, draft) points to measure if the shard's batch size, draft length, draft
+    models or middle context leave what the worker's profile covers (`CostProfile.covers`); None
+    when it covers them."""
     lo = min(len(r.prompt_ids) for r in rows)
     hi = max(len(r.prompt_ids) for r in rows) + max_tokens
     width = 1 + max(a.draft_len for a in arms)
     drafts = sorted({a.draft_model for a in arms if a.method == "draft_target" and a.draft_model})
-    if profile.covers(batch_size, lo, hi, width, drafts):
-        return None
-    if profile.covers(batch_size, lo, hi, width, drafts, check_context=False):  # only the context range is new: its ends, plain width
-        return [(batch_size, c, 1) for c in (lo, hi)], [(d, batch_size, hi) for d in drafts]
-    return profile_grid(batch_size, lo, hi, width, drafts)
+    return None if profile.covers(batch_size, lo, hi, width, drafts) else profile_grid(batch_size, lo, hi, width, drafts)
 
 
 def _cannot_repay(plain: GenerateResult, sampled: int, rows: int, grid: tuple[list, list], batch_size: int,

@@ -4,9 +4,11 @@ engine measures the points (`engine.profile`), this module lays out the grid and
 `CostProfile` holds the seconds of one target forward at a batch size, context length and tokens
 per row (1 plain, 1 + k to verify k drafts), of one draft step, and of a draft's prefill, measured
 once per worker over the grid `profile_grid` lays out and again only when a shard leaves what it
-covers. A step costs cost_b(tokens) x a context factor: cost_b piecewise linear in tokens per row
-at the profile's middle context for each measured batch size (linear in rows between them), the
-factor the width-1 cost at the real context over that at the middle one. `predict_decode_s`
+covers (a new batch size, a longer draft, a new draft model, or a middle context more than
+CONTEXT_REACH from every measured width curve). A step costs cost_b(tokens) x a context factor:
+cost_b piecewise linear in tokens per row along the width curve nearest the step's context, for
+each measured batch size (linear in rows between them); the factor the width-1 cost at the real
+context over that at the curve's. `predict_decode_s`
 replays a sample's schedule as the engine runs it (continuous batching, every step as wide as its
 widest row) with each row's counterfactual steps (batchspec.predict.acceptance) and prices every
 step. Plain decoding is priced by the same replay, so a predicted speedup is a ratio of two
@@ -16,10 +18,13 @@ predictions of one model.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from batchspec.engine.base import StepCost
+
+CONTEXT_REACH = 2.0  # a width curve prices shards whose middle context is within this factor of its own
 
 def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
                  draft_models: Sequence[str] = ()) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int]]]:
@@ -44,17 +49,30 @@ class CostProfile:
     points: list[StepCost] = field(default_factory=list)
     measured_s: float = 0.0  # wall seconds spent measuring, summed over refreshes
 
-    def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = (),
-               check_context: bool = True) -> bool:
-        """Does the profile hold this batch size, widths up to `max_width`, the draft models and
-        (with `check_context`) the context range lo..hi?"""
-        mine = [p for p in self.points if p.kind == "target" and p.batch == batch_size]
-        if not mine or max(p.tokens for p in mine) < max_width:
+    def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = ()) -> bool:
+        """Does the profile hold, at this batch size, a width curve up to `max_width` within
+        CONTEXT_REACH of the middle of lo..hi, and the draft models? A curve that far off still
+        prices the shard: the ratio of a wide step to a narrow one, which is all a predicted
+        speedup uses, moves little with context, and a measured plain run sets the level."""
+        curve = self._curve([p for p in self.points if p.kind == "target" and p.batch == batch_size], (lo + hi) // 2)
+        if not curve or max(p.tokens for p in curve) < max_width:
             return False
-        contexts = [p.context for p in mine]
-        if check_context and (hi > max(contexts) * 1.25 or lo < min(contexts) / 2):  # a little past the ends is fine
+        if not curve[0].context / CONTEXT_REACH <= (lo + hi) // 2 <= curve[0].context * CONTEXT_REACH:
             return False
         return all(any(p.kind == "draft" and p.model == d and p.batch == batch_size for p in self.points) for d in draft_models)
+
+    @staticmethod
+    def _curve(pts: Sequence[StepCost], context: int) -> list[StepCost]:
+        """The points of the context nearest `context` (by ratio) among those measured at more than
+        one width (all, where none was), narrowest first; [] without points."""
+        by_context: dict[int, list[StepCost]] = {}
+        for p in pts:
+            by_context.setdefault(p.context, []).append(p)
+        curves = {c: ps for c, ps in by_context.items() if len(ps) > 1} or by_context
+        if not curves:
+            return []
+        home = min(curves, key=lambda c: (abs(math.log(max(c, 1) / max(context, 1))), c))
+        return sorted(curves[home], key=lambda p: p.tokens)
 
     def merge(self, points: Sequence[StepCost], seconds: float) -> None:
         new = {p.key for p in points}
@@ -77,16 +95,15 @@ class CostProfile:
         batches = sorted({p.batch for p in pts})
         return _lerp(batches, [self._at_batch([p for p in pts if p.batch == b], context, tokens) for b in batches], batch)
 
-    @staticmethod
-    def _at_batch(pts: Sequence[StepCost], context: int, tokens: int) -> float:
-        by_context: dict[int, list[StepCost]] = {}
-        for p in pts:
-            by_context.setdefault(p.context, []).append(p)
-        home = max(by_context, key=lambda c: (len(by_context[c]), -c))  # the context with most widths
-        here = sorted((p.tokens, p.seconds) for p in by_context[home])
-        cost = _lerp([t for t, _ in here], _rising([s for _, s in here]), tokens)
-        narrow = sorted((c, min(ps, key=lambda p: p.tokens).seconds) for c, ps in by_context.items())
-        at = dict(zip([c for c, _ in narrow], _rising([s for _, s in narrow])))
+    @classmethod
+    def _at_batch(cls, pts: Sequence[StepCost], context: int, tokens: int) -> float:
+        curve = cls._curve(pts, context)
+        home = curve[0].context
+        cost = _lerp([p.tokens for p in curve], _rising([p.seconds for p in curve]), tokens)
+        narrow: dict[int, float] = {}
+        for p in sorted(pts, key=lambda p: (p.context, -p.tokens)):
+            narrow[p.context] = p.seconds  # the narrowest point of each context
+        at = dict(zip(narrow, _rising(list(narrow.values()))))
         factor = _lerp(list(at), list(at.values()), context) / at[home] if at[home] > 0 else 1.0
         return cost * factor
 

@@ -160,3 +160,28 @@ def test_no_profile_where_speculation_could_not_repay_it(tiny_engine):
     assert d.reason.startswith("speculation cannot repay a cost profile on this shard")
     assert d.chosen.method == "none" and d.profile_s == 0 and not worker.profile.points
     assert len(d.finished) == 4 and [a.label for a in d.arms] == ["none"]
+
+
+def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_the_shard():
+    """A width curve prices shards whose middle context is within a factor of two of its own (the
+    ratio of a wide step to a narrow one moves little with context; the shard's plain run sets the
+    level); a shard twice as far, a new batch size or a longer draft measures a new grid."""
+    from batchspec.calibrate.counterfactual import _grid_needed
+    from batchspec.engine.base import StepCost
+    from batchspec.predict.acceptance import PlainRow
+    from batchspec.predict.cost import CostProfile, profile_grid
+
+    def rows(lo, hi):
+        return [PlainRow(list(range(n)), [1, 2, 3], 8) for n in (lo, hi)]
+
+    arms = [SpecConfig("ngram", 4)]
+    profile = CostProfile()
+    grid = _grid_needed(profile, rows(100, 292), arms, 8, 8)  # contexts 100..300, middle 200
+    assert grid == profile_grid(8, 100, 300, 5)
+    profile.merge([StepCost("target", "m", *t, 0.1) for t in grid[0]], 1.0)
+    assert _grid_needed(profile, rows(100, 292), arms, 8, 8) is None
+    assert _grid_needed(profile, rows(300, 492), arms, 8, 8) is None  # middle 400: 2x the curve's
+    assert _grid_needed(profile, rows(400, 592), arms, 8, 8) == profile_grid(8, 400, 600, 5)  # middle 500
+    assert _grid_needed(profile, rows(60, 72), arms, 8, 8) == profile_grid(8, 60, 80, 5)  # middle 70
+    assert _grid_needed(profile, rows(100, 292), arms, 4, 8) == profile_grid(4, 100, 300, 5)
+    assert _grid_needed(profile, rows(100, 292), [SpecConfig("ngram", 8)], 8, 8) == profile_grid(8, 100, 300, 9)

@@ -35,8 +35,21 @@ def test_profile_coverage_and_grid():
     assert {d for d, _, _ in drafts} == {"d"}
     p = profile_of([("target", "m", *t, 1.0) for t in target] + [("draft", "d", b, c, 1, 0.1) for _, b, c in drafts])
     assert p.covers(8, 100, 300, 9, ["d"]) and p.covers(8, 60, 360, 5)
-    assert not p.covers(4, 100, 300, 9) and not p.covers(8, 100, 300, 10) and not p.covers(8, 100, 900, 9)
-    assert not p.covers(8, 100, 300, 9, ["other"]) and p.covers(8, 10, 900, 9, check_context=False)
+    assert not p.covers(4, 100, 300, 9) and not p.covers(8, 100, 300, 10) and not p.covers(8, 100, 300, 9, ["other"])
+    # the width curve sits at the middle context, 200: it prices shards whose middle is within 2x of it
+    assert p.covers(8, 10, 790, 9) and p.covers(8, 50, 150, 9)
+    assert not p.covers(8, 100, 710, 9) and not p.covers(8, 50, 140, 9)
+
+
+def test_a_second_width_curve_prices_the_contexts_nearer_it():
+    near = [("target", "m", 8, 100, 1, 1.0), ("target", "m", 8, 100, 5, 2.0)]
+    p = profile_of(near)
+    assert p.target_s(8, 800, 5) == pytest.approx(2.0)  # one curve, flat past its one context
+    p = profile_of(near + [("target", "m", 8, 800, 1, 3.0), ("target", "m", 8, 800, 5, 9.0)])
+    assert p.target_s(8, 800, 5) == pytest.approx(9.0) and p.target_s(8, 100, 5) == pytest.approx(2.0)
+    assert p.target_s(8, 700, 5) == pytest.approx(9.0 * (1.0 + 2.0 * 600 / 700) / 3.0)  # nearer 800: its curve, x the context factor
+    assert p.target_s(8, 200, 5) == pytest.approx(2.0 * (1.0 + 2.0 * 100 / 700))  # nearer 100
+    assert p.covers(8, 600, 1000, 5) and p.covers(8, 50, 150, 5) and not p.covers(8, 1700, 1900, 5)
 
 
 def test_replay_prices_each_step_as_wide_as_its_widest_row():
