@@ -5,7 +5,8 @@
     where each change happened:
         speculating, the running arm predicted to lose to plain decoding on the chunk it just
         generated (greedy rows: its counterfactual on their outputs, which are plain decoding's),
-        or else acceptance far below what calibration saw -> plain decoding;
+        or else acceptance far below what calibration saw -> plain decoding; another arm predicted
+        faster than the running one by the margin on that chunk -> that arm;
         under "none", counterfactual acceptance of a finished chunk says an arm now beats plain
         decoding by the margin -> that arm
     (switching on needs the margin, falling back only a predicted loss: no flapping at the edge)
@@ -31,9 +32,9 @@ from batchspec.calibrate import (
     counterfactual_ready,
     fixed_decision,
     plan_builds,
-    running_speedup,
     speculation_unmeasured,
     switch_on,
+    while_speculating,
 )
 from batchspec.engine.base import (
     NO_SPEC,
@@ -185,7 +186,7 @@ class Drift:
     """Where a shard changed its setting while running (row indices into the rows it generated)."""
 
     fallback_row: int | None = None  # speculating -> "none"
-    switch_row: int | None = None  # "none" -> switch_arm
+    switch_row: int | None = None  # "none" or another arm -> switch_arm
     switch_arm: str | None = None
 
 
@@ -204,11 +205,16 @@ class _SwitchOn:
         spec, arm = switch_on(self.engine, part, result, self.arms, self.worker, self.batch_size, self.margin)
         return spec, arm.acceptance_rate if arm is not None else None
 
-    def loses(self, part: Sequence[Request], result: GenerateResult, spec: SpecConfig) -> bool | None:
-        """Would plain decoding have been faster on the chunk `spec` just generated? None when the
-        counterfactual cannot tell (sampled rows)."""
-        speedup = running_speedup(self.engine, part, result, spec, self.worker, self.batch_size)
-        return None if speedup is None else speedup < 1.0
+    def speculating(self, part: Sequence[Request], result: GenerateResult,
+                    spec: SpecConfig) -> tuple[SpecConfig, float | None] | None:
+        """The setting for what follows the chunk `spec` just generated (plain decoding if it lost,
+        another arm if one beat it by the margin, else `spec`) and that setting's predicted
+        acceptance rate; None when the counterfactual cannot tell (sampled rows)."""
+        got = while_speculating(self.engine, part, result, spec, self.arms, self.worker, self.batch_size, self.margin)
+        if got is None:
+            return None
+        spec, arm = got
+        return spec, arm.acceptance_rate if arm is not None else None
 
 
 def generate_watching(engine: Engine, requests: Sequence[Request], decision: Decision, batch_size: int,
@@ -216,9 +222,11 @@ def generate_watching(engine: Engine, requests: Sequence[Request], decision: Dec
                       ) -> tuple[list[Completion], list[SpecConfig], Timing, Drift]:
     """Generate under the decision in chunks, watching for drift both ways.
 
-    Speculating, a chunk on which the arm is predicted to lose to plain decoding (`switch.loses`,
+    Speculating, a chunk on which the arm is predicted to lose to plain decoding (`switch.speculating`,
     from the chunk's own greedy outputs), or, where that cannot tell, whose acceptance falls below
-    `drift_ratio` x calibration's, sends what follows to plain decoding. Under "none" with a
+    `drift_ratio` x calibration's, sends what follows to plain decoding (or to an arm predicted to
+    pay by the margin); one on which another arm is predicted faster than the running one by the
+    margin sends it to that arm (a draft length the sample misjudged). Under "none" with a
     `switch` check (counterfactual acceptance of the chunk just generated), a chunk where an arm
     would have beaten plain decoding by the margin sends what follows to that arm. Both can
     happen more than once; the first row of each is recorded (each row's setting is in
@@ -259,13 +267,16 @@ def _watch(engine: Engine, requests: Sequence[Request], spec: SpecConfig, calibr
         row = begin + len(part)
         began = time.perf_counter()
         if spec is not NO_SPEC:
-            loses = switch.loses(part, result, spec) if hasattr(switch, "loses") else None
-            if loses is None:
+            got = switch.speculating(part, result, spec) if hasattr(switch, "speculating") else None
+            if got is None:  # the counterfactual cannot tell: acceptance against calibration's
                 rate = result.acceptance_rate
                 loses = calibrated is not None and rate is not None and rate < settings.drift_ratio * calibrated
-            if loses:
-                spec = NO_SPEC
+                got = (NO_SPEC, None) if loses else (spec, calibrated)
+            if got[0] is NO_SPEC:
                 drift.fallback_row = row if drift.fallback_row is None else drift.fallback_row
+            elif got[0] != spec and drift.switch_row is None:
+                drift.switch_row, drift.switch_arm = row, got[0].label
+            spec, calibrated = got
         elif switch is not None:
             arm, predicted = switch(part, result)
             if arm is not None:

@@ -71,11 +71,50 @@ def test_drift_while_speculating_uses_the_chunks_own_counterfactual(tiny_engine)
                              worker=worker)
     watch = _SwitchOn(tiny_engine, [far], worker, 2, 0.05)
     chunk = word_rows(4)
-    assert watch.loses(chunk, tiny_engine.generate(chunk, far, 2), far) is True
+    assert watch.speculating(chunk, tiny_engine.generate(chunk, far, 2), far) == (NO_SPEC, None)
     decision = Decision(far, arms=[ArmResult("draft_target", 3, acceptance_rate=None)])
     rows = word_rows(12)
     _, specs, _, drift = generate_watching(tiny_engine, rows, decision, 2, CalibrationSettings(drift_chunk=4), switch=watch)
     assert drift.fallback_row == 4 and specs[:4] == [far] * 4 and specs[4:] == [NO_SPEC] * 8
+
+
+def _flat_profile(worker: WorkerCalibration, verify_per_token: float) -> None:
+    """A made-up cost profile for batches 1-2: a forward costs 1 + verify_per_token x (tokens - 1)
+    (0: a GPU's flat verify; 1: a verify of k + 1 tokens costs k + 1 plain steps), a draft step 0.1."""
+    from batchspec.engine.base import StepCost
+
+    worker.profile.merge([StepCost("target", "m", b, c, w, 1.0 + verify_per_token * (w - 1))
+                          for b in (1, 2) for c in (8, 64) for w in (1, 9)]
+                         + [StepCost("draft", "self", b, c, 1, 0.1) for b in (1, 2) for c in (8, 64)], 1.0)
+
+
+def test_drift_while_speculating_moves_to_a_draft_length_the_chunk_says_is_faster(tiny_engine):
+    """The target drafting for itself has every draft accepted, which the chunk's counterfactual
+    sees exactly. Where a verify costs the same at any width, k=8 beats the running k=2 by far
+    more than the margin: the rest of the shard moves to it; where a verify of k + 1 tokens costs
+    k + 1 plain steps, neither beats plain decoding: the shard falls back to none."""
+    from batchspec.calibrate import while_speculating
+    from batchspec.shard import _SwitchOn
+
+    k2, k8 = (SpecConfig("draft_target", k, draft_model="self") for k in (2, 8))
+    gpu, cpu = WorkerCalibration(), WorkerCalibration()
+    _flat_profile(gpu, 0.0)
+    _flat_profile(cpu, 1.0)
+    chunk = word_rows(4)
+    ran = tiny_engine.generate(chunk, k2, 2)
+    spec, arm = while_speculating(tiny_engine, chunk, ran, k2, [k2, k8], gpu, 2, 0.05)
+    assert spec == k8 and arm.label == k8.label and arm.acceptance_rate == 1.0
+    assert arm.predicted_speedup > 2.0  # about (8 + 1) / (1 + 8 x 0.1) where rows are long enough
+    assert while_speculating(tiny_engine, chunk, ran, k2, [k2, k8], cpu, 2, 0.05) == (NO_SPEC, None)
+    assert while_speculating(tiny_engine, chunk, ran, k8, [k2, k8], gpu, 2, 0.05)[0] == k8  # already the best: kept
+
+    rows = word_rows(12)
+    decision = Decision(k2, arms=[ArmResult("draft_target", 2, acceptance_rate=1.0)])
+    completions, specs, _, drift = generate_watching(tiny_engine, rows, decision, 2, CalibrationSettings(drift_chunk=4),
+                                                     switch=_SwitchOn(tiny_engine, [k2, k8], gpu, 2, 0.05))
+    assert specs == [k2] * 4 + [k8] * 8 and (drift.switch_row, drift.switch_arm, drift.fallback_row) == (4, k8.label, None)
+    plain = tiny_engine.generate(rows, NO_SPEC, 2)
+    assert [c.token_ids for c in completions] == [c.token_ids for c in plain.completions]  # lossless across the change
 
 
 def test_drift_goes_both_ways_more_than_once_and_records_the_first_row_of_each(tiny_engine):
@@ -85,9 +124,9 @@ def test_drift_goes_both_ways_more_than_once_and_records_the_first_row_of_each(t
         def __init__(self):
             self.calls = []
 
-        def loses(self, part, result, spec):
-            self.calls.append("loses")
-            return len(self.calls) == 1  # the first speculative chunk loses
+        def speculating(self, part, result, spec):
+            self.calls.append("speculating")
+            return (NO_SPEC, None) if len(self.calls) == 1 else (spec, 0.9)  # the first speculative chunk loses
 
         def __call__(self, part, result):
             self.calls.append("switch")
@@ -97,7 +136,7 @@ def test_drift_goes_both_ways_more_than_once_and_records_the_first_row_of_each(t
     decision = Decision(arm, arms=[ArmResult("draft_target", 2, acceptance_rate=0.9, measured=True)])
     watch = Scripted()
     _, specs, _, drift = generate_watching(tiny_engine, rows, decision, 2, CalibrationSettings(drift_chunk=4), switch=watch)
-    assert watch.calls == ["loses", "switch", "loses"]
+    assert watch.calls == ["speculating", "switch", "speculating"]
     assert specs == [arm] * 4 + [NO_SPEC] * 4 + [arm] * 8
     assert (drift.fallback_row, drift.switch_row, drift.switch_arm) == (4, 8, arm.label)
 

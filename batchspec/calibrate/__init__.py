@@ -12,7 +12,7 @@ there, one rule and one record:
     counterfactual  where acceptance can be computed (the torch engine; n-gram and draft-model
                     arms): one plain run of the sample, every arm predicted from it, a measured
                     confirmation only where it matters; drift checks both ways: `switch_on`
-                    under "none", `running_speedup` while speculating
+                    under "none", `while_speculating` while speculating
     measured        where it cannot (TensorRT-LLM's Eagle3/MTP): every arm measured by running,
                     in paired rounds, within a budget
     builds          engines whose arms are builds: which arms a worker can afford, what they cost
@@ -29,8 +29,8 @@ from batchspec.calibrate.counterfactual import (  # noqa: F401
     counterfactual_ready,
     plain_rows,
     predict_arms,
-    running_speedup,
     switch_on,
+    while_speculating,
 )
 from batchspec.calibrate.decision import (  # noqa: F401
     CalibrationSettings,

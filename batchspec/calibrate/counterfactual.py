@@ -20,7 +20,9 @@ draft-model arms): nothing is repeated but a confirmation where it matters.
    too (the arm's counterfactual on their outputs against its measured time). The measured figure
    then decides; only what the arm lost against the chosen setting counts as overhead.
 5. While a shard runs under "none", `switch_on` does the same on each finished chunk (drift in
-   the other direction: shard.py switches to an arm that would now pay).
+   the other direction: shard.py switches to an arm that would now pay); while it speculates,
+   `while_speculating` predicts every arm on the chunk the running arm generated (exact: its
+   outputs are plain decoding's) and falls back, or moves to a draft length that beats it.
 """
 
 from __future__ import annotations
@@ -351,11 +353,28 @@ def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms
     return spec, next(a for a in results if a.label == spec.label)
 
 
-def running_speedup(engine, rows_done: Sequence[Request], result: GenerateResult, spec: SpecConfig,
-                    worker: WorkerCalibration, batch_size: int) -> float | None:
-    """Drift while speculating: the predicted speedup of `spec` over plain decoding on the rows it
-    just generated. Greedy speculation is lossless, so their outputs are plain decoding's and the
-    arm's counterfactual on them is exact; None for sampled rows (their counterfactual needs the
-    target's logits) or without a profile."""
-    results = _predict_chunk(engine, rows_done, result, [spec], worker, batch_size, greedy_only=True)
-    return None if results is None else results[0].predicted_speedup
+def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResult, spec: SpecConfig,
+                      arms: Sequence[SpecConfig], worker: WorkerCalibration, batch_size: int,
+                      margin: float) -> tuple[SpecConfig, ArmResult | None] | None:
+    """Drift while speculating, from the rows `spec` just generated: greedy speculation is
+    lossless, so their outputs are plain decoding's and every arm's counterfactual on them is
+    exact, a chunk's worth of evidence where calibration had a sample's. Returns the setting for
+    what follows and its prediction: plain decoding (or the best arm, if one pays by the margin)
+    when `spec` is predicted to lose to plain decoding; another arm when it is predicted faster
+    than `spec` by the margin (a draft length the sample misjudged); else `spec`. None when the
+    counterfactual cannot tell (sampled rows, no profile)."""
+    arms = list(arms) if any(a.label == spec.label for a in arms) else [*arms, spec]
+    results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, greedy_only=True)
+    if results is None:
+        return None
+    by_label = {a.label: a for a in results}
+    running = by_label[spec.label].predicted_speedup
+    if running is None:
+        return None
+    if running < 1.0:
+        chosen, _ = choose_predicted(results, arms, margin)
+        return chosen, by_label.get(chosen.label)
+    top = best(predicted_speedups(results))
+    if top is not None and top[0].label != spec.label and top[1] > running * (1 + margin):
+        return next(a for a in arms if a.label == top[0].label), top[0]
+    return spec, by_label[spec.label]
