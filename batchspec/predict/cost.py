@@ -5,14 +5,14 @@ engine measures the points (`engine.profile`), this module lays out the grid and
 per row (1 plain, 1 + k to verify k drafts), of one draft step, and of a draft's prefill, measured
 once per worker over the grid `profile_grid` lays out and again only when a shard leaves what it
 covers (a new batch size, a longer draft, a new draft model, or a middle context more than
-CONTEXT_REACH from every measured width curve). A step costs cost_b(tokens) x a context factor:
-cost_b piecewise linear in tokens per row along the width curve nearest the step's context, for
-each measured batch size (linear in rows between them); the factor the width-1 cost at the real
-context over that at the curve's. `predict_decode_s`
-replays a sample's schedule as the engine runs it (continuous batching, every step as wide as its
-widest row) with each row's counterfactual steps (batchspec.predict.acceptance) and prices every
-step. Plain decoding is priced by the same replay, so a predicted speedup is a ratio of two
-predictions of one model.
+CONTEXT_REACH from every measured width curve, unless a plain step costs about the same there).
+A step costs cost_b(tokens) x a context factor: cost_b piecewise linear in tokens per row along
+the width curve nearest the step's context, for each measured batch size (linear in rows between
+them); the factor the width-1 cost at the real context over that at the curve's.
+`predict_decode_s` replays a sample's schedule as the engine runs it (continuous batching, every
+step as wide as its widest row) with each row's counterfactual steps
+(batchspec.predict.acceptance) and prices every step. Plain decoding is priced by the same
+replay, so a predicted speedup is a ratio of two predictions of one model.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Sequence
 from batchspec.engine.base import StepCost
 
 CONTEXT_REACH = 2.0  # a width curve prices shards whose middle context is within this factor of its own
+CONTEXT_FLAT = 0.25  # ... or within its square, where a plain step costs within this fraction of the curve's
 
 def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
                  draft_models: Sequence[str] = ()) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int]]]:
@@ -50,15 +51,23 @@ class CostProfile:
     measured_s: float = 0.0  # wall seconds spent measuring, summed over refreshes
 
     def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = ()) -> bool:
-        """Does the profile hold, at this batch size, a width curve up to `max_width` within
-        CONTEXT_REACH of the middle of lo..hi, and the draft models? A curve that far off still
-        prices the shard: the ratio of a wide step to a narrow one, which is all a predicted
-        speedup uses, moves little with context, and a measured plain run sets the level."""
-        curve = self._curve([p for p in self.points if p.kind == "target" and p.batch == batch_size], (lo + hi) // 2)
+        """Does the profile hold, at this batch size, a width curve up to `max_width` near the
+        middle of lo..hi, and the draft models? Near: within CONTEXT_REACH of the curve's context,
+        or within its square where the profile's plain step at lo and at hi costs within
+        CONTEXT_FLAT of the curve's (short contexts, where weights, not attention, set the cost).
+        A curve that near prices the shard: the ratio of a wide step to a narrow one, which is
+        all a predicted speedup uses, moves little with context, and a measured plain run sets
+        the level."""
+        mine = [p for p in self.points if p.kind == "target" and p.batch == batch_size]
+        curve = self._curve(mine, (lo + hi) // 2)
         if not curve or max(p.tokens for p in curve) < max_width:
             return False
-        if not curve[0].context / CONTEXT_REACH <= (lo + hi) // 2 <= curve[0].context * CONTEXT_REACH:
-            return False
+        home, mid = curve[0].context, (lo + hi) // 2
+        if not home / CONTEXT_REACH <= mid <= home * CONTEXT_REACH:  # farther: only if context barely moves the cost
+            plain = self._at_batch(mine, home, 1)
+            if not home / CONTEXT_REACH ** 2 <= mid <= home * CONTEXT_REACH ** 2 or plain <= 0 or any(
+                    abs(self._at_batch(mine, c, 1) / plain - 1) > CONTEXT_FLAT for c in (lo, hi)):
+                return False
         return all(any(p.kind == "draft" and p.model == d and p.batch == batch_size for p in self.points) for d in draft_models)
 
     @staticmethod

@@ -165,7 +165,8 @@ def test_no_profile_where_speculation_could_not_repay_it(tiny_engine):
 def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_the_shard():
     """A width curve prices shards whose middle context is within a factor of two of its own (the
     ratio of a wide step to a narrow one moves little with context; the shard's plain run sets the
-    level); a shard twice as far, a new batch size or a longer draft measures a new grid."""
+    level), and up to four where a plain step costs about the same (weights, not attention, set
+    the cost); a shard farther off, a new batch size or a longer draft measures a new grid."""
     from batchspec.calibrate.counterfactual import _grid_needed
     from batchspec.engine.base import StepCost
     from batchspec.predict.acceptance import PlainRow
@@ -178,7 +179,10 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
     profile = CostProfile()
     grid = _grid_needed(profile, rows(100, 292), arms, 8, 8)  # contexts 100..300, middle 200
     assert grid == profile_grid(8, 100, 300, 5)
-    profile.merge([StepCost("target", "m", *t, 0.1) for t in grid[0]], 1.0)
+    flat = CostProfile()
+    flat.merge([StepCost("target", "m", *t, 0.1) for t in grid[0]], 1.0)
+    assert _grid_needed(flat, rows(400, 592), arms, 8, 8) is None and _grid_needed(flat, rows(60, 72), arms, 8, 8) is None
+    profile.merge([StepCost("target", "m", b, c, w, 0.1 * (1 + c / 100)) for b, c, w in grid[0]], 1.0)  # attention matters
     assert _grid_needed(profile, rows(100, 292), arms, 8, 8) is None
     assert _grid_needed(profile, rows(300, 492), arms, 8, 8) is None  # middle 400: 2x the curve's
     assert _grid_needed(profile, rows(400, 592), arms, 8, 8) == profile_grid(8, 400, 600, 5)  # middle 500

@@ -36,9 +36,14 @@ def test_profile_coverage_and_grid():
     p = profile_of([("target", "m", *t, 1.0) for t in target] + [("draft", "d", b, c, 1, 0.1) for _, b, c in drafts])
     assert p.covers(8, 100, 300, 9, ["d"]) and p.covers(8, 60, 360, 5)
     assert not p.covers(4, 100, 300, 9) and not p.covers(8, 100, 300, 10) and not p.covers(8, 100, 300, 9, ["other"])
-    # the width curve sits at the middle context, 200: it prices shards whose middle is within 2x of it
+    # the width curve sits at the middle context, 200: it prices shards whose middle is within 2x of
+    # it; here every point costs the same (context barely moves the cost), so within 4x too
     assert p.covers(8, 10, 790, 9) and p.covers(8, 50, 150, 9)
-    assert not p.covers(8, 100, 710, 9) and not p.covers(8, 50, 140, 9)
+    assert p.covers(8, 100, 710, 9) and p.covers(8, 50, 140, 9)
+    assert not p.covers(8, 1600, 1800, 9) and not p.covers(8, 20, 40, 9)
+    steep = profile_of([("target", "m", *t, 1.0 + (t[1] - 100) / 200) for t in target])  # a plain step: 1.0 at 100, 2.0 at 300
+    assert steep.covers(8, 100, 300, 9) and steep.covers(8, 200, 600, 9)  # middle 400: 2x
+    assert not steep.covers(8, 400, 600, 9) and not steep.covers(8, 50, 140, 9)  # a plain step there: 1.67x, 0.5x the curve's
 
 
 def test_a_second_width_curve_prices_the_contexts_nearer_it():
