@@ -67,6 +67,9 @@ def test_calibrate_bench_writes_every_shard(models, tmp_path):
         assert {"chosen", "oracle", "vs_oracle", "vs_plain", "calibration_share", "calibration_arms"} <= set(s)
         assert len(s["oracle_arms"]) == 1 + len(saved["arms"])
         assert [a["arm"] for a in s["predicted_vs_measured"]] == saved["arms"]
+        for a in s["predicted_vs_measured"]:  # the cost model's error, the sample's left out (None without a profile)
+            assert {"predicted_from_whole_shard", "error_from_whole_shard"} <= set(a)
+            assert a["predicted_from_whole_shard"] is None or a["predicted_from_whole_shard"] > 0
     assert set(saved["met"]) == {"vs_oracle", "vs_plain", "calibration_share", "prediction_within_10pct"}
 
 
