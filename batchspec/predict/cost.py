@@ -27,6 +27,7 @@ from batchspec.engine.base import StepCost
 CONTEXT_REACH = 2.0  # a width curve prices shards whose middle context is within this factor of its own
 CONTEXT_FLAT = 0.25  # ... or within its square, where a plain step costs within this fraction of the curve's
 
+
 def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
                  draft_models: Sequence[str] = ()) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int]]]:
     """The (batch, context, tokens) target points and (draft, batch, context) draft points to
