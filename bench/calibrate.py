@@ -22,8 +22,9 @@ time whose work was not kept (`Decision.overhead_s`: sample rows generated to th
 as outputs, so only repeated work costs); all calibration time is reported beside it, and so is
 the shard end to end against plain decoding of the whole shard. Per arm, the predicted speedup
 (from the sample) is set beside the speedup the interleaved whole-shard run measured (target:
-within 10%), and so is the prediction from the whole shard's acceptance (the plain arm's outputs),
-which leaves the sample out: its error is the cost model's. One `WorkerCalibration` serves every shard, as one worker's would. Arms come from
+within 10%), and so is the prediction from the whole shard's acceptance (the plain arm's
+outputs), which leaves the sample out: its error is the cost model's. One `WorkerCalibration`
+serves every shard, as one worker's would. Arms come from
 trt_configs/candidates/torch_default.yaml (draft-model arms only with --draft-model). Writes
 OUT/calibrate.json and OUT/calibrate.md.
 

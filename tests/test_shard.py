@@ -78,7 +78,7 @@ def test_drift_while_speculating_uses_the_chunks_own_counterfactual(tiny_engine)
     assert drift.fallback_row == 4 and specs[:4] == [far] * 4 and specs[4:] == [NO_SPEC] * 8
 
 
-def _flat_profile(worker: WorkerCalibration, verify_per_token: float) -> None:
+def _made_up_profile(worker: WorkerCalibration, verify_per_token: float) -> None:
     """A made-up cost profile for batches 1-2: a forward costs 1 + verify_per_token x (tokens - 1)
     (0: a GPU's flat verify; 1: a verify of k + 1 tokens costs k + 1 plain steps), a draft step 0.1."""
     from batchspec.engine.base import StepCost
@@ -98,8 +98,8 @@ def test_drift_while_speculating_moves_to_a_draft_length_the_chunk_says_is_faste
 
     k2, k8 = (SpecConfig("draft_target", k, draft_model="self") for k in (2, 8))
     gpu, cpu = WorkerCalibration(), WorkerCalibration()
-    _flat_profile(gpu, 0.0)
-    _flat_profile(cpu, 1.0)
+    _made_up_profile(gpu, 0.0)
+    _made_up_profile(cpu, 1.0)
     chunk = word_rows(4)
     ran = tiny_engine.generate(chunk, k2, 2)
     spec, arm = while_speculating(tiny_engine, chunk, ran, k2, [k2, k8], gpu, 2, 0.05)

@@ -60,10 +60,11 @@ class CostProfile:
         all a predicted speedup uses, moves little with context, and a measured plain run sets
         the level."""
         mine = [p for p in self.points if p.kind == "target" and p.batch == batch_size]
-        curve = self._curve(mine, (lo + hi) // 2)
+        mid = (lo + hi) // 2
+        curve = self._curve(mine, mid)
         if not curve or max(p.tokens for p in curve) < max_width:
             return False
-        home, mid = curve[0].context, (lo + hi) // 2
+        home = curve[0].context
         if not home / CONTEXT_REACH <= mid <= home * CONTEXT_REACH:  # farther: only if context barely moves the cost
             plain = self._at_batch(mine, home, 1)
             if not home / CONTEXT_REACH ** 2 <= mid <= home * CONTEXT_REACH ** 2 or plain <= 0 or any(
