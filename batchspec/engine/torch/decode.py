@@ -30,7 +30,7 @@ from batchspec.engine.sampling import (
     probs_from_logits,
     sample_from,
 )
-from batchspec.engine.torch.kv import Batch, prefill, prefill_waste
+from batchspec.engine.torch.kv import Batch, prefill, prefill_waste, survivors
 
 
 @dataclass
@@ -97,8 +97,9 @@ class Decoder:
                 fresh_batch = self.prefill(fresh, clock)
                 t = time.perf_counter()
                 drafter.admit(fresh, self.device)
-                clock.add("draft_s", t)
-                batch.extend(fresh_batch)
+                t = clock.add("draft_s", t)
+                batch.extend(fresh_batch)  # joining the batch is part of admitting a row, as its prefill is
+                clock.add("prefill_s", t)
                 active += fresh
                 active, batch, drafter = yield from self.retire(active, batch, drafter, spec)
                 continue
@@ -116,12 +117,11 @@ class Decoder:
             return active, batch, drafter
         for row in done:
             yield row
-        keep = [i for i, r in enumerate(active) if not r.finish]
+        keep = survivors([bool(r.finish) for r in active])  # rows from the end fill the places of finished ones
         if not keep:
             return [], Batch(self.device), self.new_drafter(spec)
-        index = torch.tensor(keep, device=self.device)
-        batch.select(index)
-        drafter.select(index)
+        batch.select(keep)
+        drafter.select(keep)
         return [active[i] for i in keep], batch, drafter
 
     def prefill(self, rows: list[Row], clock: Clock) -> Batch:

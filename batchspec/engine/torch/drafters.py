@@ -55,7 +55,7 @@ class NgramDrafter:
     def commit(self, num_accepted: torch.Tensor, drafts: Drafts, next_tokens: list[int]) -> None:
         pass
 
-    def select(self, keep: torch.Tensor) -> None:
+    def select(self, keep: list[int]) -> None:
         pass
 
 
@@ -126,9 +126,9 @@ class ModelDrafter:
         self.batch.drop_last(torch.tensor(drop, device=self.batch.device))
         self.pending = [([d[-1]] if nb > fed_drafts else []) + [nt] for d, nb, nt in zip(drafts.tokens, n, next_tokens)]
 
-    def select(self, keep: torch.Tensor) -> None:
+    def select(self, keep: list[int]) -> None:
         self.batch.select(keep)
-        self.pending = [self.pending[i] for i in keep.tolist()]
+        self.pending = [self.pending[i] for i in keep]
 
 
 def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

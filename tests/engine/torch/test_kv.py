@@ -73,3 +73,57 @@ def test_a_fork_is_the_rows_cut_to_a_shorter_context_and_leaves_its_seed_alone(w
             torch.testing.assert_close(row, fresh, rtol=1e-5, atol=1e-5)
         assert seed.size == 1 and seed.slots == 7 and seed.positions.tolist() == [7]
         assert seed.cache.layers[0].length == 7 and seed.cache.layers[0].keys.shape[2] == 7
+
+
+@pytest.mark.parametrize(("finished", "keep"), [
+    ([False, False, True, False, False, True, False, False], [0, 1, 6, 3, 4, 7]),
+    ([True, False, False], [2, 1]),
+    ([False, False, True], [0, 1]),
+    ([True, True], []),
+    ([False], [0]),
+])
+def test_finished_rows_are_replaced_from_the_end_so_the_rest_stay_in_place(finished, keep):
+    from batchspec.engine.torch.kv import moves_in_place, survivors
+
+    assert survivors(finished) == keep
+    to, frm = moves_in_place(keep)
+    assert len(to) == sum(finished[: len(keep)])  # one row copied per place a finished row left below the new end
+    assert moves_in_place([1, 0]) is None and moves_in_place([0, 0]) is None  # a swap, a duplicate: gathered
+
+
+def _rows_alone(target, rows):
+    return [target(torch.tensor([r])).logits[0, -1] for r in rows]
+
+
+def test_rows_leave_and_join_by_moving_only_themselves_and_compute_what_they_would_alone(word_models):
+    """Continuous batching on the cache: rows 1 and 3 of 5 finish (row 4 takes place 1, row 3's
+    place is past the end), two new rows join into the free rows, one longer than the batch. The
+    buffers are not reallocated, and every row's next logits equal its own sequence run alone."""
+    target, _, _ = word_models
+    cpu = torch.device("cpu")
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12], [13, 14, 15, 16]]
+    with torch.inference_mode():
+        batch, _ = prefill(target, prompts, 0, cpu, 10.0)
+        batch.forward(target, [[20]] * 5)
+        batch.keep(torch.ones(5, dtype=torch.long))
+        seqs = [p + [20] for p in prompts]
+        layer = batch.cache.layers[0]
+        buffer = layer.k_buf.data_ptr()
+        batch.select([0, 4, 2])
+        assert layer.k_buf.data_ptr() == buffer and layer.rows == 3
+        seqs = [seqs[0], seqs[4], seqs[2]]
+        joining = [[30, 31], [40, 41, 42, 43, 44, 45, 46]]
+        fresh, _ = prefill(target, joining, 0, cpu, 0.0)
+        batch.extend(fresh)
+        seqs += joining
+        assert layer.rows == 5 and layer.k_buf.data_ptr() == buffer and not batch.dense  # joined into free rows
+        got = batch.forward(target, [[50]] * 5)[:, -1]
+        torch.testing.assert_close(got, torch.stack(_rows_alone(target, [s + [50] for s in seqs])), rtol=1e-5, atol=1e-5)
+        batch.keep(torch.ones(5, dtype=torch.long))
+        batch.select([3, 1])  # place 0 taken by row 3 from past the new end; row 1 stays
+        assert layer.rows == 2 and layer.k_buf.data_ptr() == buffer
+        batch.select([1, 0])  # a swap: gathered, into buffers of the same capacity
+        assert layer.rows == 2 and layer.k_buf.shape[0] >= 5
+        got = batch.forward(target, [[60]] * 2)[:, -1]
+        want = [seqs[1] + [50, 60], seqs[3] + [50, 60]]
+        torch.testing.assert_close(got, torch.stack(_rows_alone(target, want)), rtol=1e-5, atol=1e-5)
