@@ -9,8 +9,8 @@ CONTEXT_REACH from every measured width curve, unless a plain step costs about t
 A step costs cost_b(tokens) x a context factor: cost_b piecewise linear in tokens per row along
 the width curve nearest the step's context, for each measured batch size (linear in rows between
 them); the factor the width-1 cost at the real context over that at the curve's.
-`predict_decode_s` replays a sample's schedule as the engine runs it (continuous batching, every
-step as wide as its widest row) with each row's counterfactual steps
+`predict_decode_s` replays a sample's schedule as the engine runs it (continuous batching, shortest
+prompt first, every step as wide as its widest row) with each row's counterfactual steps
 (batchspec.predict.acceptance) and prices every step. Plain decoding is priced by the same
 replay, so a predicted speedup is a ratio of two predictions of one model.
 """
@@ -175,9 +175,12 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
     row that rejects drafts keeps the slots another row of its batch accepted, so speculation
     lengthens the cache attention reads faster than the rows' contexts grow (until compaction).
 
+    Rows are admitted shortest prompt first, as the engine admits them (decode.Decoder.run), so
+    the replay batches together the rows the engine does.
+
     `other_per_row_step` is the engine's bookkeeping per row and step beyond the forward and the
     accept rule (from the measured plain run); `lookup_per_row_step` an n-gram lookup's cost."""
-    queue = list(range(len(rows)))
+    queue = sorted(range(len(rows)), key=lambda i: rows[i].prompt_len)
     active: list[list[int | float]] = []  # [row index, next step, context]
     verify = draft = other = 0.0
     steps = 0

@@ -78,3 +78,16 @@ def test_replay_prices_a_step_at_the_cache_length_holes_included():
     # the other); priced at the pending token's position, cost 1 + (context - 10) / 100
     assert got.verify_s == pytest.approx(1.01 + 1.04 + 1.07)
     assert got.target_steps == 6
+
+
+def test_replay_admits_the_shortest_prompts_first_as_the_engine_does():
+    """decode.Decoder.run admits rows shortest prompt first: of a long row listed first and two
+    short ones, the short ones decode together (one step), then the long one alone."""
+    p = profile_of([("target", "m", 2, 10, 1, 1.0), ("target", "m", 1, 10, 1, 0.5),
+                    ("target", "m", 2, 1010, 1, 11.0), ("target", "m", 1, 1010, 1, 5.5)])
+    rows = [RowPlan(1000, 1, [0], [0]), RowPlan(10, 1, [0], [0]), RowPlan(10, 1, [0], [0])]
+    got = predict_decode_s(rows, 2, p)
+    # the short rows at batch 2, context 11: 1.0 x 1.01; then the long row alone at context 1001:
+    # 5.5 x (0.5 + 5.0 x 991 / 1000) / 5.5. In list order the long row would share the first step
+    # (10.91 at context 1001) and a short one run alone (0.505): 11.415
+    assert got.verify_s == pytest.approx(1.01 + 5.455)
