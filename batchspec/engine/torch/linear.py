@@ -4,17 +4,22 @@ this machine when the model is loaded.
 A linear layer computes x W^T for x of m rows. `F.linear` hands the BLAS W transposed; the same
 sums computed as (W x^T)^T read W in the order it is stored. The BLAS picks a different kernel for
 each, and for the few rows of a decode step the difference can be large. Measured with MKL's
-float32 sgemm on a 2-core CPU (torch 2.13, SmolLM2-135M): the vocabulary head (49152 x 576) took
-36.8 ms for 3 rows as `F.linear` and 4.3 ms as (W x^T)^T, 17.5 against 7.3 ms for 8 rows; an MLP
-projection (1536 x 576) 0.20 against 0.14 ms for 3 rows and about the same for 8. A verify forward
-of 3 tokens at batch 1 went from 120 to 55 ms, a plain step at batch 8 from 84 to 75 ms. In
-bfloat16 the same machine's kernels favour `F.linear`. Such behaviour belongs to one BLAS on one
-CPU, so nothing here assumes it: `measure_linears` times both forms for every weight shape of the
-model at row counts 1..128 and keeps (W x^T)^T only where it was faster by a clear margin. CUDA
-devices keep `F.linear` (cuBLAS; not measured: no GPU in this work).
+float32 sgemm on this 2-core AMD EPYC (torch 2.13, SmolLM2-135M, 2 threads), every weight read
+from memory as in a forward: the vocabulary head (49152 x 576) 33.0 ms for 3 rows as `F.linear`,
+4.9 ms as (W x^T)^T, and 15.7 against 8.3 ms for 8 rows; the MLP's 1536 x 576 projections of one
+row 2x faster, of 2-4 rows 3x; from 8 rows on `F.linear` is as fast or faster. Whole forwards at
+300 tokens of context: a plain step at batch 1 55 -> 34 ms, at batch 8 85 -> 68 ms; a 3-token
+verify at batch 1 111 -> 43 ms; wider steps at batch 8 unchanged. In bfloat16 the same machine
+favours `F.linear` nearly everywhere. Such behaviour belongs to one BLAS on one CPU, so nothing
+here assumes it: `measure_linears` times both forms for every weight shape of the model at row
+counts 1..64 and keeps (W x^T)^T only where it was faster by a clear margin (WIN). CUDA devices
+keep `F.linear` (cuBLAS; not measured: no GPU in this work).
 
-The two forms are the same dot products; their float32 results may differ in the last bit where
-the kernels sum in another order, as between any two batch sizes (tests/engine/lossless.py).
+The two forms are the same dot products summed in another order: below 16 rows their float32
+results differ in the last bits (as between thread counts or batch sizes), at 16 rows and more
+they were identical. A greedy output can therefore differ from `F.linear`'s only at a near-tie of
+its top two logits (tests/engine/lossless.py), and between two loads only if a shape's choice at
+few rows flips, which the margin makes unlikely where the gap is 2-3x.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ from torch.nn import functional as F
 
 log = logging.getLogger(__name__)
 
-ROWS = (1, 2, 3, 4, 8, 16, 32, 64, 128)  # rows per product measured; more than the last: F.linear
+ROWS = (1, 2, 3, 4, 8, 16, 32, 64)  # rows per product measured; more than the last: F.linear (prefill)
 WIN = 0.9  # (W x^T)^T is kept where it took under this fraction of F.linear's time
+COLD_BYTES = 64 << 20  # a timed pass reads this many bytes of weights at least (all there are, if fewer): past a CPU's cache
 
 
 def linear_form(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -40,13 +46,15 @@ def linear_form(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 def transposed_form(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """(W x^T)^T: the product of `F.linear` with W read as stored. One row is doubled first (with
-    one column the BLAS takes its matrix-vector path, the slower of the two where measured)."""
+    """(W x^T)^T: the product of `F.linear` with W read as stored, copied back to row-major order
+    (left transposed, it made the reshapes and elementwise work after a layer dearer: measured
+    at batch 8, 3-9 tokens per row, 3-6% slower forwards than `F.linear`). One row is doubled
+    first (with one column the BLAS takes its matrix-vector path, the slower where measured)."""
     flat = x.reshape(-1, x.shape[-1])
     m = flat.shape[0]
     if m == 1:
         flat = flat.repeat(2, 1)
-    out = (weight @ flat.T).T[:m]
+    out = (weight @ flat.T).T[:m].contiguous()  # what follows a layer wants rows contiguous (and measured with the copy)
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -107,37 +115,46 @@ def _time(fn: Callable[[], object], budget_s: float) -> float:
     return (time.perf_counter() - t) / n
 
 
-def measure_forms(weight: torch.Tensor, bias: torch.Tensor | None, rows: tuple[int, ...] = ROWS,
+def measure_forms(weights: list[torch.Tensor], biases: list[torch.Tensor | None], rows: tuple[int, ...] = ROWS,
                   tries: int = 2, budget_s: float = 0.002) -> Forms:
-    """Time both forms of x W^T for every row count in `rows` (tries alternate the forms, so a
-    change of load hits both alike; the fastest try counts) and choose."""
+    """Time both forms of x W^T for every row count in `rows` and choose. One timed call is a pass
+    over every weight of the shape in the model, as a forward makes it: a weight is then read from
+    memory, not from a cache that timing one weight over and over would keep it in (a 1536 x 576
+    product of one row: 0.07 ms hot, 0.30 ms in a forward). Tries alternate the forms, so a change
+    of load hits both alike; the fastest try counts."""
     timings = {}
     with torch.inference_mode():
         for m in rows:
-            x = torch.randn(1, m, weight.shape[1], dtype=weight.dtype, device=weight.device)
+            x = torch.randn(1, m, weights[0].shape[1], dtype=weights[0].dtype, device=weights[0].device)
             best = [float("inf"), float("inf")]
             for _ in range(tries):
                 for i, form in enumerate((linear_form, transposed_form)):
-                    best[i] = min(best[i], _time(lambda: form(x, weight, bias), budget_s))
+                    best[i] = min(best[i], _time(lambda: [form(x, w, b) for w, b in zip(weights, biases)], budget_s))
             timings[m] = (best[0], best[1])
     return Forms.from_timings(timings)
 
 
-def measure_linears(model: nn.Module, measure: Callable[[torch.Tensor, torch.Tensor | None], Forms] = measure_forms) -> dict:
+def measure_linears(model: nn.Module, measure: Callable[[list, list], Forms] = measure_forms) -> dict:
     """Replace every `nn.Linear` of a model on a CPU by a `MeasuredLinear` whose forms were
-    measured for its weight shape (once per shape and dtype). Returns {(out, in, dtype): Forms}.
-    A model on another device is left as it is."""
+    measured for its weight shape (once per shape and dtype, over all the model's weights of that
+    shape, or as many as COLD_BYTES needs). Returns {(out, in, dtype, bias): Forms}. A model on
+    another device is left as it is."""
     linears = [(name, mod) for name, mod in model.named_modules() if type(mod) is nn.Linear]
     if not linears or linears[0][1].weight.device.type != "cpu":
         return {}
     started = time.perf_counter()
-    by_shape: dict[tuple, Forms] = {}
+    groups: dict[tuple, list[tuple[str, nn.Linear]]] = {}
     for name, mod in linears:
-        key = (mod.out_features, mod.in_features, str(mod.weight.dtype), mod.bias is not None)
-        if key not in by_shape:
-            by_shape[key] = measure(mod.weight, mod.bias)
-        parent_name, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, attr, MeasuredLinear(mod, by_shape[key]))
+        groups.setdefault((mod.out_features, mod.in_features, str(mod.weight.dtype), mod.bias is not None), []).append((name, mod))
+    by_shape: dict[tuple, Forms] = {}
+    for key, members in groups.items():
+        unique = list({id(mod.weight): mod for _, mod in members}.values())  # a tied weight is read once
+        size = unique[0].weight.numel() * unique[0].weight.element_size()
+        unique = unique[: max(1, -(-COLD_BYTES // size))]
+        by_shape[key] = forms = measure([mod.weight for mod in unique], [mod.bias for mod in unique])
+        for name, mod in members:
+            parent_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, attr, MeasuredLinear(mod, forms))
     log.info("linear forms measured in %.2f s: %s", time.perf_counter() - started,
              {k[:2]: sorted(f.transposed) for k, f in by_shape.items()})
     return by_shape

@@ -38,13 +38,13 @@ def test_the_choice_follows_the_timings_and_falls_back_past_the_last_count():
 
 
 def test_measuring_times_both_forms_at_every_row_count():
-    forms = measure_forms(torch.randn(24, 16), None, tries=1, budget_s=0.0)
+    forms = measure_forms([torch.randn(24, 16), torch.randn(24, 16)], [None, torch.randn(24)], tries=1, budget_s=0.0)
     assert sorted(forms.timings) == list(ROWS)
     assert all(a > 0 and b > 0 for a, b in forms.timings.values())
     assert forms.transposed == {m for m, (a, b) in forms.timings.items() if b < 0.9 * a}
 
 
-def everywhere(weight, bias) -> Forms:
+def everywhere(weights, biases) -> Forms:
     """Forms that transpose every product, whatever the timings."""
     return Forms.from_timings({m: (1.0, 0.0) for m in ROWS})
 

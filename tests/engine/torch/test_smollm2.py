@@ -41,7 +41,11 @@ def test_smollm2_answers_and_ngram_speculation_is_lossless(smol):
     # equal token for token, or a near-tie of the top two logits at the first difference
     assert_greedy_lossless(smol, smol_requests(), spec.completions, plain.completions) <= 1
     assert spec.accepted_tokens > 0  # the edit and code prompts copy from themselves
-    assert spec.target_steps < plain.target_steps
+    # fewer target steps for the same tokens: compared on the rows whose outputs are equal (after a
+    # near-tie flip a row continues differently, and its length says nothing about speculation)
+    same = [(s, p) for s, p in zip(spec.completions, plain.completions) if s.token_ids == p.token_ids]
+    assert len(same) >= 2 and any(s.accepted_tokens for s, _ in same)
+    assert sum(s.target_steps for s, _ in same) < sum(p.target_steps for _, p in same)
 
 
 def test_a_flipped_token_that_is_no_near_tie_fails_the_lossless_check(smol):
