@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchspec.calibrate import CalibrationSettings, Decision, WorkerCalibration, calibrate_counterfactual
+from batchspec.calibrate import CalibrationSettings, Decision, WorkerCalibration
 from batchspec.engine.base import NO_SPEC, SpecConfig
 from batchspec.shard import ShardInput, generate_watching, run_shard
 from batchspec.stats import STATS_FIELDS, ArmResult
@@ -65,10 +65,11 @@ def test_drift_while_speculating_uses_the_chunks_own_counterfactual(tiny_engine)
     its first chunk, though its acceptance is not compared with anything (calibrated None)."""
     from batchspec.shard import _SwitchOn
 
+    from batchspec.predict.cost import profile_grid
+
     far = SpecConfig("draft_target", 3, draft_model="far")
-    worker = WorkerCalibration()
-    calibrate_counterfactual(tiny_engine, word_rows(8), [far], 2, CalibrationSettings(max_tokens=8, sample_size=4),
-                             worker=worker)
+    worker = WorkerCalibration()  # a worker that measured its profile (calibration would skip it here: "far" saves no step)
+    worker.profile.merge(tiny_engine.profile(*profile_grid(2, 4, 64, 4, ["far"])), 0.0)
     watch = _SwitchOn(tiny_engine, [far], worker, 2, 0.05)
     chunk = word_rows(4)
     assert watch.speculating(chunk, tiny_engine.generate(chunk, far, 2), far) == (NO_SPEC, None)

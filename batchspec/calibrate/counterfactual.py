@@ -95,17 +95,21 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
     broken = _broken_arms(engine, arms)
     arms = [a for a in arms if a.label not in broken]
     grid = _grid_needed(worker.profile, rows, arms, batch_size, max(budgets.values())) if rows and arms else None
+    counter = None  # every arm's acceptance on the sample, computed before a profile is paid for
     if not rows or not base.tokens_per_s:
         why_not = "plain decoding of the sample gave nothing to predict from"
+    elif grid:
+        counter = _counterfactual(engine, rows, arms)
+        why_not = _cannot_repay(plain, len(sample), len(requests), grid, batch_size, rows, counter[0])
     else:
-        why_not = _cannot_repay(plain, len(sample), len(requests), grid, batch_size, max(a.draft_len for a in arms)) if grid else None
+        why_not = None
     if why_not:
         seconds = clock() - start
         return Decision(NO_SPEC, [base, *broken.values()], base.tokens_per_s, seconds, max(0.0, seconds - kept_s),
                         shard_id=shard_id, reason=why_not, finished=finished)
     profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature) if grid else 0.0  # a grid implies arms
     anchor = Anchor.of(plain, rows, worker.profile, batch_size) if arms else Anchor(1.0, 0.0)
-    results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size) + list(broken.values())
+    results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter) + list(broken.values())
     chosen, reason = choose_predicted(results, arms, settings.margin)
     top = best(predicted_speedups(results))
     error = worker.prediction_error(settings.prediction_error)
@@ -214,25 +218,33 @@ def _grid_needed(profile: CostProfile, rows: Sequence[PlainRow], arms: Sequence[
 
 
 def _cannot_repay(plain: GenerateResult, sampled: int, rows: int, grid: tuple[list, list], batch_size: int,
-                  max_draft: int) -> str | None:
+                  sample_rows: Sequence[PlainRow], acceptance: dict) -> str | None:
     """Why profiling would cost more than speculation could save on this shard, or None. The
-    saving is bounded above: the rest of the shard's plain decode time (the sample's, per row),
-    of which drafts of `max_draft` tokens could at best save all but one step in max_draft + 1.
+    saving is bounded above: the rest of the shard's plain decode time (the sample's, per row)
+    shrinks at most by the share of target steps the best arm would have saved on the sample (its
+    counterfactual acceptance, exact for greedy rows; a verify step costs at least a plain one).
     The cost is bounded below: two tries of every target probe at the production batch size,
-    each at least a plain step (the sample's mean). Only a certain loss skips it (short outputs, tiny
-    shards); the next shard that could repay it measures the profile."""
+    each at least a plain step (the sample's mean). Only a loss certain on the sample's evidence
+    skips it (short outputs, tiny shards, drafts that would not be accepted); the next shard that
+    could repay it measures the profile. (Before the bound used acceptance, it assumed every draft
+    accepted, and `make run`'s code shard, whose rows mostly end after a token or two, paid a
+    2.6-3.0 s profile for 1-1.4 s of decoding.)"""
     steps = plain.target_steps
     if not steps or rows <= sampled:
         return None
+    plain_steps = sum(max(0, len(r.output_ids) - 1) for r in sample_rows)
+    label, fewest = min(((label, a.target_steps) for label, a in acceptance.items()), key=lambda x: x[1])
+    saved = max(0.0, 1 - fewest / plain_steps) if plain_steps else 0.0
     rest_s = plain.timing.decode_s * (rows - sampled) / sampled
-    saving = rest_s * max_draft / (max_draft + 1)
+    saving = rest_s * saved
     forwards = 2 * sum(1 for b, *_ in grid[0] if b == batch_size)  # draft steps may cost less than a target's: not counted
     cost = forwards * plain.timing.decode_s / steps
     if saving >= cost:
         return None
     return (f"speculation cannot repay a cost profile on this shard: the rest of its plain decode time "
-            f"(~{rest_s:.1f} s, from the sample) would shrink by at most {saving:.1f} s with every draft accepted, "
-            f"and profiling takes at least {cost:.1f} s ({forwards} forwards at the sample's step time); none, not profiled")
+            f"(~{rest_s:.1f} s, from the sample) would shrink by at most {saving:.1f} s (the best arm, {label}, "
+            f"would have saved {saved:.0%} of the sample's target steps), and profiling takes at least {cost:.1f} s "
+            f"({forwards} forwards at the sample's step time); none, not profiled")
 
 
 def _refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temperature: float) -> float:
@@ -269,12 +281,13 @@ class Anchor:
 
 
 def predict_arms(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], anchor: Anchor,
-                 profile: CostProfile, batch_size: int) -> list[ArmResult]:
-    """Every arm's counterfactual acceptance on `rows` and its goodput priced from `profile`,
-    scaled to the machine's present speed by `anchor` (a measured plain run's)."""
+                 profile: CostProfile, batch_size: int, counterfactual: tuple[dict, float] | None = None) -> list[ArmResult]:
+    """Every arm's counterfactual acceptance on `rows` (`counterfactual`, where `_counterfactual`
+    already computed it on these rows) and its goodput priced from `profile`, scaled to the
+    machine's present speed by `anchor` (a measured plain run's)."""
     if not arms:
         return []
-    acceptance, lookup_s = _counterfactual(engine, rows, arms)
+    acceptance, lookup_s = counterfactual or _counterfactual(engine, rows, arms)
     none = predict_decode_s(none_plans(rows), batch_size, profile, other_per_row_step=anchor.other)
     results = []
     for arm in arms:

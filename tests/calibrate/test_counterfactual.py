@@ -162,6 +162,31 @@ def test_no_profile_where_speculation_could_not_repay_it(tiny_engine):
     assert len(d.finished) == 4 and [a.label for a in d.arms] == ["none"]
 
 
+def test_the_profile_is_skipped_where_the_samples_acceptance_could_not_repay_it():
+    """The saving that must repay a profile is bounded by the steps the best arm would have saved
+    on the sample, not by every draft accepted: the same shard (8 sample rows of 40 tokens, 64
+    rows, 12 probes) is worth profiling when an arm would have saved a few steps, and not when
+    no arm would have saved one (every draft rejected, or rows too short to draft into)."""
+    from batchspec.calibrate.counterfactual import _cannot_repay
+    from batchspec.engine.base import Completion, GenerateResult, Timing
+    from batchspec.predict.acceptance import Acceptance, PlainRow
+
+    rows = [PlainRow([1] * 50, list(range(40)), 40) for _ in range(8)]  # 39 decode steps each, 312 in all
+    plain = GenerateResult([Completion(f"r{i}", "", token_ids=list(range(40)), output_tokens=40, target_steps=39)
+                            for i in range(8)], Timing(verify_s=3.9))
+    grid = ([(8, 100, w) for w in (1, 3, 5, 9)] + [(8, 50, 1), (8, 130, 1), (1, 100, 1), (1, 100, 9)], [])
+
+    def arm(steps_per_row: int) -> Acceptance:
+        return Acceptance("ngram", 4, steps=[[0.0] * steps_per_row] * 8, proposed=[[4] * steps_per_row] * 8)
+
+    # the rest of the shard: 3.9 s x 56 / 8 = 27.3 s of plain decoding; the profile >= 12 x 3.9 / 312 = 0.15 s
+    assert _cannot_repay(plain, 8, 64, grid, 8, rows, {"ngram:k=4": arm(38)}) is None  # saves 2.6%: 0.7 s
+    why = _cannot_repay(plain, 8, 64, grid, 8, rows, {"ngram:k=2": arm(39), "ngram:k=4": arm(39)})
+    assert why.startswith("speculation cannot repay a cost profile on this shard")
+    assert "would shrink by at most 0.0 s (the best arm, ngram:k=2, would have saved 0% of the sample's target steps)" in why
+    assert _cannot_repay(plain, 8, 8, grid, 8, rows, {"ngram:k=4": arm(39)}) is None  # the whole shard was the sample
+
+
 def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_the_shard():
     """A width curve prices shards whose middle context is within a factor of two of its own (the
     ratio of a wide step to a narrow one moves little with context; the shard's plain run sets the
