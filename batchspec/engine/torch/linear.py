@@ -156,5 +156,5 @@ def measure_linears(model: nn.Module, measure: Callable[[list, list], Forms] = m
             parent_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, attr, MeasuredLinear(mod, forms))
     log.info("linear forms measured in %.2f s: %s", time.perf_counter() - started,
-             {k[:2]: sorted(f.transposed) for k, f in by_shape.items()})
+             {f"{o}x{i}{' +bias' if bias else ''} {dtype}": sorted(f.transposed) for (o, i, dtype, bias), f in by_shape.items()})
     return by_shape
