@@ -29,18 +29,22 @@ CONTEXT_FLAT = 0.25  # ... or within its square, where a plain step costs within
 
 
 def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
-                 draft_models: Sequence[str] = ()) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int]]]:
-    """The (batch, context, tokens) target points and (draft, batch, context) draft points to
-    measure for a shard whose rows hold `lo`..`hi` tokens of context and verify up to
+                 draft_models: Sequence[str] = ()) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int, int]]]:
+    """The (batch, context, tokens) target points and (draft, batch, context, tokens) draft points
+    to measure for a shard whose rows hold `lo`..`hi` tokens of context and verify up to
     `max_width` tokens per row: widths 1, 3, 5, 9, ... up to max_width at the middle context
     and the production batch; width 1 at both ends of the context range; and batch 1 at the
-    narrowest and widest, for the rows that drain a batch at the end."""
+    narrowest and widest, for the rows that drain a batch at the end. A draft model's steps feed
+    one token per row, but the first of a step feeds two to a row whose every draft the target
+    accepted (the last draft was never fed: drafters.ModelDrafter.commit), so its curve has
+    widths 1 and 2."""
     mid = (lo + hi) // 2
     widths = sorted({w for w in (1, 3, 5, 9, 17) if w < max_width} | {max_width})  # cost is near linear in width: 2 is interpolated
     target = {(batch_size, mid, w) for w in widths} | {(batch_size, c, 1) for c in (lo, hi)}
     if batch_size > 1:
         target |= {(1, mid, 1), (1, mid, max_width)}
-    drafts = {(d, b, c) for d in draft_models for b, c in ((batch_size, mid), (batch_size, hi), (1, mid))}
+    drafts = {(d, b, c, w) for d in draft_models for b, c, w in ((batch_size, mid, 1), (batch_size, mid, 2),
+                                                                   (batch_size, hi, 1), (1, mid, 1))}
     return sorted(target), sorted(drafts)
 
 
@@ -53,7 +57,7 @@ class CostProfile:
 
     def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = ()) -> bool:
         """Does the profile hold, at this batch size, a width curve up to `max_width` near the
-        middle of lo..hi, and the draft models? Near: within CONTEXT_REACH of the curve's context,
+        middle of lo..hi, and the draft models (their two-token step too)? Near: within CONTEXT_REACH of the curve's context,
         or within its square where the profile's plain step at lo and at hi costs within
         CONTEXT_FLAT of the curve's (short contexts, where weights, not attention, set the cost).
         A curve that near prices the shard: the ratio of a wide step to a narrow one, which is
@@ -70,7 +74,8 @@ class CostProfile:
             if not home / CONTEXT_REACH ** 2 <= mid <= home * CONTEXT_REACH ** 2 or plain <= 0 or any(
                     abs(self._at_batch(mine, c, 1) / plain - 1) > CONTEXT_FLAT for c in (lo, hi)):
                 return False
-        return all(any(p.kind == "draft" and p.model == d and p.batch == batch_size for p in self.points) for d in draft_models)
+        return all(any(p.kind == "draft" and p.model == d and p.batch == batch_size and p.tokens == 2 for p in self.points)
+                   for d in draft_models)
 
     @staticmethod
     def _curve(pts: Sequence[StepCost], context: int) -> list[StepCost]:
@@ -93,8 +98,8 @@ class CostProfile:
     def target_s(self, batch: int, context: int, tokens: int) -> float:
         return self._cost("target", None, batch, context, tokens)
 
-    def draft_s(self, model: str, batch: int, context: int) -> float:
-        return self._cost("draft", model, batch, context, 1)
+    def draft_s(self, model: str, batch: int, context: int, tokens: int = 1) -> float:
+        return self._cost("draft", model, batch, context, tokens)
 
     def draft_prefill_s(self, model: str, tokens: int) -> float:
         per = [p.seconds / p.tokens for p in self.points if p.kind == "draft_prefill" and p.model == model and p.tokens]
@@ -178,10 +183,15 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
     Rows are admitted shortest prompt first, as the engine admits them (decode.Decoder.run), so
     the replay batches together the rows the engine does.
 
+    A draft model runs k steps to propose k drafts; the first feeds each row what its cache has
+    not seen: the target's last token, and also the row's last draft where the target accepted
+    every draft of the step before (drafters.ModelDrafter.commit), so that step is two tokens
+    wide whenever one row of the batch accepted all.
+
     `other_per_row_step` is the engine's bookkeeping per row and step beyond the forward and the
     accept rule (from the measured plain run); `lookup_per_row_step` an n-gram lookup's cost."""
     queue = sorted(range(len(rows)), key=lambda i: rows[i].prompt_len)
-    active: list[list[int | float]] = []  # [row index, next step, context]
+    active: list[list[int | float]] = []  # [row index, next step, context, tokens the draft's cache lags by]
     verify = draft = other = 0.0
     steps = 0
     slots = 0  # the batch's cache length, holes included (kv.Batch), which attention reads
@@ -191,16 +201,18 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
             if method == "draft_target":
                 draft += profile.draft_prefill_s(draft_model, rows[i].prompt_len)
             if rows[i].steps:
-                active.append([i, 0, rows[i].prompt_len + 1])
+                active.append([i, 0, rows[i].prompt_len + 1, 1])  # the draft prefilled the prompt, not the first token
                 slots = max(slots, rows[i].prompt_len)  # a new row's cache is padded to the batch's, or the batch's to it
         if not active:
             continue
-        width = 1 + max(rows[i].proposed[s] for i, s, _ in active)
+        width = 1 + max(rows[i].proposed[s] for i, s, *_ in active)
         context = slots + 1  # the step's pending token, then its drafts
         b = len(active)
         verify += profile.target_s(b, context, width)
         if method == "draft_target" and width > 1:
-            draft += (width - 1) * profile.draft_s(draft_model, b, int(max(c for _, _, c in active)))
+            longest = int(max(c for _, _, c, _ in active))
+            feed = min(2, max(lag for *_, lag in active))
+            draft += profile.draft_s(draft_model, b, longest, feed) + (width - 2) * profile.draft_s(draft_model, b, longest)
         elif method == "ngram":
             draft += lookup_per_row_step * b
         other += other_per_row_step * b
@@ -210,10 +222,11 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
             n = rows[slot[0]].steps[slot[1]]
             slot[1] += 1
             slot[2] += n + 1
+            slot[3] = 2 if width > 1 and round(n) == width - 1 else 1  # every draft accepted: the last was never fed
             kept = max(kept, round(n) + 1)
         slots += kept  # every row appends `width` slots; those no row keeps are cut off the end (kv.Batch.keep)
         active = [slot for slot in active if slot[1] < len(rows[slot[0]].steps)]
-        longest = int(max((c for _, _, c in active), default=0)) - 1
+        longest = int(max((c for _, _, c, _ in active), default=0)) - 1
         if not active:
             slots = 0  # the engine starts a fresh batch
         elif slots > 2 * longest + 64:

@@ -117,3 +117,39 @@ def test_sampling_estimate_stays_within_the_draft_length(plain, word_models):
     counts = [n for steps in est.steps for n in steps]
     assert counts and all(0.0 <= n <= 4.0 for n in counts)
     assert 0.0 < acceptance_rate(est.accepted_tokens, est.draft_tokens) < 1.0
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_the_replay_runs_the_draft_steps_the_engine_runs(plain, word_models, batch_size, monkeypatch):
+    """The schedule batchspec.predict.cost replays from the counterfactual is the engine's: as many
+    target forwards, and the same draft steps that feed two tokens (a row's catch-up after all its
+    drafts were accepted), counted here by pricing only those."""
+    from batchspec.engine.base import StepCost
+    from batchspec.engine.torch import kv
+    from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s
+
+    engine, requests, result, rows = plain
+    logits = engine.teacher_forced_logits(pairs(rows), draft_model="close")
+    forwards: list[tuple[str, int]] = []
+    forward = kv.Batch.forward
+
+    def counted(self, model, tokens, pad_id=0, last_only=False):
+        if self.size:  # a prefill starts from an empty batch: not a step
+            forwards.append(("target" if model is engine.model else "draft", max(len(t) for t in tokens)))
+        return forward(self, model, tokens, pad_id, last_only)
+
+    monkeypatch.setattr(kv.Batch, "forward", counted)
+    profile = CostProfile()  # a target step costs 1; a one-token draft step 0, a two-token one 1
+    profile.merge([StepCost("target", "tiny", b, c, w, 1.0) for b in (1, 8) for c in (1, 500) for w in (1, 9)]
+                  + [StepCost("draft", "close", b, c, w, w - 1.0) for b in (1, 8) for c in (1, 500) for w in (1, 2)], 0.0)
+    two_wide = 0
+    for k in (1, 3, 8):
+        forwards.clear()
+        engine.generate(requests, SpecConfig("draft_target", k, draft_model="close"), batch_size)
+        acc = draft_acceptance(rows, [k], logits)[k]
+        plans = [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, s, p) for r, s, p in zip(rows, acc.steps, acc.proposed)]
+        got = predict_decode_s(plans, batch_size, profile, "draft_target", "close")
+        assert got.verify_s == sum(kind == "target" for kind, _ in forwards), k
+        assert got.draft_s == forwards.count(("draft", 2)), k
+        two_wide += got.draft_s
+    assert two_wide > 0  # the close draft has all its drafts accepted somewhere

@@ -32,9 +32,11 @@ def test_a_cost_timed_in_a_quiet_moment_does_not_make_wider_steps_cheaper():
 def test_profile_coverage_and_grid():
     target, drafts = profile_grid(8, 100, 300, 9, ["d"])
     assert (8, 200, 9) in target and (8, 100, 1) in target and (8, 300, 1) in target and (1, 200, 9) in target
-    assert {d for d, _, _ in drafts} == {"d"}
-    p = profile_of([("target", "m", *t, 1.0) for t in target] + [("draft", "d", b, c, 1, 0.1) for _, b, c in drafts])
+    assert {d for d, *_ in drafts} == {"d"} and ("d", 8, 200, 2) in drafts  # a step that feeds two tokens
+    p = profile_of([("target", "m", *t, 1.0) for t in target] + [("draft", "d", b, c, w, 0.1) for _, b, c, w in drafts])
     assert p.covers(8, 100, 300, 9, ["d"]) and p.covers(8, 60, 360, 5)
+    one_wide = profile_of([("target", "m", *t, 1.0) for t in target] + [("draft", "d", b, c, 1, 0.1) for _, b, c, _ in drafts])
+    assert not one_wide.covers(8, 100, 300, 9, ["d"])  # measured before the two-token step was: measured again
     assert not p.covers(4, 100, 300, 9) and not p.covers(8, 100, 300, 10) and not p.covers(8, 100, 300, 9, ["other"])
     # the width curve sits at the middle context, 200: it prices shards whose middle is within 2x of
     # it; here every point costs the same (context barely moves the cost), so within 4x too
@@ -91,3 +93,17 @@ def test_replay_admits_the_shortest_prompts_first_as_the_engine_does():
     # 5.5 x (0.5 + 5.0 x 991 / 1000) / 5.5. In list order the long row would share the first step
     # (10.91 at context 1001) and a short one run alone (0.505): 11.415
     assert got.verify_s == pytest.approx(1.01 + 5.455)
+
+
+def test_replay_prices_a_draft_models_two_token_catch_up_after_every_draft_was_accepted():
+    """drafters.ModelDrafter.commit: a row whose k drafts were all accepted has its last draft
+    still to feed, so the draft's first step of the next round feeds it two tokens (the batch's
+    step as wide as its widest row); every other draft step feeds one."""
+    p = profile_of([("target", "m", 2, 10, 1, 1.0), ("target", "m", 2, 10, 3, 1.0),
+                    ("draft", "d", 2, 10, 1, 0.1), ("draft", "d", 2, 10, 2, 0.3)])
+    # k = 2, three rounds: row 0 accepts all, then 1, then all; row 1 accepts 0, 0, 2
+    rows = [RowPlan(10, 7, [2, 1, 2], [2, 2, 2]), RowPlan(10, 5, [0, 0, 2], [2, 2, 2])]
+    got = predict_decode_s(rows, 2, p, "draft_target", "d")
+    # round 1: 0.1 + 0.1 (fresh rows: the first token only); round 2: 0.3 + 0.1 (row 0 accepted
+    # both); round 3: 0.1 + 0.1 (no row accepted every draft of round 2)
+    assert got.draft_s == pytest.approx(0.2 + 0.4 + 0.2)

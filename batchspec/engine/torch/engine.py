@@ -154,10 +154,10 @@ class TorchEngine:
 
     # -- what calibration needs besides generate (batchspec.predict replays and prices) ----------
 
-    def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int]] = (),
+    def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
                 temperature: float = 0.0, reps: int = 3) -> list[StepCost]:
         """Time one target forward for each (batch, context, tokens per row) in `target` and one draft
-        step for each (draft model, batch, context) in `drafts` (see measure.profile)."""
+        forward for each (draft model, batch, context, tokens per row) in `drafts` (see measure.profile)."""
         return measure.profile(self, target, drafts, temperature, reps)
 
     def teacher_forced_logits(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]],

@@ -18,11 +18,12 @@ from batchspec.engine.torch.drafters import fit_vocab
 from batchspec.engine.torch.kv import Batch
 
 
-def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int]] = (),
+def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
             temperature: float = 0.0, reps: int = 3, agree: float = 0.2) -> list[StepCost]:
     """Time one target forward of `engine` for each (batch, context, tokens per row) in `target`,
-    the accept rule's sampling work included, and one step for each (draft model, batch, context)
-    in `drafts` (plus each draft model's prefill of one row). Each model prefills one row once, at
+    the accept rule's sampling work included, and one draft forward for each (draft model, batch,
+    context, tokens per row) in `drafts` (plus each draft model's prefill of one row, timed after a
+    forward has warmed the model: its first after loading runs slow). Each model prefills one row once, at
     the widest context asked of it, and every point's cache is a copy of that row cut to the
     point's context and copied to its batch size (attention cost depends on shapes, not values),
     so a profile costs one prefill per model and a few forwards. The fastest try counts: two
@@ -35,7 +36,7 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
     a probe of several rows gets one hole, so it times that path too. A single row never keeps a
     hole (slots it does not keep are cut off), so its probe stays dense."""
     points: list[StepCost] = []
-    plan = sorted([("target", engine.model_name, b, c, w) for b, c, w in target] + [("draft", d, b, c, 1) for d, b, c in drafts])
+    plan = sorted([("target", engine.model_name, b, c, w) for b, c, w in target] + [("draft", d, b, c, w) for d, b, c, w in drafts])
     device = engine.device
     with torch.inference_mode():
         for (kind, name), per_model in itertools.groupby(plan, key=lambda p: p[:2]):
@@ -44,6 +45,8 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
             widest = max(c for *_, c, _ in per_model)
             filler = [(17 + 31 * i) % engine.vocab for i in range(widest)]
             seed = Batch(device)
+            if kind == "draft":  # its prefill is a point: warm the model first
+                Batch(device).forward(model, [filler[:8]], engine.pad_id, last_only=True)
             t = time.perf_counter()
             seed.forward(model, [filler], engine.pad_id, last_only=True)
             if kind == "draft":
@@ -77,16 +80,17 @@ def _open_hole(batch: Batch) -> None:
 
 def time_forward(batch: Batch, model, kind: str, tokens: list[int], b: int, temperature: float, pad_id: int) -> float:
     """Seconds of one forward of `tokens` on each of `b` rows (and, for the target, turning its
-    logits into probabilities); the probe's slots are forgotten afterwards."""
+    logits into probabilities; a draft, as drafters.ModelDrafter does, takes the logits after each
+    row's last token only and their argmax); the probe's slots are forgotten afterwards."""
     device = batch.device
     t = time.perf_counter()
-    logits = batch.forward(model, [tokens] * b, pad_id)
+    logits = batch.forward(model, [tokens] * b, pad_id, last_only=kind != "target")
     if kind == "target":
         flat = logits.reshape(-1, logits.shape[-1])
         n = flat.shape[0]
         probs_from_logits(flat, torch.full((n,), temperature, device=device), torch.ones(n, device=device))
     else:
-        logits[:, -1].argmax(-1).tolist()
+        logits.argmax(-1).tolist()
     seconds = time.perf_counter() - t
     batch.keep(torch.zeros(b, dtype=torch.long, device=device))  # the probe's slots are cut off
     return seconds

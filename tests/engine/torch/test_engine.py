@@ -299,10 +299,10 @@ def test_load_by_path_and_unknown_model(tiny_model_dir, tiny_draft_dir):
 
 def test_profile_times_every_point_asked_and_each_draft_prefill_once(tiny_engine):
     target = [(1, 6, 1), (4, 6, 1), (4, 6, 5), (4, 12, 1), (4, 20, 1)]
-    drafts = [("close", 4, 12), ("close", 1, 20)]
+    drafts = [("close", 4, 12, 1), ("close", 4, 12, 2), ("close", 1, 20, 1)]
     points = tiny_engine.profile(target, drafts, reps=2)
     got = sorted((p.kind, p.batch, p.context, p.tokens) for p in points)
-    want = sorted([("target", b, c, w) for b, c, w in target] + [("draft", b, c, 1) for _, b, c in drafts]
+    want = sorted([("target", b, c, w) for b, c, w in target] + [("draft", b, c, w) for _, b, c, w in drafts]
                   + [("draft_prefill", 1, 0, 20)])  # the draft prefills once, at its widest context
     assert got == want
     assert all(p.seconds > 0 for p in points)
