@@ -210,9 +210,9 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
         b = len(active)
         verify += profile.target_s(b, context, width)
         if method == "draft_target" and width > 1:
-            longest = int(max(c for _, _, c, _ in active))
-            feed = min(2, max(lag for *_, lag in active))
-            draft += profile.draft_s(draft_model, b, longest, feed) + (width - 2) * profile.draft_s(draft_model, b, longest)
+            reach = int(max(c for _, _, c, _ in active))
+            feed = max(lag for *_, lag in active)
+            draft += profile.draft_s(draft_model, b, reach, feed) + (width - 2) * profile.draft_s(draft_model, b, reach)
         elif method == "ngram":
             draft += lookup_per_row_step * b
         other += other_per_row_step * b
