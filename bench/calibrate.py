@@ -51,6 +51,7 @@ from engine import (  # noqa: E402
     interleaved,
     load_engine,
     machine,
+    machine_line,
     write,
 )
 
@@ -216,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     md = (f"# Calibration benchmark\n\n`{command('bench/calibrate.py', argv)}`, {info['date_utc']}: "
           f"{args.model}{' + ' + args.draft_model if args.draft_model else ''}, {args.dtype}, batch {args.batch_size}, "
           f"{rows} prompts per shard, max_tokens {max_tokens}, arms none + {', '.join(a.label for a in arms)}; "
-          f"{info['cpus']} CPU cores, {threads} torch thread(s), load average {info['load_avg_start'][0]} / {info['load_avg_end'][0]}. "
+          f"{machine_line(info)}. "
           f"tok/s = goodput (output tokens / decode seconds).\n\n{table}")
     write(Path(args.out), "calibrate", data, md, table)
     return data

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -74,8 +75,6 @@ def choose_threads(requested: int | None) -> int:
 
 def machine(threads: int, dtype: str) -> dict:
     """What the figures were measured on."""
-    import platform
-
     import torch
 
     return {"cpus": os.cpu_count(), "torch_threads": threads, "load_avg_start": [round(x, 2) for x in os.getloadavg()],
@@ -87,13 +86,17 @@ def cpu_model() -> str:
     """The processor, as /proc/cpuinfo names it (family and model too: a cloud 'AMD EPYC' says little).
     The same bench a session apart measured plain decoding 1.7x apart: a figure names its CPU."""
     try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        import platform
-
         return platform.processor() or "unknown"
-    get = {k.strip(): v.strip() for k, v in fields.items()}.get
+    get = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines)}.get
     return f"{get('model name', '?')} (family {get('cpu family', '?')}, model {get('model', '?')}, {get('cpu MHz', '?')} MHz)"
+
+
+def machine_line(info: dict) -> str:
+    """The machine of `info` (machine(), its load_avg_end set) as a report's header names it."""
+    return (f"{info['cpus']} CPU cores ({info['cpu']}), {info['torch_threads']} torch thread(s), "
+            f"load average {info['load_avg_start'][0]} / {info['load_avg_end'][0]}")
 
 
 @dataclass
@@ -277,8 +280,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     data = {"benchmark": "engine", "quick": args.quick, "max_tokens": sizes.max_tokens, "machine": info, "comparisons": rows}
     table = comparison_table(rows)
     md = (f"# Engine benchmark\n\n`{command('bench/engine.py', argv)}`, {info['date_utc']}: "
-          f"{info['cpus']} CPU cores, {threads} torch thread(s), load average {info['load_avg_start'][0]} at start / "
-          f"{info['load_avg_end'][0]} at end, {args.dtype}, greedy, max_tokens {sizes.max_tokens}. tok/s = goodput (output tokens / "
+          f"{machine_line(info)}, {args.dtype}, greedy, max_tokens {sizes.max_tokens}. tok/s = goodput (output tokens / "
           f"decode seconds, prefill excluded); wall tok/s includes prefill; speedups are ratios within this one run.\n\n{table}")
     write(Path(args.out), "engine", data, md, table)
     return data

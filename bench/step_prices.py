@@ -31,7 +31,7 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads  # noqa: E402
-from engine import RESULTS, choose_threads, command, load_engine, machine, write  # noqa: E402
+from engine import RESULTS, choose_threads, command, load_engine, machine, machine_line, write  # noqa: E402
 
 from batchspec.calibrate.counterfactual import Anchor, _counterfactual, none_plans, plain_rows  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
@@ -177,8 +177,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     table = arm_table(report) + "\n\n" + step_table(report)
     md = (f"# The cost model, forward by forward\n\n`{command('bench/step_prices.py', argv)}`, {info['date_utc']}: "
           f"{args.model}{' + ' + args.draft_model if args.draft_model else ''}, {args.dtype}, batch {b}, {args.rows} "
-          f"{args.workload} rows, max_tokens {args.max_tokens}, {args.rounds} rounds; {info['cpus']} CPU cores, {threads} "
-          f"torch thread(s), load average {info['load_avg_start'][0]} / {info['load_avg_end'][0]}; profile {profile_s:.1f} s, "
+          f"{args.workload} rows, max_tokens {args.max_tokens}, {args.rounds} rounds; {machine_line(info)}; profile {profile_s:.1f} s, "
           f"plain run over its price {anchor.scale:.3f}.\n\n{table}\n\nProfile tries (ms; the fastest counts): {tries}\n")
     write(Path(args.out), args.name, data, md, table)
     return data

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads  # noqa: E402
 from calibrate import candidate_arms  # noqa: E402
-from engine import RESULTS, choose_threads, command, fmt, load_engine, machine, write  # noqa: E402
+from engine import RESULTS, choose_threads, command, fmt, load_engine, machine, machine_line, write  # noqa: E402
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration  # noqa: E402
 from batchspec.engine.base import NO_SPEC, Request  # noqa: E402
@@ -112,8 +112,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     table = "\n".join(lines)
     md = (f"# A shard that changes workload half-way\n\n`{command('bench/switch.py', argv)}`, {info['date_utc']}: {args.model}, "
           f"{args.dtype}, batch {args.batch_size}, {args.rows} free-prose rows then {args.rows} copy-heavy edits, max_tokens "
-          f"{args.max_tokens}, arms none + {', '.join(a.label for a in arms)}; {info['cpus']} CPU cores, {threads} torch thread(s), "
-          f"load average {info['load_avg_start'][0]} / {info['load_avg_end'][0]}. Wall seconds of the whole shard (calibration "
+          f"{args.max_tokens}, arms none + {', '.join(a.label for a in arms)}; {machine_line(info)}. Wall seconds of the whole shard (calibration "
           f"included) against plain decoding of the same rows, alternating order.\n\n{table}")
     data = {"benchmark": "switch", "model": args.model, "rows_per_half": args.rows, "max_tokens": args.max_tokens,
             "batch_size": args.batch_size, "arms": [a.label for a in arms], "machine": info, "runs": runs,
