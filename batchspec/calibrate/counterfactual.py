@@ -107,7 +107,8 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
         seconds = clock() - start
         return Decision(NO_SPEC, [base, *broken.values()], base.tokens_per_s, seconds, max(0.0, seconds - kept_s),
                         shard_id=shard_id, reason=why_not, finished=finished)
-    profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature) if grid else 0.0  # a grid implies arms
+    profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature,
+                                 _shape(rows, arms, batch_size, max(budgets.values()))) if grid else 0.0  # a grid implies arms
     anchor = Anchor.of(plain, rows, worker.profile, batch_size) if arms else Anchor(1.0, 0.0)
     results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter) + list(broken.values())
     chosen, reason = choose_predicted(results, arms, settings.margin)
@@ -205,16 +206,29 @@ def plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> l
             for r, c in zip(requests, result.completions) if c.finish_reason != "error" and c.token_ids]
 
 
-def _grid_needed(profile: CostProfile, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int,
-                 max_tokens: int) -> tuple[list, list] | None:
-    """The (target, draft) points to measure if the shard's batch size, draft length, draft
-    models or middle context leave what the worker's profile covers (`CostProfile.covers`); None
-    when it covers them."""
+def _shape(rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int,
+           max_tokens: int) -> tuple[int, int, int, int, list[str]]:
+    """What a profile must cover for this shard: (batch size, lowest context, highest context,
+    widest verify, draft models), the arguments of `CostProfile.covers` and `profile_grid`."""
     lo = min(len(r.prompt_ids) for r in rows)
     hi = max(len(r.prompt_ids) for r in rows) + max_tokens
     width = 1 + max(a.draft_len for a in arms)
     drafts = sorted({a.draft_model for a in arms if a.method == "draft_target" and a.draft_model})
-    return None if profile.covers(batch_size, lo, hi, width, drafts) else profile_grid(batch_size, lo, hi, width, drafts)
+    return batch_size, lo, hi, width, drafts
+
+
+def _grid_needed(profile: CostProfile, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int,
+                 max_tokens: int) -> tuple[list, list] | None:
+    """The (target, draft) points to measure if the shard's batch size, draft length, draft
+    models or middle context leave what the worker's profile covers (`CostProfile.covers`); None
+    when it covers them. Where only a plain step's cost at the shard's contexts is unknown, just
+    those points (`CostProfile.context_probe`); `_refresh_profile` goes on to the grid if they
+    show the profile does not cover the shard."""
+    shape = _shape(rows, arms, batch_size, max_tokens)
+    if profile.covers(*shape):
+        return None
+    probe = profile.context_probe(*shape)
+    return (probe, []) if probe else profile_grid(*shape)
 
 
 def _cannot_repay(plain: GenerateResult, sampled: int, rows: int, grid: tuple[list, list], batch_size: int,
@@ -247,13 +261,19 @@ def _cannot_repay(plain: GenerateResult, sampled: int, rows: int, grid: tuple[li
             f"({forwards} forwards at the sample's step time); none, not profiled")
 
 
-def _refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temperature: float) -> float:
-    """Measure the points of `grid` (from `_grid_needed`) on the engine; returns the seconds spent."""
+def _refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temperature: float,
+                     shape: tuple | None = None) -> float:
+    """Measure the points of `grid` (from `_grid_needed`) on the engine, then, if they were a
+    context probe after which the profile still does not cover `shape` (`_shape`), the whole
+    grid for it; returns the seconds spent."""
     began = time.perf_counter()
     points = engine.profile(*grid, temperature=temperature)
-    seconds = time.perf_counter() - began
-    profile.merge(points, seconds)
-    return seconds
+    profile.merge(points, time.perf_counter() - began)
+    if shape is not None and not profile.covers(*shape):
+        again = time.perf_counter()
+        points = engine.profile(*profile_grid(*shape), temperature=temperature)
+        profile.merge(points, time.perf_counter() - again)
+    return time.perf_counter() - began
 
 
 def none_plans(rows: Sequence[PlainRow]) -> list[RowPlan]:

@@ -5,7 +5,7 @@ engine measures the points (`engine.profile`), this module lays out the grid and
 per row (1 plain, 1 + k to verify k drafts), of one draft step, and of a draft's prefill, measured
 once per worker over the grid `profile_grid` lays out and again only when a shard leaves what it
 covers (a new batch size, a longer draft, a new draft model, or a middle context more than
-CONTEXT_REACH from every measured width curve, unless a plain step costs about the same there).
+CONTEXT_REACH from every measured width curve, unless a plain step, timed there, costs about the same).
 A step costs cost_b(tokens) x a context factor: cost_b piecewise linear in tokens per row along
 the width curve nearest the step's context, for each measured batch size (linear in rows between
 them); the factor the width-1 cost at the real context over that at the curve's.
@@ -58,24 +58,55 @@ class CostProfile:
     def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = ()) -> bool:
         """Does the profile hold, at this batch size, a width curve up to `max_width` near the
         middle of lo..hi, and the draft models (their two-token step too)? Near: within CONTEXT_REACH of the curve's context,
-        or within its square where the profile's plain step at lo and at hi costs within
-        CONTEXT_FLAT of the curve's (short contexts, where weights, not attention, set the cost).
+        or within its square where a plain step at lo and at hi costs within CONTEXT_FLAT of the
+        curve's (short contexts, where weights, not attention, set the cost), as measured: lo and
+        hi must lie within the contexts the profile timed plain steps at (`context_probe` gives
+        the points to time where they do not).
         A curve that near prices the shard: the ratio of a wide step to a narrow one, which is
         all a predicted speedup uses, moves little with context, and a measured plain run sets
         the level."""
+        return self._fit(batch_size, lo, hi, max_width, draft_models) == "covered"
+
+    def context_probe(self, batch_size: int, lo: int, hi: int, max_width: int,
+                      draft_models: Sequence[str] = ()) -> list[tuple[int, int, int]]:
+        """The plain-step points (batch_size, context, 1) to time where the profile would cover the
+        shard but cannot tell whether a plain step costs about the same at its lo and hi as on the
+        width curve (they lie outside the contexts it timed; extrapolating a few noisy points
+        across a context four times shorter or longer can say anything): two forwards' worth,
+        where a new grid costs a dozen. [] where it covers the shard, or misses it anyway.
+        (`make run`'s prose shard, contexts 10..39 against a curve at 78 measured on the edit
+        shard: the extrapolation put a plain step at context 10 at 0.6x the curve's and the
+        shard measured a whole grid, 1.4 s; timed, it cost 0.93x.)"""
+        if self._fit(batch_size, lo, hi, max_width, draft_models) != "context":
+            return []
+        timed = self._plain_contexts(batch_size)
+        return [(batch_size, c, 1) for c in sorted({lo, hi}) if not timed or not min(timed) <= c <= max(timed)]
+
+    def _plain_contexts(self, batch_size: int) -> set[int]:
+        return {p.context for p in self.points if p.kind == "target" and p.batch == batch_size and p.tokens == 1}
+
+    def _fit(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str]) -> str:
+        """"covered"; "context" where only the flatness of a plain step at lo and hi, outside the
+        contexts timed, stands between the profile and the shard; "missed" where a grid is needed."""
         mine = [p for p in self.points if p.kind == "target" and p.batch == batch_size]
         mid = (lo + hi) // 2
         curve = self._curve(mine, mid)
         if not curve or max(p.tokens for p in curve) < max_width:
-            return False
+            return "missed"
+        if not all(any(p.kind == "draft" and p.model == d and p.batch == batch_size and p.tokens == 2 for p in self.points)
+                   for d in draft_models):
+            return "missed"
         home = curve[0].context
-        if not home / CONTEXT_REACH <= mid <= home * CONTEXT_REACH:  # farther: only if context barely moves the cost
-            plain = self._at_batch(mine, home, 1)
-            if not home / CONTEXT_REACH ** 2 <= mid <= home * CONTEXT_REACH ** 2 or plain <= 0 or any(
-                    abs(self._at_batch(mine, c, 1) / plain - 1) > CONTEXT_FLAT for c in (lo, hi)):
-                return False
-        return all(any(p.kind == "draft" and p.model == d and p.batch == batch_size and p.tokens == 2 for p in self.points)
-                   for d in draft_models)
+        if home / CONTEXT_REACH <= mid <= home * CONTEXT_REACH:
+            return "covered"
+        if not home / CONTEXT_REACH ** 2 <= mid <= home * CONTEXT_REACH ** 2:
+            return "missed"
+        timed = self._plain_contexts(batch_size)
+        if not timed or not min(timed) <= lo <= hi <= max(timed):
+            return "context"
+        plain = self._at_batch(mine, home, 1)
+        flat = plain > 0 and all(abs(self._at_batch(mine, c, 1) / plain - 1) <= CONTEXT_FLAT for c in (lo, hi))
+        return "covered" if flat else "missed"
 
     @staticmethod
     def _curve(pts: Sequence[StepCost], context: int) -> list[StepCost]:

@@ -190,9 +190,11 @@ def test_the_profile_is_skipped_where_the_samples_acceptance_could_not_repay_it(
 def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_the_shard():
     """A width curve prices shards whose middle context is within a factor of two of its own (the
     ratio of a wide step to a narrow one moves little with context; the shard's plain run sets the
-    level), and up to four where a plain step costs about the same (weights, not attention, set
-    the cost); a shard farther off, a new batch size or a longer draft measures a new grid."""
-    from batchspec.calibrate.counterfactual import _grid_needed
+    level), and up to four where a plain step, timed at the shard's lowest and highest context,
+    costs about the same (weights, not attention, set the cost): those two points are timed first,
+    and the grid only if they show the cost moves. A shard farther off, a new batch size or a
+    longer draft measures a new grid."""
+    from batchspec.calibrate.counterfactual import _grid_needed, _refresh_profile, _shape
     from batchspec.engine.base import StepCost
     from batchspec.predict.acceptance import PlainRow
     from batchspec.predict.cost import CostProfile, profile_grid
@@ -200,17 +202,46 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
     def rows(lo, hi):
         return [PlainRow(list(range(n)), [1, 2, 3], 8) for n in (lo, hi)]
 
+    class Timed:
+        """An engine whose forwards cost `cost(context)`; it records what it was asked to time."""
+
+        def __init__(self, cost):
+            self.cost, self.asked = cost, []
+
+        def profile(self, target, drafts, temperature=0.0):
+            self.asked.append(sorted(target))
+            return [StepCost("target", "m", b, c, w, self.cost(c)) for b, c, w in target]
+
     arms = [SpecConfig("ngram", 4)]
+    assert _grid_needed(CostProfile(), rows(100, 292), arms, 8, 8) == profile_grid(8, 100, 300, 5)  # middle 200
+
+    def refreshed(cost, lo, hi):
+        """What a worker profiled at contexts 100..300 times for a shard of contexts lo..hi."""
+        engine, profile = Timed(cost), CostProfile()
+        _refresh_profile(engine, profile, profile_grid(8, 100, 300, 5), 0.0)
+        engine.asked.clear()
+        shard = rows(lo, hi - 8)
+        grid = _grid_needed(profile, shard, arms, 8, 8)
+        if grid is not None:
+            _refresh_profile(engine, profile, grid, 0.0, _shape(shard, arms, 8, 8))
+        assert profile.covers(*_shape(shard, arms, 8, 8))
+        return engine.asked
+
+    def flat(c):
+        return 0.1
+
+    def steep(c):
+        return 0.1 * (1 + c / 100)  # attention matters
+
+    assert refreshed(flat, 100, 300) == [] and refreshed(steep, 100, 300) == []
+    assert refreshed(steep, 300, 500) == []  # middle 400: 2x the curve's
+    assert refreshed(flat, 400, 600) == [[(8, 400, 1), (8, 600, 1)]]  # middle 500: timed, flat, covered
+    assert refreshed(flat, 60, 80) == [[(8, 60, 1), (8, 80, 1)]]  # middle 70
+    assert refreshed(flat, 40, 200) == []  # middle 120: within 2x
+    assert refreshed(flat, 40, 120) == [[(8, 40, 1)]]  # middle 80; 120 lies among the contexts timed
+    assert refreshed(steep, 400, 600) == [[(8, 400, 1), (8, 600, 1)], profile_grid(8, 400, 600, 5)[0]]  # timed: steep
+    assert refreshed(flat, 1000, 1200) == [profile_grid(8, 1000, 1200, 5)[0]]  # middle 1100: 5.5x, a grid at once
     profile = CostProfile()
-    grid = _grid_needed(profile, rows(100, 292), arms, 8, 8)  # contexts 100..300, middle 200
-    assert grid == profile_grid(8, 100, 300, 5)
-    flat = CostProfile()
-    flat.merge([StepCost("target", "m", *t, 0.1) for t in grid[0]], 1.0)
-    assert _grid_needed(flat, rows(400, 592), arms, 8, 8) is None and _grid_needed(flat, rows(60, 72), arms, 8, 8) is None
-    profile.merge([StepCost("target", "m", b, c, w, 0.1 * (1 + c / 100)) for b, c, w in grid[0]], 1.0)  # attention matters
-    assert _grid_needed(profile, rows(100, 292), arms, 8, 8) is None
-    assert _grid_needed(profile, rows(300, 492), arms, 8, 8) is None  # middle 400: 2x the curve's
-    assert _grid_needed(profile, rows(400, 592), arms, 8, 8) == profile_grid(8, 400, 600, 5)  # middle 500
-    assert _grid_needed(profile, rows(60, 72), arms, 8, 8) == profile_grid(8, 60, 80, 5)  # middle 70
+    profile.merge([StepCost("target", "m", b, c, w, steep(c)) for b, c, w in profile_grid(8, 100, 300, 5)[0]], 1.0)
     assert _grid_needed(profile, rows(100, 292), arms, 4, 8) == profile_grid(4, 100, 300, 5)
     assert _grid_needed(profile, rows(100, 292), [SpecConfig("ngram", 8)], 8, 8) == profile_grid(8, 100, 300, 9)

@@ -39,13 +39,20 @@ def test_profile_coverage_and_grid():
     assert not one_wide.covers(8, 100, 300, 9, ["d"])  # measured before the two-token step was: measured again
     assert not p.covers(4, 100, 300, 9) and not p.covers(8, 100, 300, 10) and not p.covers(8, 100, 300, 9, ["other"])
     # the width curve sits at the middle context, 200: it prices shards whose middle is within 2x of
-    # it; here every point costs the same (context barely moves the cost), so within 4x too
-    assert p.covers(8, 10, 790, 9) and p.covers(8, 50, 150, 9)
+    # it; within 4x too where a plain step at the shard's lo and hi, timed, costs about the same
+    assert p.covers(8, 10, 790, 9) and p.covers(8, 50, 150, 9)  # middle 400 and 100: 2x
+    assert p.context_probe(8, 10, 790, 9) == []  # covered: nothing to time
+    assert not p.covers(8, 1600, 1800, 9) and p.context_probe(8, 1600, 1800, 9) == []  # 8.5x: a new grid
+    assert not p.covers(8, 20, 40, 9) and p.context_probe(8, 20, 40, 9) == []  # 6.7x
+    assert not p.covers(8, 100, 710, 9) and not p.covers(8, 50, 140, 9)  # middle 405 and 95: lo or hi never timed
+    assert p.context_probe(8, 100, 710, 9) == [(8, 710, 1)] and p.context_probe(8, 50, 140, 9) == [(8, 50, 1)]
+    p.merge([StepCost("target", "m", 8, 710, 1, 1.1), StepCost("target", "m", 8, 50, 1, 0.9)], 0.1)  # timed: flat
     assert p.covers(8, 100, 710, 9) and p.covers(8, 50, 140, 9)
-    assert not p.covers(8, 1600, 1800, 9) and not p.covers(8, 20, 40, 9)
     steep = profile_of([("target", "m", *t, 1.0 + (t[1] - 100) / 200) for t in target])  # a plain step: 1.0 at 100, 2.0 at 300
     assert steep.covers(8, 100, 300, 9) and steep.covers(8, 200, 600, 9)  # middle 400: 2x
-    assert not steep.covers(8, 400, 600, 9) and not steep.covers(8, 50, 140, 9)  # a plain step there: 1.67x, 0.5x the curve's
+    assert steep.context_probe(8, 400, 600, 9) == [(8, 400, 1), (8, 600, 1)]
+    steep.merge([StepCost("target", "m", 8, c, 1, 1.0 + (c - 100) / 200) for c in (400, 600)], 0.1)
+    assert not steep.covers(8, 400, 600, 9) and steep.context_probe(8, 400, 600, 9) == []  # timed: 2.5x, 3.5x the curve's
 
 
 def test_a_second_width_curve_prices_the_contexts_nearer_it():
