@@ -22,8 +22,10 @@ time whose work was not kept (`Decision.overhead_s`: sample rows generated to th
 as outputs, so only repeated work costs); all calibration time is reported beside it, and so is
 the shard end to end against plain decoding of the whole shard. Per arm, the predicted speedup
 (from the sample) is set beside the speedup the interleaved whole-shard run measured (target:
-within 10%), and so is the prediction from the whole shard's acceptance (the plain arm's
-outputs), which leaves the sample out: its error is the cost model's. One `WorkerCalibration`
+within 10%), with that measurement's own 90% interval (the oracle's chunks drawn again with
+replacement), and so is the prediction from the whole shard's acceptance (the plain arm's
+outputs) priced on the oracle's own chunks, which leaves the sample out: its error is the cost
+model's, whole and chunk by chunk (median and quartiles). One `WorkerCalibration`
 serves every shard, as one worker's would. Arms come from
 trt_configs/candidates/torch_default.yaml (draft-model arms only with --draft-model). Writes
 OUT/calibrate.json and OUT/calibrate.md.
@@ -36,6 +38,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import random
+import statistics
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -56,9 +60,10 @@ from engine import (  # noqa: E402
 )
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration, plain_rows, predict_arms  # noqa: E402
-from batchspec.calibrate.counterfactual import Anchor  # noqa: E402
+from batchspec.calibrate.counterfactual import Anchor, none_plans  # noqa: E402
 from batchspec.config.candidates import default_candidates_path, load_candidates  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
+from batchspec.predict.cost import predict_decode_s  # noqa: E402
 from batchspec.shard import ShardInput, decide  # noqa: E402
 
 
@@ -83,7 +88,8 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
     requests = workloads.requests(workload, rows, max_tokens)
     decision = decide(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, None, worker)
     oracle_arms = [("none", NO_SPEC, batch_size)] + [(a.label, a, batch_size) for a in arms]
-    measured = interleaved(engine, requests, oracle_arms, chunk=max(2 * batch_size, 8))
+    chunk = max(2 * batch_size, 8)
+    measured = interleaved(engine, requests, oracle_arms, chunk=chunk)
     summaries = {label: m.summary() for label, m in measured.items()}
     best = max(summaries.values(), key=lambda a: a["goodput"])
     plain, chosen = summaries["none"], summaries[decision.chosen.label]
@@ -91,7 +97,7 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
     # the chosen arm's whole-shard rate from the interleaved run.
     kept = len(decision.finished)
     shard_wall = decision.calibration_s + chosen["wall_s"] * (rows - kept) / rows
-    whole, scale = _whole_shard(engine, requests, measured["none"], arms, worker, batch_size, decision)
+    whole, scale = _whole_shard(engine, requests, measured, chunk, arms, worker, batch_size, decision)
     return {
         "shard": workload, "rows": rows, "chosen": decision.chosen.label, "reason": decision.reason,
         "calibrated_tokens_per_s": chosen["goodput"], "calibrated_acceptance": chosen["acceptance_rate"],
@@ -107,55 +113,116 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
         "calibration_capped": decision.capped,
         "calibration_arms": [a.to_struct() for a in decision.arms], "oracle_arms": list(summaries.values()),
         "profile_s": decision.profile_s, "confirmed": decision.confirmed,
-        "predicted_vs_measured": _predicted_vs_measured(decision, summaries, whole),
+        "predicted_vs_measured": _predicted_vs_measured(decision, summaries, whole, _spread(measured)),
         "plain_measured_over_profile": scale,
     }
 
 
-def _whole_shard(engine, requests, plain, arms: Sequence[SpecConfig], worker: WorkerCalibration | None,
-                 batch_size: int, decision) -> tuple[dict[str, float], float | None]:
+def _whole_shard(engine, requests, measured: dict, chunk: int, arms: Sequence[SpecConfig],
+                 worker: WorkerCalibration | None, batch_size: int, decision) -> tuple[dict[str, dict], float | None]:
     """Every arm's speedup predicted as calibration predicts it, but from the whole shard's
-    acceptance (the interleaved plain run's outputs; exact for greedy) instead of the sample's:
-    set beside the measured speedup, it is the cost model's own error, the sample's left out.
-    And the plain run's measured decode time over the profile's price of it (the anchor's scale:
-    how far the profile's probes are from real plain decoding, the machine's drift included)."""
+    acceptance (the interleaved plain run's outputs; exact for greedy) instead of the sample's,
+    and priced on the schedule the oracle ran: chunk by chunk, each chunk a generate call that
+    drains its batch (a replay of one 64-row run would price fewer half-empty steps than the
+    oracle ran). Set beside the measured speedup, it is the cost model's own error, the sample's
+    left out. Per arm also the error chunk by chunk (predicted over measured, each chunk's arms
+    run back to back): their median is the cost model's bias, their spread the noise of one
+    chunk's measurement. And the plain run's measured decode time over the profile's price of it
+    (the anchor's scale: how far the profile's probes are from real plain decoding, the
+    machine's drift included)."""
     if worker is None or not worker.profile.points:
         return {}, None
     broken = {a.label for a in decision.arms if a.error}  # arms calibration found the engine cannot run
+    usable = [a for a in arms if a.label not in broken and a.label in measured]
+    plain = measured["none"]
     rows = plain_rows(engine, requests, plain.result)
     anchor = Anchor.of(plain.result, rows, worker.profile, batch_size)
-    usable = [a for a in arms if a.label not in broken]
-    return ({a.label: a.predicted_speedup for a in predict_arms(engine, rows, usable, anchor, worker.profile, batch_size)},
+    priced = {a.label: 0.0 for a in usable}
+    none_s = 0.0
+    errors: dict[str, list[float]] = {a.label: [] for a in usable}
+    for i, begin in enumerate(range(0, len(requests), chunk)):
+        part = plain_rows(engine, requests[begin : begin + chunk], plain.parts[i])
+        if not part:
+            continue
+        none = predict_decode_s(none_plans(part), batch_size, worker.profile, other_per_row_step=anchor.other).decode_s
+        none_s += none
+        for arm in predict_arms(engine, part, usable, anchor, worker.profile, batch_size):
+            if not arm.predicted_speedup:
+                continue
+            priced[arm.label] += none / arm.predicted_speedup
+            ran, base = measured[arm.label].parts[i].goodput, plain.parts[i].goodput
+            if ran > 0 and base > 0:
+                errors[arm.label].append(arm.predicted_speedup / (ran / base) - 1)
+    return ({label: {"speedup": none_s / s if s > 0 else None, "chunk_errors": errors[label]} for label, s in priced.items()},
             anchor.scale)
 
 
-def _predicted_vs_measured(decision, summaries: dict, whole: dict[str, float] | None = None) -> list[dict]:
+def _spread(measured: dict, draws: int = 2000, seed: int = 0) -> dict[str, tuple[float, float]]:
+    """Per arm: the 5th and 95th percentiles of its measured speedup over plain decoding when the
+    oracle's chunks are drawn again with replacement (each chunk's arms ran back to back on the
+    same rows): how far the measurement itself could have moved with the rows and moments it
+    happened to get. A prediction cannot be held to ±10% of a measurement that moves more."""
+    plain = measured["none"].parts
+    rng = random.Random(seed)
+    out = {}
+    for label, arm in measured.items():
+        if label == "none" or len(arm.parts) != len(plain) or not plain:
+            continue
+        parts = [(p.decode_tokens, p.timing.decode_s, a.decode_tokens, a.timing.decode_s) for p, a in zip(plain, arm.parts)]
+        ratios = []
+        for _ in range(draws):
+            pick = [parts[rng.randrange(len(parts))] for _ in parts]
+            base_tok, base_s, arm_tok, arm_s = (sum(x[j] for x in pick) for j in range(4))
+            if base_s > 0 and arm_s > 0 and base_tok > 0:
+                ratios.append((arm_tok / arm_s) / (base_tok / base_s))  # goodput over goodput, as measured_speedup
+        ratios.sort()
+        if ratios:
+            out[label] = (ratios[int(0.05 * (len(ratios) - 1))], ratios[int(0.95 * (len(ratios) - 1))])
+    return out
+
+
+def _predicted_vs_measured(decision, summaries: dict, whole: dict[str, dict] | None = None,
+                           spread: dict[str, tuple[float, float]] | None = None) -> list[dict]:
     """Per arm: the speedup calibration predicted (from its sample), the one the interleaved
-    whole-shard run measured (the arm's goodput over plain decoding's), and the one predicted from
-    the whole shard's acceptance (`whole`: the cost model's error without the sample's)."""
+    whole-shard run measured (the arm's goodput over plain decoding's) with its bootstrap interval
+    (`_spread`), and the one predicted from the whole shard's acceptance (`whole`: the cost
+    model's error without the sample's), with its error chunk by chunk."""
     plain = summaries["none"]["goodput"]
-    whole = whole or {}
+    whole, spread = whole or {}, spread or {}
     out = []
     for arm in decision.arms:
         if arm.method == "none" or arm.label not in summaries:
             continue
         measured = summaries[arm.label]["goodput"] / plain if plain else None
-        predicted, from_shard = arm.predicted_speedup, whole.get(arm.label)
+        mine = whole.get(arm.label, {})
+        predicted, from_shard = arm.predicted_speedup, mine.get("speedup")
+        chunk_errors = sorted(mine.get("chunk_errors", []))
         out.append({"arm": arm.label, "predicted_speedup": predicted, "measured_speedup": measured,
+                    "measured_interval": spread.get(arm.label),
                     "error": predicted / measured - 1 if predicted and measured else None,
                     "predicted_from_whole_shard": from_shard,
-                    "error_from_whole_shard": from_shard / measured - 1 if from_shard and measured else None})
+                    "error_from_whole_shard": from_shard / measured - 1 if from_shard and measured else None,
+                    "chunk_errors": chunk_errors,
+                    "chunk_error_median": statistics.median(chunk_errors) if chunk_errors else None,
+                    "chunk_error_quartiles": (statistics.quantiles(chunk_errors, n=4)[::2]
+                                              if len(chunk_errors) >= 2 else None)})
     return out
 
 
 def prediction_table(shards: Sequence[dict]) -> str:
-    lines = ["| shard | arm | predicted speedup | measured speedup (whole shard) | error (target within 10%) "
-             "| predicted from the whole shard's acceptance | its error (the cost model's) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| shard | arm | predicted speedup | measured speedup (whole shard) | its 90% interval (chunks redrawn) "
+             "| error (target within 10%) | predicted from the whole shard's acceptance | its error (the cost model's) "
+             "| per chunk: median error (quartiles) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in shards:
         for a in r["predicted_vs_measured"]:
+            lo_hi = a.get("measured_interval")
+            quart = a.get("chunk_error_quartiles")
             lines.append(f"| {r['shard']} | {a['arm']} | {fmt(a['predicted_speedup'])}x | {fmt(a['measured_speedup'])}x "
-                         f"| {_pct(a['error'])} | {fmt(a.get('predicted_from_whole_shard'))}x | {_pct(a.get('error_from_whole_shard'))} |")
+                         f"| {f'{lo_hi[0]:.2f}-{lo_hi[1]:.2f}x' if lo_hi else '-'} "
+                         f"| {_pct(a['error'])} | {fmt(a.get('predicted_from_whole_shard'))}x | {_pct(a.get('error_from_whole_shard'))} "
+                         f"| {_pct(a.get('chunk_error_median'))}"
+                         f"{f' ({_pct(quart[0])} to {_pct(quart[1])})' if quart else ''} |")
     return "\n".join(lines)
 
 

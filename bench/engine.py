@@ -108,10 +108,12 @@ class Measured:
     batch_size: int
     completions: list[Completion] = field(default_factory=list)
     timing: Timing = field(default_factory=Timing)
+    parts: list[GenerateResult] = field(default_factory=list)  # each generate call (a chunk of `interleaved`)
 
     def add(self, result: GenerateResult) -> None:
         self.completions += result.completions
         self.timing = self.timing + result.timing
+        self.parts.append(result)
 
     @property
     def result(self) -> GenerateResult:
