@@ -10,9 +10,10 @@ draft-model arms): nothing is repeated but a confirmation where it matters.
    shard leaves what it covers, e.g. a middle context over twice as long; batchspec.predict.cost)
    prices every arm by replaying the sample's schedule. The best predicted speedup wins if it
    beats "none" by the margin (`decision.choose_predicted`).
-4. A measured run confirms only on a key's first shard on a worker, or when the prediction is
-   within its own measured error of the margin; never when the best arm is predicted far below
-   the margin (`_far_below`). It repeats no work: the best arm generates max(batch size, 4) other rows
+4. A measured run confirms a speculative choice on a key's first shard on a worker, and any
+   choice whose prediction is within its own measured error of the margin; not a choice of
+   "none" predicted below the margin by more than that error (a gain it misses, the drift watch
+   under "none" looks for on every chunk: 5. below). It repeats no work: the best arm generates max(batch size, 4) other rows
    of the shard, which are kept as output (greedy speculation is lossless: they are the rows plain
    decoding would give). Their plain decode time is priced from the profile by the same replay,
    scaled by the sample's measured plain run, so the confirmation compares the arm's measured time
@@ -80,8 +81,9 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
     """Decode a sample under "none" (its finished rows are outputs), compute from it every arm's
     accepted length at every step (batchspec.predict), price every arm from the worker's cost
     profile, and choose by predicted speedup. A measured run of the best arm on other rows of the
-    shard (kept as output) confirms only on the first shard of a key on this worker, or when the
-    prediction is within its own measured error of the margin; nothing is run twice."""
+    shard (kept as output) confirms a speculative choice on the first shard of a key on this
+    worker, and any choice whose prediction is within its own measured error of the margin;
+    nothing is run twice."""
     worker = worker if worker is not None else WorkerCalibration()
     start = clock()
     budgets = {r.id: r.params.max_tokens for r in requests}
@@ -117,10 +119,10 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
     first = key not in worker.confirmed_keys
     near = top is not None and abs(top[1] - (1 + settings.margin)) <= error * top[1]
     lost_s, confirmed = 0.0, False
-    wanted = top is not None and settings.confirm and (first or near)
-    if wanted and _far_below(top[1], settings.margin, error):
-        reason += (f"; not confirmed: {top[0].label} predicted far below the margin "
-                   f"(under (1 + margin) x (1 - 3 x its error {error:.0%}))")
+    wanted = top is not None and settings.confirm and (first and chosen is not NO_SPEC or near)
+    if top is not None and settings.confirm and first and not wanted:
+        reason += (f"; not confirmed: {top[0].label} predicted below the margin by more than its error "
+                   f"({error:.0%}); under none the drift watch predicts every arm again on each chunk")
     elif wanted:
         taken = {r.id for r in sample}
         others = [r for r in requests if r.id not in taken]
@@ -155,12 +157,6 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
         overhead_s=min(seconds, max(0.0, seconds - kept_s) + lost_s), reason=reason, shard_id=shard_id,
         finished=finished, profile_s=profile_s, confirmed=confirmed, profile=list(worker.profile.points),
     )
-
-
-def _far_below(predicted: float, margin: float, error: float) -> bool:
-    """Is a predicted speedup so far under the margin that even three times the prediction's
-    error would not lift it over? Confirming it would only spend time running a losing arm."""
-    return predicted < (1 + margin) * (1 - 3 * error)
 
 
 def _confirm(engine, others: Sequence[Request], spec: SpecConfig, arm: ArmResult, anchor: "Anchor",
