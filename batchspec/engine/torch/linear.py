@@ -12,8 +12,14 @@ row 2x faster, of 2-4 rows 3x; from 8 rows on `F.linear` is as fast or faster. W
 verify at batch 1 111 -> 43 ms; wider steps at batch 8 unchanged. In bfloat16 the same machine
 favours `F.linear` nearly everywhere. Such behaviour belongs to one BLAS on one CPU, so nothing
 here assumes it: `measure_linears` times both forms for every weight shape of the model at row
-counts 1..64 and keeps (W x^T)^T only where it was faster by a clear margin (WIN). CUDA devices
-keep `F.linear` (cuBLAS; not measured: no GPU in this work).
+counts 1..64 (every count to 16, where the choice flips back and forth, then 20, 24, 32, 48, 64)
+and keeps (W x^T)^T only where it was faster by a clear margin (WIN). CUDA devices keep
+`F.linear` (cuBLAS; not measured: no GPU in this work). Until 2026-12-01 only 1, 2, 3, 4, 8, 16,
+32 and 64 rows were measured and a count between took the lower one's choice: on SmolLM2 the
+choice of 8 rows (transposed, 0.60-0.90x `F.linear`) then ran products of 10-15 rows, where the
+transposed form takes 1.1-1.9x `F.linear`'s time, and forwards of 10-15 tokens in all (a
+3-token verify of 4 or 5 rows, a 2-token step of 6 or 7, a 5-7-token verify of 2) came out
+1.2-1.6x slower than their neighbours of 16 tokens.
 
 The two forms are the same dot products summed in another order: below 16 rows their float32
 results differ in the last bits (as between thread counts or batch sizes), at 16 rows and more
@@ -36,7 +42,7 @@ from torch.nn import functional as F
 
 log = logging.getLogger(__name__)
 
-ROWS = (1, 2, 3, 4, 8, 16, 32, 64)  # rows per product measured; more than the last: F.linear (prefill)
+ROWS = tuple(range(1, 17)) + (20, 24, 32, 48, 64)  # rows per product measured; more than the last: F.linear (prefill)
 WIN = 0.9  # (W x^T)^T is kept where it took under this fraction of F.linear's time
 COLD_BYTES = 64 << 20  # a timed pass reads this many bytes of weights at least (all there are, if fewer): past a CPU's cache
 
