@@ -124,7 +124,6 @@ def test_the_replay_runs_the_draft_steps_the_engine_runs(plain, word_models, bat
     """The schedule batchspec.predict.cost replays from the counterfactual is the engine's: as many
     target forwards, and the same draft steps that feed two tokens (a row's catch-up after all its
     drafts were accepted), counted here by pricing only those."""
-    from batchspec.engine.base import StepCost
     from batchspec.engine.torch import kv
     from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s
 
@@ -139,9 +138,19 @@ def test_the_replay_runs_the_draft_steps_the_engine_runs(plain, word_models, bat
         return forward(self, model, tokens, pad_id, last_only)
 
     monkeypatch.setattr(kv.Batch, "forward", counted)
-    profile = CostProfile()  # a target step costs 1; a one-token draft step 0, a two-token one 1
-    profile.merge([StepCost("target", "tiny", b, c, w, 1.0) for b in (1, 8) for c in (1, 500) for w in (1, 9)]
-                  + [StepCost("draft", "close", b, c, w, w - 1.0) for b in (1, 8) for c in (1, 500) for w in (1, 2)], 0.0)
+    class Counting(CostProfile):
+        """A target step costs 1; a one-token draft step 0, a two-token one 1; a draft's prefill 0."""
+
+        def target_s(self, batch, context, tokens):
+            return 1.0
+
+        def draft_s(self, model, batch, context, tokens=1):
+            return float(tokens == 2)
+
+        def draft_prefill_s(self, model, tokens):
+            return 0.0
+
+    profile = Counting()
     two_wide = 0
     for k in (1, 3, 8):
         forwards.clear()

@@ -14,14 +14,21 @@ def profile_of(points: list[tuple]) -> CostProfile:
     return profile
 
 
-def test_profile_interpolates_in_tokens_context_and_batch():
+def test_profile_prices_a_forward_by_its_tokens_in_all_and_its_context():
     p = profile_of([("target", "m", 8, 100, 1, 1.0), ("target", "m", 8, 100, 5, 2.0), ("target", "m", 8, 300, 1, 1.5),
                     ("target", "m", 1, 100, 1, 0.5), ("target", "m", 1, 100, 5, 0.5)])
     assert p.target_s(8, 100, 1) == 1.0 and p.target_s(8, 100, 5) == 2.0
-    assert p.target_s(8, 100, 3) == pytest.approx(1.5)  # linear in tokens per row
-    assert p.target_s(8, 200, 5) == pytest.approx(2.0 * 1.25)  # width cost x the context factor
+    assert p.target_s(8, 100, 3) == pytest.approx(1.5)  # 24 tokens: between 8 (1.0) and 40 (2.0)
+    assert p.target_s(8, 200, 5) == pytest.approx(2.0 * 1.25)  # x the context factor
     assert p.target_s(1, 100, 3) == pytest.approx(0.5)
-    assert p.target_s(4, 100, 5) == pytest.approx(0.5 + (2.0 - 0.5) * 3 / 7)  # linear in rows between batches
+    # rows x tokens, whichever batch measured them: 4 x 5 = 20 tokens, between 8 and 40; 2 x 2 = 4
+    # and 4 x 1 between 5 (0.5, one row) and 8 (1.0, eight rows)
+    assert p.target_s(4, 100, 5) == pytest.approx(1.0 + (2.0 - 1.0) * 12 / 32)
+    assert p.target_s(2, 100, 2) == p.target_s(4, 100, 1) == pytest.approx(0.5)
+    assert p.target_s(7, 100, 1) == pytest.approx(0.5 + 0.5 * 2 / 3)
+    assert p.target_s(6, 200, 1) == pytest.approx((0.5 + 0.5 * 1 / 3) * 1.25)
+    same = profile_of([("target", "m", 4, 100, 1, 1.0), ("target", "m", 4, 100, 2, 2.0), ("target", "m", 2, 100, 2, 3.0)])
+    assert same.target_s(4, 100, 1) == pytest.approx(2.0)  # 4 tokens measured twice, 1.0 and 3.0: their mean
 
 
 def test_a_cost_timed_in_a_quiet_moment_does_not_make_wider_steps_cheaper():
@@ -114,3 +121,12 @@ def test_replay_prices_a_draft_models_two_token_catch_up_after_every_draft_was_a
     # round 1: 0.1 + 0.1 (fresh rows: the first token only); round 2: 0.3 + 0.1 (row 0 accepted
     # both); round 3: 0.1 + 0.1 (no row accepted every draft of round 2)
     assert got.draft_s == pytest.approx(0.2 + 0.4 + 0.2)
+
+
+def test_batches_measured_at_different_contexts_price_together():
+    """A worker's profile can hold batches measured for different shards, at contexts the others
+    lack: the context factor interpolates rather than looks a context up."""
+    p = profile_of([("target", "m", 8, 100, 1, 1.0), ("target", "m", 8, 100, 3, 2.0), ("target", "m", 8, 300, 1, 2.0),
+                    ("target", "m", 8, 500, 1, 3.0), ("target", "m", 4, 200, 1, 0.6), ("target", "m", 4, 200, 3, 1.2)])
+    assert p.target_s(4, 200, 1) == pytest.approx(0.6)  # its own curve at its own context: factor 1
+    assert p.target_s(4, 400, 1) == pytest.approx(0.6 * 2.5 / 1.5)  # batch 8's factor, 2.5 at 400 over 1.5 at 200
