@@ -32,8 +32,10 @@ def test_the_choice_follows_the_timings_and_falls_back_past_the_last_count():
     forms = Forms.from_timings({1: (1.0, 0.5), 2: (1.0, 0.95), 4: (2.0, 1.0), 8: (1.0, 1.2)})
     assert forms.transposed == {1, 4}  # 0.95 is no clear win (WIN = 0.9)
     chosen = {m: forms.use_transposed(m) for m in range(1, 11)}
-    # a count between two measured ones takes the lower one's choice; past the last, F.linear
-    assert chosen == {1: True, 2: False, 3: False, 4: True, 5: True, 6: True, 7: True, 8: False, 9: False, 10: False}
+    # a count between two measured ones transposes only where both did; past the last, F.linear
+    assert chosen == {1: True, 2: False, 3: False, 4: True, 5: False, 6: False, 7: False, 8: False, 9: False, 10: False}
+    both = Forms.from_timings({4: (2.0, 1.0), 8: (1.0, 0.5), 16: (1.0, 1.0)})
+    assert [both.use_transposed(m) for m in (4, 5, 7, 8, 9, 15, 16)] == [True, True, True, True, False, False, False]
     assert Forms.from_timings({1: (1.0, 0.1)}).use_transposed(2) is False
 
 
