@@ -34,8 +34,13 @@ def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
     """The (batch, context, tokens) target points and (draft, batch, context, tokens) draft points
     to measure for a shard whose rows hold `lo`..`hi` tokens of context and verify up to
     `max_width` tokens per row: widths 1, 3, 5, 9, ... up to max_width at the middle context
-    and the production batch; width 1 at both ends of the context range; and batch 1 at the
-    narrowest and widest, for the rows that drain a batch at the end. A draft model's steps feed
+    and the production batch; width 1 at both ends of the context range; and batch 1 and half
+    the batch at the narrowest and widest, for the steps of a batch not full (rows that drain it
+    at the end, rows that end early). Prices run through the points by the tokens a forward
+    computes in all (`CostProfile._cost`), and the half batch puts points between 1 and the
+    batch size where nothing else does: on `make run`'s prose rows, where 4 to 6 of 8 rows are
+    in flight, n-gram k=2's prediction was 11-48% optimistic without them and 3-18% with them
+    (bench/step_prices.py, three processes each). A draft model's steps feed
     one token per row, but the first of a step feeds two to a row whose every draft the target
     accepted (the last draft was never fed: drafters.ModelDrafter.commit), so its curve has
     widths 1 and 2."""
@@ -44,6 +49,8 @@ def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
     target = {(batch_size, mid, w) for w in widths} | {(batch_size, c, 1) for c in (lo, hi)}
     if batch_size > 1:
         target |= {(1, mid, 1), (1, mid, max_width)}
+    if batch_size > 2:
+        target |= {(batch_size // 2, mid, 1), (batch_size // 2, mid, max_width)}
     drafts = {(d, b, c, w) for d in draft_models for b, c, w in ((batch_size, mid, 1), (batch_size, mid, 2),
                                                                    (batch_size, hi, 1), (1, mid, 1))}
     return sorted(target), sorted(drafts)

@@ -250,5 +250,5 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
     assert refreshed(flat, 1000, 1200) == [profile_grid(8, 1000, 1200, 5)[0]]  # middle 1100: 5.5x, a grid at once
     profile = CostProfile()
     profile.merge([StepCost("target", "m", b, c, w, steep(c)) for b, c, w in profile_grid(8, 100, 300, 5)[0]], 1.0)
-    assert _grid_needed(profile, rows(100, 292), arms, 4, 8) == profile_grid(4, 100, 300, 5)
+    assert _grid_needed(profile, rows(100, 292), arms, 3, 8) == profile_grid(3, 100, 300, 5)
     assert _grid_needed(profile, rows(100, 292), [SpecConfig("ngram", 8)], 8, 8) == profile_grid(8, 100, 300, 9)

@@ -39,12 +39,15 @@ def test_a_cost_timed_in_a_quiet_moment_does_not_make_wider_steps_cheaper():
 def test_profile_coverage_and_grid():
     target, drafts = profile_grid(8, 100, 300, 9, ["d"])
     assert (8, 200, 9) in target and (8, 100, 1) in target and (8, 300, 1) in target and (1, 200, 9) in target
+    assert (4, 200, 1) in target and (4, 200, 9) in target  # half the batch: the steps of a batch not full
+    assert {b for b, _, _ in profile_grid(2, 100, 300, 9)[0]} == {1, 2} and {b for b, _, _ in profile_grid(1, 100, 300, 9)[0]} == {1}
     assert {d for d, *_ in drafts} == {"d"} and ("d", 8, 200, 2) in drafts  # a step that feeds two tokens
     p = profile_of([("target", "m", *t, 1.0) for t in target] + [("draft", "d", b, c, w, 0.1) for _, b, c, w in drafts])
     assert p.covers(8, 100, 300, 9, ["d"]) and p.covers(8, 60, 360, 5)
     one_wide = profile_of([("target", "m", *t, 1.0) for t in target] + [("draft", "d", b, c, 1, 0.1) for _, b, c, _ in drafts])
     assert not one_wide.covers(8, 100, 300, 9, ["d"])  # measured before the two-token step was: measured again
-    assert not p.covers(4, 100, 300, 9) and not p.covers(8, 100, 300, 10) and not p.covers(8, 100, 300, 9, ["other"])
+    assert not p.covers(3, 100, 300, 9) and not p.covers(8, 100, 300, 10) and not p.covers(8, 100, 300, 9, ["other"])
+    assert p.covers(4, 100, 300, 9)  # half the batch was measured at every width it needs
     # the width curve sits at the middle context, 200: it prices shards whose middle is within 2x of
     # it; within 4x too where a plain step at the shard's lo and hi, timed, costs about the same
     assert p.covers(8, 10, 790, 9) and p.covers(8, 50, 150, 9)  # middle 400 and 100: 2x
