@@ -8,7 +8,9 @@ draft-model arms): nothing is repeated but a confirmation where it matters.
 3. The worker's cost profile (target forwards at the production batch size for 1..k+1 tokens per
    row across the shard's contexts, a draft step; measured once per worker, again only when a
    shard leaves what it covers, e.g. a middle context over twice as long; batchspec.predict.cost)
-   prices every arm by replaying the sample's schedule. The best predicted speedup wins if it
+   prices every arm by replaying the sample's rows as the shard's first chunk would run them
+   (taken again in turn to the chunk's size, so the batch is as full as production keeps it;
+   `predict_arms`). The best predicted speedup wins if it
    beats "none" by the margin (`decision.choose_predicted`).
 4. A measured run confirms a speculative choice on a key's first shard on a worker, and any
    choice whose prediction is within its own measured error of the margin; not a choice of
@@ -112,7 +114,8 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
     profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature,
                                  _shape(rows, arms, batch_size, max(budgets.values()))) if grid else 0.0  # a grid implies arms
     anchor = Anchor.of(plain, rows, worker.profile, batch_size) if arms else Anchor(1.0, 0.0)
-    results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter) + list(broken.values())
+    stream = min(len(requests) - len(sample), settings.drift_chunk or 8 * batch_size)  # shard.py's first chunk
+    results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter, stream) + list(broken.values())
     chosen, reason = choose_predicted(results, arms, settings.margin)
     top = best(predicted_speedups(results))
     error = worker.prediction_error(settings.prediction_error)
@@ -297,19 +300,33 @@ class Anchor:
 
 
 def predict_arms(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], anchor: Anchor,
-                 profile: CostProfile, batch_size: int, counterfactual: tuple[dict, float] | None = None) -> list[ArmResult]:
+                 profile: CostProfile, batch_size: int, counterfactual: tuple[dict, float] | None = None,
+                 stream: int = 0) -> list[ArmResult]:
     """Every arm's counterfactual acceptance on `rows` (`counterfactual`, where `_counterfactual`
     already computed it on these rows) and its goodput priced from `profile`, scaled to the
-    machine's present speed by `anchor` (a measured plain run's)."""
+    machine's present speed by `anchor` (a measured plain run's).
+
+    `stream`: price `rows` as a generate call of that many rows would run them, the rows taken
+    again in turn until there are as many (each arm and plain decoding alike): a sample stands
+    for the rows the shard goes on to generate, whose batch stays full while its queue lasts;
+    replayed alone, a sample runs as full as its own rows keep it. (`make run`'s prose sample: 7
+    of its 8 rows end after their first token, so alone it decoded one row at a time, where
+    n-gram k=2 pays 1.05x, and predicted 1.1x for a shard that runs 4 to 8 rows at a time and
+    measured 0.5-0.6x.)"""
     if not arms:
         return []
     acceptance, lookup_s = counterfactual or _counterfactual(engine, rows, arms)
-    none = predict_decode_s(none_plans(rows), batch_size, profile, other_per_row_step=anchor.other)
+    turns = max(1, -(-stream // len(rows))) if rows else 1
+
+    def run(plans: list[RowPlan]) -> list[RowPlan]:
+        return (plans * turns)[: max(stream, len(plans))]
+
+    none = predict_decode_s(run(none_plans(rows)), batch_size, profile, other_per_row_step=anchor.other)
     results = []
     for arm in arms:
         acc = acceptance[arm.label]
         plans = [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, s, p) for r, s, p in zip(rows, acc.steps, acc.proposed)]
-        priced = predict_decode_s(plans, batch_size, profile, arm.method, arm.draft_model, anchor.other, lookup_s)
+        priced = predict_decode_s(run(plans), batch_size, profile, arm.method, arm.draft_model, anchor.other, lookup_s)
         results.append(ArmResult(
             arm.method, arm.draft_len,
             predicted_tokens_per_s=priced.decode_tokens / (anchor.scale * priced.decode_s) if priced.decode_s > 0 else None,

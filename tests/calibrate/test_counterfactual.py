@@ -252,3 +252,29 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
     profile.merge([StepCost("target", "m", b, c, w, steep(c)) for b, c, w in profile_grid(8, 100, 300, 5)[0]], 1.0)
     assert _grid_needed(profile, rows(100, 292), arms, 3, 8) == profile_grid(3, 100, 300, 5)
     assert _grid_needed(profile, rows(100, 292), [SpecConfig("ngram", 8)], 8, 8) == profile_grid(8, 100, 300, 9)
+
+
+def test_a_sample_is_priced_as_the_shard_runs_it_with_its_batch_kept_full():
+    """A sample whose rows mostly end after their first token decodes one row at a time; the shard
+    it stands for keeps its batch full while its queue lasts. Priced as a stream of the shard's
+    first chunk (the rows taken again in turn), the sample's one long row runs as eight would."""
+    from batchspec.calibrate.counterfactual import Anchor, predict_arms
+    from batchspec.engine.base import StepCost
+    from batchspec.predict.acceptance import PlainRow, ngram_acceptance
+    from batchspec.predict.cost import CostProfile
+
+    long = PlainRow([5, 6, 7, 8], [5, 6, 7, 8] * 6, 24)  # copies its prompt: n-gram accepts
+    rows = [long] + [PlainRow([9, 10 + i], [3], 24) for i in range(7)]  # seven rows that end at once
+    arm = SpecConfig("ngram", 2)
+    profile = CostProfile()  # speculation pays at one row in flight, not at eight
+    profile.merge([StepCost("target", "m", 1, 40, 1, 1.0), StepCost("target", "m", 1, 40, 3, 1.1),
+                   StepCost("target", "m", 8, 40, 1, 1.2), StepCost("target", "m", 8, 40, 3, 3.5)], 0.0)
+
+    def speedup(sample, stream):
+        counter = ({arm.label: ngram_acceptance(sample, [2], 2)[2]}, 0.0)
+        return predict_arms(None, sample, [arm], Anchor(1.0, 0.0), profile, 8, counter, stream)[0].predicted_speedup
+
+    alone, streamed = speedup(rows, 0), speedup(rows, 64)
+    assert alone > 2.0 and streamed < 1.2  # one row in flight against eight
+    assert streamed == pytest.approx(speedup([long] * 8, 0))  # 64 rows in turn: the long one 8 times, the rest never decode
+    assert speedup(rows, 4) == pytest.approx(alone)  # a stream shorter than the sample prices the sample
