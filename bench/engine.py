@@ -195,6 +195,21 @@ def write(out: Path, name: str, data: dict, markdown: str, table: str = "") -> N
     print(f"{table}\n-> {out / name}.json", flush=True)
 
 
+def result_options(parser, name: str) -> None:
+    """The options of a bench that writes one named result: --dtype, --threads, --out, --name."""
+    parser.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"])
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--name", default=name)
+
+
+def start(args, model: str, draft_model: str | None = None) -> tuple[dict, object]:
+    """Threads, the machine's description (printed) and the loaded engine, for `result_options`' args."""
+    info = machine(choose_threads(args.threads), args.dtype)
+    print(f"machine: {info}", flush=True)
+    return info, load_engine(model, args.dtype, draft_model)
+
+
 def load_engine(model: str, dtype: str, draft_model: str | None = None):
     from batchspec.engine.torch.engine import TorchEngine
 

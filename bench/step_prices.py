@@ -31,7 +31,7 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads  # noqa: E402
-from engine import RESULTS, choose_threads, command, load_engine, machine, machine_line, write  # noqa: E402
+from engine import command, machine_line, result_options, start, write  # noqa: E402
 
 from batchspec.calibrate.counterfactual import Anchor, _counterfactual, none_plans, plain_rows  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
@@ -99,20 +99,21 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--k", type=int, default=4, help="draft length of the arms")
-    parser.add_argument("--workload", default="code", choices=workloads.WORKLOADS)
+    parser.add_argument("--workload", default="code", help=f"one of {', '.join(workloads.WORKLOADS)}, or with --input a task")
+    parser.add_argument("--input", default=None, help="rows from this prompt Parquet (id, task, prompt), e.g. examples/prompts.parquet")
+    parser.add_argument("--pick", default="head", choices=["head", "sample", "confirm"],
+                        help="with --input: the first rows, or those calibration samples or confirms on at --batch-size")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"])
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--out", default=str(RESULTS))
-    parser.add_argument("--name", default="step_prices")
+    result_options(parser, "step_prices")
     args = parser.parse_args(argv)
 
-    threads = choose_threads(args.threads)
-    info = machine(threads, args.dtype)
-    print(f"machine: {info}", flush=True)
-    engine = load_engine(args.model, args.dtype, args.draft_model)
+    info, engine = start(args, args.model, args.draft_model)
     b = args.batch_size
-    requests = workloads.requests(args.workload, args.rows, args.max_tokens)
+    if args.input:
+        requests = workloads.from_parquet(args.input, args.workload, args.rows if args.pick == "head" else b,
+                                          args.max_tokens, args.pick)
+    else:
+        requests = workloads.requests(args.workload, args.rows, args.max_tokens)
     engine.generate(requests[:b], NO_SPEC, b)  # warm the target
     arms = [SpecConfig("ngram", args.k)] + ([SpecConfig("draft_target", args.k, draft_model=args.draft_model)]
                                             if args.draft_model else [])

@@ -210,3 +210,26 @@ def requests(workload: str, n: int, max_tokens: int, seed: int = 0) -> list[Requ
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     return [Request(f"{workload}-{i:04d}", messages=({"role": "user", "content": text},), params=params)
             for i, text in enumerate(prompts(workload, n, seed))]
+
+
+def from_parquet(path: str, task: str, n: int, max_tokens: int, rows: str = "head") -> list[Request]:
+    """`n` greedy requests from a prompt Parquet (`id`, `task`, `prompt`, as examples/prompts.parquet),
+    the rows of one task, prompts tokenized as is (as `batchspec run` reads the `prompt` column):
+    the first `n` (`rows="head"`), or the rows calibration would confirm on in a shard of that
+    task at batch `n` (`rows="confirm"`: evenly spaced among those its sample left) or sample
+    (`rows="sample"`)."""
+    import pyarrow.parquet as pq
+
+    from batchspec.calibrate.decision import CalibrationSettings, pick_sample
+
+    table = pq.read_table(path, columns=["id", "task", "prompt"]).to_pylist()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    mine = [Request(str(r["id"]), prompt=r["prompt"], params=params) for r in table if r["task"] == task]
+    if rows == "head":
+        return mine[:n]
+    settings = CalibrationSettings()
+    sample = pick_sample(mine, settings.sample_rows(n, counterfactual=True), settings.max_tokens)
+    if rows == "sample":
+        return sample
+    taken = {r.id for r in sample}
+    return pick_sample([r for r in mine if r.id not in taken], n, max_tokens)

@@ -68,8 +68,10 @@ def test_calibrate_bench_writes_every_shard(models, tmp_path):
         assert len(s["oracle_arms"]) == 1 + len(saved["arms"])
         assert [a["arm"] for a in s["predicted_vs_measured"]] == saved["arms"]
         for a in s["predicted_vs_measured"]:  # the cost model's error, the sample's left out (None without a profile)
-            assert {"predicted_from_whole_shard", "error_from_whole_shard"} <= set(a)
+            assert {"predicted_from_whole_shard", "error_from_whole_shard", "chunk_errors", "measured_interval"} <= set(a)
             assert a["predicted_from_whole_shard"] is None or a["predicted_from_whole_shard"] > 0
+            lo, hi = a["measured_interval"]  # the oracle's chunks redrawn: the measurement lies within its own interval
+            assert lo <= a["measured_speedup"] * (1 + 1e-9) and a["measured_speedup"] <= hi * (1 + 1e-9)
     assert set(saved["met"]) == {"vs_oracle", "vs_plain", "calibration_share", "prediction_within_10pct"}
 
 
@@ -105,3 +107,34 @@ def test_run_all_writes_peers_sweep_limit_and_plot(models, tmp_path):
     assert (tmp_path / "sweep.png").stat().st_size > 1000
     assert "## Batch-size sweep" in (tmp_path / "README.md").read_text()
     assert data["sweep"] == saved["sweep"]
+
+
+def test_shapes_bench_prices_every_shape_from_the_profile_points(models, tmp_path):
+    import shapes
+
+    target, _ = models
+    data = shapes.main(["--model", target, "--batch-size", "2", "--widths", "3", "--context", "8", "--repeats", "1",
+                        "--threads", "1", "--out", str(tmp_path)])
+    cells = {(c["batch"], c["tokens"]): c for c in data["cells"]}
+    assert set(cells) == {(b, w) for b in (1, 2) for w in (1, 2, 3)} and all(c["ms"] > 0 for c in cells.values())
+    assert cells[(1, 1)]["measured_point"] and cells[(1, 1)]["over_tokens_price"] == pytest.approx(1.0)
+    assert set(data["summary"]) == {"tokens", "rows"}
+    assert "| rows \\ tokens per row |" in (tmp_path / "shapes.md").read_text()
+
+
+def test_bench_rows_from_a_prompt_parquet_are_calibration_s_own():
+    """bench/step_prices.py --input: a task's rows of a prompt Parquet, or exactly the rows a
+    shard's calibration samples and confirms on."""
+    import workloads
+
+    from batchspec.calibrate.decision import CalibrationSettings, pick_sample
+
+    examples = str(Path(__file__).resolve().parent.parent / "examples" / "prompts.parquet")
+    head = workloads.from_parquet(examples, "prose", 5, 24, "head")
+    sample = workloads.from_parquet(examples, "prose", 8, 24, "sample")
+    confirm = workloads.from_parquet(examples, "prose", 8, 24, "confirm")
+    assert len(head) == 5 and len(sample) == 8 and len(confirm) == 8
+    assert not {r.id for r in sample} & {r.id for r in confirm}
+    every = workloads.from_parquet(examples, "prose", 10**6, 24, "head")
+    assert sample == pick_sample(every, CalibrationSettings().sample_rows(8, counterfactual=True), CalibrationSettings().max_tokens)
+    assert all(r.prompt is not None and r.params.max_tokens == 24 for r in every)
