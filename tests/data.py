@@ -31,6 +31,8 @@ def word_rows(n: int) -> list[Request]:
                     params=SamplingParams(max_tokens=24)) for i in range(n)]
 
 
-# A calibration's assumed prediction error of 34%: 3 x it exceeds 1, so no prediction counts as far
-# below the margin and a key's first shard is confirmed whatever the machine's load does to the profile.
-LENIENT = 0.34
+# A calibration's assumed prediction error so large that every predicted speedup above 0.001x lies
+# within its error of the margin: the confirmation runs whatever the machine's load does to the
+# profile (a key's first shard confirms a choice of none only near the margin; with 34%, as until
+# 2026-12-01, a tiny model's n-gram predicted under 0.78x sometimes went unconfirmed).
+LENIENT = 1000.0

@@ -59,8 +59,8 @@ def test_no_confirmation_of_none_below_the_margin_by_more_than_the_error_or_with
     assert "not confirmed: draft_target:k=2 predicted below the margin by more than its error (0%)" in far.reason
     assert far.chosen.method == "none" and all(spec.method == "none" for _, spec in far.finished.values())
     near = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4,
-                                    CalibrationSettings(max_tokens=16, sample_size=8, margin=1.0, prediction_error=10.0),
-                                    worker=WorkerCalibration(), key="k")  # an error of 1000%: every prediction is near
+                                    CalibrationSettings(max_tokens=16, sample_size=8, margin=1.0, prediction_error=LENIENT),
+                                    worker=WorkerCalibration(), key="k")  # every prediction is near the margin
     assert near.chosen.method == "none" and near.confirmed and near.arms[1].measured
     alone = calibrate_counterfactual(tiny_engine, word_rows(8), arms, 4,
                                      CalibrationSettings(max_tokens=16, sample_size=8, prediction_error=LENIENT))
