@@ -11,7 +11,8 @@ there, one rule and one record:
                     (`choose` over measured speedups, `choose_predicted` over predicted ones)
     counterfactual  where acceptance can be computed (the torch engine; n-gram and draft-model
                     arms): one plain run of the sample, every arm predicted from it, a measured
-                    confirmation only where it matters; drift checks both ways: `switch_on`
+                    confirmation only where it matters
+    drift           the same prediction on each chunk a shard generates, both ways: `switch_on`
                     under "none", `while_speculating` while speculating
     measured        where it cannot (TensorRT-LLM's Eagle3/MTP): every arm measured by running,
                     in paired rounds, within a budget
@@ -29,8 +30,6 @@ from batchspec.calibrate.counterfactual import (  # noqa: F401
     counterfactual_ready,
     plain_rows,
     predict_arms,
-    switch_on,
-    while_speculating,
 )
 from batchspec.calibrate.decision import (  # noqa: F401
     CalibrationSettings,
@@ -41,4 +40,5 @@ from batchspec.calibrate.decision import (  # noqa: F401
     pick_sample,
     speculation_unmeasured,
 )
+from batchspec.calibrate.drift import switch_on, while_speculating  # noqa: F401
 from batchspec.calibrate.measured import calibrate  # noqa: F401

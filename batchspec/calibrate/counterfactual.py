@@ -22,9 +22,9 @@ draft-model arms): nothing is repeated but a confirmation where it matters.
    with plain decoding's on the same rows; and the prediction's error is measured on those rows
    too (the arm's counterfactual on their outputs against its measured time). The measured figure
    then decides; only what the arm lost against the chosen setting counts as overhead.
-5. While a shard runs under "none", `switch_on` does the same on each finished chunk (drift in
+5. While a shard runs under "none", `drift.switch_on` does the same on each finished chunk (drift in
    the other direction: shard.py switches to an arm that would now pay); while it speculates,
-   `while_speculating` predicts every arm on the chunk the running arm generated (exact: its
+   `drift.while_speculating` predicts every arm on the chunk the running arm generated (exact: its
    outputs are plain decoding's) and falls back, or moves to a draft length that beats it.
 """
 
@@ -98,7 +98,8 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
     rows = plain_rows(engine, sample, plain)
     broken = _broken_arms(engine, arms)
     arms = [a for a in arms if a.label not in broken]
-    grid = _grid_needed(worker.profile, rows, arms, batch_size, max(budgets.values())) if rows and arms else None
+    shape = _shape(rows, arms, batch_size, max(budgets.values())) if rows and arms else None
+    grid = _grid_needed(worker.profile, shape) if shape else None
     counter = None  # every arm's acceptance on the sample, computed before a profile is paid for
     if not rows or not base.tokens_per_s:
         why_not = "plain decoding of the sample gave nothing to predict from"
@@ -111,8 +112,7 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
         seconds = clock() - start
         return Decision(NO_SPEC, [base, *broken.values()], base.tokens_per_s, seconds, max(0.0, seconds - kept_s),
                         shard_id=shard_id, reason=why_not, finished=finished)
-    profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature,
-                                 _shape(rows, arms, batch_size, max(budgets.values()))) if grid else 0.0  # a grid implies arms
+    profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature, shape) if grid else 0.0  # a grid implies arms
     anchor = Anchor.of(plain, rows, worker.profile, batch_size) if arms else Anchor(1.0, 0.0)
     stream = min(len(requests) - len(sample), settings.drift_chunk or 8 * batch_size)  # shard.py's first chunk
     results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter, stream) + list(broken.values())
@@ -216,14 +216,12 @@ def _shape(rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int
     return batch_size, lo, hi, width, drafts
 
 
-def _grid_needed(profile: CostProfile, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int,
-                 max_tokens: int) -> tuple[list, list] | None:
-    """The (target, draft) points to measure if the shard's batch size, draft length, draft
-    models or middle context leave what the worker's profile covers (`CostProfile.covers`); None
+def _grid_needed(profile: CostProfile, shape: tuple) -> tuple[list, list] | None:
+    """The (target, draft) points to measure if the shard's `shape` (`_shape`: batch size, draft
+    length, draft models, contexts) leaves what the worker's profile covers (`CostProfile.covers`); None
     when it covers them. Where only a plain step's cost at the shard's contexts is unknown, just
     those points (`CostProfile.context_probe`); `_refresh_profile` goes on to the grid if they
     show the profile does not cover the shard."""
-    shape = _shape(rows, arms, batch_size, max_tokens)
     if profile.covers(*shape):
         return None
     probe = profile.context_probe(*shape)
@@ -373,54 +371,3 @@ def _share_s(result: GenerateResult, kept: dict) -> float:
     total = result.output_tokens
     mine = sum(c.output_tokens for c in result.completions if c.id in kept)
     return result.timing.wall_s * mine / total if total else 0.0
-
-
-def _predict_chunk(engine, rows_done: Sequence[Request], result: GenerateResult, arms: Sequence[SpecConfig],
-                   worker: WorkerCalibration, batch_size: int, greedy_only: bool = False) -> list[ArmResult] | None:
-    """Drift checks: every arm in `arms` predicted on the chunk of rows `result` just generated,
-    anchored on that run; None without rows, without a profile, or (`greedy_only`) with sampled rows."""
-    rows = plain_rows(engine, rows_done, result)
-    if not rows or not worker.profile.points or greedy_only and not all(r.greedy for r in rows):
-        return None
-    return predict_arms(engine, rows, arms, Anchor.of(result, rows, worker.profile, batch_size), worker.profile, batch_size)
-
-
-def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms: Sequence[SpecConfig],
-              worker: WorkerCalibration, batch_size: int, margin: float) -> tuple[SpecConfig | None, ArmResult | None]:
-    """Drift under "none": the counterfactual of the rows just generated plainly. Returns the best
-    arm and its prediction if its predicted speedup over them beats plain decoding by the margin,
-    else (None, None). Free for n-gram lookup; one teacher-forced forward per draft model."""
-    results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size)
-    if results is None:
-        return None, None
-    spec, _ = choose_predicted(results, arms, margin)
-    if spec is NO_SPEC:
-        return None, None
-    return spec, next(a for a in results if a.label == spec.label)
-
-
-def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResult, spec: SpecConfig,
-                      arms: Sequence[SpecConfig], worker: WorkerCalibration, batch_size: int,
-                      margin: float) -> tuple[SpecConfig, ArmResult | None] | None:
-    """Drift while speculating, from the rows `spec` just generated: greedy speculation is
-    lossless, so their outputs are plain decoding's and every arm's counterfactual on them is
-    exact, a chunk's worth of evidence where calibration had a sample's. Returns the setting for
-    what follows and its prediction: plain decoding (or the best arm, if one pays by the margin)
-    when `spec` is predicted to lose to plain decoding; another arm when it is predicted faster
-    than `spec` by the margin (a draft length the sample misjudged); else `spec`. None when the
-    counterfactual cannot tell (sampled rows, no profile)."""
-    arms = list(arms) if any(a.label == spec.label for a in arms) else [*arms, spec]
-    results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, greedy_only=True)
-    if results is None:
-        return None
-    by_label = {a.label: a for a in results}
-    running = by_label[spec.label].predicted_speedup
-    if running is None:
-        return None
-    if running < 1.0:
-        chosen, _ = choose_predicted(results, arms, margin)
-        return chosen, by_label.get(chosen.label)
-    top = best(predicted_speedups(results))
-    if top is not None and top[0].label != spec.label and top[1] > running * (1 + margin):
-        return next(a for a in arms if a.label == top[0].label), top[0]
-    return spec, by_label[spec.label]

@@ -220,7 +220,7 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
             return [StepCost("target", "m", b, c, w, self.cost(c)) for b, c, w in target]
 
     arms = [SpecConfig("ngram", 4)]
-    assert _grid_needed(CostProfile(), rows(100, 292), arms, 8, 8) == profile_grid(8, 100, 300, 5)  # middle 200
+    assert _grid_needed(CostProfile(), _shape(rows(100, 292), arms, 8, 8)) == profile_grid(8, 100, 300, 5)  # middle 200
 
     def refreshed(cost, lo, hi):
         """What a worker profiled at contexts 100..300 times for a shard of contexts lo..hi."""
@@ -228,7 +228,7 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
         _refresh_profile(engine, profile, profile_grid(8, 100, 300, 5), 0.0)
         engine.asked.clear()
         shard = rows(lo, hi - 8)
-        grid = _grid_needed(profile, shard, arms, 8, 8)
+        grid = _grid_needed(profile, _shape(shard, arms, 8, 8))
         if grid is not None:
             _refresh_profile(engine, profile, grid, 0.0, _shape(shard, arms, 8, 8))
         assert profile.covers(*_shape(shard, arms, 8, 8))
@@ -250,8 +250,8 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
     assert refreshed(flat, 1000, 1200) == [profile_grid(8, 1000, 1200, 5)[0]]  # middle 1100: 5.5x, a grid at once
     profile = CostProfile()
     profile.merge([StepCost("target", "m", b, c, w, steep(c)) for b, c, w in profile_grid(8, 100, 300, 5)[0]], 1.0)
-    assert _grid_needed(profile, rows(100, 292), arms, 3, 8) == profile_grid(3, 100, 300, 5)
-    assert _grid_needed(profile, rows(100, 292), [SpecConfig("ngram", 8)], 8, 8) == profile_grid(8, 100, 300, 9)
+    assert _grid_needed(profile, _shape(rows(100, 292), arms, 3, 8)) == profile_grid(3, 100, 300, 5)
+    assert _grid_needed(profile, _shape(rows(100, 292), [SpecConfig("ngram", 8)], 8, 8)) == profile_grid(8, 100, 300, 9)
 
 
 def test_a_sample_is_priced_as_the_shard_runs_it_with_its_batch_kept_full():
