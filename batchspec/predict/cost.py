@@ -39,8 +39,8 @@ def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
     at the end, rows that end early). Prices run through the points by the tokens a forward
     computes in all (`CostProfile._cost`), and the half batch puts points between 1 and the
     batch size where nothing else does: on `make run`'s prose rows, where 4 to 6 of 8 rows are
-    in flight, n-gram k=2's prediction was 11-48% optimistic without them and 3-18% with them
-    (bench/step_prices.py, three processes each). A draft model's steps feed
+    in flight, n-gram k=2's prediction was 11-48% optimistic without them and −3% to +18% with
+    them (bench/step_prices.py --input examples/prompts.parquet). A draft model's steps feed
     one token per row, but the first of a step feeds two to a row whose every draft the target
     accepted (the last draft was never fed: drafters.ModelDrafter.commit), so its curve has
     widths 1 and 2."""
@@ -149,14 +149,14 @@ class CostProfile:
         measured batch's width curve, moved to `context` by its context factor, gives (rows x
         tokens, seconds) points, and the price runs piecewise linear through them (rising: never
         cheaper for more tokens). The linear layers, most of a forward at these sizes, cost what
-        their row count costs, whichever rows they come from: measured on SmolLM2 (float32, 2
-        threads, every batch 1..8 x width 1..9 at contexts 40 and 400), forwards of equal tokens
-        cost about the same, and priced this way from the profile's points the 72 shapes were off
-        by 3.7% and 7.6% on average (at most 21% and 25%), against 7.4% and 10.2% (27%, 33%) priced
-        linear in rows between batch 1 and the production batch, as until 2026-12-01 (a draining
-        batch of 6 rows at 3 tokens each: 1.11x its price then). Not modelled apart: the cache
-        each row reads, which grows with rows, not tokens (not seen at these contexts on this CPU;
-        a GPU at long contexts may show it)."""
+        their row count costs, whichever rows they come from: on SmolLM2 (float32, 2 threads)
+        forwards of equal tokens cost about the same (12 tokens as 1x12 ... 12x1: 61-65 ms), and
+        priced this way from the profile's points every batch 1..8 x width 1..9 forward was off by
+        5.2% on average at context 40 against 7.7% priced linear in rows between batch 1 and the
+        production batch, as until 2026-12-01; at context 400 7.3% against 7.2%, a tie; Qwen2.5-
+        Coder-1.5B at batch 4, context 200, 12.9% against 16.4% (bench/shapes.py). Not modelled
+        apart: the cache each row reads, which grows with rows, not tokens (the likely reason for
+        the tie at 400; a GPU at long contexts may show more of it)."""
         pts = [p for p in self.points if p.kind == kind and (model is None or p.model == model)]
         assert pts, f"no {kind} cost measured"
         batches = sorted({p.batch for p in pts})
