@@ -193,6 +193,7 @@ class Timing:
     verify_s: float = 0.0
     other_s: float = 0.0
     wall_s: float = 0.0
+    admit_s: float = 0.0  # of draft_s: a draft model prefilling the rows its drafter admits
 
     @property
     def decode_s(self) -> float:
@@ -200,6 +201,36 @@ class Timing:
 
     def __add__(self, other: "Timing") -> "Timing":
         return Timing(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    def __sub__(self, other: "Timing") -> "Timing":
+        """What was spent between two readings of one call's timing (`Progress.timing`)."""
+        return Timing(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decode step as the engine ran it: `rows` in flight, their cache's length before the
+    step (`context`, holes included, as attention reads it), `tokens` per row (1 + the widest
+    draft) and the tokens it `committed` in all (accepted drafts plus a bonus token per row).
+    Calibration prices the steps a run took to tie its cost profile to the measured run."""
+
+    rows: int
+    context: int
+    tokens: int
+    committed: int
+
+
+@dataclass
+class Progress:
+    """What a generate call's `control` sees after each decode step (engines that take one)."""
+
+    spec: SpecConfig  # the setting the rows in flight decode under
+    done: list[int]  # request indices finished since the last call, in the order they finished
+    completions: list["Completion | None"]  # by request index; None while a row is queued or in flight
+    in_flight: dict[int, list[int]]  # request index -> output token ids so far
+    queued: int  # rows not admitted yet
+    timing: "Timing"  # so far (a copy)
+    steps: list[Step]  # every decode step so far, in order (the engine's own list: read, do not keep)
 
 
 @dataclass
@@ -263,7 +294,23 @@ class Engine(Protocol):
 
         A bad row (empty prompt, too long for the context) yields an error Completion for that
         row only; the call raises only for problems that affect every row.
+
+        An engine that can change its setting while rows are in flight (the torch engine; its
+        `in_flight_control` is True) also takes `control=`, a `Control`: the rows it names in
+        `first` are admitted before the others, and after every decode step it is called with
+        the call's `Progress`; a `SpecConfig` it returns is what the rows in flight and those
+        queued decode under from the next step on (greedy output stays plain decoding's).
         """
 
     def close(self) -> None:
         """Release models and devices."""
+
+
+class Control(Protocol):
+    """A generate call's in-flight control (`Engine.generate`): which rows go first, and after each
+    decode step the setting to go on under (None: keep the current one)."""
+
+    first: Sequence[int]  # request indices admitted before the others
+
+    def __call__(self, progress: Progress) -> SpecConfig | None:
+        ...

@@ -18,12 +18,12 @@ requests, chat templates or how models are loaded (engine.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-from batchspec.engine.base import SamplingParams, SpecConfig, Timing
+from batchspec.engine.base import SamplingParams, SpecConfig, Step, Timing
 from batchspec.engine.sampling import (
     accept_reject,
     greedy_accept,
@@ -67,6 +67,7 @@ class Row:
 @dataclass
 class Clock:
     timing: Timing = field(default_factory=Timing)
+    steps: list[Step] = field(default_factory=list)  # every decode step, as it ran
 
     def add(self, part: str, since: float) -> float:
         now = time.perf_counter()
@@ -83,11 +84,21 @@ class Decoder:
         self.eos_ids, self.pad_id, self.vocab, self.device = eos_ids, pad_id, vocab, device
         self.new_drafter = new_drafter
 
-    def run(self, queue: list[Row], spec: SpecConfig, batch_size: int, clock: Clock) -> Iterator[Row]:
+    def run(self, queue: list[Row], spec: SpecConfig, batch_size: int, clock: Clock,
+            first: Collection[int] = (), control: Callable[[list[Row], int], SpecConfig | None] | None = None,
+            ) -> Iterator[Row]:
         """Yield each row when it finishes; keeps at most batch_size rows in flight. Rows are
         admitted shortest prompt first (completions keep request order), so rows prefilled
-        together have similar lengths and batched prefill pads little."""
-        queue = sorted(queue, key=lambda r: r.prompt_len)
+        together have similar lengths and batched prefill pads little; the rows whose index is
+        in `first` go before all others (a calibration sample, decoded in the batch it stands for).
+
+        `control(active rows, rows queued)`, called after every decode step once finished rows
+        have been yielded, may return another setting: a fresh drafter admits the rows in flight
+        from their contexts (a draft model prefills them; its time is draft time) and they, and
+        the rows queued, go on under it. The target's cache is untouched, so a switch changes
+        no greedy token."""
+        first = set(first)
+        queue = sorted(queue, key=lambda r: (r.index not in first, r.prompt_len))
         active: list[Row] = []
         batch = Batch(self.device)
         drafter = self.new_drafter(spec)
@@ -97,6 +108,7 @@ class Decoder:
                 fresh_batch = self.prefill(fresh, clock)
                 t = time.perf_counter()
                 drafter.admit(fresh, self.device)
+                clock.add("admit_s", t)
                 t = clock.add("draft_s", t)
                 batch.extend(fresh_batch)  # joining the batch is part of admitting a row, as its prefill is
                 clock.add("prefill_s", t)
@@ -110,6 +122,14 @@ class Decoder:
             if getattr(drafter, "batch", None) is not None:
                 drafter.batch.compact()
             clock.add("other_s", t)
+            new = control(active, len(queue)) if control is not None else None
+            if new is not None and new != spec:
+                t = time.perf_counter()
+                spec, drafter = new, self.new_drafter(new)
+                if active:
+                    drafter.admit(active, self.device)
+                clock.add("admit_s", t)
+                clock.add("draft_s", t)
 
     def retire(self, active: list[Row], batch: Batch, drafter, spec: SpecConfig):
         done = [r for r in active if r.finish]
@@ -144,6 +164,7 @@ class Decoder:
         t = clock.add("draft_s", t)
 
         draft_lists = drafts.tokens if drafts else [[] for _ in rows]
+        context = batch.slots
         logits = batch.forward(self.model, [[r.context[-1]] + d for r, d in zip(rows, draft_lists)], self.pad_id)
         t = clock.add("verify_s", t)
 
@@ -159,9 +180,12 @@ class Decoder:
         accepted, nexts = num_accepted.tolist(), next_token.tolist()
         if drafts is not None:
             drafter.commit(num_accepted, drafts, nexts)
+        committed = 0
         for row, d, n, nxt in zip(rows, draft_lists, accepted, nexts):
             # drafts accepted past the row's end (eos, a stop string) are not output: not counted
-            n = min(n, self.commit(row, d[:n] + [nxt]))
+            appended = self.commit(row, d[:n] + [nxt])
+            committed += appended
+            n = min(n, appended)
             row.target_steps += 1
             row.draft_tokens += len(d)
             row.accepted_tokens += n
@@ -169,6 +193,7 @@ class Decoder:
             row.accepted_at.extend([0] * (n - len(row.accepted_at)))
             for j in range(n):
                 row.accepted_at[j] += 1
+        clock.steps.append(Step(len(rows), context, K + 1, committed))
         clock.add("other_s", t)
 
     def sampled_accept(self, rows: list[Row], logits: torch.Tensor, drafts, draft_tokens: torch.Tensor,

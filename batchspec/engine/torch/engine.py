@@ -20,10 +20,13 @@ import torch
 from batchspec.engine.base import (
     ENGINE_METHODS,
     Completion,
+    Control,
     GenerateResult,
+    Progress,
     Request,
     SpecConfig,
     StepCost,
+    Timing,
 )
 from batchspec.engine.torch import measure
 from batchspec.engine.torch.decode import Clock, Decoder, Row
@@ -38,6 +41,7 @@ class TorchEngine:
     """Engine protocol over a loaded target (and lazily loaded draft models)."""
 
     name = "torch"
+    in_flight_control = True  # generate takes control= (base.Engine.generate)
 
     def __init__(self, model, tokenizer, model_name: str = "model", device: str | None = None,
                  draft_loader=None) -> None:
@@ -80,7 +84,8 @@ class TorchEngine:
                 raise ConfigError(f"{spec.source or 'spec'}: DraftTarget needs a draft model (speculative_model_dir or --draft-model)")
             self._draft(spec.draft_model)
 
-    def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int) -> GenerateResult:
+    def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int,
+                 control: Control | None = None) -> GenerateResult:
         self.check(spec)
         clock = Clock()
         start = time.perf_counter()
@@ -92,9 +97,25 @@ class TorchEngine:
                 completions[i] = row_or_error
             else:
                 rows.append(row_or_error)
+        done: list[int] = []
+        current = [spec]
+
+        def step(active: list[Row], queued: int) -> SpecConfig | None:
+            progress = Progress(current[0], done[:], completions, {r.index: r.output for r in active}, queued,
+                                Timing(**vars(clock.timing)), clock.steps)
+            done.clear()
+            new = control(progress)
+            if new is not None:
+                self.check(new)
+                current[0] = new
+            return new
+
         with torch.inference_mode():
-            for row in self._decoder().run(rows, spec, max(1, batch_size), clock):
+            run = self._decoder().run(rows, spec, max(1, batch_size), clock, control.first if control else (),
+                                      step if control else None)
+            for row in run:
                 completions[row.index] = self._finish(requests[row.index], row)
+                done.append(row.index)
         clock.timing.wall_s = time.perf_counter() - start
         assert all(c is not None for c in completions)
         return GenerateResult(completions, clock.timing)  # type: ignore[arg-type]

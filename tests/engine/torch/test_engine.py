@@ -148,6 +148,34 @@ def exact_joint(model, prompt: list[int], vocab: int, temperature: float) -> tor
     return joint
 
 
+def five_word_case(V: int, n: int):
+    """A 2-layer target and a 1-layer draft over V words, and n sampled requests (T = 0.9, seeds
+    0..n-1) of 4 tokens each on one prompt: (engine, target, prompt, requests)."""
+    tokenizer = word_tokenizer(V)
+    target = tiny_llama(V, 2, seed=10, eos_token_id=None, pad_token_id=0, initializer_range=0.5)
+    draft = tiny_llama(V, 1, seed=11, eos_token_id=None, pad_token_id=0, initializer_range=0.5)
+    engine = TorchEngine(target, tokenizer, model_name="t", draft_loader=lambda name: (draft, tokenizer))
+    engine.eos_ids = set()  # every sequence runs four tokens, so every outcome is a full 4-tuple
+    prompt = [1, 2, 3, 1, 2, 4, 1, 2]  # repeats, so n-gram lookup proposes after "1 2"
+    requests = [Request(f"s{i}", prompt_token_ids=tuple(prompt),
+                        params=SamplingParams(max_tokens=4, temperature=0.9, seed=i)) for i in range(n)]
+    return engine, target, prompt, requests
+
+
+def joint_pvalue(result, target, prompt: list[int], vocab: int) -> float:
+    """Chi-square p-value of the 4-token outputs in `result` against the target's exact joint."""
+    counts = torch.zeros(*[vocab] * 4)
+    for c in result.completions:
+        counts[tuple(c.token_ids)] += 1
+    n = len(result.completions)
+    expected = exact_joint(target, prompt, vocab, 0.9).double().flatten() * n
+    observed = counts.double().flatten()
+    small = expected < 5  # pool rare outcomes so the chi-square approximation holds
+    obs = torch.cat([observed[~small], observed[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    return chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+
+
 def wrong_rule(draft_tokens, draft_probs, num_drafts, target_probs, u_accept, u_sample):
     """A plausible bug: on rejection, resample from p instead of the residual max(0, p - q)."""
     n, _ = accept_reject(draft_tokens, draft_probs, num_drafts, target_probs, u_accept, u_sample)
@@ -158,27 +186,12 @@ def wrong_rule(draft_tokens, draft_probs, num_drafts, target_probs, u_accept, u_
 @pytest.mark.parametrize("method", ["draft_target", "ngram"])
 def test_sampled_speculation_follows_the_target_distribution(monkeypatch, rule_is_right, method):
     V, n = 5, 16_000
-    tokenizer = word_tokenizer(V)
-    target = tiny_llama(V, 2, seed=10, eos_token_id=None, pad_token_id=0, initializer_range=0.5)
-    draft = tiny_llama(V, 1, seed=11, eos_token_id=None, pad_token_id=0, initializer_range=0.5)
-    engine = TorchEngine(target, tokenizer, model_name="t", draft_loader=lambda name: (draft, tokenizer))
-    engine.eos_ids = set()  # every sequence runs four tokens, so every outcome is a full 4-tuple
+    engine, target, prompt, requests = five_word_case(V, n)
     if not rule_is_right:
         monkeypatch.setattr(torch_decode, "accept_reject", wrong_rule)
-    prompt = [1, 2, 3, 1, 2, 4, 1, 2]  # repeats, so n-gram lookup proposes after "1 2"
-    requests = [Request(f"s{i}", prompt_token_ids=tuple(prompt),
-                        params=SamplingParams(max_tokens=4, temperature=0.9, seed=i)) for i in range(n)]
     result = engine.generate(requests, SpecConfig(method, 2, draft_model="d"), 1000)
     assert result.draft_tokens > 1.5 * n  # rows really drafted (up to 2, then 1, per row)
-    counts = torch.zeros(V, V, V, V)
-    for c in result.completions:
-        counts[tuple(c.token_ids)] += 1
-    expected = exact_joint(target, prompt, V, 0.9).double().flatten() * n
-    observed = counts.double().flatten()
-    small = expected < 5  # pool rare outcomes so the chi-square approximation holds
-    obs = torch.cat([observed[~small], observed[small].sum()[None]])
-    exp = torch.cat([expected[~small], expected[small].sum()[None]])
-    pvalue = chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+    pvalue = joint_pvalue(result, target, prompt, V)
     if rule_is_right:
         assert pvalue > 1e-3
     else:
@@ -306,3 +319,64 @@ def test_profile_times_every_point_asked_and_each_draft_prefill_once(tiny_engine
                   + [("draft_prefill", 1, 0, 20)])  # the draft prefills once, at its widest context
     assert got == want
     assert all(p.seconds > 0 for p in points)
+
+
+# -- a setting changed in flight (generate's control=) ------------------------------------------------
+
+
+class Cycle:
+    """A control that moves the rows in flight to the next setting of `specs` after every step,
+    and records what it saw."""
+
+    def __init__(self, specs, first=()):
+        self.specs, self.first, self.seen, self.finished = list(specs), list(first), [], []
+
+    def __call__(self, progress):
+        self.seen.append(progress)  # progress.completions and .steps are the call's own, live lists
+        self.finished.append(sum(c is not None for c in progress.completions))
+        return self.specs[len(self.seen) % len(self.specs)]
+
+
+IN_FLIGHT_SPECS = [SpecConfig(), SpecConfig("ngram", 3), SpecConfig("draft_target", 2, draft_model="close"),
+                   SpecConfig("draft_target", 5, draft_model="far"), SpecConfig("ngram", 1)]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_greedy_output_is_plain_greedy_across_settings_changed_in_flight(word_models, plain_reference, batch_size):
+    """Every step under another setting (plain, n-gram, two draft models): a fresh drafter admits
+    the rows in flight from their contexts, and not one greedy token changes."""
+    control = Cycle(IN_FLIGHT_SPECS)
+    result = word_engine(word_models).generate(word_requests(6), SpecConfig(), batch_size, control=control)
+    assert {c.id: c.token_ids for c in result.completions} == plain_reference
+    assert result.draft_tokens > 0 and {p.spec.label for p in control.seen} == {s.label for s in IN_FLIGHT_SPECS}
+    # the steps the control saw add up to the call's: every token but a row's first (prefill's) was committed by one
+    steps = control.seen[-1].steps
+    assert sum(s.committed for s in steps) == result.decode_tokens == sum(len(t) - 1 for t in plain_reference.values())
+    assert sum(s.rows for s in steps) == result.target_steps and all(1 <= s.rows <= batch_size for s in steps)
+    assert sorted(i for p in control.seen for i in p.done) == list(range(6))  # each finished row reported once
+
+
+def test_the_rows_named_first_are_admitted_first_and_progress_shows_them(word_models):
+    """Rows are admitted shortest prompt first, except those a control names `first` (a
+    calibration sample), which go before all others; a row's output so far is in `in_flight`."""
+    control = Cycle([SpecConfig()], first=[5, 4])
+    requests = word_requests(6)
+    word_engine(word_models).generate(requests, SpecConfig(), 2, control=control)
+    start = control.seen[0]
+    assert set(start.in_flight) == {4, 5} and start.queued == 4 and start.spec.label == "none"
+    assert all(len(out) == 2 for out in start.in_flight.values())  # prefill's token and the first step's
+    assert control.finished[0] == 0
+    admitted = [i for p in control.seen for i in p.in_flight]
+    assert [i for i in dict.fromkeys(admitted) if i not in (4, 5)] == [0, 1, 2, 3]  # then shortest prompt first
+
+
+@pytest.mark.parametrize("method", ["draft_target", "ngram"])
+def test_sampled_output_follows_the_target_distribution_across_settings_changed_in_flight(method):
+    """The chi-square test above, with the rows' setting changed after every step: plain
+    decoding, then `method`, then plain again: the target's distribution holds across a switch."""
+    V, n = 5, 16_000
+    engine, target, prompt, requests = five_word_case(V, n)
+    control = Cycle([SpecConfig(), SpecConfig(method, 1, draft_model="d")])  # plain, then one draft: 4 tokens span both
+    result = engine.generate(requests, SpecConfig(), 4000, control=control)
+    assert result.draft_tokens > 0.5 * n and len({p.spec.label for p in control.seen}) == 2
+    assert joint_pvalue(result, target, prompt, V) > 1e-3
