@@ -64,12 +64,12 @@ def test_drift_while_speculating_uses_the_chunks_own_counterfactual(tiny_engine)
     predicted speedup on them says whether it lost: a drafter that is never right falls back on
     its first chunk, though its acceptance is not compared with anything (calibrated None)."""
     from batchspec.predict.cost import profile_grid
-    from batchspec.shard import _SwitchOn
+    from batchspec.calibrate.drift import DriftWatch
 
     far = SpecConfig("draft_target", 3, draft_model="far")
     worker = WorkerCalibration()  # a worker that measured its profile (calibration would skip it here: "far" saves no step)
     worker.profile.merge(tiny_engine.profile(*profile_grid(2, 4, 64, 4, ["far"])), 0.0)
-    watch = _SwitchOn(tiny_engine, [far], worker, 2, 0.05)
+    watch = DriftWatch(tiny_engine, [far], worker, 2, 0.05)
     chunk = word_rows(4)
     assert watch.speculating(chunk, tiny_engine.generate(chunk, far, 2), far) == (NO_SPEC, None)
     decision = Decision(far, arms=[ArmResult("draft_target", 3, acceptance_rate=None)])
@@ -94,7 +94,7 @@ def test_drift_while_speculating_moves_to_a_draft_length_the_chunk_says_is_faste
     more than the margin: the rest of the shard moves to it; where a verify of k + 1 tokens costs
     k + 1 plain steps, neither beats plain decoding: the shard falls back to none."""
     from batchspec.calibrate import while_speculating
-    from batchspec.shard import _SwitchOn
+    from batchspec.calibrate.drift import DriftWatch
 
     k2, k8 = (SpecConfig("draft_target", k, draft_model="self") for k in (2, 8))
     gpu, cpu = WorkerCalibration(), WorkerCalibration()
@@ -111,7 +111,7 @@ def test_drift_while_speculating_moves_to_a_draft_length_the_chunk_says_is_faste
     rows = word_rows(12)
     decision = Decision(k2, arms=[ArmResult("draft_target", 2, acceptance_rate=1.0)])
     completions, specs, _, drift = generate_watching(tiny_engine, rows, decision, 2, CalibrationSettings(drift_chunk=4),
-                                                     switch=_SwitchOn(tiny_engine, [k2, k8], gpu, 2, 0.05))
+                                                     switch=DriftWatch(tiny_engine, [k2, k8], gpu, 2, 0.05))
     assert specs == [k2] * 4 + [k8] * 8 and (drift.switch_row, drift.switch_arm, drift.fallback_row) == (4, k8.label, None)
     plain = tiny_engine.generate(rows, NO_SPEC, 2)
     assert [c.token_ids for c in completions] == [c.token_ids for c in plain.completions]  # lossless across the change
@@ -154,12 +154,13 @@ def test_run_shard_records_prediction_profile_and_confirmation(tiny_engine):
 
 
 def test_rows_finished_in_calibration_are_kept_not_regenerated(tiny_engine):
-    """Calibration generates its sample rows to their end when their max_tokens fits the cap; the
+    """Without in-flight calibration, calibration generates its sample rows to their end when their max_tokens fits the cap; the
     shard keeps them, and the rows the confirmation generated with the best arm (identical to
     plain greedy), and generates only the rest."""
     rows = word_rows(16)  # max_tokens 24 each
     arms = [SpecConfig("draft_target", 2, draft_model="self")]
-    settings = CalibrationSettings(max_fraction=100.0, max_tokens=24, sample_size=8, rounds=1, prediction_error=LENIENT)
+    settings = CalibrationSettings(max_fraction=100.0, max_tokens=24, sample_size=8, rounds=1, prediction_error=LENIENT,
+                                   in_flight=False)  # the sample as a generate call of its own
     shard = run_shard(tiny_engine, ShardInput("s0", None, rows), arms, True, 4, settings)
     assert shard.stats.calibration_rows_kept == 8 + 4  # the sample, and batch-size rows of the confirmation
     made_by = {c.id: spec.label for c, spec in zip(shard.completions, shard.row_specs)}

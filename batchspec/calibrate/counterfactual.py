@@ -85,52 +85,25 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
     profile, and choose by predicted speedup. A measured run of the best arm on other rows of the
     shard (kept as output) confirms a speculative choice on the first shard of a key on this
     worker, and any choice whose prediction is within its own measured error of the margin;
-    nothing is run twice."""
+    nothing is run twice. (A shard on an engine that switches in flight calibrates inside its
+    own batch instead: calibrate.inflight, the same steps.)"""
     worker = worker if worker is not None else WorkerCalibration()
     start = clock()
     budgets = {r.id: r.params.max_tokens for r in requests}
     sample = pick_sample(requests, settings.sample_rows(batch_size, counterfactual=True), settings.max_tokens)
     plain = engine.generate(sample, NO_SPEC, batch_size)
-    base = ArmResult("none", 0)
-    base.add(plain)
     finished = {c.id: (c, NO_SPEC) for c in plain.completions if is_complete(c, budgets[c.id])}
     kept_s = _share_s(plain, finished)
     rows = plain_rows(engine, sample, plain)
-    broken = _broken_arms(engine, arms)
-    arms = [a for a in arms if a.label not in broken]
-    shape = _shape(rows, arms, batch_size, max(budgets.values())) if rows and arms else None
-    grid = _grid_needed(worker.profile, shape) if shape else None
-    counter = None  # every arm's acceptance on the sample, computed before a profile is paid for
-    if not rows or not base.tokens_per_s:
-        why_not = "plain decoding of the sample gave nothing to predict from"
-    elif grid:
-        counter = _counterfactual(engine, rows, arms)
-        why_not = _cannot_repay(plain, len(sample), len(requests), grid, batch_size, rows, counter[0])
-    else:
-        why_not = None
-    if why_not:
-        seconds = clock() - start
-        return Decision(NO_SPEC, [base, *broken.values()], base.tokens_per_s, seconds, max(0.0, seconds - kept_s),
-                        shard_id=shard_id, reason=why_not, finished=finished)
-    profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature, shape) if grid else 0.0  # a grid implies arms
-    anchor = Anchor.of(plain, rows, worker.profile, batch_size) if arms else Anchor(1.0, 0.0)
     stream = min(len(requests) - len(sample), settings.drift_chunk or 8 * batch_size)  # shard.py's first chunk
-    results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter, stream) + list(broken.values())
-    chosen, reason = choose_predicted(results, arms, settings.margin)
-    top = best(predicted_speedups(results))
-    error = worker.prediction_error(settings.prediction_error)
-    first = key not in worker.confirmed_keys
-    near = top is not None and abs(top[1] - (1 + settings.margin)) <= error * top[1]
-    lost_s, confirmed = 0.0, False
-    wanted = top is not None and settings.confirm and (first and chosen is not NO_SPEC or near)
-    if top is not None and settings.confirm and first and not wanted:
-        reason += (f"; not confirmed: {top[0].label} predicted below the margin by more than its error "
-                   f"({error:.0%}); under none the drift watch predicts every arm again on each chunk")
-    elif wanted:
+    verdict = predict_sample(engine, rows, plain, rest_s(plain, len(sample), len(requests)), max(budgets.values()), arms,
+                             batch_size, settings, worker, key, stream, lambda profile: Anchor.of(plain, rows, profile, batch_size))
+    chosen, reason, lost_s, confirmed = verdict.chosen, verdict.reason, 0.0, False
+    if verdict.wanted:
         taken = {r.id for r in sample}
         others = [r for r in requests if r.id not in taken]
-        spec = next(s for s in arms if s.label == top[0].label)
-        measured, on_rows, ran = _confirm(engine, others, spec, top[0], anchor, worker.profile, batch_size) \
+        spec, arm = verdict.top_spec, verdict.top
+        measured, on_rows, ran = _confirm(engine, others, spec, arm, verdict.anchor, worker.profile, batch_size) \
             if others else (None, None, None)
         if ran is not None:  # the rows the arm generated are kept, measured or not
             done = {c.id: (c, spec) for c in ran.completions if is_complete(c, budgets[c.id])}
@@ -143,23 +116,100 @@ def calibrate_counterfactual(engine, requests: Sequence[Request], arms: Sequence
                        f"their first token, leaving no decode step to measure")
         else:
             confirmed = True
-            worker.confirmed_keys.add(key)
-            worker.errors.append(abs(on_rows / measured - 1))
-            chosen = spec if pays(measured, settings.margin) else NO_SPEC
+            chosen, why = settle(verdict, measured, on_rows, worker, key, settings,
+                                 f"measured {measured:.2f}x plain decoding on {len(ran.completions)} other rows of the "
+                                 f"shard (kept; their plain time priced from the profile; predicted {on_rows:.2f}x on those rows)")
+            reason += why
             if chosen is NO_SPEC:  # the rows were kept, but the arm took longer than plain decoding would have
                 lost_s = max(0.0, ran.timing.decode_s * (1 - measured))
-            why = "first shard of its key on this worker" if first else f"prediction within its error ({error:.0%}) of the margin"
-            reason += (f"; confirmed ({why}): {spec.label} measured {measured:.2f}x plain decoding on "
-                       f"{len(ran.completions)} other rows of the shard (kept; their plain time priced from the "
-                       f"profile; predicted {on_rows:.2f}x on those rows) -> {chosen.label}")
-    if any(a.acceptance_exact is False for a in results):
-        reason += "; acceptance estimated (sampled rows: sum of min(p, q) along the sampled path)"
     seconds = clock() - start
     return Decision(
-        chosen=chosen, arms=results, baseline_tokens_per_s=base.tokens_per_s, calibration_s=seconds,
+        chosen=chosen, arms=verdict.arms, baseline_tokens_per_s=verdict.arms[0].tokens_per_s, calibration_s=seconds,
         overhead_s=min(seconds, max(0.0, seconds - kept_s) + lost_s), reason=reason, shard_id=shard_id,
-        finished=finished, profile_s=profile_s, confirmed=confirmed, profile=list(worker.profile.points),
+        finished=finished, profile_s=verdict.profile_s, confirmed=confirmed, profile=list(worker.profile.points),
     )
+
+
+@dataclass
+class Verdict:
+    """What a sample's plain run says (`predict_sample`): every arm (plain decoding first), the
+    choice and why, and whether a measured confirmation of the best arm is wanted."""
+
+    arms: list[ArmResult]
+    chosen: SpecConfig
+    reason: str
+    anchor: "Anchor | None" = None
+    top: ArmResult | None = None  # the best predicted arm, and its setting
+    top_spec: SpecConfig | None = None
+    wanted: bool = False  # a measured confirmation of `top_spec`
+    first: bool = False  # the key's first shard on this worker
+    error: float = 0.0  # the prediction's error the rule allows for
+    profile_s: float = 0.0
+    lookup_s: float = 0.0  # an n-gram lookup's cost per row and step, as the counterfactual timed it
+
+
+def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest: float | None, longest: int,
+                   arms: Sequence[SpecConfig], batch_size: int, settings: CalibrationSettings,
+                   worker: WorkerCalibration, key: str | None, stream: int,
+                   anchor_of: Callable[[CostProfile], "Anchor"]) -> Verdict:
+    """Steps 2-4 of this module's list on a plain run of the sample, `plain` (its rows as `rows`;
+    `rest`: the plain decode seconds the shard has left, estimated (`rest_s`; None: no bound);
+    `longest`: the shard's longest max_tokens): every arm's counterfactual acceptance, the profile measured
+    where the shard leaves it and speculation could repay it, every arm priced (`anchor_of(profile)`
+    ties the prices to the measured run) as a generate call of `stream` rows runs, the rule's
+    choice, and whether to confirm it. One code path for both ways a sample is decoded (alone,
+    here; inside the shard's batch, calibrate.inflight)."""
+    base = ArmResult("none", 0)
+    base.add(plain)
+    broken = _broken_arms(engine, arms)
+    arms = [a for a in arms if a.label not in broken]
+    shape = _shape(rows, arms, batch_size, longest) if rows and arms else None
+    grid = _grid_needed(worker.profile, shape) if shape else None
+    counter = None  # every arm's acceptance on the sample, computed before a profile is paid for
+    if not rows or not base.tokens_per_s:
+        why_not = "plain decoding of the sample gave nothing to predict from"
+    elif grid:
+        counter = _counterfactual(engine, rows, arms)
+        why_not = _cannot_repay(plain, rest, grid, batch_size, rows, counter[0])
+    else:
+        why_not = None
+    if why_not:
+        return Verdict([base, *broken.values()], NO_SPEC, why_not)
+    profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature, shape) if grid else 0.0  # a grid implies arms
+    anchor = anchor_of(worker.profile) if arms else Anchor(1.0, 0.0)
+    counter = counter or (_counterfactual(engine, rows, arms) if arms else ({}, 0.0))
+    results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter, stream) + list(broken.values())
+    chosen, reason = choose_predicted(results, arms, settings.margin)
+    top = best(predicted_speedups(results))
+    error = worker.prediction_error(settings.prediction_error)
+    first = key not in worker.confirmed_keys
+    near = top is not None and abs(top[1] - (1 + settings.margin)) <= error * top[1]
+    wanted = top is not None and settings.confirm and (first and chosen is not NO_SPEC or near)
+    if top is not None and settings.confirm and first and not wanted:
+        reason += (f"; not confirmed: {top[0].label} predicted below the margin by more than its error "
+                   f"({error:.0%}); under none the drift watch predicts every arm again on each chunk")
+    if any(a.acceptance_exact is False for a in results):
+        reason += "; acceptance estimated (sampled rows: sum of min(p, q) along the sampled path)"
+    top_spec = next(s for s in arms if s.label == top[0].label) if top is not None else None
+    return Verdict(results, chosen, reason, anchor, top[0] if top else None, top_spec, wanted, first, error, profile_s,
+                   counter[1])
+
+
+def settle(verdict: Verdict, measured: float, predicted: float | None, worker: WorkerCalibration, key: str | None,
+           settings: CalibrationSettings, what: str) -> tuple[SpecConfig, str]:
+    """A confirmation's outcome: the measured speedup of `verdict.top_spec` over plain decoding
+    decides (the margin rule), the key counts as confirmed on this worker, and the error of the
+    prediction set against it (`predicted`: on the same rows here, the sample's in flight) is kept
+    for the next shards' `near` test. Returns the setting and the reason's clause; `what` says
+    what was measured, and on what."""
+    spec = verdict.top_spec
+    worker.confirmed_keys.add(key)
+    if predicted:
+        worker.errors.append(abs(predicted / measured - 1))
+    chosen = spec if pays(measured, settings.margin) else NO_SPEC
+    why = "first shard of its key on this worker" if verdict.first else \
+        f"prediction within its error ({verdict.error:.0%}) of the margin"
+    return chosen, f"; confirmed ({why}): {spec.label} {what} -> {chosen.label}"
 
 
 def _confirm(engine, others: Sequence[Request], spec: SpecConfig, arm: ArmResult, anchor: "Anchor",
@@ -228,10 +278,17 @@ def _grid_needed(profile: CostProfile, shape: tuple) -> tuple[list, list] | None
     return (probe, []) if probe else profile_grid(*shape)
 
 
-def _cannot_repay(plain: GenerateResult, sampled: int, rows: int, grid: tuple[list, list], batch_size: int,
+def rest_s(plain: GenerateResult, sampled: int, rows: int) -> float | None:
+    """The plain decode seconds a shard of `rows` rows has left after a sample of `sampled` of them
+    decoded alone (`plain`): the sample's, per row. None where the sample was the whole shard:
+    then nothing bounds what a profile may cost (it serves the worker's later shards)."""
+    return plain.timing.decode_s * (rows - sampled) / sampled if rows > sampled else None
+
+
+def _cannot_repay(plain: GenerateResult, rest: float | None, grid: tuple[list, list], batch_size: int,
                   sample_rows: Sequence[PlainRow], acceptance: dict) -> str | None:
     """Why profiling would cost more than speculation could save on this shard, or None. The
-    saving is bounded above: the rest of the shard's plain decode time (the sample's, per row)
+    saving is bounded above: the rest of the shard's plain decode time (`rest`, `rest_s`)
     shrinks at most by the share of target steps the best arm would have saved on the sample (its
     counterfactual acceptance, exact for greedy rows; a verify step costs at least a plain one).
     The cost is bounded below: two tries of every target probe at the production batch size,
@@ -241,19 +298,18 @@ def _cannot_repay(plain: GenerateResult, sampled: int, rows: int, grid: tuple[li
     accepted, and `make run`'s code shard, whose rows mostly end after a token or two, paid a
     2.6-3.0 s profile for 1-1.4 s of decoding.)"""
     steps = plain.target_steps
-    if not steps or rows <= sampled:
+    if not steps or rest is None:
         return None
     plain_steps = sum(max(0, len(r.output_ids) - 1) for r in sample_rows)
     label, fewest = min(((label, a.target_steps) for label, a in acceptance.items()), key=lambda x: x[1])
     saved = max(0.0, 1 - fewest / plain_steps) if plain_steps else 0.0
-    rest_s = plain.timing.decode_s * (rows - sampled) / sampled
-    saving = rest_s * saved
+    saving = rest * saved
     forwards = 2 * sum(1 for b, *_ in grid[0] if b == batch_size)  # draft steps may cost less than a target's: not counted
     cost = forwards * plain.timing.decode_s / steps
     if saving >= cost:
         return None
     return (f"speculation cannot repay a cost profile on this shard: the rest of its plain decode time "
-            f"(~{rest_s:.1f} s, from the sample) would shrink by at most {saving:.1f} s (the best arm, {label}, "
+            f"(~{rest:.1f} s, from the sample) would shrink by at most {saving:.1f} s (the best arm, {label}, "
             f"would have saved {saved:.0%} of the sample's target steps), and profiling takes at least {cost:.1f} s "
             f"({forwards} forwards at the sample's step time); none, not profiled")
 

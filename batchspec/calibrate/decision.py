@@ -34,6 +34,7 @@ class CalibrationSettings:
     max_fraction: float = field(default=0.10, metadata={"min": 0, "max": 1})  # calibration budget, as a fraction of the shard's expected time
     min_rows: int = field(default=16, metadata={"min": 0})  # smaller shards reuse the last decision of their shard key
     confirm: bool = True  # measure the predicted best draft length
+    in_flight: bool = True  # calibrate inside the shard's own batch where the engine can switch in flight (calibrate.inflight)
     drift_ratio: float = field(default=0.5, metadata={"min": 0, "max": 1})  # fall back to "none" when acceptance drops below this x calibrated
     drift_chunk: int = field(default=0, metadata={"min": 0})  # rows per drift check; 0 = 8 x batch size
     max_builds_per_worker: int = field(default=6, metadata={"min": 2})  # engines whose arms are builds (TensorRT-LLM): builds calibration may cause per worker (none and one arm at least)
@@ -81,13 +82,17 @@ def fixed_decision(spec: SpecConfig, reason: str) -> Decision:
     return Decision(spec, source="fixed", reason=reason)
 
 
+def sample_indices(rows: int, n: int) -> list[int]:
+    """n evenly spaced indices of `rows` (all of them when there are no more than n)."""
+    if rows <= n:
+        return list(range(rows))
+    step = rows / n
+    return [int(i * step) for i in range(n)]
+
+
 def pick_sample(requests: Sequence[Request], n: int, max_tokens: int) -> list[Request]:
     """Evenly spaced rows (deterministic), with generation capped at `max_tokens`."""
-    if len(requests) <= n:
-        picked = list(requests)
-    else:
-        step = len(requests) / n
-        picked = [requests[int(i * step)] for i in range(n)]
+    picked = [requests[i] for i in sample_indices(len(requests), n)]
     return [replace(r, params=replace(r.params, max_tokens=min(r.params.max_tokens, max_tokens))) for r in picked]
 
 

@@ -11,6 +11,7 @@ chunk's own counterfactual acceptance priced as calibration prices a sample
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from batchspec.calibrate.counterfactual import Anchor, WorkerCalibration, plain_rows, predict_arms
@@ -68,3 +69,68 @@ def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResu
     if top is not None and top[0].label != spec.label and top[1] > running * (1 + margin):
         return next(a for a in arms if a.label == top[0].label), top[0]
     return spec, by_label[spec.label]
+
+
+@dataclass
+class DriftWatch:
+    """The checks run after each chunk a shard generates (`switch_on` under "none",
+    `while_speculating` while speculating), with what they need."""
+
+    engine: object
+    arms: list[SpecConfig]
+    worker: WorkerCalibration
+    batch_size: int
+    margin: float
+
+    def __call__(self, part: Sequence[Request], result: GenerateResult) -> tuple[SpecConfig | None, float | None]:
+        """Under "none": the arm to switch to (or None) and its predicted acceptance rate, the fallback's yardstick."""
+        spec, arm = switch_on(self.engine, part, result, self.arms, self.worker, self.batch_size, self.margin)
+        return spec, arm.acceptance_rate if arm is not None else None
+
+    def speculating(self, part: Sequence[Request], result: GenerateResult,
+                    spec: SpecConfig) -> tuple[SpecConfig, float | None] | None:
+        """The setting for what follows the chunk `spec` just generated (plain decoding if it lost,
+        another arm if one beat it by the margin, else `spec`) and that setting's predicted
+        acceptance rate; None when the counterfactual cannot tell (sampled rows)."""
+        got = while_speculating(self.engine, part, result, spec, self.arms, self.worker, self.batch_size, self.margin)
+        if got is None:
+            return None
+        spec, arm = got
+        return spec, arm.acceptance_rate if arm is not None else None
+
+
+@dataclass
+class Drift:
+    """Where a shard changed its setting while running (rows counted in the order the shard
+    generated them), and the rule that changes it after each chunk."""
+
+    fallback_row: int | None = None  # speculating -> "none"
+    switch_row: int | None = None  # "none" or another arm -> switch_arm
+    switch_arm: str | None = None
+
+    def after_chunk(self, row: int, spec: SpecConfig, calibrated: float | None, part: Sequence[Request],
+                    result: GenerateResult, watch, drift_ratio: float) -> tuple[SpecConfig, float | None]:
+        """The setting for the rows from `row` on, after `spec` generated `part` (`result`), and its
+        yardstick acceptance rate. Speculating: `watch.speculating` (the chunk's own counterfactual)
+        or, where that cannot tell, acceptance below `drift_ratio` x `calibrated` sends the rows to
+        plain decoding. Under "none": `watch` (counterfactual acceptance) may switch an arm on."""
+        if spec is not NO_SPEC:
+            got = watch.speculating(part, result, spec) if hasattr(watch, "speculating") else None
+            if got is None:  # the counterfactual cannot tell: acceptance against calibration's
+                rate = result.acceptance_rate
+                loses = calibrated is not None and rate is not None and rate < drift_ratio * calibrated
+                got = (NO_SPEC, None) if loses else (spec, calibrated)
+        elif watch is not None:
+            arm, predicted = watch(part, result)
+            got = (arm, predicted) if arm is not None else (spec, calibrated)
+        else:
+            return spec, calibrated
+        self.record(row, spec, got[0])
+        return got
+
+    def record(self, row: int, old: SpecConfig, new: SpecConfig) -> None:
+        """The first row of each kind of change."""
+        if new is NO_SPEC and old is not NO_SPEC:
+            self.fallback_row = row if self.fallback_row is None else self.fallback_row
+        elif new != old and self.switch_row is None:
+            self.switch_row, self.switch_arm = row, new.label

@@ -174,7 +174,7 @@ def test_the_profile_is_skipped_where_the_samples_acceptance_could_not_repay_it(
     on the sample, not by every draft accepted: the same shard (8 sample rows of 40 tokens, 64
     rows, 12 probes) is worth profiling when an arm would have saved a few steps, and not when
     no arm would have saved one (every draft rejected, or rows too short to draft into)."""
-    from batchspec.calibrate.counterfactual import _cannot_repay
+    from batchspec.calibrate.counterfactual import _cannot_repay, rest_s
     from batchspec.engine.base import Completion, GenerateResult, Timing
     from batchspec.predict.acceptance import Acceptance, PlainRow
 
@@ -187,11 +187,11 @@ def test_the_profile_is_skipped_where_the_samples_acceptance_could_not_repay_it(
         return Acceptance("ngram", 4, steps=[[0.0] * steps_per_row] * 8, proposed=[[4] * steps_per_row] * 8)
 
     # the rest of the shard: 3.9 s x 56 / 8 = 27.3 s of plain decoding; the profile >= 12 x 3.9 / 312 = 0.15 s
-    assert _cannot_repay(plain, 8, 64, grid, 8, rows, {"ngram:k=4": arm(38)}) is None  # saves 2.6%: 0.7 s
-    why = _cannot_repay(plain, 8, 64, grid, 8, rows, {"ngram:k=2": arm(39), "ngram:k=4": arm(39)})
+    assert _cannot_repay(plain, rest_s(plain, 8, 64), grid, 8, rows, {"ngram:k=4": arm(38)}) is None  # saves 2.6%: 0.7 s
+    why = _cannot_repay(plain, rest_s(plain, 8, 64), grid, 8, rows, {"ngram:k=2": arm(39), "ngram:k=4": arm(39)})
     assert why.startswith("speculation cannot repay a cost profile on this shard")
     assert "would shrink by at most 0.0 s (the best arm, ngram:k=2, would have saved 0% of the sample's target steps)" in why
-    assert _cannot_repay(plain, 8, 8, grid, 8, rows, {"ngram:k=4": arm(39)}) is None  # the whole shard was the sample
+    assert _cannot_repay(plain, rest_s(plain, 8, 8), grid, 8, rows, {"ngram:k=4": arm(39)}) is None  # the whole shard was the sample
 
 
 def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_the_shard():
