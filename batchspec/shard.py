@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from batchspec.calibrate.drift import Drift, DriftWatch
+from batchspec.calibrate.inflight import InFlight
 from batchspec.calibrate import (
     CalibrationSettings,
     Decision,
@@ -84,6 +86,23 @@ def decide(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibr
     return calibrate(engine, shard.requests, spec_arms, batch_size, settings, shard_id=shard.shard_id)
 
 
+def _in_flight(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibrate_arms: bool, batch_size: int,
+               settings: CalibrationSettings, worker: WorkerCalibration) -> InFlight | None:
+    """The in-flight control that calibrates this shard inside its own batch, where that is how it
+    calibrates: arms to calibrate, a shard big enough and with rows beyond its sample (a shard
+    that is all sample runs the same either way), an engine that switches between decode steps,
+    every arm's acceptance computable, and `calibration: in_flight` on; else None."""
+    rows = len(shard.requests)
+    if not (calibrate_arms and arms and settings.in_flight and rows >= settings.min_rows):
+        return None
+    if rows <= settings.sample_rows(batch_size, counterfactual=True):
+        return None
+    if not getattr(engine, "in_flight_control", False) or arms_are_builds(engine) or not counterfactual_ready(engine, arms):
+        return None
+    return InFlight(engine, shard.requests, list(arms), batch_size, settings, worker, shard.shard_key, shard.shard_id,
+                    clock=getattr(engine, "clock", time.perf_counter))
+
+
 def _decide_by_builds(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], batch_size: int,
                       settings: CalibrationSettings, prior: Decision | None) -> Decision:
     """Engines whose arms are builds (TensorRT-LLM): a key is calibrated once and later shards of
@@ -111,16 +130,25 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
     start = clock()
     builds_before = len(getattr(engine, "builds", ()))
     worker = worker if worker is not None else WorkerCalibration()
-    decision = decide(engine, shard, arms, calibrate, batch_size, settings, prior, worker)
     spec_arms = [a for a in arms if a.method != "none"]
-    watch = _SwitchOn(engine, spec_arms, worker, batch_size, settings.margin) \
-        if calibrate and counterfactual_ready(engine, spec_arms) and worker.profile.points else None
     caveats: dict[str, str] = {}
-    completions, row_specs, timing, drift = generate_watching(engine, shard.requests, decision, batch_size, settings,
-                                                              caveats, watch)
+    control = _in_flight(engine, shard, spec_arms, calibrate, batch_size, settings, worker)
+    if control is not None:  # one generate call; calibration rides in it (batchspec.calibrate.inflight)
+        ran = engine.generate(shard.requests, NO_SPEC, batch_size, control=control)
+        caveats.update(ran.caveats)
+        decision, row_specs = control.close(ran)
+        completions, timing, drift = ran.completions, ran.timing, control.drift
+        timing.other_s += control.watch_s  # the drift checks are decode-time work of this shard, as in _watch
+        kept = len(control.first)
+    else:
+        decision = decide(engine, shard, arms, calibrate, batch_size, settings, prior, worker)
+        watch = DriftWatch(engine, spec_arms, worker, batch_size, settings.margin) \
+            if calibrate and counterfactual_ready(engine, spec_arms) and worker.profile.points else None
+        completions, row_specs, timing, drift = generate_watching(engine, shard.requests, decision, batch_size, settings,
+                                                                  caveats, watch)
+        kept = sum(r.id in decision.finished for r in shard.requests)
     builds = build_cost(engine, builds_before)
     result = GenerateResult(completions, timing)
-    kept = sum(r.id in decision.finished for r in shard.requests)
     generated = GenerateResult([c for c in completions if c.id not in decision.finished], timing)
     tokens_per_s = generated.goodput if generated.completions else (decision.chosen_arm.tokens_per_s or 0.0)
     spec = decision.chosen
@@ -181,42 +209,6 @@ def _measured_speedup(decision: Decision) -> float | None:
     return arm.vs_none(decision.baseline_tokens_per_s) if arm is not None else None
 
 
-@dataclass
-class Drift:
-    """Where a shard changed its setting while running (row indices into the rows it generated)."""
-
-    fallback_row: int | None = None  # speculating -> "none"
-    switch_row: int | None = None  # "none" or another arm -> switch_arm
-    switch_arm: str | None = None
-
-
-@dataclass
-class _SwitchOn:
-    """The check run under "none" after each chunk (calibrate.switch_on), with what it needs."""
-
-    engine: Engine
-    arms: list[SpecConfig]
-    worker: WorkerCalibration
-    batch_size: int
-    margin: float
-
-    def __call__(self, part: Sequence[Request], result: GenerateResult) -> tuple[SpecConfig | None, float | None]:
-        """The arm to switch to (or None) and its predicted acceptance rate, the fallback's yardstick."""
-        spec, arm = switch_on(self.engine, part, result, self.arms, self.worker, self.batch_size, self.margin)
-        return spec, arm.acceptance_rate if arm is not None else None
-
-    def speculating(self, part: Sequence[Request], result: GenerateResult,
-                    spec: SpecConfig) -> tuple[SpecConfig, float | None] | None:
-        """The setting for what follows the chunk `spec` just generated (plain decoding if it lost,
-        another arm if one beat it by the margin, else `spec`) and that setting's predicted
-        acceptance rate; None when the counterfactual cannot tell (sampled rows)."""
-        got = while_speculating(self.engine, part, result, spec, self.arms, self.worker, self.batch_size, self.margin)
-        if got is None:
-            return None
-        spec, arm = got
-        return spec, arm.acceptance_rate if arm is not None else None
-
-
 def generate_watching(engine: Engine, requests: Sequence[Request], decision: Decision, batch_size: int,
                       settings: CalibrationSettings, caveats: dict[str, str] | None = None, switch=None,
                       ) -> tuple[list[Completion], list[SpecConfig], Timing, Drift]:
@@ -266,22 +258,6 @@ def _watch(engine: Engine, requests: Sequence[Request], spec: SpecConfig, calibr
             break
         row = begin + len(part)
         began = time.perf_counter()
-        if spec is not NO_SPEC:
-            got = switch.speculating(part, result, spec) if hasattr(switch, "speculating") else None
-            if got is None:  # the counterfactual cannot tell: acceptance against calibration's
-                rate = result.acceptance_rate
-                loses = calibrated is not None and rate is not None and rate < settings.drift_ratio * calibrated
-                got = (NO_SPEC, None) if loses else (spec, calibrated)
-            if got[0] is NO_SPEC:
-                drift.fallback_row = row if drift.fallback_row is None else drift.fallback_row
-            elif got[0] != spec and drift.switch_row is None:
-                drift.switch_row, drift.switch_arm = row, got[0].label
-            spec, calibrated = got
-        elif switch is not None:
-            arm, predicted = switch(part, result)
-            if arm is not None:
-                spec, calibrated = arm, predicted
-                if drift.switch_row is None:
-                    drift.switch_row, drift.switch_arm = row, arm.label
+        spec, calibrated = drift.after_chunk(row, spec, calibrated, part, result, switch, settings.drift_ratio)
         timing.other_s += time.perf_counter() - began  # the checks are decode-time work of this shard
     return completions, specs, timing, drift

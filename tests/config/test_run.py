@@ -35,6 +35,7 @@ def _pipeline(tmp_path: Path, doc: dict) -> Path:
     ({"max_fraction": 1.5}, "calibration.max_fraction: expected a number in [0, 1], got 1.5"),
     ({"drift_ratio": float("nan")}, "calibration.drift_ratio: expected a number in [0, 1], got nan"),
     ({"confirm": "yes"}, "calibration.confirm: expected true or false, got 'yes'"),
+    ({"in_flight": "no"}, "calibration.in_flight: expected true or false, got 'no'"),
     ({"min_rows": True}, "calibration.min_rows: expected an integer >= 0, got True"),
     ({"warmup": 1}, "calibration.warmup: unknown key; expected one of sample_size, max_tokens"),
     ([1, 2], "calibration: expected a mapping of sample_size, max_tokens"),

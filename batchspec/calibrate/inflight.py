@@ -1,0 +1,280 @@
+"""Calibration in flight: a shard is one continuous batch, and its calibration rides inside it.
+
+Where the engine can change its setting between decode steps (`in_flight_control`: the torch
+engine) and every arm's acceptance can be computed (counterfactual.counterfactual_ready), a shard
+is one generate call under `InFlight`, the call's control (engine.base.Control):
+
+    sample   the sample rows (decision.sample_indices: evenly spaced) are admitted first and
+             decode plainly in the shard's own batch, the shard's other rows joining as they
+             finish: nothing drains and nothing runs twice. When every sample row has finished
+             or reached the calibration cap (`max_tokens`), their plain tokens give every arm's
+             counterfactual acceptance, the steps the call ran tie the profile's prices to the
+             machine as it is now (`anchor_of_steps`), and counterfactual.predict_sample chooses:
+             the rows in flight and those queued go on under the choice.
+    confirm  where calibration wants a measurement (a key's first shard choosing an arm, or a
+             prediction within its error of the margin) the best arm runs on from there. Once
+             it has committed as many tokens as max(batch, 4) sample rows hold, its measured
+             decode time is set against the profile's price of the very steps it ran: their
+             ratio is how far the cost model was off for this arm on this machine, and the
+             sample's predicted speedup, corrected by it, decides (counterfactual.settle). The
+             window's own speedup (plain decoding's price for the tokens it committed over its
+             measured time) is recorded too, but does not decide: its acceptance is a few
+             steps' (on `make run`'s edit shard, 1.20x over 13 steps of an arm that ran the
+             shard at 1.0x), where the sample's is whole rows', exact, and the drift watch's a chunk's.
+    watch    after every chunk of finished rows (drift_chunk, or 8 x batch), the drift checks
+             (drift.Drift.after_chunk) set what the next rows run under, both ways.
+
+Before this (until 2026-12-01) the sample was a generate call of its own, drained as its rows
+finished, then the confirmation another, then each chunk: on `make run`'s 64-row shards the sample
+alone was 12-15% of a shard's time. Now what calibration costs is the control's own time
+(prediction, profile); the sample's decoding is the shard's, at the shard's batch size.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from batchspec.calibrate.counterfactual import (
+    CONFIRM_MIN_ROWS,
+    Anchor,
+    Verdict,
+    WorkerCalibration,
+    predict_sample,
+    settle,
+)
+from batchspec.calibrate.decision import CalibrationSettings, Decision, sample_indices
+from batchspec.calibrate.drift import Drift, DriftWatch
+from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Progress, Request, SpecConfig, Step, Timing
+from batchspec.predict.acceptance import PlainRow
+from batchspec.predict.cost import CostProfile
+
+
+def anchor_of_steps(timing: Timing, steps: Sequence[Step], profile: CostProfile) -> Anchor:
+    """The profile tied to a measured plain run by the steps it ran: decode seconds measured over
+    the profile's price of exactly those steps (each at its rows, cache length and width), and the
+    engine's bookkeeping per row and step. (Anchor.of prices a sample replayed alone; a sample
+    decoded inside the shard's batch shared its steps with other rows.)"""
+    row_steps = sum(s.rows for s in steps)
+    other = timing.other_s / row_steps if row_steps else 0.0
+    priced = sum(profile.target_s(s.rows, s.context + 1, s.tokens) for s in steps) + other * row_steps
+    measured = timing.decode_s
+    return Anchor(measured / priced if priced > 0 and measured > 0 else 1.0, other)
+
+
+def plain_price_s(steps: Sequence[Step], anchor: Anchor, profile: CostProfile) -> float:
+    """What plain decoding would have taken to commit the tokens `steps` committed, at their
+    shapes: a step of r rows that committed c tokens stands for c / r plain steps of r rows."""
+    return sum(anchor.scale * profile.target_s(s.rows, s.context + 1, 1) * s.committed / s.rows
+               + anchor.other * s.committed for s in steps if s.rows)
+
+
+def arm_price_s(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile: CostProfile,
+                lookup_s: float = 0.0) -> float:
+    """The profile's price of `steps` as they ran under `spec`, anchored: each verify at its width,
+    a draft model's draft steps (the first as wide as its catch-up can be: two tokens), an n-gram
+    lookup per row (`lookup_s`), the bookkeeping per row. A draft model's prefills are not priced
+    (nor counted where this is compared: Timing.admit_s)."""
+    total = 0.0
+    for s in steps:
+        total += anchor.scale * profile.target_s(s.rows, s.context + 1, s.tokens) + anchor.other * s.rows
+        if spec.method == "draft_target" and s.tokens > 1:
+            model, ctx = spec.draft_model, s.context + 1
+            total += anchor.scale * (profile.draft_s(model, s.rows, ctx, 2) + (s.tokens - 2) * profile.draft_s(model, s.rows, ctx))
+        elif spec.method == "ngram":
+            total += lookup_s * s.rows
+    return total
+
+
+@dataclass
+class InFlight:
+    """The control of a shard's one generate call: calibrates on its sample, confirms, watches
+    for drift. `close` turns what it saw into the shard's Decision, each row's setting and the
+    Drift record."""
+
+    engine: object
+    requests: Sequence[Request]
+    arms: list[SpecConfig]  # the speculative arms
+    batch_size: int
+    settings: CalibrationSettings
+    worker: WorkerCalibration
+    key: str | None = None
+    shard_id: str | None = None
+    clock: Callable[[], float] = time.perf_counter
+    first: list[int] = field(init=False)  # the sample: engine.base.Control.first
+    drift: Drift = field(default_factory=Drift, init=False)
+    spent_s: float = field(default=0.0, init=False)  # the control's own seconds deciding: prediction, profile
+    watch_s: float = field(default=0.0, init=False)  # ... and watching for drift (decode-time work of the shard, as in shard._watch)
+    lost_s: float = field(default=0.0, init=False)  # decode time a confirmed-losing arm took beyond plain's
+
+    def __post_init__(self) -> None:
+        self.first = sample_indices(len(self.requests), self.settings.sample_rows(self.batch_size, counterfactual=True))
+        self.phase = "sample"  # -> "confirm" -> "watch"
+        self.verdict: Verdict | None = None
+        self.reason = ""
+        self.confirmed = False
+        self.made_by: dict[int, SpecConfig] = {}  # request index -> the setting its last step ran under
+        self.order: list[int] = []  # request indices in the order they finished
+        self.mark: tuple[int, Timing, int] | None = None  # where the confirmation began: steps, timing, rows done
+        self.confirm_tokens = 0.0  # tokens the arm commits before its measurement counts
+        self.confirm_seen = (0, 0)  # steps of the confirmation summed so far, and their tokens
+        self.since = 0  # rows done at the last drift check
+        self.calibrated: float | None = None  # the running arm's acceptance rate, the drift fallback's yardstick
+        self.last: Progress | None = None
+        self.watched = Timing()  # the call's timing at the last drift check
+        self.chosen: SpecConfig = NO_SPEC
+        self.watch = DriftWatch(self.engine, self.arms, self.worker, self.batch_size, self.settings.margin)
+
+    # -- engine.base.Control ----------------------------------------------------------------------
+
+    def __call__(self, p: Progress) -> SpecConfig | None:
+        began = self.clock()
+        self.last = p
+        for i in p.done:
+            self.made_by[i] = p.spec
+        self.order += p.done
+        new = None
+        if self.phase == "sample" and self._sample_done(p):
+            new = self._decide(p)
+        elif self.phase == "confirm" and self._confirmed_enough(p):
+            new = self._confirm(p)
+        elif self.phase == "watch" and len(self.order) - self.since >= self._chunk() and (p.queued or p.in_flight):
+            new = self._watch(p)
+            self.watch_s += self.clock() - began
+            return new
+        self.spent_s += self.clock() - began
+        return new
+
+    def _sample_done(self, p: Progress) -> bool:
+        cap = self.settings.max_tokens
+        return all(p.completions[i] is not None or len(p.in_flight.get(i, ())) >= cap for i in self.first)
+
+    def _confirmed_enough(self, p: Progress) -> bool:
+        seen, tokens = self.confirm_seen
+        tokens += sum(s.committed for s in p.steps[seen:])
+        self.confirm_seen = (len(p.steps), tokens)
+        return tokens >= self.confirm_tokens
+
+    def _chunk(self) -> int:
+        return self.settings.drift_chunk or 8 * self.batch_size
+
+    # -- the phases -------------------------------------------------------------------------------
+
+    def _decide(self, p: Progress) -> SpecConfig | None:
+        rows, sample = self._sample_rows(p)
+        plain = GenerateResult(sample + self._partial(p, exclude=self.first), p.timing)  # every row so far, under none
+        left = p.queued + len(p.in_flight)
+        mean = sum(len(r.output_ids) for r in rows) / len(rows) if rows else 0.0  # tokens a row has, as the sample says
+        to_go = p.queued * mean + sum(max(0.0, mean - len(out)) for out in p.in_flight.values())
+        rest = plain.timing.decode_s / plain.decode_tokens * to_go if plain.decode_tokens else None
+        stream = min(left, self._chunk())
+        longest = max(r.params.max_tokens for r in self.requests)
+        steps = list(p.steps)
+        v = self.verdict = predict_sample(self.engine, rows, plain, rest, longest, self.arms,
+                                          self.batch_size, self.settings, self.worker, self.key, stream,
+                                          lambda profile: anchor_of_steps(p.timing, steps, profile))
+        self.reason = v.reason + f"; the sample decoded in the shard's batch ({len(self.order)} rows done, {left} to go)"
+        self.since = len(self.order)
+        if v.wanted and left:
+            self.phase, self.mark = "confirm", (len(p.steps), p.timing, len(self.order))
+            self.confirm_seen = (len(p.steps), 0)
+            self.confirm_tokens = max(self.batch_size, CONFIRM_MIN_ROWS) * sum(len(r.output_ids) for r in rows) / len(rows)
+            return self._run(v.top_spec)
+        if v.wanted:
+            self.reason += "; not confirmed: no other rows of the shard to confirm on"
+        self.phase = "watch"
+        return self._run(v.chosen)
+
+    def _confirm(self, p: Progress, final: bool = False) -> SpecConfig | None:
+        v = self.verdict
+        steps = p.steps[self.mark[0]:]
+        arm_s = (p.timing - self.mark[1]).decode_s
+        plain_s = plain_price_s(steps, v.anchor, self.worker.profile)
+        self.phase, self.since = "watch", len(self.order)
+        rows = len(self.order) - self.mark[2]
+        if not steps or arm_s <= 0 or plain_s <= 0:
+            self.reason += f"; not confirmed: {v.top_spec.label} ran no decode step to measure"
+            return self._run(v.chosen)
+        window = plain_s / arm_s
+        delta = p.timing - self.mark[1]
+        priced = arm_price_s(steps, v.top_spec, v.anchor, self.worker.profile, v.lookup_s)
+        ratio = (delta.decode_s - delta.admit_s) / priced if priced > 0 else 1.0  # measured over priced
+        predicted = v.top.predicted_speedup
+        corrected = predicted / ratio
+        tokens = sum(s.committed for s in steps)
+        v.top.speedup, v.top.measured, v.top.decode_tokens, v.top.tokens_per_s = corrected, True, tokens, tokens / arm_s
+        self.confirmed = True
+        chosen, why = settle(v, corrected, predicted, self.worker, self.key, self.settings,
+                             f"at {corrected:.2f}x plain decoding: its {len(steps)} steps in the shard's batch ({tokens} "
+                             f"tokens, {rows} rows finished{', the shard ended' if final else ''}) took {ratio:.2f}x the "
+                             f"profile's price, the sample's {predicted:.2f}x corrected (those steps alone measured {window:.2f}x)")
+        self.reason += why
+        if chosen is NO_SPEC:  # the rows are kept, but the arm took longer than plain decoding would have
+            self.lost_s = max(0.0, arm_s - plain_s)
+        return self._run(chosen)
+
+    def _watch(self, p: Progress) -> SpecConfig | None:
+        part = self.order[self.since:]
+        self.since = len(self.order)
+        result = GenerateResult([p.completions[i] for i in part], p.timing - self.watched)
+        self.watched = p.timing
+        spec, self.calibrated = self.drift.after_chunk(len(self.order), p.spec, self.calibrated,
+                                                       [self.requests[i] for i in part], result, self.watch,
+                                                       self.settings.drift_ratio)
+        return spec if spec != p.spec else None
+
+    def _run(self, spec: SpecConfig) -> SpecConfig:
+        """Calibration's setting from here on, its acceptance the fallback's yardstick."""
+        arm = next((a for a in self.verdict.arms if a.label == spec.label), None) if spec is not NO_SPEC else None
+        self.chosen, self.calibrated = spec, arm.acceptance_rate if arm is not None else None
+        self.watched = self.last.timing if self.last is not None else Timing()
+        return spec
+
+    # -- rows as calibration sees them ------------------------------------------------------------
+
+    def _sample_rows(self, p: Progress) -> tuple[list[PlainRow], list[Completion]]:
+        """The sample's rows for the counterfactual (finished ones whole, those in flight up to now:
+        a prefix of a plain output is a plain output, capped) and their completions so far."""
+        rows, done = [], []
+        for i in self.first:
+            r, c = self.requests[i], p.completions[i]
+            if c is None:
+                out = list(p.in_flight.get(i, ()))
+                c = Completion(r.id, None, token_ids=out, output_tokens=len(out), target_steps=max(0, len(out) - 1))
+                budget = len(out)
+            else:
+                budget = r.params.max_tokens
+            done.append(c)
+            if c.finish_reason != "error" and c.token_ids:
+                rows.append(PlainRow(self.engine.encode(r), list(c.token_ids), budget, r.params.temperature, r.params.top_p))
+        return rows, done
+
+    def _partial(self, p: Progress, exclude: Sequence[int]) -> list[Completion]:
+        """Every other row that has tokens so far, finished or in flight, as a completion of them."""
+        skip = set(exclude)
+        out = [c for i, c in enumerate(p.completions) if c is not None and i not in skip]
+        out += [Completion(self.requests[i].id, None, token_ids=list(t), output_tokens=len(t),
+                           target_steps=max(0, len(t) - 1)) for i, t in p.in_flight.items() if i not in skip]
+        return out
+
+    # -- the record -------------------------------------------------------------------------------
+
+    def close(self, result: GenerateResult) -> tuple[Decision, list[SpecConfig]]:
+        """After the call: the Decision (decided at the end where the sample never gave the control
+        a step to decide at), and the setting each row's last step ran under, in request order."""
+        began = self.clock()
+        if self.phase == "sample":
+            final = self.last or Progress(NO_SPEC, [], list(result.completions), {}, 0, result.timing, [])
+            self._decide(Progress(final.spec, [], list(result.completions), {}, 0, result.timing, final.steps))
+        elif self.phase == "confirm":
+            self._confirm(Progress(self.last.spec, [], list(result.completions), {}, 0, result.timing, self.last.steps), final=True)
+        self.spent_s += self.clock() - began
+        v = self.verdict
+        decision = Decision(
+            chosen=self.chosen, arms=v.arms, baseline_tokens_per_s=v.arms[0].tokens_per_s,
+            calibration_s=self.spent_s + self.lost_s,
+            overhead_s=self.spent_s + self.lost_s, reason=self.reason, shard_id=self.shard_id,
+            profile_s=v.profile_s, confirmed=self.confirmed, profile=list(self.worker.profile.points),
+        )
+        return decision, [self.made_by.get(i, NO_SPEC) for i in range(len(self.requests))]

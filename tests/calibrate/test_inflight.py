@@ -1,0 +1,158 @@
+"""Calibration in flight (batchspec.calibrate.inflight): a shard is one generate call; its sample
+decodes plainly in the shard's own batch, the decision switches the rows in flight, the
+confirmation is measured on the arm's own steps, and the drift checks run on chunks of finished
+rows, all without a row generated twice or a greedy token changed."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchspec.calibrate import CalibrationSettings, WorkerCalibration
+from batchspec.calibrate.inflight import InFlight, anchor_of_steps, plain_price_s
+from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig, Step, StepCost, Timing
+from batchspec.predict.cost import CostProfile
+from batchspec.shard import ShardInput, run_shard
+from tests.data import LENIENT, word_rows
+
+SELF = [SpecConfig("draft_target", k, draft_model="self") for k in (1, 2, 4)] + [SpecConfig("ngram", 3)]
+
+
+def test_a_shard_calibrates_inside_its_own_batch(tiny_engine):
+    """One generate call: the sample (8 evenly spaced rows) goes first and decodes plainly; every
+    arm is predicted from it; the key's first shard confirms the best arm on its own steps in the
+    batch; the outputs are plain greedy's; the profile is the worker's for the next shard."""
+    worker = WorkerCalibration()
+    rows = word_rows(32)
+    settings = CalibrationSettings(max_tokens=24, sample_size=8, prediction_error=LENIENT)
+    shard = run_shard(tiny_engine, ShardInput("s0", "k", rows), SELF, True, 4, settings, worker=worker)
+    st, d = shard.stats, shard.decision
+    plain = tiny_engine.generate(rows, NO_SPEC, 4)
+    assert [c.token_ids for c in shard.completions] == [c.token_ids for c in plain.completions]
+    assert [c.id for c in shard.completions] == [r.id for r in rows]
+    by = {a.label: a for a in d.arms}
+    assert list(by) == ["none"] + [a.label for a in SELF]
+    for k in (1, 2, 4):  # the target drafting for itself: every draft accepted, exactly
+        assert by[f"draft_target:k={k}"].acceptance_rate == 1.0 and by[f"draft_target:k={k}"].acceptance_exact
+    assert "the sample decoded in the shard's batch (8 rows done, 24 to go)" in d.reason
+    sample = [0, 4, 8, 12, 16, 20, 24, 28]
+    assert all(shard.row_specs[i] is NO_SPEC for i in sample)  # all finished (24 tokens < the cap) before the decision
+    assert st.calibration_rows_kept == 8 and d.finished == {}  # nothing generated apart, nothing kept apart
+    # confirmed: the best arm ran on from the decision, measured on its own steps
+    best = max((a for a in d.arms if a.predicted_speedup), key=lambda a: a.predicted_speedup)
+    assert d.confirmed and "k" in worker.confirmed_keys and worker.errors
+    assert best.measured and best.speedup and f"confirmed (first shard of its key on this worker): {best.label} " \
+        f"at {best.speedup:.2f}x plain decoding: its " in d.reason
+    assert any(s.label == best.label for s in shard.row_specs)  # rows finished under it
+    assert d.profile_s > 0 and worker.profile.points and st.profile_s == d.profile_s
+    # what calibration costs is the control's own time, all of it not kept as output
+    assert 0 < st.calibration_s == st.calibration_overhead_s < st.wall_s
+    # the next shard of the key: the profile is reused, and no confirmation unless near the margin
+    worker.errors[:] = [0.0]
+    again = run_shard(tiny_engine, ShardInput("s1", "k", rows), SELF, True, 4,
+                      CalibrationSettings(max_tokens=24, sample_size=8, margin=1.0), worker=worker)
+    assert again.decision.profile_s == 0.0 and not again.decision.confirmed
+    assert again.stats.spec_method == "none" and all(s is NO_SPEC for s in again.row_specs)  # k=4 cannot beat 2x here
+
+
+def flat_profile(batch_size: int, draft: str = "self") -> WorkerCalibration:
+    """A worker whose made-up profile makes every forward cost 1 s at any width (a GPU's flat
+    verify, exaggerated) and a draft step 0.1 s, covering these tests' shards: predictions that do
+    not depend on the machine's load."""
+    worker = WorkerCalibration()
+    worker.profile.merge([StepCost("target", "tiny", b, c, w, 1.0) for b in {1, batch_size // 2 or 1, batch_size}
+                          for c in (4, 8, 16, 32, 64, 128) for w in (1, 9)]
+                         + [StepCost("draft", draft, b, c, t, 0.1) for b in {1, batch_size} for c in (4, 16, 64, 128)
+                            for t in (1, 2)], 0.0)
+    return worker
+
+
+def test_the_decision_comes_when_the_sample_reaches_the_cap_and_its_rows_go_on(tiny_engine):
+    """Sample rows whose budget is longer than the calibration cap are predicted from their first
+    `max_tokens` tokens (a prefix of plain output is plain output) while they are still in flight;
+    they finish under the decision, token for token as plain decoding would."""
+    rows = [Request(r.id, r.prompt, params=SamplingParams(max_tokens=40)) for r in word_rows(16)]
+    arm = SpecConfig("draft_target", 3, draft_model="self")
+    control = InFlight(tiny_engine, rows, [arm], 4, CalibrationSettings(max_tokens=8, sample_size=4, confirm=False),
+                       flat_profile(4), key="k")
+    ran = tiny_engine.generate(rows, NO_SPEC, 4, control=control)
+    decision, specs = control.close(ran)
+    assert decision.chosen == arm and decision.profile_s == 0.0  # every draft accepted, a flat verify: it pays
+    assert "the sample decoded in the shard's batch (0 rows done, 16 to go)" in decision.reason  # decided at the cap
+    assert all(specs[i] == arm for i in control.first)  # ... and the sample finished under the arm
+    assert all(ran.completions[i].draft_tokens > 0 for i in control.first)
+    plain = tiny_engine.generate(rows, NO_SPEC, 4)
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain.completions]
+
+
+def test_a_confirmed_loss_sends_the_shard_back_to_plain_decoding_and_counts_as_overhead(tiny_engine):
+    """A draft that is almost never right, near the margin (a lenient error): the confirmation
+    measures it losing on its own steps, the rows after it run plainly, and the time it lost
+    counts as calibration's."""
+    rows = word_rows(32)
+    far = SpecConfig("draft_target", 4, draft_model="far")
+    control = InFlight(tiny_engine, rows, [far], 4, CalibrationSettings(max_tokens=24, sample_size=8, prediction_error=LENIENT),
+                       flat_profile(4, "far"), key="k")
+    ran = tiny_engine.generate(rows, NO_SPEC, 4, control=control)
+    d, specs = control.close(ran)
+    arm = d.arms[1]
+    assert d.confirmed and arm.measured and arm.speedup < 1.0 and d.chosen is NO_SPEC and d.reason.endswith("-> none")
+    assert any(s == far for s in specs)  # the arm ran ...
+    assert all(specs[i] is NO_SPEC for i in control.order[-8:])  # ... and the rows that finished last ran plainly
+    assert control.lost_s > 0 and d.calibration_s == d.overhead_s >= control.lost_s
+
+
+def test_drift_checks_run_on_chunks_of_finished_rows_in_flight(tiny_engine):
+    """After the decision, every `drift_chunk` finished rows the drift checks decide what the next
+    rows run under: a scripted watch turns an arm on at its second check and off at the next;
+    the Drift record names the rows, and no greedy token changes."""
+    arm = SpecConfig("draft_target", 2, draft_model="self")
+    rows = word_rows(40)
+    control = InFlight(tiny_engine, rows, [arm], 2, CalibrationSettings(max_tokens=24, sample_size=4, drift_chunk=6, margin=100.0),
+                       flat_profile(2), key="k")
+
+    class Scripted:
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, part, result):
+            self.calls.append(("none", len(part)))
+            return (arm, 0.9) if len(self.calls) == 2 else (None, None)
+
+        def speculating(self, part, result, spec):
+            self.calls.append((spec.label, len(part)))
+            return NO_SPEC, None
+
+    control.watch = Scripted()
+    ran = tiny_engine.generate(rows, NO_SPEC, 2, control=control)
+    decision, specs = control.close(ran)
+    assert decision.chosen is NO_SPEC and not decision.confirmed  # a 100x margin: nothing pays, nothing near it
+    calls = control.watch.calls
+    assert [c[0] for c in calls[:3]] == ["none", "none", arm.label] and all(n >= 6 for _, n in calls)
+    d = control.drift
+    assert d.switch_arm == arm.label and d.switch_row < d.fallback_row
+    assert sum(s == arm for s in specs) >= 6
+    plain = tiny_engine.generate(rows, NO_SPEC, 2)
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain.completions]
+
+
+def test_a_shard_of_rows_that_end_at_prefill_is_decided_at_the_end(tiny_engine):
+    """Rows of one token never reach a decode step, so the control is never called: the decision
+    is taken when the call ends, from nothing to predict, and says so."""
+    rows = [Request(r.id, r.prompt, params=SamplingParams(max_tokens=1)) for r in word_rows(16)]
+    control = InFlight(tiny_engine, rows, SELF, 4, CalibrationSettings(), WorkerCalibration())
+    ran = tiny_engine.generate(rows, NO_SPEC, 4, control=control)
+    decision, specs = control.close(ran)
+    assert decision.chosen is NO_SPEC and "gave nothing to predict from" in decision.reason
+    assert all(c.output_tokens == 1 for c in ran.completions) and all(s is NO_SPEC for s in specs)
+
+
+def test_the_anchor_prices_exactly_the_steps_that_ran():
+    """A run's measured decode time over the profile's price of its own steps; plain decoding's
+    price for what speculative steps committed: c / r plain steps of r rows each."""
+    profile = CostProfile([StepCost("target", "m", b, c, w, 0.01 * b * w) for b in (1, 4) for c in (10, 100) for w in (1, 3)])
+    steps = [Step(4, 20, 1, 4), Step(4, 21, 1, 4), Step(2, 22, 1, 2)]
+    timing = Timing(verify_s=0.2, other_s=0.0)
+    anchor = anchor_of_steps(timing, steps, profile)
+    assert anchor.scale == pytest.approx(0.2 / (0.04 + 0.04 + 0.02)) and anchor.other == 0.0
+    spec_steps = [Step(4, 30, 3, 10)]  # 4 rows, 3 tokens each, 10 committed: 2.5 plain steps of 4 rows
+    assert plain_price_s(spec_steps, anchor, profile) == pytest.approx(anchor.scale * 0.04 * 10 / 4)
