@@ -175,10 +175,31 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
         why_not = None
     if why_not:
         return Verdict([base, *broken.values()], NO_SPEC, why_not)
-    profile_s = _refresh_profile(engine, worker.profile, grid, rows[0].temperature, shape) if grid else 0.0  # a grid implies arms
-    anchor = anchor_of(worker.profile) if arms else Anchor(1.0, 0.0)
     counter = counter or (_counterfactual(engine, rows, arms) if arms else ({}, 0.0))
-    results = [base] + predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter, stream) + list(broken.values())
+    bar = (1 + settings.margin) * (1 - worker.prediction_error(settings.prediction_error))
+
+    def priced(profile: CostProfile) -> list[ArmResult]:
+        return predict_arms(engine, rows, arms, anchor_of(profile), profile, batch_size, counter, stream)
+
+    def cannot_pay(profile: CostProfile) -> tuple[str | None, list[ArmResult]]:
+        """On the production batch's width curve alone: why no arm can pay, with their prices."""
+        arms_now = priced(profile)
+        top = best(predicted_speedups(arms_now))
+        if top is not None and top[1] >= bar:
+            return None, arms_now
+        return (f"best arm {top[0].label} predicted {top[1]:.2f}x plain decoding on the production batch's width "
+                f"curve alone, below {bar:.2f}x (the {settings.margin:.0%} margin less the prediction's error): none; "
+                f"the rest of the profile (the context's ends, batch 1 and half the batch) not measured"
+                if top is not None else "no arm could be priced"), arms_now
+
+    profile_s, stop = _refresh_profile(engine, worker.profile, grid, rows[0].temperature, shape, cannot_pay) \
+        if grid else (0.0, None)  # a grid implies arms
+    if stop is not None:
+        why, arms_now = stop
+        return Verdict([base, *arms_now, *broken.values()], NO_SPEC, why + _estimated(arms_now), profile_s=profile_s,
+                       lookup_s=counter[1])
+    anchor = anchor_of(worker.profile) if arms else Anchor(1.0, 0.0)
+    results = [base] + priced(worker.profile) + list(broken.values())
     chosen, reason = choose_predicted(results, arms, settings.margin)
     top = best(predicted_speedups(results))
     error = worker.prediction_error(settings.prediction_error)
@@ -188,11 +209,17 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     if top is not None and settings.confirm and first and not wanted:
         reason += (f"; not confirmed: {top[0].label} predicted below the margin by more than its error "
                    f"({error:.0%}); under none the drift watch predicts every arm again on each chunk")
-    if any(a.acceptance_exact is False for a in results):
-        reason += "; acceptance estimated (sampled rows: sum of min(p, q) along the sampled path)"
+    reason += _estimated(results)
     top_spec = next(s for s in arms if s.label == top[0].label) if top is not None else None
     return Verdict(results, chosen, reason, anchor, top[0] if top else None, top_spec, wanted, first, error, profile_s,
                    counter[1])
+
+
+def _estimated(arms: Sequence[ArmResult]) -> str:
+    """The reason's clause where acceptance is an estimate."""
+    if any(a.acceptance_exact is False for a in arms):
+        return "; acceptance estimated (sampled rows: sum of min(p, q) along the sampled path)"
+    return ""
 
 
 def settle(verdict: Verdict, measured: float, predicted: float | None, worker: WorkerCalibration, key: str | None,
@@ -314,19 +341,43 @@ def _cannot_repay(plain: GenerateResult, rest: float | None, grid: tuple[list, l
             f"({forwards} forwards at the sample's step time); none, not profiled")
 
 
-def _refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temperature: float,
-                     shape: tuple | None = None) -> float:
-    """Measure the points of `grid` (from `_grid_needed`) on the engine, then, if they were a
-    context probe after which the profile still does not cover `shape` (`_shape`), the whole
-    grid for it; returns the seconds spent."""
+def _refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temperature: float, shape: tuple,
+                     cannot_pay: Callable[[CostProfile], tuple[str | None, list]] | None = None) -> tuple[float, tuple | None]:
+    """Measure `grid` (from `_grid_needed`) on the engine: a context probe first where that is
+    what it is, then, if the profile still does not cover `shape` (`_shape`), the whole grid for
+    it, less the points the profile holds. Of a whole grid the production batch's width curve
+    goes first: where `cannot_pay(profile)` then says why no arm can pay (the arms priced on it),
+    the rest is not measured (on `make run`'s edit shard, where a verify of k + 1 tokens at batch
+    8 costs nearly k + 1 plain steps, 4 of the grid's 10 points; a draft model's points go with
+    the curve). Returns the seconds spent and
+    (why, arms) where it stopped there, else None."""
     began = time.perf_counter()
-    points = engine.profile(*grid, temperature=temperature)
-    profile.merge(points, time.perf_counter() - began)
-    if shape is not None and not profile.covers(*shape):
-        again = time.perf_counter()
-        points = engine.profile(*profile_grid(*shape), temperature=temperature)
-        profile.merge(points, time.perf_counter() - again)
-    return time.perf_counter() - began
+    whole = profile_grid(*shape)
+    if (list(grid[0]), list(grid[1])) != (list(whole[0]), list(whole[1])):  # a context probe
+        _measure(engine, profile, grid, temperature)
+        if profile.covers(*shape):
+            return time.perf_counter() - began, None
+    held = {p.key[2:] for p in profile.points if p.kind == "target"}
+    targets = [p for p in whole[0] if p not in held]
+    batch, lo, hi = shape[:3]
+    drafts = whole[1]
+    if cannot_pay is not None:
+        curve = [p for p in targets if p[0] == batch and p[1] == (lo + hi) // 2]
+        if curve or drafts:
+            _measure(engine, profile, (curve, drafts), temperature)  # the draft's points too: an arm's price needs them
+        why, arms = cannot_pay(profile)
+        if why is not None:
+            profile.cut.add(batch)
+            return time.perf_counter() - began, (why, arms)
+        targets, drafts = [p for p in targets if p not in curve], []
+    _measure(engine, profile, (targets, drafts), temperature)
+    profile.cut.discard(batch)
+    return time.perf_counter() - began, None
+
+
+def _measure(engine, profile: CostProfile, grid: tuple[list, list], temperature: float) -> None:
+    began = time.perf_counter()
+    profile.merge(engine.profile(*grid, temperature=temperature), time.perf_counter() - began)
 
 
 def none_plans(rows: Sequence[PlainRow]) -> list[RowPlan]:

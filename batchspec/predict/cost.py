@@ -62,6 +62,9 @@ class CostProfile:
 
     points: list[StepCost] = field(default_factory=list)
     measured_s: float = 0.0  # wall seconds spent measuring, summed over refreshes
+    # batch sizes whose grid stopped at the width curve (calibrate.counterfactual._refresh_profile):
+    # covered for no shard, so the next one at that batch prices on the curve again or measures the rest
+    cut: set = field(default_factory=set)
 
     def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = ()) -> bool:
         """Does the profile hold, at this batch size, a width curve up to `max_width` near the
@@ -103,6 +106,8 @@ class CostProfile:
             return "missed"
         if not all(any(p.kind == "draft" and p.model == d and p.batch == batch_size and p.tokens == 2 for p in self.points)
                    for d in draft_models):
+            return "missed"
+        if batch_size in self.cut:
             return "missed"
         home = curve[0].context
         if home / CONTEXT_REACH <= mid <= home * CONTEXT_REACH:

@@ -56,7 +56,8 @@ def test_no_confirmation_of_none_below_the_margin_by_more_than_the_error_or_with
                                    worker=worker, key="k")
     top = far.arms[1]
     assert top.predicted_speedup < 2.0 and not far.confirmed and not top.measured
-    assert "not confirmed: draft_target:k=2 predicted below the margin by more than its error (0%)" in far.reason
+    # below the margin by more than its error on the width curve alone: the rest of the profile is not measured
+    assert "alone, below 2.00x (the 100% margin less the prediction's error): none; the rest of the profile" in far.reason
     assert far.chosen.method == "none" and all(spec.method == "none" for _, spec in far.finished.values())
     near = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4,
                                     CalibrationSettings(max_tokens=16, sample_size=8, margin=1.0, prediction_error=LENIENT),
@@ -225,7 +226,7 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
     def refreshed(cost, lo, hi):
         """What a worker profiled at contexts 100..300 times for a shard of contexts lo..hi."""
         engine, profile = Timed(cost), CostProfile()
-        _refresh_profile(engine, profile, profile_grid(8, 100, 300, 5), 0.0)
+        _refresh_profile(engine, profile, profile_grid(8, 100, 300, 5), 0.0, (8, 100, 300, 5, []))
         engine.asked.clear()
         shard = rows(lo, hi - 8)
         grid = _grid_needed(profile, _shape(shard, arms, 8, 8))
@@ -246,7 +247,8 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
     assert refreshed(flat, 60, 80) == [[(8, 60, 1), (8, 80, 1)]]  # middle 70
     assert refreshed(flat, 40, 200) == []  # middle 120: within 2x
     assert refreshed(flat, 40, 120) == [[(8, 40, 1)]]  # middle 80; 120 lies among the contexts timed
-    assert refreshed(steep, 400, 600) == [[(8, 400, 1), (8, 600, 1)], profile_grid(8, 400, 600, 5)[0]]  # timed: steep
+    probed = [(8, 400, 1), (8, 600, 1)]  # timed: steep; then the grid, less what the probe timed
+    assert refreshed(steep, 400, 600) == [probed, [p for p in profile_grid(8, 400, 600, 5)[0] if p not in probed]]
     assert refreshed(flat, 1000, 1200) == [profile_grid(8, 1000, 1200, 5)[0]]  # middle 1100: 5.5x, a grid at once
     profile = CostProfile()
     profile.merge([StepCost("target", "m", b, c, w, steep(c)) for b, c, w in profile_grid(8, 100, 300, 5)[0]], 1.0)
@@ -278,3 +280,53 @@ def test_a_sample_is_priced_as_the_shard_runs_it_with_its_batch_kept_full():
     assert alone > 2.0 and streamed < 1.2  # one row in flight against eight
     assert streamed == pytest.approx(speedup([long] * 8, 0))  # 64 rows in turn: the long one 8 times, the rest never decode
     assert speedup(rows, 4) == pytest.approx(alone)  # a stream shorter than the sample prices the sample
+
+
+class Priced:
+    """The tiny engine with forwards that cost `cost(batch, tokens per row)` seconds: what it is
+    asked to time is recorded, the rest is the tiny engine's."""
+
+    def __init__(self, engine, cost):
+        self.engine, self.cost, self.asked = engine, cost, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def profile(self, target, drafts=(), temperature=0.0):
+        from batchspec.engine.base import StepCost
+
+        self.asked += list(target)
+        return [StepCost("target", "tiny", b, c, w, self.cost(b, w)) for b, c, w in target]
+
+
+@pytest.mark.parametrize("verify", ["per_token", "flat"])
+def test_the_profile_stops_at_the_width_curve_where_no_arm_can_pay_on_it(tiny_engine, verify):
+    """Of a whole grid the production batch's width curve is measured first. Where a verify of
+    k + 1 tokens costs k + 1 plain steps (this CPU at batch 8, exaggerated), every arm prices below
+    the margin on it: the rest of the grid (the context's ends, batch 1 and half the batch) is not
+    measured, the reason says so, and the profile, cut short, does not cover the next shard. Where
+    a verify costs one plain step whatever its width (a GPU's, exaggerated), the whole grid is."""
+    cost = (lambda b, w: 0.01 * b * w) if verify == "per_token" else (lambda b, w: 0.01)
+    engine = Priced(tiny_engine, cost)
+    arms = [SpecConfig("ngram", k) for k in (2, 4)]
+    worker = WorkerCalibration()
+    d = calibrate_counterfactual(engine, word_rows(32), arms, 4, CalibrationSettings(max_tokens=24, sample_size=8),
+                                 worker=worker, key="k")
+    asked = set(engine.asked)
+    batch_curve = {p for p in asked if p[0] == 4 and p[2] > 1}
+    assert {w for _, _, w in batch_curve} == {3, 5}
+    if verify == "per_token":
+        assert d.chosen.method == "none" and "the rest of the profile (the context's ends, batch 1 and half the batch) not measured" in d.reason
+        assert not any(b in (1, 2) for b, _, _ in asked) and len(asked) == 3
+        assert all(a.predicted_speedup < 1.0 for a in d.arms if a.method != "none")  # priced, and in the stats
+        assert d.profile_s > 0 and not d.confirmed
+        from batchspec.calibrate.counterfactual import _shape
+        from batchspec.predict.acceptance import PlainRow
+
+        shard = [PlainRow(engine.encode(r), [1, 2, 3], 24) for r in word_rows(8)]
+        assert not worker.profile.covers(*_shape(shard, arms, 4, 24))  # cut short: the next shard measures the rest
+    else:
+        shape_asked = {(b, w) for b, _, w in asked}
+        assert {(1, 1), (1, 5), (2, 1), (2, 5)} <= shape_asked  # batch 1 and half the batch measured too
+        assert len({c for b, c, w in asked if b == 4 and w == 1}) == 3  # the context's ends too
+        assert len(engine.asked) == len(asked)  # no point timed twice
