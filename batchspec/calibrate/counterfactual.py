@@ -349,8 +349,8 @@ def _refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temp
     goes first: where `cannot_pay(profile)` then says why no arm can pay (the arms priced on it),
     the rest is not measured (on `make run`'s edit shard, where a verify of k + 1 tokens at batch
     8 costs nearly k + 1 plain steps, 4 of the grid's 10 points; a draft model's points go with
-    the curve). Returns the seconds spent and
-    (why, arms) where it stopped there, else None."""
+    the curve). A curve cut short earlier that reaches this shard is asked first, with nothing
+    measured. Returns the seconds spent and (why, arms) where it stopped there, else None."""
     began = time.perf_counter()
     whole = profile_grid(*shape)
     if (list(grid[0]), list(grid[1])) != (list(whole[0]), list(whole[1])):  # a context probe
@@ -361,6 +361,10 @@ def _refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temp
     targets = [p for p in whole[0] if p not in held]
     batch, lo, hi = shape[:3]
     drafts = whole[1]
+    if cannot_pay is not None and profile.covers(*shape, cut_too=True):  # a curve cut short that reaches this shard
+        why, arms = cannot_pay(profile)
+        if why is not None:
+            return time.perf_counter() - began, (why, arms)
     if cannot_pay is not None:
         curve = [p for p in targets if p[0] == batch and p[1] == (lo + hi) // 2]
         if curve or drafts:

@@ -66,17 +66,19 @@ class CostProfile:
     # covered for no shard, so the next one at that batch prices on the curve again or measures the rest
     cut: set = field(default_factory=set)
 
-    def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = ()) -> bool:
+    def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = (),
+               cut_too: bool = False) -> bool:
         """Does the profile hold, at this batch size, a width curve up to `max_width` near the
         middle of lo..hi, and the draft models (their two-token step too)? Near: within CONTEXT_REACH of the curve's context,
         or within its square where a plain step at lo and at hi costs within CONTEXT_FLAT of the
         curve's (short contexts, where weights, not attention, set the cost), as measured: lo and
         hi must lie within the contexts the profile timed plain steps at (`context_probe` gives
-        the points to time where they do not).
+        the points to time where they do not). A batch whose grid was cut at the width curve
+        (`cut`) is covered only `cut_too`.
         A curve that near prices the shard: the ratio of a wide step to a narrow one, which is
         all a predicted speedup uses, moves little with context, and a measured plain run sets
         the level."""
-        return self._fit(batch_size, lo, hi, max_width, draft_models) == "covered"
+        return self._fit(batch_size, lo, hi, max_width, draft_models, cut_too) == "covered"
 
     def context_probe(self, batch_size: int, lo: int, hi: int, max_width: int,
                       draft_models: Sequence[str] = ()) -> list[tuple[int, int, int]]:
@@ -96,7 +98,8 @@ class CostProfile:
     def _plain_contexts(self, batch_size: int) -> set[int]:
         return {p.context for p in self.points if p.kind == "target" and p.batch == batch_size and p.tokens == 1}
 
-    def _fit(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str]) -> str:
+    def _fit(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str],
+             cut_too: bool = False) -> str:
         """"covered"; "context" where only the flatness of a plain step at lo and hi, outside the
         contexts timed, stands between the profile and the shard; "missed" where a grid is needed."""
         mine = [p for p in self.points if p.kind == "target" and p.batch == batch_size]
@@ -107,7 +110,7 @@ class CostProfile:
         if not all(any(p.kind == "draft" and p.model == d and p.batch == batch_size and p.tokens == 2 for p in self.points)
                    for d in draft_models):
             return "missed"
-        if batch_size in self.cut:
+        if batch_size in self.cut and not cut_too:  # `cut_too`: as if it had not been cut
             return "missed"
         home = curve[0].context
         if home / CONTEXT_REACH <= mid <= home * CONTEXT_REACH:

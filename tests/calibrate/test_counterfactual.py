@@ -304,7 +304,8 @@ def test_the_profile_stops_at_the_width_curve_where_no_arm_can_pay_on_it(tiny_en
     """Of a whole grid the production batch's width curve is measured first. Where a verify of
     k + 1 tokens costs k + 1 plain steps (this CPU at batch 8, exaggerated), every arm prices below
     the margin on it: the rest of the grid (the context's ends, batch 1 and half the batch) is not
-    measured, the reason says so, and the profile, cut short, does not cover the next shard. Where
+    measured, the reason says so, and the profile, cut short, covers no shard, but the next one it
+    reaches is priced on the curve again without a point timed. Where
     a verify costs one plain step whatever its width (a GPU's, exaggerated), the whole grid is."""
     cost = (lambda b, w: 0.01 * b * w) if verify == "per_token" else (lambda b, w: 0.01)
     engine = Priced(tiny_engine, cost)
@@ -324,7 +325,12 @@ def test_the_profile_stops_at_the_width_curve_where_no_arm_can_pay_on_it(tiny_en
         from batchspec.predict.acceptance import PlainRow
 
         shard = [PlainRow(engine.encode(r), [1, 2, 3], 24) for r in word_rows(8)]
-        assert not worker.profile.covers(*_shape(shard, arms, 4, 24))  # cut short: the next shard measures the rest
+        assert not worker.profile.covers(*_shape(shard, arms, 4, 24))  # cut short: covers no shard ...
+        timed = len(engine.asked)
+        again = calibrate_counterfactual(engine, word_rows(32)[1:], arms, 4, CalibrationSettings(max_tokens=24, sample_size=8),
+                                         worker=worker, key="k")
+        assert len(engine.asked) == timed  # ... but one it reaches is priced on it, with nothing timed
+        assert "on the production batch's width curve alone" in again.reason
     else:
         shape_asked = {(b, w) for b, _, w in asked}
         assert {(1, 1), (1, 5), (2, 1), (2, 5)} <= shape_asked  # batch 1 and half the batch measured too
