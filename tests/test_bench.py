@@ -138,3 +138,19 @@ def test_bench_rows_from_a_prompt_parquet_are_calibration_s_own():
     every = workloads.from_parquet(examples, "prose", 10**6, 24, "head")
     assert sample == pick_sample(every, CalibrationSettings().sample_rows(8, counterfactual=True), CalibrationSettings().max_tokens)
     assert all(r.prompt is not None and r.params.max_tokens == 24 for r in every)
+
+
+def test_inflight_bench_runs_every_shard_both_ways_with_the_same_tokens(models, tmp_path):
+    """bench/inflight.py: each of make run's shard keys through run_shard with calibration in the
+    shard's batch and apart; greedy, so both ways must give the same tokens."""
+    import inflight
+
+    target, _ = models
+    result = inflight.main(["--model", target, "--rows", "20", "--batch-size", "4", "--max-tokens", "6", "--rounds", "1",
+                            "--threads", "1", "--out", str(tmp_path)])
+    assert [s["task"] for s in result["shards"]] == list(inflight.TASKS)
+    assert all(s["same_tokens"] for s in result["shards"])
+    assert all(s["in_flight"]["wall_s"] > 0 and s["apart"]["wall_s"] > 0 for s in result["shards"])
+    assert "the sample decoded in the shard's batch" in result["shards"][0]["in_flight"]["reason"]
+    assert "the sample decoded in the shard's batch" not in result["shards"][0]["apart"]["reason"]
+    assert json.loads((tmp_path / "inflight.json").read_text())["total"]["in_flight"]["wall_s"] > 0
