@@ -1,5 +1,9 @@
 """One shard, start to finish on one engine: decide the speculative setting, generate, account.
 
+Where the engine switches settings between decode steps (the torch engine), a calibrated shard is
+one generate call whose control (batchspec.calibrate.inflight) decodes the sample in the shard's
+batch, decides, confirms and watches for drift inside it. Elsewhere:
+
     decision = calibrate (or reuse, or the fixed setting)
     generate in chunks, watching for drift both ways after each chunk, and record the first row
     where each change happened:
@@ -21,8 +25,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from batchspec.calibrate.drift import Drift, DriftWatch
-from batchspec.calibrate.inflight import InFlight
 from batchspec.calibrate import (
     CalibrationSettings,
     Decision,
@@ -35,9 +37,9 @@ from batchspec.calibrate import (
     fixed_decision,
     plan_builds,
     speculation_unmeasured,
-    switch_on,
-    while_speculating,
 )
+from batchspec.calibrate.drift import Drift, DriftWatch
+from batchspec.calibrate.inflight import InFlight
 from batchspec.engine.base import (
     NO_SPEC,
     Completion,

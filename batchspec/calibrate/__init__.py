@@ -12,6 +12,11 @@ there, one rule and one record:
     counterfactual  where acceptance can be computed (the torch engine; n-gram and draft-model
                     arms): one plain run of the sample, every arm predicted from it, a measured
                     confirmation only where it matters
+    inflight        the same inside the shard's own batch: one generate call per shard, its
+                    control deciding when the sample is done, confirming on the arm's own steps,
+                    and watching for drift (engines that switch in flight: torch)
+    profiling       when and what a worker profiles for it, stopping at the width curve where
+                    no arm can pay on it
     drift           the same prediction on each chunk a shard generates, both ways: `switch_on`
                     under "none", `while_speculating` while speculating
     measured        where it cannot (TensorRT-LLM's Eagle3/MTP): every arm measured by running,

@@ -48,7 +48,8 @@ from batchspec.calibrate.decision import (
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig, acceptance_rate, mean_accepted_len
 from batchspec.errors import one_line
 from batchspec.predict.acceptance import PlainRow, draft_acceptance, ngram_acceptance
-from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s, profile_grid
+from batchspec.calibrate.profiling import cannot_repay, grid_needed, refresh_profile, rest_s, shape_of
+from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s
 from batchspec.stats import ArmResult
 
 
@@ -163,14 +164,14 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     base.add(plain)
     broken = _broken_arms(engine, arms)
     arms = [a for a in arms if a.label not in broken]
-    shape = _shape(rows, arms, batch_size, longest) if rows and arms else None
-    grid = _grid_needed(worker.profile, shape) if shape else None
+    shape = shape_of(rows, arms, batch_size, longest) if rows and arms else None
+    grid = grid_needed(worker.profile, shape) if shape else None
     counter = None  # every arm's acceptance on the sample, computed before a profile is paid for
     if not rows or not base.tokens_per_s:
         why_not = "plain decoding of the sample gave nothing to predict from"
     elif grid:
         counter = _counterfactual(engine, rows, arms)
-        why_not = _cannot_repay(plain, rest, grid, batch_size, rows, counter[0])
+        why_not = cannot_repay(plain, rest, grid, batch_size, rows, counter[0])
     else:
         why_not = None
     if why_not:
@@ -192,7 +193,7 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
                 f"the rest of the profile (the context's ends, batch 1 and half the batch) not measured"
                 if top is not None else "no arm could be priced"), arms_now
 
-    profile_s, stop = _refresh_profile(engine, worker.profile, grid, rows[0].temperature, shape, cannot_pay) \
+    profile_s, stop = refresh_profile(engine, worker.profile, grid, rows[0].temperature, shape, cannot_pay) \
         if grid else (0.0, None)  # a grid implies arms
     if stop is not None:
         why, arms_now = stop
@@ -280,108 +281,6 @@ def plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> l
     """The rows of a plain run that counterfactual acceptance can replay (not errors, not empty)."""
     return [PlainRow(engine.encode(r), c.token_ids, r.params.max_tokens, r.params.temperature, r.params.top_p)
             for r, c in zip(requests, result.completions) if c.finish_reason != "error" and c.token_ids]
-
-
-def _shape(rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int,
-           max_tokens: int) -> tuple[int, int, int, int, list[str]]:
-    """What a profile must cover for this shard: (batch size, lowest context, highest context,
-    widest verify, draft models), the arguments of `CostProfile.covers` and `profile_grid`."""
-    lo = min(len(r.prompt_ids) for r in rows)
-    hi = max(len(r.prompt_ids) for r in rows) + max_tokens
-    width = 1 + max(a.draft_len for a in arms)
-    drafts = sorted({a.draft_model for a in arms if a.method == "draft_target" and a.draft_model})
-    return batch_size, lo, hi, width, drafts
-
-
-def _grid_needed(profile: CostProfile, shape: tuple) -> tuple[list, list] | None:
-    """The (target, draft) points to measure if the shard's `shape` (`_shape`: batch size, draft
-    length, draft models, contexts) leaves what the worker's profile covers (`CostProfile.covers`); None
-    when it covers them. Where only a plain step's cost at the shard's contexts is unknown, just
-    those points (`CostProfile.context_probe`); `_refresh_profile` goes on to the grid if they
-    show the profile does not cover the shard."""
-    if profile.covers(*shape):
-        return None
-    probe = profile.context_probe(*shape)
-    return (probe, []) if probe else profile_grid(*shape)
-
-
-def rest_s(plain: GenerateResult, sampled: int, rows: int) -> float | None:
-    """The plain decode seconds a shard of `rows` rows has left after a sample of `sampled` of them
-    decoded alone (`plain`): the sample's, per row. None where the sample was the whole shard:
-    then nothing bounds what a profile may cost (it serves the worker's later shards)."""
-    return plain.timing.decode_s * (rows - sampled) / sampled if rows > sampled else None
-
-
-def _cannot_repay(plain: GenerateResult, rest: float | None, grid: tuple[list, list], batch_size: int,
-                  sample_rows: Sequence[PlainRow], acceptance: dict) -> str | None:
-    """Why profiling would cost more than speculation could save on this shard, or None. The
-    saving is bounded above: the rest of the shard's plain decode time (`rest`, `rest_s`)
-    shrinks at most by the share of target steps the best arm would have saved on the sample (its
-    counterfactual acceptance, exact for greedy rows; a verify step costs at least a plain one).
-    The cost is bounded below: two tries of every target probe at the production batch size,
-    each at least a plain step (the sample's mean). Only a loss certain on the sample's evidence
-    skips it (short outputs, tiny shards, drafts that would not be accepted); the next shard that
-    could repay it measures the profile. (Before the bound used acceptance, it assumed every draft
-    accepted, and `make run`'s code shard, whose rows mostly end after a token or two, paid a
-    2.6-3.0 s profile for 1-1.4 s of decoding.)"""
-    steps = plain.target_steps
-    if not steps or rest is None:
-        return None
-    plain_steps = sum(max(0, len(r.output_ids) - 1) for r in sample_rows)
-    label, fewest = min(((label, a.target_steps) for label, a in acceptance.items()), key=lambda x: x[1])
-    saved = max(0.0, 1 - fewest / plain_steps) if plain_steps else 0.0
-    saving = rest * saved
-    forwards = 2 * sum(1 for b, *_ in grid[0] if b == batch_size)  # draft steps may cost less than a target's: not counted
-    cost = forwards * plain.timing.decode_s / steps
-    if saving >= cost:
-        return None
-    return (f"speculation cannot repay a cost profile on this shard: the rest of its plain decode time "
-            f"(~{rest:.1f} s, from the sample) would shrink by at most {saving:.1f} s (the best arm, {label}, "
-            f"would have saved {saved:.0%} of the sample's target steps), and profiling takes at least {cost:.1f} s "
-            f"({forwards} forwards at the sample's step time); none, not profiled")
-
-
-def _refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temperature: float, shape: tuple,
-                     cannot_pay: Callable[[CostProfile], tuple[str | None, list]] | None = None) -> tuple[float, tuple | None]:
-    """Measure `grid` (from `_grid_needed`) on the engine: a context probe first where that is
-    what it is, then, if the profile still does not cover `shape` (`_shape`), the whole grid for
-    it, less the points the profile holds. Of a whole grid the production batch's width curve
-    goes first: where `cannot_pay(profile)` then says why no arm can pay (the arms priced on it),
-    the rest is not measured (on `make run`'s edit shard, where a verify of k + 1 tokens at batch
-    8 costs nearly k + 1 plain steps, 4 of the grid's 10 points; a draft model's points go with
-    the curve). A curve cut short earlier that reaches this shard is asked first, with nothing
-    measured. Returns the seconds spent and (why, arms) where it stopped there, else None."""
-    began = time.perf_counter()
-    whole = profile_grid(*shape)
-    if (list(grid[0]), list(grid[1])) != (list(whole[0]), list(whole[1])):  # a context probe
-        _measure(engine, profile, grid, temperature)
-        if profile.covers(*shape):
-            return time.perf_counter() - began, None
-    held = {p.key[2:] for p in profile.points if p.kind == "target"}
-    targets = [p for p in whole[0] if p not in held]
-    batch, lo, hi = shape[:3]
-    drafts = whole[1]
-    if cannot_pay is not None and profile.covers(*shape, cut_too=True):  # a curve cut short that reaches this shard
-        why, arms = cannot_pay(profile)
-        if why is not None:
-            return time.perf_counter() - began, (why, arms)
-    if cannot_pay is not None:
-        curve = [p for p in targets if p[0] == batch and p[1] == (lo + hi) // 2]
-        if curve or drafts:
-            _measure(engine, profile, (curve, drafts), temperature)  # the draft's points too: an arm's price needs them
-        why, arms = cannot_pay(profile)
-        if why is not None:
-            profile.cut.add(batch)
-            return time.perf_counter() - began, (why, arms)
-        targets, drafts = [p for p in targets if p not in curve], []
-    _measure(engine, profile, (targets, drafts), temperature)
-    profile.cut.discard(batch)
-    return time.perf_counter() - began, None
-
-
-def _measure(engine, profile: CostProfile, grid: tuple[list, list], temperature: float) -> None:
-    began = time.perf_counter()
-    profile.merge(engine.profile(*grid, temperature=temperature), time.perf_counter() - began)
 
 
 def none_plans(rows: Sequence[PlainRow]) -> list[RowPlan]:

@@ -62,7 +62,7 @@ class CostProfile:
 
     points: list[StepCost] = field(default_factory=list)
     measured_s: float = 0.0  # wall seconds spent measuring, summed over refreshes
-    # batch sizes whose grid stopped at the width curve (calibrate.counterfactual._refresh_profile):
+    # batch sizes whose grid stopped at the width curve (calibrate.profiling.refresh_profile):
     # covered for no shard, so the next one at that batch prices on the curve again or measures the rest
     cut: set = field(default_factory=set)
 

@@ -175,7 +175,7 @@ def test_the_profile_is_skipped_where_the_samples_acceptance_could_not_repay_it(
     on the sample, not by every draft accepted: the same shard (8 sample rows of 40 tokens, 64
     rows, 12 probes) is worth profiling when an arm would have saved a few steps, and not when
     no arm would have saved one (every draft rejected, or rows too short to draft into)."""
-    from batchspec.calibrate.counterfactual import _cannot_repay, rest_s
+    from batchspec.calibrate.profiling import cannot_repay, rest_s
     from batchspec.engine.base import Completion, GenerateResult, Timing
     from batchspec.predict.acceptance import Acceptance, PlainRow
 
@@ -188,11 +188,11 @@ def test_the_profile_is_skipped_where_the_samples_acceptance_could_not_repay_it(
         return Acceptance("ngram", 4, steps=[[0.0] * steps_per_row] * 8, proposed=[[4] * steps_per_row] * 8)
 
     # the rest of the shard: 3.9 s x 56 / 8 = 27.3 s of plain decoding; the profile >= 12 x 3.9 / 312 = 0.15 s
-    assert _cannot_repay(plain, rest_s(plain, 8, 64), grid, 8, rows, {"ngram:k=4": arm(38)}) is None  # saves 2.6%: 0.7 s
-    why = _cannot_repay(plain, rest_s(plain, 8, 64), grid, 8, rows, {"ngram:k=2": arm(39), "ngram:k=4": arm(39)})
+    assert cannot_repay(plain, rest_s(plain, 8, 64), grid, 8, rows, {"ngram:k=4": arm(38)}) is None  # saves 2.6%: 0.7 s
+    why = cannot_repay(plain, rest_s(plain, 8, 64), grid, 8, rows, {"ngram:k=2": arm(39), "ngram:k=4": arm(39)})
     assert why.startswith("speculation cannot repay a cost profile on this shard")
     assert "would shrink by at most 0.0 s (the best arm, ngram:k=2, would have saved 0% of the sample's target steps)" in why
-    assert _cannot_repay(plain, rest_s(plain, 8, 8), grid, 8, rows, {"ngram:k=4": arm(39)}) is None  # the whole shard was the sample
+    assert cannot_repay(plain, rest_s(plain, 8, 8), grid, 8, rows, {"ngram:k=4": arm(39)}) is None  # the whole shard was the sample
 
 
 def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_the_shard():
@@ -202,7 +202,7 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
     costs about the same (weights, not attention, set the cost): those two points are timed first,
     and the grid only if they show the cost moves. A shard farther off, a new batch size or a
     longer draft measures a new grid."""
-    from batchspec.calibrate.counterfactual import _grid_needed, _refresh_profile, _shape
+    from batchspec.calibrate.profiling import grid_needed, refresh_profile, shape_of
     from batchspec.engine.base import StepCost
     from batchspec.predict.acceptance import PlainRow
     from batchspec.predict.cost import CostProfile, profile_grid
@@ -221,18 +221,18 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
             return [StepCost("target", "m", b, c, w, self.cost(c)) for b, c, w in target]
 
     arms = [SpecConfig("ngram", 4)]
-    assert _grid_needed(CostProfile(), _shape(rows(100, 292), arms, 8, 8)) == profile_grid(8, 100, 300, 5)  # middle 200
+    assert grid_needed(CostProfile(), shape_of(rows(100, 292), arms, 8, 8)) == profile_grid(8, 100, 300, 5)  # middle 200
 
     def refreshed(cost, lo, hi):
         """What a worker profiled at contexts 100..300 times for a shard of contexts lo..hi."""
         engine, profile = Timed(cost), CostProfile()
-        _refresh_profile(engine, profile, profile_grid(8, 100, 300, 5), 0.0, (8, 100, 300, 5, []))
+        refresh_profile(engine, profile, profile_grid(8, 100, 300, 5), 0.0, (8, 100, 300, 5, []))
         engine.asked.clear()
         shard = rows(lo, hi - 8)
-        grid = _grid_needed(profile, _shape(shard, arms, 8, 8))
+        grid = grid_needed(profile, shape_of(shard, arms, 8, 8))
         if grid is not None:
-            _refresh_profile(engine, profile, grid, 0.0, _shape(shard, arms, 8, 8))
-        assert profile.covers(*_shape(shard, arms, 8, 8))
+            refresh_profile(engine, profile, grid, 0.0, shape_of(shard, arms, 8, 8))
+        assert profile.covers(*shape_of(shard, arms, 8, 8))
         return engine.asked
 
     def flat(c):
@@ -252,8 +252,8 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
     assert refreshed(flat, 1000, 1200) == [profile_grid(8, 1000, 1200, 5)[0]]  # middle 1100: 5.5x, a grid at once
     profile = CostProfile()
     profile.merge([StepCost("target", "m", b, c, w, steep(c)) for b, c, w in profile_grid(8, 100, 300, 5)[0]], 1.0)
-    assert _grid_needed(profile, _shape(rows(100, 292), arms, 3, 8)) == profile_grid(3, 100, 300, 5)
-    assert _grid_needed(profile, _shape(rows(100, 292), [SpecConfig("ngram", 8)], 8, 8)) == profile_grid(8, 100, 300, 9)
+    assert grid_needed(profile, shape_of(rows(100, 292), arms, 3, 8)) == profile_grid(3, 100, 300, 5)
+    assert grid_needed(profile, shape_of(rows(100, 292), [SpecConfig("ngram", 8)], 8, 8)) == profile_grid(8, 100, 300, 9)
 
 
 def test_a_sample_is_priced_as_the_shard_runs_it_with_its_batch_kept_full():
@@ -321,11 +321,11 @@ def test_the_profile_stops_at_the_width_curve_where_no_arm_can_pay_on_it(tiny_en
         assert not any(b in (1, 2) for b, _, _ in asked) and len(asked) == 3
         assert all(a.predicted_speedup < 1.0 for a in d.arms if a.method != "none")  # priced, and in the stats
         assert d.profile_s > 0 and not d.confirmed
-        from batchspec.calibrate.counterfactual import _shape
+        from batchspec.calibrate.profiling import shape_of
         from batchspec.predict.acceptance import PlainRow
 
         shard = [PlainRow(engine.encode(r), [1, 2, 3], 24) for r in word_rows(8)]
-        assert not worker.profile.covers(*_shape(shard, arms, 4, 24))  # cut short: covers no shard ...
+        assert not worker.profile.covers(*shape_of(shard, arms, 4, 24))  # cut short: covers no shard ...
         timed = len(engine.asked)
         again = calibrate_counterfactual(engine, word_rows(32)[1:], arms, 4, CalibrationSettings(max_tokens=24, sample_size=8),
                                          worker=worker, key="k")
