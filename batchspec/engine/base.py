@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 SPEC_METHODS = ("none", "ngram", "draft_target", "eagle3", "mtp")
 FINISH_REASONS = ("stop", "length", "error")
@@ -227,7 +227,7 @@ class Progress:
     spec: SpecConfig  # the setting the rows in flight decode under
     done: list[int]  # request indices finished since the last call, in the order they finished
     completions: list["Completion | None"]  # by request index; None while a row is queued or in flight
-    in_flight: dict[int, list[int]]  # request index -> output token ids so far
+    in_flight: Mapping[int, list[int]]  # request index -> output token ids so far (a live view: read it now)
     queued: int  # rows not admitted yet
     timing: "Timing"  # so far (a copy)
     steps: list[Step]  # every decode step so far, in order (the engine's own list: read, do not keep)

@@ -13,7 +13,7 @@ chat templates, stop strings and the per-row checks (empty prompt, too long for 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -101,7 +101,7 @@ class TorchEngine:
         current = [spec]
 
         def step(active: list[Row], queued: int) -> SpecConfig | None:
-            progress = Progress(current[0], done[:], completions, {r.index: r.output for r in active}, queued,
+            progress = Progress(current[0], done[:], completions, _Outputs({r.index: r for r in active}), queued,
                                 Timing(**vars(clock.timing)), clock.steps)
             done.clear()
             new = control(progress)
@@ -206,6 +206,23 @@ class TorchEngine:
             check_same_tokenizer(self.tokenizer, tokenizer, self.model_name, name)
             self._drafts[name] = model.eval()
         return self._drafts[name]
+
+
+class _Outputs(Mapping):
+    """`Progress.in_flight`: request index -> output so far, copied only when asked for (a control
+    reads a few rows, once; a copy of every row's output at every step would cost more)."""
+
+    def __init__(self, rows: dict) -> None:
+        self._rows = rows
+
+    def __getitem__(self, index: int) -> list[int]:
+        return self._rows[index].output
+
+    def __iter__(self):
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 def _request_problem(request: Request) -> str | None:

@@ -329,11 +329,12 @@ class Cycle:
     and records what it saw."""
 
     def __init__(self, specs, first=()):
-        self.specs, self.first, self.seen, self.finished = list(specs), list(first), [], []
+        self.specs, self.first, self.seen, self.finished, self.outputs = list(specs), list(first), [], [], []
 
     def __call__(self, progress):
-        self.seen.append(progress)  # progress.completions and .steps are the call's own, live lists
+        self.seen.append(progress)  # its completions, steps and in_flight are the call's own, live: read them now
         self.finished.append(sum(c is not None for c in progress.completions))
+        self.outputs.append({i: list(out) for i, out in progress.in_flight.items()})
         return self.specs[len(self.seen) % len(self.specs)]
 
 
@@ -363,10 +364,10 @@ def test_the_rows_named_first_are_admitted_first_and_progress_shows_them(word_mo
     requests = word_requests(6)
     word_engine(word_models).generate(requests, SpecConfig(), 2, control=control)
     start = control.seen[0]
-    assert set(start.in_flight) == {4, 5} and start.queued == 4 and start.spec.label == "none"
-    assert all(len(out) == 2 for out in start.in_flight.values())  # prefill's token and the first step's
+    assert set(control.outputs[0]) == {4, 5} and start.queued == 4 and start.spec.label == "none"
+    assert all(len(out) == 2 for out in control.outputs[0].values())  # prefill's token and the first step's
     assert control.finished[0] == 0
-    admitted = [i for p in control.seen for i in p.in_flight]
+    admitted = [i for out in control.outputs for i in out]
     assert [i for i in dict.fromkeys(admitted) if i not in (4, 5)] == [0, 1, 2, 3]  # then shortest prompt first
 
 
