@@ -27,7 +27,10 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
 Before this (until 2026-12-01) the sample was a generate call of its own, drained as its rows
 finished, then the confirmation another, then each chunk: on `make run`'s 64-row shards the sample
 alone was 12-15% of a shard's time. Now what calibration costs is the control's own time
-(prediction, profile); the sample's decoding is the shard's, at the shard's batch size.
+(prediction, profile); the sample's decoding is the shard's, at the shard's batch size. That is
+mostly a matter of accounting on that CPU: a sample decoded apart barely drains when its rows run
+to the same cap, and wall time moved within noise (bench/inflight.py, README); the drain it
+removes costs more where outputs vary in length and a half-empty batch costs what a full one does.
 """
 
 from __future__ import annotations
@@ -179,7 +182,7 @@ class InFlight:
         if v.wanted and left:
             self.phase, self.mark = "confirm", (len(p.steps), p.timing, len(self.order))
             self.confirm_seen = (len(p.steps), 0)
-            self.confirm_tokens = max(self.batch_size, CONFIRM_MIN_ROWS) * sum(len(r.output_ids) for r in rows) / len(rows)
+            self.confirm_tokens = max(self.batch_size, CONFIRM_MIN_ROWS) * mean
             return self._run(v.top_spec)
         if v.wanted:
             self.reason += "; not confirmed: no other rows of the shard to confirm on"
@@ -189,7 +192,8 @@ class InFlight:
     def _confirm(self, p: Progress, final: bool = False) -> SpecConfig | None:
         v = self.verdict
         steps = p.steps[self.mark[0]:]
-        arm_s = (p.timing - self.mark[1]).decode_s
+        delta = p.timing - self.mark[1]
+        arm_s = delta.decode_s
         plain_s = plain_price_s(steps, v.anchor, self.worker.profile)
         self.phase, self.since = "watch", len(self.order)
         rows = len(self.order) - self.mark[2]
@@ -197,7 +201,6 @@ class InFlight:
             self.reason += f"; not confirmed: {v.top_spec.label} ran no decode step to measure"
             return self._run(v.chosen)
         window = plain_s / arm_s
-        delta = p.timing - self.mark[1]
         priced = arm_price_s(steps, v.top_spec, v.anchor, self.worker.profile, v.lookup_s)
         ratio = (delta.decode_s - delta.admit_s) / priced if priced > 0 else 1.0  # measured over priced
         predicted = v.top.predicted_speedup
@@ -240,9 +243,8 @@ class InFlight:
         for i in self.first:
             r, c = self.requests[i], p.completions[i]
             if c is None:
-                out = list(p.in_flight.get(i, ()))
-                c = Completion(r.id, None, token_ids=out, output_tokens=len(out), target_steps=max(0, len(out) - 1))
-                budget = len(out)
+                c = _so_far(r, p.in_flight.get(i, ()))
+                budget = c.output_tokens
             else:
                 budget = r.params.max_tokens
             done.append(c)
@@ -254,8 +256,7 @@ class InFlight:
         """Every other row that has tokens so far, finished or in flight, as a completion of them."""
         skip = set(exclude)
         out = [c for i, c in enumerate(p.completions) if c is not None and i not in skip]
-        out += [Completion(self.requests[i].id, None, token_ids=list(t), output_tokens=len(t),
-                           target_steps=max(0, len(t) - 1)) for i, t in p.in_flight.items() if i not in skip]
+        out += [_so_far(self.requests[i], t) for i, t in p.in_flight.items() if i not in skip]
         return out
 
     # -- the record -------------------------------------------------------------------------------
@@ -278,3 +279,9 @@ class InFlight:
             profile_s=v.profile_s, confirmed=self.confirmed, profile=list(self.worker.profile.points),
         )
         return decision, [self.made_by.get(i, NO_SPEC) for i in range(len(self.requests))]
+
+
+def _so_far(request: Request, out) -> Completion:
+    """A row still in flight as a completion of its tokens so far (the first from prefill)."""
+    out = list(out)
+    return Completion(request.id, None, token_ids=out, output_tokens=len(out), target_steps=max(0, len(out) - 1))
