@@ -125,13 +125,18 @@ REGISTRY: dict[str, ModelSpec] = {
 # ---- the cache ---------------------------------------------------------------------------------
 
 
+def cache_root() -> Path:
+    """batchspec's cache on this machine: $BATCHSPEC_CACHE, else ~/.cache/batchspec (prepared
+    models under models/, the linear layers' timings under linear_forms/)."""
+    return Path(os.environ.get("BATCHSPEC_CACHE") or Path.home() / ".cache" / "batchspec").expanduser()
+
+
 def models_cache(cache_dir: Path | None = None) -> Path:
     """The folder holding prepared models: `cache_dir`, else $BATCHSPEC_CACHE/models, else
     ~/.cache/batchspec/models."""
     if cache_dir is not None:
         return Path(cache_dir)
-    root = os.environ.get("BATCHSPEC_CACHE") or Path.home() / ".cache" / "batchspec"
-    return Path(root).expanduser() / "models"
+    return cache_root() / "models"
 
 
 def entry_path(spec: ModelSpec, cache_dir: Path | None = None) -> Path:

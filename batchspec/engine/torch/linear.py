@@ -26,14 +26,29 @@ results differ in the last bits (as between thread counts or batch sizes), at 16
 they were identical. A greedy output can therefore differ from `F.linear`'s only at a near-tie of
 its top two logits (tests/engine/lossless.py), and between two loads only if a shape's choice at
 few rows flips, which the margin makes unlikely where the gap is 2-3x.
+
+Measuring takes seconds (SmolLM2 on a 2-core EPYC: 12-15 s of a 20 s load), and every worker
+start and every load paid it again for the same answer. A `FormsCache` keeps the timings of each
+weight shape on disk, keyed by everything they belong to: the CPU (vendor, model, family,
+stepping, cache; logical CPUs), torch's version and build, the threads in use, the shape and
+dtype, how many weights one pass reads, and the row counts measured. A load on the same machine
+with the same torch and threads then takes the timings instead of measuring; anything else
+measures. The choice is still made here from the timings (`Forms.from_timings`), so a change of
+WIN needs no new measurement. A timing measured at a loaded moment is kept until the folder is
+removed: delete `$BATCHSPEC_CACHE/linear_forms` to measure again.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import logging
+import os
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -145,11 +160,70 @@ def measure_forms(weights: list[torch.Tensor], biases: list[torch.Tensor | None]
     return Forms.from_timings(timings)
 
 
-def measure_linears(model: nn.Module, measure: Callable[[list, list], Forms] = measure_forms) -> dict:
+def machine_identity() -> dict:
+    """What a timing belongs to besides the shape: the CPU, torch's version and build, and the
+    threads a product runs on now."""
+    cpu: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            name = name.strip()
+            if name in ("vendor_id", "model name", "cpu family", "model", "stepping", "cache size") and name not in cpu:
+                cpu[name] = value.strip()
+    except OSError:  # not Linux: the platform's own word for the processor
+        import platform
+
+        cpu["processor"] = platform.processor() or platform.machine()
+    build = hashlib.sha256(torch.__config__.show().encode()).hexdigest()[:16]
+    return {"cpu": cpu, "cpus": os.cpu_count(), "torch": torch.__version__, "build": build, "threads": torch.get_num_threads()}
+
+
+class FormsCache:
+    """Timings of both forms per weight shape, one JSON file per key in `folder` (written whole
+    and renamed into place, so concurrent loads never read half a file). A file that cannot be read
+    is measured again; one that cannot be written is only logged: a load never fails for it."""
+
+    VERSION = 1
+
+    def __init__(self, folder: Path | str) -> None:
+        self.folder = Path(folder)
+        self._machine = machine_identity()
+
+    def _path(self, shape: tuple, weights: int, rows: tuple[int, ...]) -> tuple[Path, dict]:
+        key = {"version": self.VERSION, "machine": self._machine, "shape": list(shape), "weights": weights,
+               "rows": list(rows), "cold_bytes": COLD_BYTES}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        return self.folder / f"{digest}.json", key
+
+    def get(self, shape: tuple, weights: int, rows: tuple[int, ...] = ROWS) -> dict[int, tuple[float, float]] | None:
+        path, key = self._path(shape, weights, rows)
+        try:
+            stored = json.loads(path.read_text())
+            if stored["key"] != key:
+                return None
+            timings = {int(m): (float(a), float(b)) for m, (a, b) in stored["timings"].items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return timings if sorted(timings) == sorted(rows) else None
+
+    def put(self, shape: tuple, weights: int, timings: dict[int, tuple[float, float]], rows: tuple[int, ...] = ROWS) -> None:
+        path, key = self._path(shape, weights, rows)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.folder, suffix=".tmp", delete=False) as tmp:
+                json.dump({"key": key, "timings": {str(m): list(t) for m, t in timings.items()}}, tmp)
+            os.replace(tmp.name, path)
+        except OSError as exc:
+            log.warning("linear forms: cannot write the timing cache %s: %s", self.folder, exc)
+
+
+def measure_linears(model: nn.Module, measure: Callable[[list, list], Forms] = measure_forms,
+                    cache: FormsCache | None = None) -> dict:
     """Replace every `nn.Linear` of a model on a CPU by a `MeasuredLinear` whose forms were
     measured for its weight shape (once per shape and dtype, over all the model's weights of that
-    shape, or as many as COLD_BYTES needs). Returns {(out, in, dtype, bias): Forms}. A model on
-    another device is left as it is."""
+    shape, or as many as COLD_BYTES needs), or taken from `cache` where it holds that shape's
+    timings on this machine (and given them when measured). Returns {(out, in, dtype, bias):
+    Forms}. A model on another device is left as it is."""
     linears = [(name, mod) for name, mod in model.named_modules() if type(mod) is nn.Linear]
     if not linears or linears[0][1].weight.device.type != "cpu":
         return {}
@@ -158,14 +232,23 @@ def measure_linears(model: nn.Module, measure: Callable[[list, list], Forms] = m
     for name, mod in linears:
         groups.setdefault((mod.out_features, mod.in_features, str(mod.weight.dtype), mod.bias is not None), []).append((name, mod))
     by_shape: dict[tuple, Forms] = {}
+    cached = 0
     for key, members in groups.items():
         unique = list({id(mod.weight): mod for _, mod in members}.values())  # a tied weight is read once
         size = unique[0].weight.numel() * unique[0].weight.element_size()
         unique = unique[: max(1, -(-COLD_BYTES // size))]
-        by_shape[key] = forms = measure([mod.weight for mod in unique], [mod.bias for mod in unique])
+        timings = cache.get(key, len(unique)) if cache is not None else None
+        if timings is not None:
+            forms = Forms.from_timings(timings)
+            cached += 1
+        else:
+            forms = measure([mod.weight for mod in unique], [mod.bias for mod in unique])
+            if cache is not None:
+                cache.put(key, len(unique), forms.timings)
+        by_shape[key] = forms
         for name, mod in members:
             parent_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, attr, MeasuredLinear(mod, forms))
-    log.info("linear forms measured in %.2f s: %s", time.perf_counter() - started,
+    log.info("linear forms in %.2f s (%d of %d shapes from the cache): %s", time.perf_counter() - started, cached, len(groups),
              {f"{o}x{i}{' +bias' if bias else ''} {dtype}": sorted(f.transposed) for (o, i, dtype, bias), f in by_shape.items()})
     return by_shape

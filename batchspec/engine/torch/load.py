@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from batchspec.engine.base import DTYPES
-from batchspec.engine.torch.linear import measure_linears
+from batchspec.engine.torch.linear import FormsCache, measure_linears
 from batchspec.errors import ConfigError, ModelError, one_line
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
@@ -15,19 +15,17 @@ TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 def load_pretrained(name: str, dtype: str, device: str, linear_forms: bool = True):
     """(model, tokenizer) for a registry name, a model folder or an fsspec URL: the model in eval
     mode with gradients off, on `device` (cpu, cuda or cuda:N). On a CPU, with `linear_forms`, each
-    linear layer computes its product in the form measured faster here (linear.measure_linears)."""
+    linear layer computes its product in the form measured faster here (linear.measure_linears;
+    the timings are kept in $BATCHSPEC_CACHE/linear_forms for the next load on this machine)."""
     if dtype not in TORCH_DTYPES:
         raise ConfigError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     if not (device == "cpu" or device.startswith("cuda")):
         raise ModelError(f"device {device!r} is not cpu or cuda[:N]")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelError(f"device {device} requested but CUDA is not available here")
-    try:
-        from batchspec import models
+    from batchspec import models
 
-        path = models.resolve_model(name)
-    except ImportError:  # pragma: no cover - registry missing
-        path = name
+    path = models.resolve_model(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -37,7 +35,7 @@ def load_pretrained(name: str, dtype: str, device: str, linear_forms: bool = Tru
         raise ModelError(f"model {name!r}: cannot load from {path}: {one_line(exc)}") from exc
     model = model.to(device).eval().requires_grad_(False)
     if linear_forms:
-        measure_linears(model)
+        measure_linears(model, cache=FormsCache(models.cache_root() / "linear_forms"))
     return model, tokenizer
 
 

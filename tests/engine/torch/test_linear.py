@@ -5,6 +5,7 @@ decodes exactly as before, plain and speculative."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from torch.nn import functional as F
 
 from batchspec.engine.base import SpecConfig
 from batchspec.engine.torch.engine import TorchEngine
-from batchspec.engine.torch.linear import ROWS, Forms, MeasuredLinear, measure_forms, measure_linears, transposed_form
+from batchspec.engine.torch.linear import ROWS, Forms, FormsCache, MeasuredLinear, measure_forms, measure_linears, transposed_form
 from tests.engine.torch.test_engine import word_requests
 
 
@@ -79,3 +80,40 @@ def test_decoding_with_every_product_transposed_gives_the_same_tokens(word_model
     b = after.generate(word_requests(6), spec, batch_size)
     assert [c.token_ids for c in b.completions] == [c.token_ids for c in a.completions]
     assert b.draft_tokens == a.draft_tokens and b.accepted_tokens == a.accepted_tokens
+
+
+def counting(calls: list):
+    """A measure that records its calls and returns timings where only one row transposes."""
+    def measure(weights, biases) -> Forms:
+        calls.append(len(weights))
+        return Forms.from_timings({m: (1.0, 0.5 if m == 3 else 1.0) for m in ROWS})
+    return measure
+
+
+def test_the_timing_cache_serves_a_second_load_on_this_machine_and_no_other(word_models, tmp_path, monkeypatch):
+    calls: list = []
+    first = measure_linears(copy.deepcopy(word_models[0]), measure=counting(calls), cache=FormsCache(tmp_path))
+    measured = len(calls)
+    assert measured == len(first) and list(tmp_path.glob("*.json"))
+    second = measure_linears(copy.deepcopy(word_models[0]), measure=counting(calls), cache=FormsCache(tmp_path))
+    assert len(calls) == measured  # nothing measured again
+    assert {k: (f.transposed, f.timings) for k, f in second.items()} == {k: (f.transposed, f.timings) for k, f in first.items()}
+    assert all(f.transposed == {3} for f in second.values())
+    # other threads are another machine as far as a timing goes: measured again
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    measure_linears(copy.deepcopy(word_models[0]), measure=counting(calls), cache=FormsCache(tmp_path))
+    assert len(calls) == 2 * measured
+
+
+def test_a_broken_or_unwritable_cache_only_costs_a_measurement(word_models, tmp_path):
+    calls: list = []
+    measure_linears(copy.deepcopy(word_models[0]), measure=counting(calls), cache=FormsCache(tmp_path))
+    for path in tmp_path.glob("*.json"):
+        path.write_text("{not json")
+    forms = measure_linears(copy.deepcopy(word_models[0]), measure=counting(calls), cache=FormsCache(tmp_path))
+    assert len(calls) == 2 * len(forms)
+    assert json.loads(next(tmp_path.glob("*.json")).read_text())["timings"]  # rewritten whole
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    again = measure_linears(copy.deepcopy(word_models[0]), measure=counting(calls), cache=FormsCache(blocked / "cache"))
+    assert all(f.transposed == {3} for f in again.values())
