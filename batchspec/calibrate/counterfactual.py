@@ -179,8 +179,8 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     counter = counter or (_counterfactual(engine, rows, arms) if arms else ({}, 0.0))
     bar = (1 + settings.margin) * (1 - worker.prediction_error(settings.prediction_error))
 
-    def priced(profile: CostProfile) -> list[ArmResult]:
-        return predict_arms(engine, rows, arms, anchor_of(profile), profile, batch_size, counter, stream)
+    def priced(profile: CostProfile, anchor: "Anchor | None" = None) -> list[ArmResult]:
+        return predict_arms(engine, rows, arms, anchor or anchor_of(profile), profile, batch_size, counter, stream)
 
     def cannot_pay(profile: CostProfile) -> tuple[str | None, list[ArmResult]]:
         """On the production batch's width curve alone: why no arm can pay, with their prices."""
@@ -200,7 +200,7 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
         return Verdict([base, *arms_now, *broken.values()], NO_SPEC, why + _estimated(arms_now), profile_s=profile_s,
                        lookup_s=counter[1])
     anchor = anchor_of(worker.profile) if arms else Anchor(1.0, 0.0)
-    results = [base] + priced(worker.profile) + list(broken.values())
+    results = [base] + (priced(worker.profile, anchor) if arms else []) + list(broken.values())
     chosen, reason = choose_predicted(results, arms, settings.margin)
     top = best(predicted_speedups(results))
     error = worker.prediction_error(settings.prediction_error)
