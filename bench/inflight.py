@@ -11,8 +11,12 @@ Reported per shard and in all: wall seconds, calibration seconds and share, over
 seconds, decode and prefill seconds, the decision, and whether both ways gave the same tokens
 (greedy: they must). Ratios are in-flight over apart.
 
+With `--source workloads` the shards are bench/workloads.py's generated chat prompts of the same
+four tasks instead (any `--rows`: the examples hold 64 per task), for the 128-row target
+(calibration overhead <= 2% of shard wall).
+
     python bench/inflight.py [--batch-size 8] [--rows 64] [--max-tokens 24] [--tasks code,edit,extract,prose]
-        [--rounds 2] [--threads 2] [--dtype float32] [--name inflight]
+        [--source examples|workloads] [--rounds 2] [--threads 2] [--dtype float32] [--name inflight]
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=24)  # pipelines/local.yaml's
     parser.add_argument("--tasks", default=",".join(TASKS), help="the shard keys to run, comma-separated")
+    parser.add_argument("--source", choices=("examples", "workloads"), default="examples",
+                        help="examples/prompts.parquet's rows of each task, or bench/workloads.py's generated prompts")
     parser.add_argument("--rounds", type=int, default=2, help="each shard both ways this many times, the order flipped each time")
     result_options(parser, "inflight")
     args = parser.parse_args(argv)
@@ -54,7 +60,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     shards = []
     tasks = args.tasks.split(",")
     for n, task in enumerate(t for _ in range(args.rounds) for t in tasks):
-        rows = workloads.from_parquet(args.input, task, args.rows, args.max_tokens)
+        rows = (workloads.from_parquet(args.input, task, args.rows, args.max_tokens) if args.source == "examples"
+                else workloads.requests(task, args.rows, args.max_tokens))
+        if len(rows) < args.rows:
+            parser.error(f"--rows {args.rows}: {args.input} has {len(rows)} rows of task {task!r} (--source workloads has any number)")
         ran = {}
         for way in ((True, False) if (n + n // len(tasks)) % 2 == 0 else (False, True)):
             shard = run_shard(engine, ShardInput(task, task, rows), arms, True, args.batch_size,
@@ -69,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     total = {way: {f: sum(s[way][f] for s in shards) for f in FIELDS} for way in ("in_flight", "apart")}
     result = {"machine": info, "model": args.model, "batch_size": args.batch_size, "rows": args.rows, "rounds": args.rounds,
+              "source": args.source, "max_tokens": args.max_tokens,
               "arms": [a.label for a in arms], "shards": shards, "total": total,
               "wall_ratio": total["in_flight"]["wall_s"] / total["apart"]["wall_s"]}
     table = _table(shards, total)

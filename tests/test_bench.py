@@ -154,3 +154,7 @@ def test_inflight_bench_runs_every_shard_both_ways_with_the_same_tokens(models, 
     assert "the sample decoded in the shard's batch" in result["shards"][0]["in_flight"]["reason"]
     assert "the sample decoded in the shard's batch" not in result["shards"][0]["apart"]["reason"]
     assert json.loads((tmp_path / "inflight.json").read_text())["total"]["in_flight"]["wall_s"] > 0
+    generated = inflight.main(["--model", target, "--source", "workloads", "--tasks", "edit", "--rows", "20", "--batch-size", "4",
+                               "--max-tokens", "4", "--rounds", "1", "--threads", "1", "--out", str(tmp_path), "--name", "generated"])
+    assert [(s["task"], s["rows"], s["same_tokens"]) for s in generated["shards"]] == [("edit", 20, True)]
+    assert generated["source"] == "workloads"
