@@ -13,14 +13,17 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              the rows in flight and those queued go on under the choice.
     confirm  where calibration wants a measurement (a key's first shard choosing an arm, or a
              prediction within its error of the margin) the best arm runs on from there. Once
-             it has committed as many tokens as max(batch, 4) sample rows hold, its measured
-             decode time is set against the profile's price of the very steps it ran: their
-             ratio is how far the cost model was off for this arm on this machine, and the
-             sample's predicted speedup, corrected by it, decides (counterfactual.settle). The
-             window's own speedup (plain decoding's price for the tokens it committed over its
-             measured time) is recorded too, but does not decide: its acceptance is a few
-             steps' (on `make run`'s edit shard, 1.20x over 13 steps of an arm that ran the
-             shard at 1.0x), where the sample's is whole rows', exact, and the drift watch's a chunk's.
+             it has committed as many tokens as max(batch, 4) sample rows hold, two figures are
+             set side by side (`confirmed_speedup`): the sample's predicted speedup corrected by
+             how far the profile's price of the very steps the arm ran was from their measured
+             time (the cost model's error for this arm on this machine), and those steps' own
+             speedup (plain decoding's price for the tokens they committed over their measured
+             time: the acceptance of rows that are not the sample's). The lower decides
+             (counterfactual.settle). Either alone was seen wrong: on `make run`'s edit shard 13
+             steps measured 1.20x for an arm that ran the shard at 1.0x; on a 128-row code shard
+             (bench/inflight.py --source workloads) the corrected prediction said 1.20x where
+             22 steps measured 0.72x, and the shard under the arm took 1.09x the wall time of the same
+             shard calibrated apart, which chose none.
     watch    after every chunk of finished rows (drift_chunk, or 8 x batch), the drift checks
              (drift.Drift.after_chunk) set what the next rows run under, both ways.
 
@@ -89,6 +92,16 @@ def arm_price_s(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile
             total += lookup_s * s.rows
     return total
 
+
+
+def confirmed_speedup(predicted: float, ratio: float, window: float) -> tuple[float, str]:
+    """What a confirmation in flight decides by: the lower of the sample's `predicted` speedup
+    corrected by `ratio` (the arm's steps' measured time over the profile's price of them) and
+    the `window`'s own measured speedup, with the reason's words for it."""
+    corrected = predicted / ratio
+    if window < corrected:
+        return window, f"those steps alone measured {window:.2f}x, below the sample's {predicted:.2f}x corrected ({corrected:.2f}x)"
+    return corrected, f"the sample's {predicted:.2f}x corrected (those steps alone measured {window:.2f}x)"
 
 @dataclass
 class InFlight:
@@ -204,14 +217,14 @@ class InFlight:
         priced = arm_price_s(steps, v.top_spec, v.anchor, self.worker.profile, v.lookup_s)
         ratio = (delta.decode_s - delta.admit_s) / priced if priced > 0 else 1.0  # measured over priced
         predicted = v.top.predicted_speedup
-        corrected = predicted / ratio
+        speedup, which = confirmed_speedup(predicted, ratio, window)
         tokens = sum(s.committed for s in steps)
-        v.top.speedup, v.top.measured, v.top.decode_tokens, v.top.tokens_per_s = corrected, True, tokens, tokens / arm_s
+        v.top.speedup, v.top.measured, v.top.decode_tokens, v.top.tokens_per_s = speedup, True, tokens, tokens / arm_s
         self.confirmed = True
-        chosen, why = settle(v, corrected, predicted, self.worker, self.key, self.settings,
-                             f"at {corrected:.2f}x plain decoding: its {len(steps)} steps in the shard's batch ({tokens} "
+        chosen, why = settle(v, speedup, predicted, self.worker, self.key, self.settings,
+                             f"at {speedup:.2f}x plain decoding: its {len(steps)} steps in the shard's batch ({tokens} "
                              f"tokens, {rows} rows finished{', the shard ended' if final else ''}) took {ratio:.2f}x the "
-                             f"profile's price, the sample's {predicted:.2f}x corrected (those steps alone measured {window:.2f}x)")
+                             f"profile's price; {which}")
         self.reason += why
         if chosen is NO_SPEC:  # the rows are kept, but the arm took longer than plain decoding would have
             self.lost_s = max(0.0, arm_s - plain_s)

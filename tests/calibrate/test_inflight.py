@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration
-from batchspec.calibrate.inflight import InFlight, anchor_of_steps, plain_price_s
+from batchspec.calibrate.inflight import InFlight, anchor_of_steps, confirmed_speedup, plain_price_s
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig, Step, StepCost, Timing
 from batchspec.predict.cost import CostProfile
 from batchspec.shard import ShardInput, run_shard
@@ -99,6 +99,17 @@ def test_a_confirmed_loss_sends_the_shard_back_to_plain_decoding_and_counts_as_o
     assert any(s == far for s in specs)  # the arm ran ...
     assert all(specs[i] is NO_SPEC for i in control.order[-8:])  # ... and the rows that finished last ran plainly
     assert control.lost_s > 0 and d.calibration_s == d.overhead_s >= control.lost_s
+
+
+def test_a_confirmation_in_flight_decides_by_the_lower_of_the_corrected_prediction_and_its_own_steps():
+    """The 128-row code shard's case: the sample's 1.30x corrected to 1.20x by the cost model's
+    error, while the arm's own 22 steps measured 0.72x: the steps decide, and the arm loses."""
+    speedup, why = confirmed_speedup(1.30, 1.08, 0.72)
+    assert speedup == 0.72 and "those steps alone measured 0.72x, below the sample's 1.30x corrected (1.20x)" in why
+    speedup, why = confirmed_speedup(1.41, 0.85, 1.43)  # the 128-row edit shard's: both pay, the steps' 1.43x is the lower
+    assert speedup == 1.43
+    speedup, why = confirmed_speedup(1.10, 1.20, 1.05)  # an arm dearer than priced: the corrected prediction is the lower
+    assert speedup == pytest.approx(1.10 / 1.20) and why == "the sample's 1.10x corrected (those steps alone measured 1.05x)"
 
 
 def test_drift_checks_run_on_chunks_of_finished_rows_in_flight(tiny_engine):
