@@ -93,7 +93,6 @@ def arm_price_s(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile
     return total
 
 
-
 def confirmed_speedup(predicted: float, ratio: float, window: float) -> tuple[float, str]:
     """What a confirmation in flight decides by: the lower of the sample's `predicted` speedup
     corrected by `ratio` (the arm's steps' measured time over the profile's price of them) and
@@ -102,6 +101,7 @@ def confirmed_speedup(predicted: float, ratio: float, window: float) -> tuple[fl
     if window < corrected:
         return window, f"those steps alone measured {window:.2f}x, below the sample's {predicted:.2f}x corrected ({corrected:.2f}x)"
     return corrected, f"the sample's {predicted:.2f}x corrected (those steps alone measured {window:.2f}x)"
+
 
 @dataclass
 class InFlight:

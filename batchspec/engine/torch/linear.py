@@ -27,8 +27,8 @@ they were identical. A greedy output can therefore differ from `F.linear`'s only
 its top two logits (tests/engine/lossless.py), and between two loads only if a shape's choice at
 few rows flips, which the margin makes unlikely where the gap is 2-3x.
 
-Measuring takes seconds (SmolLM2 on a 2-core EPYC: 12-15 s of a 20 s load), and every worker
-start and every load paid it again for the same answer. A `FormsCache` keeps the timings of each
+Measuring takes seconds (SmolLM2 on a 2-core family-25 EPYC: a load took 12-15 s measuring,
+6 s without), and every worker start and every load paid it again for the same answer. A `FormsCache` keeps the timings of each
 weight shape on disk, keyed by everything they belong to: the CPU (vendor, model, family,
 stepping, cache; logical CPUs), torch's version and build, the threads in use, the shape and
 dtype, how many weights one pass reads, and the row counts measured. A load on the same machine
@@ -208,6 +208,7 @@ class FormsCache:
 
     def put(self, shape: tuple, weights: int, timings: dict[int, tuple[float, float]], rows: tuple[int, ...] = ROWS) -> None:
         path, key = self._path(shape, weights, rows)
+        tmp = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=self.folder, suffix=".tmp", delete=False) as tmp:
@@ -215,6 +216,8 @@ class FormsCache:
             os.replace(tmp.name, path)
         except OSError as exc:
             log.warning("linear forms: cannot write the timing cache %s: %s", self.folder, exc)
+            if tmp is not None:
+                Path(tmp.name).unlink(missing_ok=True)
 
 
 def measure_linears(model: nn.Module, measure: Callable[[list, list], Forms] = measure_forms,
