@@ -45,13 +45,12 @@ from batchspec.calibrate.decision import (
     pick_sample,
     predicted_speedups,
 )
+from batchspec.calibrate.profiling import cannot_repay, grid_needed, refresh_profile, rest_s, shape_of
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig, acceptance_rate, mean_accepted_len
 from batchspec.errors import one_line
 from batchspec.predict.acceptance import PlainRow, draft_acceptance, ngram_acceptance
-from batchspec.calibrate.profiling import cannot_repay, grid_needed, refresh_profile, rest_s, shape_of
 from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s
 from batchspec.stats import ArmResult
-
 
 CONFIRM_MIN_ROWS = 4  # at batch 1 a single row is too few to measure an arm on
 
@@ -180,7 +179,8 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     bar = (1 + settings.margin) * (1 - worker.prediction_error(settings.prediction_error))
 
     def priced(profile: CostProfile, anchor: "Anchor | None" = None) -> list[ArmResult]:
-        return predict_arms(engine, rows, arms, anchor or anchor_of(profile), profile, batch_size, counter, stream)
+        return predict_arms(engine, rows, arms, anchor_of(profile) if anchor is None else anchor, profile, batch_size,
+                            counter, stream)
 
     def cannot_pay(profile: CostProfile) -> tuple[str | None, list[ArmResult]]:
         """On the production batch's width curve alone: why no arm can pay, with their prices."""

@@ -16,7 +16,7 @@ from batchspec.predict.cost import CostProfile, profile_grid
 
 
 def shape_of(rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int,
-           max_tokens: int) -> tuple[int, int, int, int, list[str]]:
+             max_tokens: int) -> tuple[int, int, int, int, list[str]]:
     """What a profile must cover for this shard: (batch size, lowest context, highest context,
     widest verify, draft models), the arguments of `CostProfile.covers` and `profile_grid`."""
     lo = min(len(r.prompt_ids) for r in rows)
@@ -46,7 +46,7 @@ def rest_s(plain: GenerateResult, sampled: int, rows: int) -> float | None:
 
 
 def cannot_repay(plain: GenerateResult, rest: float | None, grid: tuple[list, list], batch_size: int,
-                  sample_rows: Sequence[PlainRow], acceptance: dict) -> str | None:
+                 sample_rows: Sequence[PlainRow], acceptance: dict) -> str | None:
     """Why profiling would cost more than speculation could save on this shard, or None. The
     saving is bounded above: the rest of the shard's plain decode time (`rest`, `rest_s`)
     shrinks at most by the share of target steps the best arm would have saved on the sample (its
@@ -75,7 +75,7 @@ def cannot_repay(plain: GenerateResult, rest: float | None, grid: tuple[list, li
 
 
 def refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temperature: float, shape: tuple,
-                     cannot_pay: Callable[[CostProfile], tuple[str | None, list]] | None = None) -> tuple[float, tuple | None]:
+                    cannot_pay: Callable[[CostProfile], tuple[str | None, list]] | None = None) -> tuple[float, tuple | None]:
     """Measure `grid` (from `grid_needed`) on the engine: a context probe first where that is
     what it is, then, if the profile still does not cover `shape` (`shape_of`), the whole grid for
     it, less the points the profile holds. Of a whole grid the production batch's width curve
