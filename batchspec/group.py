@@ -11,9 +11,10 @@ Why `groupby(...).map_groups` and not `sort` or `repartition`: the unit we need 
 exactly one shard (at most `shard_size` rows, so a group always fits in a task), and the UDF that
 receives it can write it whole, atomically, under a deterministic name. A global `sort` would
 order rows we only need co-located; `repartition(keys=...)` co-locates hash partitions, not shards,
-and would leave the per-shard split and write to us anyway. Ray Data's default shuffle here is the
-hash shuffle (`DataContext.shuffle_strategy`), which `map_groups` runs as a keyed repartition with
-sorted partitions; partitions are sized to about 128 MB of input each.
+and would leave the per-shard split and write to us anyway. The shuffle is the pull-based sort
+shuffle for inputs of up to SORT_SHUFFLE_BYTES (uncompressed) and Ray Data's default above
+(`batchspec.plan.shuffle_for`: the default starts aggregator actors, seconds of fixed cost per
+shuffle); partitions are sized to about 128 MB of input each.
 
 Rows are tagged with their shard by a binary search of their input position among the plan's
 shard starts for their key, so tagging needs no join and no per-row state on the driver. Each
@@ -38,13 +39,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.errors import OutputError
-from batchspec.plan import Plan, ShardPlan, fingerprint_positions, plan_locally
+from batchspec.plan import Plan, ShardPlan, fingerprint_positions, plan_locally, shuffle_for
 from batchspec.read import ID, POS, Chunk, InputSource, chunk_items, chunks, chunks_of, key_strings, position, read_chunk, row_ids
 from batchspec.write import Output
 
 SHARD = "__bs_shard"  # int64: the shard's ordinal in the plan (only while shuffling)
 INTERNAL = (POS, ID)  # columns of a shard file that are not input columns
 PARTITION_BYTES = 128 << 20  # uncompressed input bytes per read task and per shuffle partition
+SORT_SHUFFLE_BYTES = 1 << 30  # groups of up to this many uncompressed input bytes use the sort shuffle (plan.shuffle_for)
 
 
 # ---- group: the shuffle that writes OUTPUT/_shards/ ----------------------------------------------
@@ -151,10 +153,11 @@ def _group_with_ray_data(source: InputSource, plan: Plan, output: Output) -> lis
     partitions = max(1, min(len(shards), math.ceil(sum(i["bytes"] for i in items) / PARTITION_BYTES)))
     assignment = [ray.put(_assignment(shards))]
     shard_ids = [ray.put([s.shard_id for s in shards])]
-    tagged = ray.data.from_items(items, override_num_blocks=max(1, len(items))).map_batches(
-        _tag, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "shard_by": plan.shard_by, "assignment": assignment})
-    return tagged.groupby(SHARD, num_partitions=partitions).map_groups(
-        _write, batch_format="pyarrow", fn_kwargs={"output": output, "shard_ids": shard_ids}).take_all()
+    with shuffle_for(sort=sum(i["bytes"] for i in items) <= SORT_SHUFFLE_BYTES):
+        tagged = ray.data.from_items(items, override_num_blocks=max(1, len(items))).map_batches(
+            _tag, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "shard_by": plan.shard_by, "assignment": assignment})
+        return tagged.groupby(SHARD, num_partitions=partitions).map_groups(
+            _write, batch_format="pyarrow", fn_kwargs={"output": output, "shard_ids": shard_ids}).take_all()
 
 
 # ---- a few shards' rows without the shuffle (`batchspec calibrate`'s sample) ------------------------

@@ -13,6 +13,9 @@ workload gets its own calibration. How, without rows on the driver:
    (its first position, its row count, and the fingerprint of its positions). Only these records
    reach the driver: per-shard metadata, nothing per row.
 
+Both shuffles run as Ray Data's pull-based sort shuffle for inputs of up to SORT_SHUFFLE_ROWS
+rows and with Ray Data's default above (`shuffle_for`).
+
 Small inputs (at most LOCAL_BYTES on disk) run the same per-chunk functions in the driver's
 process instead: a Ray Data job costs seconds of fixed overhead (tasks, a shuffle, stats actors),
 which at that size is all of the cost, while the rows involved are a few MB. Both paths give the
@@ -31,9 +34,11 @@ resume against an OUTPUT whose plan has another fingerprint is refused (`check_r
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import math
+import os
 import re
 from dataclasses import asdict, dataclass
 
@@ -47,6 +52,7 @@ from batchspec.read import ID, POS, InputSource, chunk_items, chunks_of, key_str
 PLAN_VERSION = 2
 SCAN_BYTES = 64 << 20  # uncompressed input bytes per key-scan task (only two columns are read)
 LOCAL_BYTES = 32 << 20  # inputs up to this size on disk are planned and grouped in-process
+SORT_SHUFFLE_ROWS = 100_000  # plans of up to this many rows shuffle with the sort shuffle (see shuffle_for)
 
 
 def plan_locally(source: InputSource) -> bool:
@@ -131,15 +137,16 @@ def cut_shards(source: InputSource, shard_by: str | None, shard_size: int) -> li
     import ray.data
 
     items = chunk_items(source, SCAN_BYTES)
-    scan = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    keys = scan.map_batches(_scan, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "shard_by": shard_by}).materialize()
-    if ID in keys.schema().names:
-        counts = keys.select_columns([ID]).groupby(ID, num_partitions=_partitions(source.rows, 1_000_000)).count()
-        dup = counts.map_batches(_duplicates, batch_format="pyarrow", batch_size=None).take(1)
-        if dup:
-            raise InputError(f"input {source.url} has duplicate id {dup[0][ID]!r}; ids must be unique")
-    grouped = keys.select_columns([POS, "knull", "key"]).groupby(["knull", "key"], num_partitions=_partitions(source.rows, 2_000_000))
-    records = grouped.map_groups(_cut, batch_format="pyarrow", fn_kwargs={"shard_size": shard_size}).take_all()
+    with shuffle_for(sort=source.rows <= SORT_SHUFFLE_ROWS):
+        scan = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+        keys = scan.map_batches(_scan, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "shard_by": shard_by}).materialize()
+        if ID in keys.schema().names:
+            counts = keys.select_columns([ID]).groupby(ID, num_partitions=_partitions(source.rows, 1_000_000)).count()
+            dup = counts.map_batches(_duplicates, batch_format="pyarrow", batch_size=None).take(1)
+            if dup:
+                raise InputError(f"input {source.url} has duplicate id {dup[0][ID]!r}; ids must be unique")
+        grouped = keys.select_columns([POS, "knull", "key"]).groupby(["knull", "key"], num_partitions=_partitions(source.rows, 2_000_000))
+        records = grouped.map_groups(_cut, batch_format="pyarrow", fn_kwargs={"shard_size": shard_size}).take_all()
     records.sort(key=lambda r: (r["knull"], r["key"], r["j"]))
     return records
 
@@ -163,6 +170,29 @@ def cut_shards_locally(source: InputSource, shard_by: str | None, shard_size: in
         records += _cut(keys.select([POS, "knull", "key"]).take(pa.array(rows)), shard_size).to_pylist()
     records.sort(key=lambda r: (r["knull"], r["key"], r["j"]))
     return records
+
+
+@contextlib.contextmanager
+def shuffle_for(sort: bool):
+    """Ray Data's pull-based sort shuffle (`sort`) or its default for the datasets created inside
+    the block (Ray Data binds a dataset's DataContext when the dataset is created).
+
+    The default (`shuffle_v2`) starts aggregator actors, seconds per shuffle before any row moves;
+    the sort shuffle runs as plain tasks, but aggregates group by group. Measured with
+    bench/scale.py (README, Planning at scale): the plan, whose duplicate-id check has a group per
+    row, was faster under the sort shuffle at 100,000 rows and slower from 300,000; the group, a
+    group per shard, was faster up to 1 GB of input and slower at 4.8 GB. The user's own choice,
+    RAY_DATA_DEFAULT_SHUFFLE_STRATEGY, always wins."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    before = ctx.shuffle_strategy
+    if sort and "RAY_DATA_DEFAULT_SHUFFLE_STRATEGY" not in os.environ:
+        ctx.shuffle_strategy = "sort_shuffle_pull_based"
+    try:
+        yield ctx.shuffle_strategy
+    finally:
+        ctx.shuffle_strategy = before
 
 
 def _partitions(rows: int, per: int) -> int:

@@ -71,18 +71,23 @@ def make_input(folder: Path, rows: int, files: int, keys: int, prompt_bytes: int
         pq.write_table(table, folder / f"part-{f:03d}.parquet", row_group_size=65536)
 
 
-def driver(input_dir: str, output_dir: str, shard_size: int, num_cpus: int) -> dict:
+def driver(input_dir: str, output_dir: str, shard_size: int, num_cpus: int, shuffle: str = "batchspec") -> dict:
     """One plan + group in this process (run as a fresh subprocess per row count)."""
     import ray
 
-    from batchspec.group import group_shards
+    from batchspec import group as group_module
+    from batchspec import plan as plan_module
+    from batchspec.group import PARTITION_BYTES, group_shards
     from batchspec.plan import make_plan
-    from batchspec.read import open_input
+    from batchspec.read import chunk_items, open_input
     from batchspec.write import Output
 
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
+    if shuffle != "batchspec":
+        plan_module.SORT_SHUFFLE_ROWS = group_module.SORT_SHUFFLE_BYTES = float("inf") if shuffle == "sort" else -1
     source = open_input(input_dir, {}, "task")
+    group_bytes = sum(i["bytes"] for i in chunk_items(source, PARTITION_BYTES))  # what group_shards' shuffle moves
     output = Output(output_dir)
     t0 = time.perf_counter()
     before_mb = _peak_mb()
@@ -95,7 +100,9 @@ def driver(input_dir: str, output_dir: str, shard_size: int, num_cpus: int) -> d
     peak_mb = _peak_mb()
     read_bytes = _read_all_shards(output, plan)
     ray.shutdown()
-    return {"plan_s": t1 - t0, "group_s": t2 - t1, "driver_peak_mb": peak_mb, "driver_peak_mb_before_plan": before_mb,
+    return {"plan_s": t1 - t0, "group_s": t2 - t1, "group_shuffled_mb": round(group_bytes / 2**20),
+            "plan_shuffle": "sort" if source.rows <= plan_module.SORT_SHUFFLE_ROWS else "default",
+            "group_shuffle": "sort" if group_bytes <= group_module.SORT_SHUFFLE_BYTES else "default", "driver_peak_mb": peak_mb, "driver_peak_mb_before_plan": before_mb,
             "driver_peak_mb_after_plan": plan_mb, "shards": len(plan.shards),
             "plan_json_bytes": len(plan.to_json()), "worker_read_bytes": read_bytes}
 
@@ -153,10 +160,13 @@ def main() -> None:
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--work", default="/tmp/batchspec-scale")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
+    ap.add_argument("--shuffle", choices=("batchspec", "sort", "default"), default="batchspec",
+                    help="batchspec: its choice by size (plan.shuffle_for); sort: the pull-based sort shuffle for every job; "
+                    "default: Ray Data's default strategy for every job")
     ap.add_argument("--driver", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.driver:
-        print(json.dumps(driver(args.driver[0], args.driver[1], args.shard_size, args.num_cpus)))
+        print(json.dumps(driver(args.driver[0], args.driver[1], args.shard_size, args.num_cpus, args.shuffle)))
         return
     results = []
     for rows in args.rows:
@@ -167,13 +177,13 @@ def main() -> None:
         gen_s = time.perf_counter() - t
         input_bytes = sum(p.stat().st_size for p in (work / "in").glob("*.parquet"))
         cmd = [sys.executable, __file__, "--driver", str(work / "in"), str(work / "out"),
-               "--shard-size", str(args.shard_size), "--num-cpus", str(args.num_cpus)]
+               "--shard-size", str(args.shard_size), "--num-cpus", str(args.num_cpus), "--shuffle", args.shuffle]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this tree's batchspec, in the driver and Ray's workers
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
         if done.returncode:
             sys.exit(f"driver failed for {rows} rows:\n{done.stderr[-3000:]}")
         m = json.loads(done.stdout.strip().splitlines()[-1])
-        row = {"rows": rows, "files": args.files, "keys": args.keys, "prompt_bytes": args.prompt_bytes,
+        row = {"rows": rows, "shuffle": args.shuffle, "files": args.files, "keys": args.keys, "prompt_bytes": args.prompt_bytes,
                "shard_size": args.shard_size, "input_bytes": input_bytes, "generate_input_s": round(gen_s, 1),
                **{k: round(v, 2) if isinstance(v, float) else v for k, v in m.items()},
                "plan_group_s": round(m["plan_s"] + m["group_s"], 1),

@@ -24,34 +24,65 @@ def shard_ids_of(output: Output, plan: Plan) -> dict[str, list[str]]:
     return {s.shard_id: read_shard_input(output, s).column(ID).to_pylist() for s in plan.shards}
 
 
-def test_plan_groups_by_key_in_input_order_and_materializes_each_shard_once(ray_session, folder, tmp_path):
-    """With Ray Data and in-process (small inputs): one plan, each shard's rows its key's in input
-    order, the same shard files either way. (One Ray Data plan and group: about 30 s on 2 cores,
-    most of it starting the hash shuffle's aggregator actors.)"""
+def test_plan_groups_by_key_in_input_order_and_materializes_each_shard_once(ray_session, folder, tmp_path, monkeypatch):
+    """With Ray Data, under the shuffle a small job gets (the pull-based sort shuffle) and the one a
+    large job gets (Ray Data's default), and in-process (small inputs): one plan, each shard's rows
+    its key's in input order, the same shard files every way. (The default shuffle's plan and group
+    take about 15-30 s on 2 cores, most of it starting its aggregator actors.)"""
+    from batchspec import group as group_module
+    from batchspec import plan as plan_module
+
     source = open_input(str(folder), shard_by="task")
     plans = [make_plan(source, "task", 3, local=local) for local in (False, True, True)]
-    assert plans[0] == plans[1] == plans[2]
+    with monkeypatch.context() as m:
+        m.setattr(plan_module, "SORT_SHUFFLE_ROWS", -1)  # every job is large
+        plans.append(make_plan(source, "task", 3, local=False))
+    assert plans[0] == plans[1] == plans[2] == plans[3]
     plan = plans[0]
     assert [(s.shard_id, s.shard_key, s.rows) for s in plan.shards] == [
         ("00000-code", "code", 3), ("00001-code", "code", 2), ("00002-prose", "prose", 3), ("00003-prose", "prose", 2)
     ]
-    outs = [Output(str(tmp_path / name)) for name in ("ray-data", "in-process")]
-    for out, local in zip(outs, (False, True)):
-        group_shards(source, plan, out, local=local)
+    names = ("ray-data", "in-process", "ray-data-default-shuffle")
+    outs = [Output(str(tmp_path / name)) for name in names]
+    group_shards(source, plan, outs[0], local=False)
+    group_shards(source, plan, outs[1], local=True)
+    with monkeypatch.context() as m:
+        m.setattr(group_module, "SORT_SHUFFLE_BYTES", -1)
+        group_shards(source, plan, outs[2], local=False)
     # code rows are the even rows, in input order across both files
     expected = {
         "00000-code": ["row-0000", "row-0002", "row-0004"], "00001-code": ["row-0006", "row-0008"],
         "00002-prose": ["row-0001", "row-0003", "row-0005"], "00003-prose": ["row-0007", "row-0009"],
     }
-    assert shard_ids_of(outs[0], plan) == expected and shard_ids_of(outs[1], plan) == expected
+    assert all(shard_ids_of(out, plan) == expected for out in outs)
     for s in plan.shards:
         assert read_shard_input(outs[0], s).equals(read_shard_input(outs[1], s)), s.shard_id
+        assert read_shard_input(outs[2], s).equals(read_shard_input(outs[1], s)), s.shard_id
     table = read_shard_input(outs[0], plan.shards[2])
     assert table.column("prompt").to_pylist()[0] == "Write item 1 about prose: the quick brown fox 1"
     assert set(table.column_names) >= {"id", "prompt", "task", "source", POS, ID}
-    for name in ("ray-data", "in-process"):
+    for name in names:
         assert sorted(p.name for p in (tmp_path / name / "_shards").iterdir()) == [f"{s.shard_id}.parquet" for s in plan.shards]
     assert make_plan(source, "task", 4).fingerprint != plan.fingerprint
+
+
+def test_the_sort_shuffle_is_used_where_asked_unless_the_user_chose_one(ray_session, monkeypatch):
+    import ray.data
+
+    from batchspec.plan import shuffle_for
+
+    ctx = ray.data.DataContext.get_current()
+    monkeypatch.delenv("RAY_DATA_DEFAULT_SHUFFLE_STRATEGY", raising=False)
+    monkeypatch.setattr(ctx, "shuffle_strategy", "shuffle_v2")
+    with shuffle_for(sort=True) as strategy:
+        assert strategy == ctx.shuffle_strategy == "sort_shuffle_pull_based"
+        ds = ray.data.range(3)
+    assert ctx.shuffle_strategy == "shuffle_v2" and ds.context.shuffle_strategy == "sort_shuffle_pull_based"  # kept by the dataset
+    with shuffle_for(sort=False) as strategy:
+        assert strategy == "shuffle_v2"
+    monkeypatch.setenv("RAY_DATA_DEFAULT_SHUFFLE_STRATEGY", "shuffle_v2")
+    with shuffle_for(sort=True) as strategy:
+        assert strategy == "shuffle_v2"
 
 
 def test_plan_json_holds_per_shard_counts_and_fingerprints_not_rows(ray_session, folder):
