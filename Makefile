@@ -13,7 +13,6 @@ PYTEST_ARGS ?=
 # Test processes (pytest-xdist). Most tests run a torch model on one thread or wait on Ray or a
 # subprocess, so two processes keep both cores of a CI machine busy. Whole files go to one
 # process (--dist loadfile): a module's fixtures (a Ray head, a two-node cluster) start once.
-# Files go out longest first (tests/conftest.py, LONGEST_FIRST), not by their number of tests.
 TEST_WORKERS ?= 2
 RAY_CPUS ?= 2
 RAY_ARGS ?=
@@ -37,7 +36,7 @@ run: setup
 	$(VENV)/bin/batchspec run $(INPUT) $(OUTPUT) --pipeline pipelines/local.yaml $(if $(SHARD_BY),--shard-by $(SHARD_BY))
 
 test: setup
-	$(PY) -m pytest -q -ra $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run_all.py

@@ -13,28 +13,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)  # tiny models: threads only add sync cost, and CI has 2 cores
 
 
-# The test files that take longest (seconds of one CI run on 2 cores, 2026-12-01; ordering only:
-# nothing depends on it). `make test` hands whole files to two processes in collection order
-# (--dist loadfile --no-loadscope-reorder); sending the longest out first keeps one process from
-# starting a 90-second file as the other runs out of work. The rest follow in their usual order.
-LONGEST_FIRST = (
-    "tests/test_pipeline.py",  # 211 s
-    "tests/engine/torch/test_engine.py",  # 111
-    "tests/test_multinode.py",  # 86
-    "tests/test_submit.py",  # 84
-    "tests/cli/test_run.py",  # 71
-    "tests/test_install.py",  # 59
-    "tests/predict/test_acceptance.py",  # 58
-    "tests/test_group.py",  # 57
-    "tests/test_ray_data.py",  # 43
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: a file's tests keep their order
-
-
 @pytest.fixture(scope="session")
 def smollm2_dir():
     """The packaged SmolLM2-135M-Instruct, prepared by `make setup` (cached after the first time)."""
