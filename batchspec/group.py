@@ -144,16 +144,22 @@ def by_shard(table: pa.Table):
         yield n, table.take(pa.array(order[lo:hi]))
 
 
+def group_sorts(nbytes: int) -> bool:
+    """Whether a group moving `nbytes` of uncompressed input shuffles with the sort shuffle (plan.shuffle_for)."""
+    return nbytes <= SORT_SHUFFLE_BYTES
+
+
 def _group_with_ray_data(source: InputSource, plan: Plan, output: Output) -> list[dict]:
     import ray
     import ray.data
 
     shards = plan.shards
     items = chunk_items(source, PARTITION_BYTES)
-    partitions = max(1, min(len(shards), math.ceil(sum(i["bytes"] for i in items) / PARTITION_BYTES)))
+    nbytes = sum(i["bytes"] for i in items)
+    partitions = max(1, min(len(shards), math.ceil(nbytes / PARTITION_BYTES)))
     assignment = [ray.put(_assignment(shards))]
     shard_ids = [ray.put([s.shard_id for s in shards])]
-    with shuffle_for(sort=sum(i["bytes"] for i in items) <= SORT_SHUFFLE_BYTES):
+    with shuffle_for(sort=group_sorts(nbytes)):
         tagged = ray.data.from_items(items, override_num_blocks=max(1, len(items))).map_batches(
             _tag, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "shard_by": plan.shard_by, "assignment": assignment})
         return tagged.groupby(SHARD, num_partitions=partitions).map_groups(

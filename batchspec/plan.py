@@ -137,7 +137,7 @@ def cut_shards(source: InputSource, shard_by: str | None, shard_size: int) -> li
     import ray.data
 
     items = chunk_items(source, SCAN_BYTES)
-    with shuffle_for(sort=source.rows <= SORT_SHUFFLE_ROWS):
+    with shuffle_for(sort=plan_sorts(source.rows)):
         scan = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
         keys = scan.map_batches(_scan, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "shard_by": shard_by}).materialize()
         if ID in keys.schema().names:
@@ -170,6 +170,11 @@ def cut_shards_locally(source: InputSource, shard_by: str | None, shard_size: in
         records += _cut(keys.select([POS, "knull", "key"]).take(pa.array(rows)), shard_size).to_pylist()
     records.sort(key=lambda r: (r["knull"], r["key"], r["j"]))
     return records
+
+
+def plan_sorts(rows: int) -> bool:
+    """Whether the plan of an input of `rows` rows shuffles with the sort shuffle (`shuffle_for`)."""
+    return rows <= SORT_SHUFFLE_ROWS
 
 
 @contextlib.contextmanager

@@ -77,8 +77,8 @@ def driver(input_dir: str, output_dir: str, shard_size: int, num_cpus: int, shuf
 
     from batchspec import group as group_module
     from batchspec import plan as plan_module
-    from batchspec.group import PARTITION_BYTES, group_shards
-    from batchspec.plan import make_plan
+    from batchspec.group import PARTITION_BYTES, group_shards, group_sorts
+    from batchspec.plan import make_plan, plan_locally, plan_sorts
     from batchspec.read import chunk_items, open_input
     from batchspec.write import Output
 
@@ -101,8 +101,8 @@ def driver(input_dir: str, output_dir: str, shard_size: int, num_cpus: int, shuf
     read_bytes = _read_all_shards(output, plan)
     ray.shutdown()
     return {"plan_s": t1 - t0, "group_s": t2 - t1, "group_shuffled_mb": round(group_bytes / 2**20),
-            "plan_shuffle": "sort" if source.rows <= plan_module.SORT_SHUFFLE_ROWS else "default",
-            "group_shuffle": "sort" if group_bytes <= group_module.SORT_SHUFFLE_BYTES else "default", "driver_peak_mb": peak_mb, "driver_peak_mb_before_plan": before_mb,
+            "plan_shuffle": "in-process" if plan_locally(source) else "sort" if plan_sorts(source.rows) else "default",
+            "group_shuffle": "in-process" if plan_locally(source) else "sort" if group_sorts(group_bytes) else "default", "driver_peak_mb": peak_mb, "driver_peak_mb_before_plan": before_mb,
             "driver_peak_mb_after_plan": plan_mb, "shards": len(plan.shards),
             "plan_json_bytes": len(plan.to_json()), "worker_read_bytes": read_bytes}
 
