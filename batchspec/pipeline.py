@@ -63,7 +63,7 @@ from batchspec.parse import ParsedRow, RowDefaults, parse_rows
 from batchspec.plan import Plan, check_resume, fingerprint, make_plan, plan_locally
 from batchspec.read import ID, list_input, open_input, passthrough_schema
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
-from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, run_pool
+from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, WorkerPool, run_pool
 from batchspec.write import Output, output_schema, resolve_template
 
 
@@ -99,7 +99,10 @@ class RunSummary:
     dropped_arms: tuple[str, ...] = ()  # candidate arms left out of calibration, one line each with the reason
 
 
-def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: type[ShardWorker] = ShardWorker) -> RunSummary:
+def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: type[ShardWorker] = ShardWorker,
+        pool: WorkerPool | None = None) -> RunSummary:
+    """One run. With `pool`, shard workers already loaded with this run's engine take its shards and
+    stay loaded for the next run (`batchspec.workers.WorkerPool`); without, they stop at the end."""
     started = time.perf_counter()
     config = dataclasses.replace(config, run_date=_run_date(config))  # one date for INPUT and OUTPUT
     check_engine(config.engine)
@@ -123,7 +126,7 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
         worker=config.worker, llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     work_started = time.perf_counter()
-    report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls) if todo else None
+    report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls, pool) if todo else None
     work_s = time.perf_counter() - work_started
 
     stats = output.read_stats(_committed_in_order(output, plan))  # 4. commit: every shard accounted for

@@ -17,6 +17,11 @@ Start: shards go to workers as they become ready (as in Ray Data's actor pool); 
 `worker.wait_for_workers_s` the pool first waits, that long at most, for every worker to load its
 engine, so each starts with a shard of its own.
 
+Reuse across runs: `WorkerPool` keeps a run's actors loaded when it ends, for the next run in the
+same driver process whose engine is the same (`WorkerJob.load_key`); such a run hands its job to
+those actors (`ShardWorker.adopt`) instead of loading the model again. `batchspec run` does not
+use one: a command's actors stop when it ends.
+
 Resources: `worker.num_cpus` may be fractional so Ray keeps CPUs for reading; on a GPU cluster
 `worker.num_gpus: 1` gives each actor its own GPU. Actors are placed with Ray's SPREAD strategy, so
 shards spread over the nodes of a cluster. Torch threads per actor are set explicitly.
@@ -65,6 +70,13 @@ class WorkerJob:
     llm_options: tuple[tuple[str, Any], ...] = ()  # trtllm: what every arm is built with
     storage_options: tuple[tuple[str, Any], ...] = ()  # fsspec options for a model given as a URL
 
+    def load_key(self) -> str:
+        """What an actor loads and holds for its life: two jobs with the same key can share actors.
+        The rest (output, arms, calibration settings, row defaults, fault policy) is per run."""
+        w = self.worker
+        return repr((self.engine, self.model, self.draft_model, self.dtype, self.device, w.num_cpus, w.num_gpus,
+                     w.torch_threads, self.llm_options, self.storage_options))
+
 
 @dataclass(frozen=True)
 class ShardTask:
@@ -86,6 +98,7 @@ class ShardOutcome:
     stats: ShardStats
     decision: Any = None
     node_id: str | None = None  # the Ray node that ran it
+    actor_id: str | None = None  # the worker actor that ran it
 
 
 # ---- the shard's rows ------------------------------------------------------------------------
@@ -172,6 +185,13 @@ class ShardWorker:
                                     llm_options=dict(self.job.llm_options))
         return self.engine.model_name
 
+    def adopt(self, job: WorkerJob) -> str:
+        """Take a later run's job on the engine already loaded (`WorkerPool`). The cost profile is
+        kept: it belongs to the engine and is refreshed where a shard leaves what it measured."""
+        assert self.engine is not None and job.load_key() == self.job.load_key(), "a pool hands an actor only a job of its own engine"
+        self.job = job
+        return self.engine.model_name
+
     def process(self, task: ShardTask) -> ShardOutcome:
         import ray
 
@@ -183,6 +203,7 @@ class ShardWorker:
         outcome = commit(job, plan, rows, done.completions, done.specs, replace(done.stats, node_id=node, note=note))
         outcome.decision = done.decision
         outcome.node_id = node
+        outcome.actor_id = ray.get_runtime_context().get_actor_id()
         return outcome
 
     def generate(self, shard_id: str, shard_key: str | None, parsed: list[ParsedRow], prior: Any = None, attempt: int = 1) -> ShardRun:
@@ -231,6 +252,48 @@ def _merge(parsed: list[ParsedRow], result) -> tuple[list[Completion], list[Spec
 # ---- the driver side -------------------------------------------------------------------------
 
 
+class WorkerPool:
+    """Shard worker actors kept loaded across runs in one driver process.
+
+    A program that runs several jobs in one process (a notebook, an orchestrator task that runs
+    several dates, the test suite) passes one pool to each `pipeline.run(config, pool=pool)`: a run
+    takes the pool's idle actors of its engine (`WorkerJob.load_key`, and the same worker class)
+    instead of loading another, and gives back the ones that are idle and healthy when it ends.
+    A run that fails stops every actor it held, since one may be mid-shard. Actors hold their
+    engine, and its memory (GPU memory included), until `close()` or the end of a `with` block.
+    """
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[type, str], list[Any]] = {}
+
+    def take(self, key: tuple[type, str], n: int) -> list[Any]:
+        held = self._idle.get(key, [])
+        taken, self._idle[key] = held[:n], held[n:]
+        return taken
+
+    def give(self, key: tuple[type, str], actors: list[Any]) -> None:
+        self._idle.setdefault(key, []).extend(actors)
+
+    def __len__(self) -> int:
+        return sum(len(a) for a in self._idle.values())
+
+    def close(self) -> None:
+        import ray
+
+        actors = [a for held in self._idle.values() for a in held]
+        self._idle.clear()
+        if ray.is_initialized():
+            for a in actors:
+                ray.kill(a, no_restart=True)
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+
 @dataclass
 class PoolReport:
     outcomes: list[ShardOutcome]
@@ -239,15 +302,17 @@ class PoolReport:
 
 
 def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Callable[[ShardOutcome], None],
-             worker_cls: type[ShardWorker] = ShardWorker) -> PoolReport:
-    """Run every shard on a pool of `workers` actors of `worker_cls` (a subclass may wrap `process`,
-    as the fault tests do); returns once each shard is committed."""
+             worker_cls: type[ShardWorker] = ShardWorker, pool: WorkerPool | None = None) -> PoolReport:
+    """Run every shard on `workers` actors of `worker_cls` (a subclass may wrap `process`, as the
+    fault tests do), taken from `pool` where it holds some of this engine, started otherwise;
+    returns once each shard is committed."""
     import ray
 
     remote = ray.remote(worker_cls).options(num_cpus=job.worker.num_cpus, num_gpus=job.worker.num_gpus, max_restarts=0,
                                              max_task_retries=0, scheduling_strategy="SPREAD")
-    actors: list[Any] = []  # every actor started, to stop them all at the end
-    starting: dict[Any, Any] = {}  # start() ref -> actor still loading its engine
+    key = (worker_cls, job.load_key())
+    actors: list[Any] = []  # every actor this run held, to stop (or give back) at the end
+    starting: dict[Any, Any] = {}  # start() or adopt() ref -> actor not ready yet
     lost = 0  # actors whose process or node died before they were ready
 
     def start() -> None:
@@ -255,7 +320,11 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
         actors.append(actor)
         starting[actor.start.remote()] = actor
 
-    for _ in range(min(workers, len(plans))):
+    wanted = min(workers, len(plans))
+    for actor in pool.take(key, wanted) if pool is not None else []:
+        actors.append(actor)
+        starting[actor.adopt.remote(job)] = actor  # a dead one fails here and is replaced like a failed start
+    for _ in range(wanted - len(actors)):
         start()
     idle: list[Any] = []
     queue = collections.deque(ShardTask(p) for p in plans)
@@ -263,6 +332,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     in_flight: dict[Any, tuple[Any, ShardTask]] = {}
     report = PoolReport([], 0, [])
     gate = time.monotonic() + job.worker.wait_for_workers_s  # no shard handed out before every first actor is ready
+    kept: list[Any] = []  # idle and healthy at the end: given back to `pool`
     try:
         while queue or in_flight:
             held = bool(starting) and time.monotonic() < gate
@@ -309,9 +379,13 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
                 report.outcomes.append(outcome)
                 on_done(outcome)
             idle.append(actor)
+        if pool is not None:
+            kept = idle
+            pool.give(key, kept)
     finally:
         for a in actors:
-            ray.kill(a, no_restart=True)
+            if not any(a is k for k in kept):
+                ray.kill(a, no_restart=True)
     return report
 
 

@@ -17,7 +17,7 @@ from batchspec.config.run import build_config
 from batchspec.errors import InputError, OutputError
 from batchspec.pipeline import run
 from batchspec.stats import OUTPUT_NAMES
-from batchspec.workers import ShardWorker
+from batchspec.workers import ShardWorker, WorkerPool
 from tests.data import prompts_table, write_parquet
 
 FAST = {"sample_size": 4, "max_tokens": 4, "min_rows": 4}
@@ -30,6 +30,14 @@ def make_config(input, output, model, **overrides):
     import dataclasses
 
     return dataclasses.replace(config, calibration=tuple(FAST.items()))
+
+
+@pytest.fixture(scope="module")
+def pool(ray_session):
+    """One pool for the module: the runs below that use the same engine share one loaded worker,
+    as a program running several jobs in one process would (a fault test's worker class gets its own)."""
+    with WorkerPool() as p:
+        yield p
 
 
 @pytest.fixture
@@ -54,9 +62,9 @@ def read_outputs(output, storage_options=None) -> pl.DataFrame:
     return pl.scan_parquet(f"{output}/outputs/*.parquet", storage_options=storage_options).collect()
 
 
-def test_every_input_row_gets_exactly_one_output_row(ray_session, tiny_model_dir, input_dir, tmp_path):
+def test_every_input_row_gets_exactly_one_output_row(pool, tiny_model_dir, input_dir, tmp_path):
     out = tmp_path / "out"
-    summary = run(make_config(input_dir, out, tiny_model_dir))
+    summary = run(make_config(input_dir, out, tiny_model_dir), pool=pool)
     df = read_outputs(out)
     assert sorted(df["id"].to_list()) == [f"row-{i:04d}" for i in range(12)]
     assert df.columns == [*OUTPUT_NAMES, "task", "source"]
@@ -75,13 +83,13 @@ def test_every_input_row_gets_exactly_one_output_row(ray_session, tiny_model_dir
     assert summary.complete and summary.rows == 12 and summary.error_rows == 3 and summary.shards == 4
 
 
-def test_s3_input_and_output_read_back_with_polars(ray_session, tiny_model_dir, s3):
+def test_s3_input_and_output_read_back_with_polars(pool, tiny_model_dir, s3):
     url, options, polars_options = s3
     fs = fsspec.filesystem("s3", **options)
     write_parquet(fs, f"{url}/prompts/a.parquet", prompts_table(6, with_id=False))
     config = make_config(f"{url}/prompts/", f"{url}/runs/{{date}}", tiny_model_dir, shard_by=None, shard_size=3,
                          storage_options=options, run_date="2026-01-02", spec="none")
-    summary = run(config)
+    summary = run(config, pool=pool)
     df = read_outputs(f"{url}/runs/2026-01-02", polars_options)
     assert sorted(df["id"].to_list()) == [f"a.parquet#{i}" for i in range(6)]
     assert fs.exists(f"{url}/runs/2026-01-02/_SUCCESS")
@@ -104,39 +112,42 @@ class AbortAfter:
             raise RuntimeError(f"test: run aborted after {self.seen} committed shards")
 
 
-def killing_worker(shard_ids: set[str], attempts: int) -> type[ShardWorker]:
-    """A worker whose process dies (os._exit) mid-shard on the first `attempts` tries of these shards."""
+def killing_worker(shard_ids: set[str], attempts: int, then_raise: int = 0) -> type[ShardWorker]:
+    """A worker whose process dies (os._exit) mid-shard on the first `attempts` tries of these
+    shards, and whose work raises on the `then_raise` tries after those."""
 
     class KillingWorker(ShardWorker):
         def process(self, task):
             if task.plan.shard_id in shard_ids and task.attempt <= attempts:
                 os._exit(1)
+            if task.plan.shard_id in shard_ids and task.attempt <= attempts + then_raise:
+                raise RuntimeError(f"test: attempt {task.attempt} raised")
             return super().process(task)
 
     return KillingWorker
 
 
-def test_crash_after_some_shards_then_resume_recomputes_nothing_committed(ray_session, tiny_model_dir, input_dir, tmp_path):
+def test_crash_after_some_shards_then_resume_recomputes_nothing_committed(pool, tiny_model_dir, input_dir, tmp_path):
     out = tmp_path / "out"
     config = make_config(input_dir, out, tiny_model_dir)
     with pytest.raises(RuntimeError, match="aborted after 2"):
-        run(config, progress=AbortAfter(2))
+        run(config, progress=AbortAfter(2), pool=pool)
     assert not (out / "_SUCCESS").exists()
     done = {p.name: p.stat().st_mtime_ns for p in (out / "stats").glob("*.parquet")}
     assert len(done) == 2
-    summary = run(config)
+    summary = run(config, pool=pool)
     assert summary.shards_skipped == 2 and summary.complete
     assert {p.name: p.stat().st_mtime_ns for p in (out / "stats").glob("*.parquet") if p.name in done} == done
     ids = read_outputs(out)["id"].to_list()
     assert len(ids) == len(set(ids)) == 12
 
 
-def test_shards_are_removed_after_success_unless_kept_and_a_rerun_needs_none(ray_session, tiny_model_dir, input_dir, tmp_path):
+def test_shards_are_removed_after_success_unless_kept_and_a_rerun_needs_none(pool, tiny_model_dir, input_dir, tmp_path):
     """_shards/ is intermediate: gone after _SUCCESS; --keep-shards keeps it, which is also what a
     crash between _SUCCESS and the removal leaves; the next run removes it and recomputes nothing."""
     out = tmp_path / "out"
     config = make_config(input_dir, out, tiny_model_dir, spec="none")
-    kept = run(dataclasses.replace(config, keep_shards=True))
+    kept = run(dataclasses.replace(config, keep_shards=True), pool=pool)
     assert kept.complete and (out / "_SUCCESS").exists() and len(list((out / "_shards").glob("*.parquet"))) == 4
     committed = {p.name: p.stat().st_mtime_ns for p in [*(out / "stats").iterdir(), *(out / "outputs").iterdir()]}
     for _ in range(2):  # the run that removes _shards/, then one that finds none: both resume every shard
@@ -161,21 +172,72 @@ def test_worker_killed_mid_shard_is_replaced_and_the_shard_retried(ray_session, 
 
 def test_a_shard_that_keeps_failing_is_written_as_error_rows(ray_session, tiny_model_dir, input_dir, tmp_path):
     out = tmp_path / "out"
-    config = make_config(input_dir, out, tiny_model_dir, max_attempts=2, workers=1)
-    summary = run(config, worker_cls=killing_worker({"00001-code"}, attempts=2))
-    assert summary.shards_failed == 1 and summary.complete
+    config = make_config(input_dir, out, tiny_model_dir, max_attempts=3, workers=1)
+    # a death, then work that raises twice (retried on the replacement): both kinds of failure count
+    summary = run(config, worker_cls=killing_worker({"00001-code"}, attempts=1, then_raise=2))
+    assert summary.shards_failed == 1 and summary.retries == 2 and summary.complete
     failed = read_outputs(out).filter(pl.col("shard_id") == "00001-code")
     assert failed.height == 2 and set(failed["finish_reason"]) == {"error"}
-    assert failed["error"].str.starts_with("shard failed 2 times: worker died").all()
+    assert failed["error"].str.starts_with("shard failed 3 times: RuntimeError: test: attempt 3 raised").all()
+    stats = pl.read_parquet(out / "stats" / "00001-code.parquet")
+    assert stats["note"][0] == failed["error"][0] and stats["attempts"].to_list() == [3]
 
 
-def test_a_different_plan_in_output_is_refused_and_no_resume_starts_afresh(ray_session, tiny_model_dir, input_dir, tmp_path):
+def test_a_different_plan_in_output_is_refused_and_no_resume_starts_afresh(pool, tiny_model_dir, input_dir, tmp_path):
     out = tmp_path / "out"
-    run(make_config(input_dir, out, tiny_model_dir, spec="none"))
+    run(make_config(input_dir, out, tiny_model_dir, spec="none"), pool=pool)
     with pytest.raises(OutputError, match=r"OUTPUT holds a run of a different input/plan \(fingerprint \w+ != \w+\); use a new OUTPUT or --no-resume"):
         run(make_config(input_dir, out, tiny_model_dir, spec="none", shard_size=6))
-    summary = run(make_config(input_dir, out, tiny_model_dir, spec="none", shard_size=6, resume=False))
+    summary = run(make_config(input_dir, out, tiny_model_dir, spec="none", shard_size=6, resume=False), pool=pool)
     assert summary.shards == 2 and len(list((out / "outputs").glob("*.parquet"))) == 2
+
+
+class Seen:
+    """A progress listener that notes which actor committed each shard."""
+
+    def __init__(self):
+        self.actors = []
+
+    def planned(self, shards: int, rows: int, skipped: int) -> None:
+        pass
+
+    def shard_done(self, outcome) -> None:
+        self.actors.append(outcome.actor_id)
+
+
+def test_a_pool_keeps_its_worker_loaded_for_the_next_run_which_runs_under_its_own_settings(pool, tiny_model_dir, input_dir, tmp_path):
+    seen = Seen()
+    first = run(make_config(input_dir, tmp_path / "a", tiny_model_dir, spec="none"), progress=seen, pool=pool)
+    held = len(pool)
+    assert first.complete and held >= 1
+    second = run(make_config(input_dir, tmp_path / "b", tiny_model_dir, spec="none", max_tokens=2, shard_size=6), progress=seen, pool=pool)
+    assert second.complete and second.shards == 2 and len(pool) == held
+    assert len(seen.actors) == 6 and len(set(seen.actors)) == 1 and seen.actors[0], "one worker, loaded once, ran both runs"
+    a, b = read_outputs(tmp_path / "a"), read_outputs(tmp_path / "b")
+    assert sorted(b["id"].to_list()) == sorted(a["id"].to_list())
+    ok = b.filter(pl.col("finish_reason") != "error")
+    assert ok.height == 9 and ok["output_tokens"].max() <= 2 < a["output_tokens"].max(), "the second run's max_tokens, not the first's"
+    with pytest.raises(RuntimeError, match="aborted after 1"):
+        run(make_config(input_dir, tmp_path / "c", tiny_model_dir, spec="none"), progress=AbortAfter(1), pool=pool)
+    assert len(pool) == held - 1, "a run that fails stops the workers it held: one may be mid-shard"
+
+
+def test_workers_are_shared_only_by_jobs_that_load_the_same_engine(tmp_path):
+    from batchspec.workers import WorkerJob
+
+    def job(output, **more):
+        config = dataclasses.replace(make_config(tmp_path, output, "m"), **more)
+        return WorkerJob(output=output, passthrough=pa.schema([]), out_schema=pa.schema([]), engine=config.engine,
+                         model=config.model, draft_model=config.draft_model, dtype=config.dtype, device=config.device,
+                         arms=(), calibrate=False, batch_size=config.batch_size, calibration=config.calibration,
+                         defaults=None, worker=config.worker)
+
+    base = job("a").load_key()
+    assert job("b", max_tokens=1, batch_size=2).load_key() == base, "output and per-run settings do not matter"
+    assert job("b", worker=dataclasses.replace(make_config(tmp_path, "b", "m").worker, max_attempts=9)).load_key() == base
+    for other in (dict(model="n"), dict(dtype="bfloat16"), dict(draft_model="d"), dict(device="cpu"),
+                  dict(worker=dataclasses.replace(make_config(tmp_path, "b", "m").worker, num_cpus=1.0))):
+        assert job("a", **other).load_key() != base, other
 
 
 def test_input_and_output_problems_stop_before_any_work(ray_session, tiny_model_dir, tmp_path, s3):
