@@ -41,7 +41,9 @@ def generate(ds, config):
     """A lazy Dataset with one output row per row of `ds` (see the module docstring).
 
     `config` is a RunConfig (its input and output are ignored); validation of the engine and the
-    spec happens here, once, before any actor starts.
+    spec happens here, once, before any actor starts, and so does the check of the columns where
+    Ray Data knows the schema without running anything (a Parquet read, an in-memory dataset);
+    otherwise the stage checks each batch's columns.
     """
     import ray.data
 
@@ -52,6 +54,9 @@ def generate(ds, config):
 
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "ray_data.generate")
+    schema = ds.schema(fetch_if_missing=False)
+    if schema is not None:
+        check_columns(list(schema.names), config.shard_by)
     arms, calibrate = run_arms(resolve_spec(config))
     llm_options = run_llm_options(config, arms)
     job = WorkerJob(
@@ -80,19 +85,11 @@ class GenerateStage:
         self.decisions: dict[str | None, object] = {}  # per shard key: the last decision, reused by small parts
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from batchspec.parse import CONSUMED_COLUMNS, PROMPT_COLUMNS, parse_rows
-        from batchspec.stats import OUTPUT_NAMES
+        from batchspec.parse import CONSUMED_COLUMNS, parse_rows
         from batchspec.write import output_schema
 
-        names = batch.column_names
-        if not any(c in names for c in PROMPT_COLUMNS):
-            raise InputError(f"{STAGE}: needs a 'prompt' (string) or 'messages' (list of {{role, content}}) column; found {names}")
-        if self.shard_by and self.shard_by not in names:
-            raise InputError(f"{STAGE}: shard_by column {self.shard_by!r} is not in the dataset; found {names}")
+        check_columns(batch.column_names, self.shard_by)
         passthrough = pa.schema([f for f in batch.schema if f.name not in CONSUMED_COLUMNS])
-        for f in passthrough:
-            if f.name in OUTPUT_NAMES:
-                raise InputError(f"{STAGE}: column {f.name!r} clashes with the output column of that name; rename it")
         schema = output_schema(passthrough)
         ids = _ids(batch)
         parts, order = [], []
@@ -114,6 +111,20 @@ class GenerateStage:
         worker = getattr(self, "worker", None)
         if worker is not None:
             worker.close()
+
+
+def check_columns(names: list[str], shard_by: str | None) -> None:
+    """The columns the stage needs are there and none clashes with an output column."""
+    from batchspec.parse import CONSUMED_COLUMNS, PROMPT_COLUMNS
+    from batchspec.stats import OUTPUT_NAMES
+
+    if not any(c in names for c in PROMPT_COLUMNS):
+        raise InputError(f"{STAGE}: needs a 'prompt' (string) or 'messages' (list of {{role, content}}) column; found {names}")
+    if shard_by and shard_by not in names:
+        raise InputError(f"{STAGE}: shard_by column {shard_by!r} is not in the dataset; found {names}")
+    for name in names:
+        if name not in CONSUMED_COLUMNS and name in OUTPUT_NAMES:
+            raise InputError(f"{STAGE}: column {name!r} clashes with the output column of that name; rename it")
 
 
 def _ids(batch: pa.Table) -> list[str]:

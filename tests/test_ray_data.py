@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from batchspec.config.run import build_config
+from batchspec.errors import InputError
 from batchspec.ray_data import generate
 from batchspec.stats import OUTPUT_NAMES
 from tests.data import prompts_table
@@ -41,8 +42,33 @@ def test_generate_adds_the_output_columns_to_every_row(ray_session, tiny_model_d
     assert {r["spec_method"] for r in ok} <= {"none", "ngram", "draft_target"}
 
 
-def test_a_missing_prompt_column_names_the_stage_and_the_columns(ray_session, tiny_model_dir):
+def test_a_missing_column_is_named_before_any_worker_starts_where_the_schema_is_known(ray_session, tiny_model_dir, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     import ray
 
-    with pytest.raises(Exception, match=r"batchspec\.ray_data\.generate: needs a 'prompt'.*found \['question', 'task'\]"):
-        generate(ray.data.from_items([{"question": "hi", "task": "x"}]), config_for(tiny_model_dir, spec="none")).take_all()
+    config = config_for(tiny_model_dir, spec="none")
+    with pytest.raises(InputError, match=r"batchspec\.ray_data\.generate: needs a 'prompt'.*found \['question', 'task'\]"):
+        generate(ray.data.from_items([{"question": "hi", "task": "x"}]), config)
+    pq.write_table(pa.table({"prompt": ["hi"], "text": ["x"]}), tmp_path / "p.parquet")
+    with pytest.raises(InputError, match=r"generate: shard_by column 'task' is not in the dataset; found \['prompt', 'text'\]"):
+        generate(ray.data.read_parquet(str(tmp_path / "p.parquet")), config)
+    with pytest.raises(InputError, match=r"generate: column 'text' clashes with the output column"):
+        generate(ray.data.read_parquet(str(tmp_path / "p.parquet")), dataclasses.replace(config, shard_by=None))
+
+
+def test_the_stage_names_a_missing_column_of_a_batch_when_the_schema_was_not_known(tiny_model_dir):
+    """A dataset whose schema appears only when it runs (after a map) is checked batch by batch: the
+    stage itself, as the actor runs it, on a batch without a prompt column."""
+    import pyarrow as pa
+
+    from batchspec.ray_data import GenerateStage
+    from batchspec.workers import WorkerJob
+
+    config = config_for(tiny_model_dir, spec="none")
+    job = WorkerJob(output=None, passthrough=pa.schema([]), out_schema=pa.schema([]), engine=config.engine, model=config.model,
+                    draft_model=None, dtype=config.dtype, device=None, arms=(), calibrate=False, batch_size=4,
+                    calibration=config.calibration, defaults=None, worker=config.worker)
+    stage = GenerateStage(job, "task")
+    with pytest.raises(InputError, match=r"batchspec\.ray_data\.generate: needs a 'prompt'.*found \['question', 'task'\]"):
+        stage(pa.table({"question": ["hi"], "task": ["x"]}))
