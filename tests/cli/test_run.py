@@ -25,26 +25,20 @@ def invoke(*args: str):
     return CliRunner().invoke(cli, ["run", *args], catch_exceptions=False)
 
 
-def test_cli_run_writes_every_row_and_prints_the_summary(ray_session, tiny_model_dir, tmp_path):
+def test_cli_run_writes_every_row_prints_the_summary_and_names_the_arms_it_left_out(ray_session, tiny_model_dir, tmp_path):
     pq.write_table(prompts_table(6), tmp_path / "p.parquet")
-    out = tmp_path / "out"
-    result = invoke(str(tmp_path / "p.parquet"), str(out), "--model", str(tiny_model_dir), "--spec", "none", "--shard-by", "task", *FAST)
-    assert result.exit_code == 0, result.output
-    assert "6 rows (0 errors), 2 shards" in result.output
-    assert pl.read_parquet(f"{out}/outputs/*.parquet").height == 6
-    assert json.loads((out / "_manifest.json").read_text())["config"]["shard_by"] == "task"
-
-
-def test_cli_run_names_the_arms_it_left_out(ray_session, tiny_model_dir, tmp_path):
-    pq.write_table(prompts_table(4), tmp_path / "p.parquet")
     (tmp_path / "dt.yaml").write_text("speculative_config:\n  decoding_type: DraftTarget\n  max_draft_len: 2\n")
     (tmp_path / "cands.yaml").write_text(f"candidates:\n  - config: {TRT_CONFIGS / 'ngram.yaml'}\n    max_draft_len: [2]\n"
                                          "  - config: dt.yaml\n")
-    result = invoke(str(tmp_path / "p.parquet"), str(tmp_path / "out"), "--model", str(tiny_model_dir),
-                    "--spec", str(tmp_path / "cands.yaml"), *FAST)
+    out = tmp_path / "out"
+    result = invoke(str(tmp_path / "p.parquet"), str(out), "--model", str(tiny_model_dir), "--spec", str(tmp_path / "cands.yaml"),
+                    "--shard-by", "task", *FAST)
     assert result.exit_code == 0, result.output
+    assert "6 rows (0 errors), 2 shards" in result.output
     assert "arm left out of calibration: draft_target:k=2: no draft model configured" in result.output
-    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert pl.read_parquet(f"{out}/outputs/*.parquet").height == 6
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["config"]["shard_by"] == "task"
     assert [line.split(":")[0] for line in manifest["totals"]["dropped_arms"]] == ["draft_target"]
 
 
