@@ -259,6 +259,8 @@ class WorkerPool:
     several dates, the test suite) passes one pool to each `pipeline.run(config, pool=pool)`: a run
     takes the pool's idle actors of its engine (`WorkerJob.load_key`, and the same worker class)
     instead of loading another, and gives back the ones that are idle and healthy when it ends.
+    A run that has to start actors first stops the pool's idle actors of other engines: the new
+    ones may need their CPUs, GPUs or memory, and would otherwise wait for them for ever.
     A run that fails stops every actor it held, since one may be mid-shard. Actors hold their
     engine, and its memory (GPU memory included), until `close()` or the end of a `with` block.
     """
@@ -274,17 +276,17 @@ class WorkerPool:
     def give(self, key: tuple[type, str], actors: list[Any]) -> None:
         self._idle.setdefault(key, []).extend(actors)
 
+    def stop_others(self, key: tuple[type, str]) -> None:
+        """Stop the idle actors of every other engine (their resources go to a run that needs them)."""
+        _stop([a for k, held in self._idle.items() if k != key for a in held])
+        self._idle = {key: self._idle[key]} if key in self._idle else {}
+
     def __len__(self) -> int:
         return sum(len(a) for a in self._idle.values())
 
     def close(self) -> None:
-        import ray
-
-        actors = [a for held in self._idle.values() for a in held]
+        _stop([a for held in self._idle.values() for a in held])
         self._idle.clear()
-        if ray.is_initialized():
-            for a in actors:
-                ray.kill(a, no_restart=True)
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -292,6 +294,13 @@ class WorkerPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+def _stop(actors: list[Any]) -> None:
+    import ray
+
+    if ray.is_initialized():
+        for a in actors:
+            ray.kill(a, no_restart=True)
 
 
 @dataclass
@@ -324,6 +333,8 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     for actor in pool.take(key, wanted) if pool is not None else []:
         actors.append(actor)
         starting[actor.adopt.remote(job)] = actor  # a dead one fails here and is replaced like a failed start
+    if pool is not None and len(actors) < wanted:
+        pool.stop_others(key)
     for _ in range(wanted - len(actors)):
         start()
     idle: list[Any] = []
@@ -383,9 +394,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
             kept = idle
             pool.give(key, kept)
     finally:
-        for a in actors:
-            if not any(a is k for k in kept):
-                ray.kill(a, no_restart=True)
+        _stop([a for a in actors if not any(a is k for k in kept)])
     return report
 
 

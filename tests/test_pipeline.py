@@ -83,13 +83,13 @@ def test_every_input_row_gets_exactly_one_output_row(pool, tiny_model_dir, input
     assert summary.complete and summary.rows == 12 and summary.error_rows == 3 and summary.shards == 4
 
 
-def test_s3_input_and_output_read_back_with_polars(pool, tiny_model_dir, s3):
+def test_s3_input_and_output_read_back_with_polars(ray_session, tiny_model_dir, s3):
     url, options, polars_options = s3
     fs = fsspec.filesystem("s3", **options)
     write_parquet(fs, f"{url}/prompts/a.parquet", prompts_table(6, with_id=False))
     config = make_config(f"{url}/prompts/", f"{url}/runs/{{date}}", tiny_model_dir, shard_by=None, shard_size=3,
                          storage_options=options, run_date="2026-01-02", spec="none")
-    summary = run(config, pool=pool)
+    summary = run(config)
     df = read_outputs(f"{url}/runs/2026-01-02", polars_options)
     assert sorted(df["id"].to_list()) == [f"a.parquet#{i}" for i in range(6)]
     assert fs.exists(f"{url}/runs/2026-01-02/_SUCCESS")
@@ -217,9 +217,11 @@ def test_a_pool_keeps_its_worker_loaded_for_the_next_run_which_runs_under_its_ow
     assert sorted(b["id"].to_list()) == sorted(a["id"].to_list())
     ok = b.filter(pl.col("finish_reason") != "error")
     assert ok.height == 9 and ok["output_tokens"].max() <= 2 < a["output_tokens"].max(), "the second run's max_tokens, not the first's"
+    # A run of another engine (two threads) stops the idle worker above to make room for its own,
+    # and, failing, stops its own too: one may be mid-shard.
     with pytest.raises(RuntimeError, match="aborted after 1"):
-        run(make_config(input_dir, tmp_path / "c", tiny_model_dir, spec="none"), progress=AbortAfter(1), pool=pool)
-    assert len(pool) == held - 1, "a run that fails stops the workers it held: one may be mid-shard"
+        run(make_config(input_dir, tmp_path / "c", tiny_model_dir, spec="none", torch_threads=2), progress=AbortAfter(1), pool=pool)
+    assert len(pool) == 0
 
 
 def test_workers_are_shared_only_by_jobs_that_load_the_same_engine(tmp_path):
