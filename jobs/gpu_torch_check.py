@@ -196,15 +196,15 @@ def markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    on_gpu = args.device.startswith("cuda")
+    out = Path(args.out) if args.out else (RESULTS / "gpu_torch_profile.json" if on_gpu else None)
+    if out is None or (not on_gpu and RESULTS.resolve() in out.resolve().parents):  # said before torch loads
+        print("gpu_check: off CUDA the figures are not GPU figures; pass --out outside bench/results", file=sys.stderr)
+        return 2
     import torch
 
-    on_gpu = args.device.startswith("cuda")
     if on_gpu and not torch.cuda.is_available():
         print("gpu_check: --device cuda but CUDA is not available here (use --shape tiny --device cpu --out FILE for a smoke run)", file=sys.stderr)
-        return 2
-    out = Path(args.out) if args.out else (RESULTS / "gpu_torch_profile.json" if on_gpu else None)
-    if out is None or (not on_gpu and RESULTS.resolve() in out.resolve().parents):
-        print("gpu_check: off CUDA the figures are not GPU figures; pass --out outside bench/results", file=sys.stderr)
         return 2
     report = {"device": args.device, "device_name": torch.cuda.get_device_name() if on_gpu else platform.processor() or "cpu",
               "torch": torch.__version__, "shapes": {}}
