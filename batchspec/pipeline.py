@@ -63,7 +63,8 @@ from batchspec.parse import ParsedRow, RowDefaults, parse_rows
 from batchspec.plan import Plan, check_resume, fingerprint, make_plan, plan_locally
 from batchspec.read import ID, list_input, open_input, passthrough_schema
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
-from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, WorkerPool, run_pool
+from batchspec.worker_pool import WorkerPool
+from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, run_pool
 from batchspec.write import Output, output_schema, resolve_template
 
 
@@ -102,7 +103,7 @@ class RunSummary:
 def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: type[ShardWorker] = ShardWorker,
         pool: WorkerPool | None = None) -> RunSummary:
     """One run. With `pool`, shard workers already loaded with this run's engine take its shards and
-    stay loaded for the next run (`batchspec.workers.WorkerPool`); without, they stop at the end."""
+    stay loaded for the next run (`batchspec.worker_pool.WorkerPool`); without, they stop at the end."""
     started = time.perf_counter()
     config = dataclasses.replace(config, run_date=_run_date(config))  # one date for INPUT and OUTPUT
     check_engine(config.engine)

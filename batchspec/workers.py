@@ -17,7 +17,7 @@ Start: shards go to workers as they become ready (as in Ray Data's actor pool); 
 `worker.wait_for_workers_s` the pool first waits, that long at most, for every worker to load its
 engine, so each starts with a shard of its own.
 
-Reuse across runs: `WorkerPool` keeps a run's actors loaded when it ends, for the next run in the
+Reuse across runs: `batchspec.worker_pool.WorkerPool` keeps a run's actors loaded when it ends, for the next run in the
 same driver process whose engine is the same (`WorkerJob.load_key`); such a run hands its job to
 those actors (`ShardWorker.adopt`) instead of loading the model again. `batchspec run` does not
 use one: a command's actors stop when it ends.
@@ -46,6 +46,7 @@ from batchspec.group import INTERNAL, read_shard_input
 from batchspec.parse import ParsedRow, RowDefaults, parse_rows
 from batchspec.read import ID
 from batchspec.stats import ShardStats
+from batchspec.worker_pool import WorkerPool, stop_actors
 from batchspec.write import Output, output_table, stats_table
 
 
@@ -258,57 +259,6 @@ def _merge(parsed: list[ParsedRow], result) -> tuple[list[Completion], list[Spec
 # ---- the driver side -------------------------------------------------------------------------
 
 
-class WorkerPool:
-    """Shard worker actors kept loaded across runs in one driver process.
-
-    A program that runs several jobs in one process (a notebook, an orchestrator task that runs
-    several dates, the test suite) passes one pool to each `pipeline.run(config, pool=pool)`: a run
-    takes the pool's idle actors of its engine (`WorkerJob.load_key`, and the same worker class)
-    instead of loading another, and gives back the ones that are idle and healthy when it ends.
-    A run that has to start actors first stops the pool's idle actors of other engines: the new
-    ones may need their CPUs, GPUs or memory, and would otherwise wait for them for ever.
-    A run that fails stops every actor it held, since one may be mid-shard. Actors hold their
-    engine, and its memory (GPU memory included), until `close()` or the end of a `with` block.
-    """
-
-    def __init__(self) -> None:
-        self._idle: dict[tuple[type, str], list[Any]] = {}
-
-    def take(self, key: tuple[type, str], n: int) -> list[Any]:
-        held = self._idle.get(key, [])
-        taken, self._idle[key] = held[:n], held[n:]
-        return taken
-
-    def give(self, key: tuple[type, str], actors: list[Any]) -> None:
-        self._idle.setdefault(key, []).extend(actors)
-
-    def stop_others(self, key: tuple[type, str]) -> None:
-        """Stop the idle actors of every other engine (their resources go to a run that needs them)."""
-        _stop([a for k, held in self._idle.items() if k != key for a in held])
-        self._idle = {key: self._idle[key]} if key in self._idle else {}
-
-    def __len__(self) -> int:
-        return sum(len(a) for a in self._idle.values())
-
-    def close(self) -> None:
-        _stop([a for held in self._idle.values() for a in held])
-        self._idle.clear()
-
-    def __enter__(self) -> "WorkerPool":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _stop(actors: list[Any]) -> None:
-    import ray
-
-    if ray.is_initialized():
-        for a in actors:
-            ray.kill(a, no_restart=True)
-
-
 @dataclass
 class PoolReport:
     outcomes: list[ShardOutcome]
@@ -400,7 +350,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
             kept = idle
             pool.give(key, kept)
     finally:
-        _stop([a for a in actors if not any(a is k for k in kept)])
+        stop_actors([a for a in actors if not any(a is k for k in kept)])
     return report
 
 

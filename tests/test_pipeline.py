@@ -18,7 +18,8 @@ from batchspec.errors import InputError, OutputError
 from batchspec.parse import RowDefaults
 from batchspec.pipeline import run
 from batchspec.stats import OUTPUT_NAMES
-from batchspec.workers import ShardWorker, WorkerPool
+from batchspec.worker_pool import WorkerPool
+from batchspec.workers import ShardWorker
 from tests.data import prompts_table, write_parquet
 
 FAST = {"sample_size": 4, "max_tokens": 4, "min_rows": 4}
