@@ -1,4 +1,4 @@
-"""A model's linear layers, each product computed in the faster of two equal forms, as measured on
+"""A model's linear layers, each product computed in the fastest of equal forms, as measured on
 this machine when the model is loaded.
 
 A linear layer computes x W^T for x of m rows. `F.linear` hands the BLAS W transposed; the same
@@ -9,11 +9,20 @@ from memory as in a forward: the vocabulary head (49152 x 576) 33.0 ms for 3 row
 4.9 ms as (W x^T)^T, and 15.7 against 8.3 ms for 8 rows; the MLP's 1536 x 576 projections of one
 row 2x faster, of 2-4 rows 3x; from 8 rows on `F.linear` is as fast or faster. Whole forwards at
 300 tokens of context: a plain step at batch 1 55 -> 34 ms, at batch 8 85 -> 68 ms; a 3-token
-verify at batch 1 111 -> 43 ms; wider steps at batch 8 unchanged. In bfloat16 the same machine
-favours `F.linear` nearly everywhere. Such behaviour belongs to one BLAS on one CPU, so nothing
-here assumes it: `measure_linears` times both forms for every weight shape of the model at row
-counts 1..64 (every count to 16, where the choice flips back and forth, then 20, 24, 32, 48, 64)
-and keeps (W x^T)^T only where it was faster by a clear margin (WIN). CUDA devices keep
+verify at batch 1 111 -> 43 ms; wider steps at batch 8 unchanged.
+
+A weight in a narrower float (bfloat16, float16) has a third form, the product in float32
+(`float32_form`). On a CPU without bfloat16 instructions (this one: AVX2, no AVX-512) torch's
+bfloat16 products are slow: a 400-token prefill of SmolLM2-135M in bfloat16 took 11.4 s, 96% of
+it in `aten::mm`, where the same products widened to float32 take about a seventh of the time.
+For the few rows of a decode step widening the weight costs more than it saves, so it too is
+measured, not assumed.
+
+Such behaviour belongs to one BLAS on one CPU, so nothing here assumes it: `measure_linears`
+times every form for every weight shape of the model at row counts 1..128 (every count to 16,
+where the choice flips back and forth, then 20, 24, 32, 48, 64 and 128, the last standing for a
+prefill's hundreds of rows) and keeps another form than `F.linear` only where it was faster by
+a clear margin (WIN). CUDA devices keep
 `F.linear` (cuBLAS; not measured: no GPU in this work). Until 2026-12-01 only 1, 2, 3, 4, 8, 16,
 32 and 64 rows were measured and a count between took the lower one's choice: on SmolLM2 the
 choice of 8 rows (transposed, 0.60-0.90x `F.linear`) then ran products of 10-15 rows, where the
@@ -21,7 +30,7 @@ transposed form takes 1.1-1.9x `F.linear`'s time, and forwards of 10-15 tokens i
 3-token verify of 4 or 5 rows, a 2-token step of 6 or 7, a 5-7-token verify of 2) came out
 1.2-1.6x slower than their neighbours of 16 tokens.
 
-The two forms are the same dot products summed in another order: below 16 rows their float32
+The forms are the same dot products summed in another order: below 16 rows their float32
 results differ in the last bits (as between thread counts or batch sizes), at 16 rows and more
 they were identical. A greedy output can therefore differ from `F.linear`'s only at a near-tie of
 its top two logits (tests/engine/lossless.py), and between two loads only if a shape's choice at
@@ -31,7 +40,7 @@ Measuring takes seconds (SmolLM2 on a 2-core family-25 EPYC: a load took 12-15 s
 6 s without), and every worker start and every load paid it again for the same answer. A `FormsCache` keeps the timings of each
 weight shape on disk, keyed by everything they belong to: the CPU (vendor, model, family,
 stepping, cache; logical CPUs), torch's version and build, the threads in use, the shape and
-dtype, how many weights one pass reads, and the row counts measured. A load on the same machine
+dtype, how many weights one pass reads, the row counts and the forms measured. A load on the same machine
 with the same torch and threads then takes the timings instead of measuring; anything else
 measures. The choice is still made here from the timings (`Forms.from_timings`), so a change of
 WIN needs no new measurement. A timing measured at a loaded moment is kept until the folder is
@@ -57,9 +66,10 @@ from torch.nn import functional as F
 
 log = logging.getLogger(__name__)
 
-ROWS = tuple(range(1, 17)) + (20, 24, 32, 48, 64)  # rows per product measured; more than the last: F.linear (prefill)
-WIN = 0.9  # (W x^T)^T is kept where it took under this fraction of F.linear's time
+ROWS = tuple(range(1, 17)) + (20, 24, 32, 48, 64, 128)  # rows per product measured (past the last: its choice)
+WIN = 0.9  # another form is kept where it took under this fraction of F.linear's time
 COLD_BYTES = 64 << 20  # a timed pass reads this many bytes of weights at least (all there are, if fewer): past a CPU's cache
+COMPUTE_BOUND = 64  # from more rows than this a product is bound by arithmetic: one weight per timed pass, one try
 
 
 def linear_form(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -81,29 +91,65 @@ def transposed_form(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def float32_form(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T of a narrower float (bfloat16, float16) computed by the float32 BLAS: x and W widened
+    (exactly: every bfloat16 or float16 number is a float32 one), multiplied, and the result
+    rounded back to x's dtype. The products of two such numbers are exact in float32 and torch's
+    bfloat16 kernels sum them in float32 too, so the two forms differ only in summation order, like
+    the other two: measured on 1-400 rows of a 1536 x 576 bfloat16 weight, 0.01-0.07% of outputs
+    one bfloat16 step apart, the same largest error against a float64 product. On a CPU without
+    bfloat16 instructions (AVX2 only) the widening pays from a few rows on: 400 rows of that
+    weight 87 ms in bfloat16, 11.5 ms widened (widening included); a 400-token prefill of
+    SmolLM2-135M in bfloat16 spends 96% of its time in these products. The widened weight is
+    a temporary of the size of one weight in float32."""
+    out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    return out.to(x.dtype)
+
+
+FORMS = {"linear": linear_form, "transposed": transposed_form, "float32": float32_form}
+
+
+def forms_for(dtype: torch.dtype) -> tuple[str, ...]:
+    """The forms worth timing for weights of `dtype`: widening a float32 weight changes nothing."""
+    return ("linear", "transposed") if dtype in (torch.float32, torch.float64) else ("linear", "transposed", "float32")
+
+
 @dataclass
 class Forms:
-    """For one weight shape: the row counts measured, and at which of them (W x^T)^T won. A product
-    of a measured count of rows takes that count's choice; one between two measured counts takes
-    (W x^T)^T only where both won (a choice made at 48 rows with a 0.89 ratio said nothing of 63,
-    where the same load measured 1.25x); past the last, F.linear."""
+    """For one weight shape: the row counts measured, the form chosen at each (where it is not
+    F.linear) and the timings. A product of a measured count of rows takes that count's choice;
+    one between two measured counts takes a form only where both chose it (a choice made at 48
+    rows with a 0.89 ratio said nothing of 63, where the same load measured 1.25x); past the last
+    count, the last one's choice (the products only grow: a prefill of hundreds of rows takes the
+    choice of 128)."""
 
     rows: tuple[int, ...] = ROWS
-    transposed: frozenset[int] = frozenset()
-    timings: dict[int, tuple[float, float]] = field(default_factory=dict)  # rows -> (linear s, transposed s)
+    chosen: dict[int, str] = field(default_factory=dict)  # rows -> form, where not "linear"
+    timings: dict[int, dict[str, float]] = field(default_factory=dict)  # rows -> form -> seconds
 
-    def use_transposed(self, m: int) -> bool:
-        if m > self.rows[-1]:
-            return False
+    def __post_init__(self) -> None:
+        self._by_rows = [self._choose(m) for m in range(self.rows[-1] + 1)] if self.rows else ["linear"]
+
+    def form(self, m: int) -> str:
+        return self._by_rows[min(m, len(self._by_rows) - 1)]
+
+    def _choose(self, m: int) -> str:
         i = max(0, bisect.bisect_right(self.rows, m) - 1)
+        here = self.chosen.get(self.rows[i], "linear")
         if self.rows[i] == m or i + 1 == len(self.rows):
-            return self.rows[i] in self.transposed
-        return self.rows[i] in self.transposed and self.rows[i + 1] in self.transposed
+            return here
+        return here if self.chosen.get(self.rows[i + 1], "linear") == here else "linear"
 
     @classmethod
-    def from_timings(cls, timings: dict[int, tuple[float, float]], win: float = WIN) -> "Forms":
+    def from_timings(cls, timings: dict[int, dict[str, float]], win: float = WIN) -> "Forms":
+        """At each count, the fastest form if it beat F.linear by the margin, else F.linear."""
         rows = tuple(sorted(timings))
-        return cls(rows, frozenset(m for m in rows if timings[m][1] < win * timings[m][0]), dict(timings))
+        chosen = {}
+        for m in rows:
+            best = min((t, name) for name, t in timings[m].items() if name != "linear")
+            if best[0] < win * timings[m]["linear"]:
+                chosen[m] = best[1]
+        return cls(rows, chosen, {m: dict(t) for m, t in timings.items()})
 
 
 class MeasuredLinear(nn.Module):
@@ -119,11 +165,10 @@ class MeasuredLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        form = transposed_form if self.forms.use_transposed(m) else linear_form
-        return form(x, self.weight, self.bias)
+        return FORMS[self.forms.form(m)](x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, transposed at rows {sorted(self.forms.transposed)}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, forms {self.forms.chosen}"
 
 
 def _time(fn: Callable[[], object], budget_s: float) -> float:
@@ -143,20 +188,24 @@ def _time(fn: Callable[[], object], budget_s: float) -> float:
 
 def measure_forms(weights: list[torch.Tensor], biases: list[torch.Tensor | None], rows: tuple[int, ...] = ROWS,
                   tries: int = 2, budget_s: float = 0.002) -> Forms:
-    """Time both forms of x W^T for every row count in `rows` and choose. One timed call is a pass
-    over every weight of the shape in the model, as a forward makes it: a weight is then read from
-    memory, not from a cache that timing one weight over and over would keep it in (a 1536 x 576
-    product of one row: 0.07 ms hot, 0.30 ms in a forward). Tries alternate the forms, so a change
-    of load hits both alike; the fastest try counts."""
-    timings = {}
+    """Time every form of x W^T worth timing for the weights' dtype (`forms_for`) at every row
+    count in `rows` and choose. One timed call is a pass over every weight of the shape in the
+    model, as a forward makes it: a weight is then read from memory, not from a cache that timing
+    one weight over and over would keep it in (a 1536 x 576 product of one row: 0.07 ms hot, 0.30
+    ms in a forward). Past COMPUTE_BOUND rows a product is arithmetic, not reading: one weight,
+    one try. Tries alternate the forms, so a change of load hits all alike; the fastest try counts."""
+    timings: dict[int, dict[str, float]] = {}
+    names = forms_for(weights[0].dtype)
     with torch.inference_mode():
         for m in rows:
             x = torch.randn(1, m, weights[0].shape[1], dtype=weights[0].dtype, device=weights[0].device)
-            best = [float("inf"), float("inf")]
-            for _ in range(tries):
-                for i, form in enumerate((linear_form, transposed_form)):
-                    best[i] = min(best[i], _time(lambda: [form(x, w, b) for w, b in zip(weights, biases)], budget_s))
-            timings[m] = (best[0], best[1])
+            pass_of = list(zip(weights, biases))[: 1 if m > COMPUTE_BOUND else len(weights)]
+            best = dict.fromkeys(names, float("inf"))
+            for _ in range(1 if m > COMPUTE_BOUND else tries):
+                for name in names:
+                    form = FORMS[name]
+                    best[name] = min(best[name], _time(lambda: [form(x, w, b) for w, b in pass_of], budget_s))
+            timings[m] = best
     return Forms.from_timings(timings)
 
 
@@ -179,40 +228,44 @@ def machine_identity() -> dict:
 
 
 class FormsCache:
-    """Timings of both forms per weight shape, one JSON file per key in `folder` (written whole
+    """Timings of the forms per weight shape, one JSON file per key in `folder` (written whole
     and renamed into place, so concurrent loads never read half a file). A file that cannot be read
     is measured again; one that cannot be written is only logged: a load never fails for it."""
 
-    VERSION = 1
+    VERSION = 2  # 1: two forms as (linear, transposed) pairs, rows to 64
 
     def __init__(self, folder: Path | str) -> None:
         self.folder = Path(folder)
         self._machine = machine_identity()
 
-    def _path(self, shape: tuple, weights: int, rows: tuple[int, ...]) -> tuple[Path, dict]:
+    def _path(self, shape: tuple, weights: int, rows: tuple[int, ...], forms: tuple[str, ...]) -> tuple[Path, dict]:
         key = {"version": self.VERSION, "machine": self._machine, "shape": list(shape), "weights": weights,
-               "rows": list(rows), "cold_bytes": COLD_BYTES}
+               "rows": list(rows), "forms": sorted(forms), "cold_bytes": COLD_BYTES, "compute_bound": COMPUTE_BOUND}
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
         return self.folder / f"{digest}.json", key
 
-    def get(self, shape: tuple, weights: int, rows: tuple[int, ...] = ROWS) -> dict[int, tuple[float, float]] | None:
-        path, key = self._path(shape, weights, rows)
+    def get(self, shape: tuple, weights: int, forms: tuple[str, ...], rows: tuple[int, ...] = ROWS) -> dict[int, dict[str, float]] | None:
+        """The stored timings of this shape, if they are of every row count and every form asked for."""
+        path, key = self._path(shape, weights, rows, forms)
         try:
             stored = json.loads(path.read_text())
             if stored["key"] != key:
                 return None
-            timings = {int(m): (float(a), float(b)) for m, (a, b) in stored["timings"].items()}
-        except (OSError, ValueError, KeyError, TypeError):
+            timings = {int(m): {str(f): float(t) for f, t in by_form.items()} for m, by_form in stored["timings"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
-        return timings if sorted(timings) == sorted(rows) else None
+        if sorted(timings) != sorted(rows) or any(set(t) != set(forms) for t in timings.values()):
+            return None
+        return timings
 
-    def put(self, shape: tuple, weights: int, timings: dict[int, tuple[float, float]], rows: tuple[int, ...] = ROWS) -> None:
-        path, key = self._path(shape, weights, rows)
+    def put(self, shape: tuple, weights: int, timings: dict[int, dict[str, float]], rows: tuple[int, ...] = ROWS) -> None:
+        forms = tuple(next(iter(timings.values()), {}))
+        path, key = self._path(shape, weights, rows, forms)
         tmp = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=self.folder, suffix=".tmp", delete=False) as tmp:
-                json.dump({"key": key, "timings": {str(m): list(t) for m, t in timings.items()}}, tmp)
+                json.dump({"key": key, "timings": {str(m): t for m, t in timings.items()}}, tmp)
             os.replace(tmp.name, path)
         except OSError as exc:
             log.warning("linear forms: cannot write the timing cache %s: %s", self.folder, exc)
@@ -240,7 +293,7 @@ def measure_linears(model: nn.Module, measure: Callable[[list, list], Forms] = m
         unique = list({id(mod.weight): mod for _, mod in members}.values())  # a tied weight is read once
         size = unique[0].weight.numel() * unique[0].weight.element_size()
         unique = unique[: max(1, -(-COLD_BYTES // size))]
-        timings = cache.get(key, len(unique)) if cache is not None else None
+        timings = cache.get(key, len(unique), forms_for(unique[0].weight.dtype)) if cache is not None else None
         if timings is not None:
             forms = Forms.from_timings(timings)
             cached += 1
@@ -253,5 +306,5 @@ def measure_linears(model: nn.Module, measure: Callable[[list, list], Forms] = m
             parent_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, attr, MeasuredLinear(mod, forms))
     log.info("linear forms in %.2f s (%d of %d shapes from the cache): %s", time.perf_counter() - started, cached, len(groups),
-             {f"{o}x{i}{' +bias' if bias else ''} {dtype}": sorted(f.transposed) for (o, i, dtype, bias), f in by_shape.items()})
+             {f"{o}x{i}{' +bias' if bias else ''} {dtype}": f.chosen for (o, i, dtype, bias), f in by_shape.items()})
     return by_shape

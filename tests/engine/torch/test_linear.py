@@ -1,6 +1,7 @@
-"""Linear layers computed in the form measured faster (engine/torch/linear.py): both forms give
-the same product, the choice follows the timings, and a model whose every product is transposed
-decodes exactly as before, plain and speculative."""
+"""Linear layers computed in the form measured faster (engine/torch/linear.py): the forms give
+the same product, the choice follows the timings, a model whose every product is transposed
+decodes exactly as before, plain and speculative, and a bfloat16 model widened to float32 computes
+what bfloat16's own products do, up to the rounding of the last bit."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ from torch.nn import functional as F
 
 from batchspec.engine.base import SpecConfig
 from batchspec.engine.torch.engine import TorchEngine
-from batchspec.engine.torch.linear import ROWS, Forms, FormsCache, MeasuredLinear, measure_forms, measure_linears, transposed_form
+from batchspec.engine.torch.linear import (
+    ROWS,
+    Forms,
+    FormsCache,
+    MeasuredLinear,
+    float32_form,
+    measure_forms,
+    measure_linears,
+    transposed_form,
+)
 from tests.engine.torch.test_engine import word_requests
 
 
@@ -29,27 +39,76 @@ def test_both_forms_compute_the_same_product(bias, lead):
     torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
 
 
-def test_the_choice_follows_the_timings_and_falls_back_past_the_last_count():
-    forms = Forms.from_timings({1: (1.0, 0.5), 2: (1.0, 0.95), 4: (2.0, 1.0), 8: (1.0, 1.2)})
-    assert forms.transposed == {1, 4}  # 0.95 is no clear win (WIN = 0.9)
-    chosen = {m: forms.use_transposed(m) for m in range(1, 11)}
-    # a count between two measured ones transposes only where both did; past the last, F.linear
-    assert chosen == {1: True, 2: False, 3: False, 4: True, 5: False, 6: False, 7: False, 8: False, 9: False, 10: False}
-    both = Forms.from_timings({4: (2.0, 1.0), 8: (1.0, 0.5), 16: (1.0, 1.0)})
-    assert [both.use_transposed(m) for m in (4, 5, 7, 8, 9, 15, 16)] == [True, True, True, True, False, False, False]
-    assert Forms.from_timings({1: (1.0, 0.1)}).use_transposed(2) is False
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("lead", [(1,), (3,), (2, 5), (8, 40)])
+def test_the_float32_form_is_the_narrow_product_rounded_once(dtype, lead):
+    gen = torch.Generator().manual_seed(sum(lead))
+    weight = (torch.randn(48, 32, generator=gen) / 4).to(dtype)
+    bias = torch.randn(48, generator=gen).to(dtype)
+    x = torch.randn(*lead, 32, generator=gen).to(dtype)
+    out = float32_form(x, weight, bias)
+    assert out.dtype == dtype and out.shape == (*lead, 48)
+    exact = F.linear(x.double(), weight.double(), bias.double())
+    # one rounding of a float32 sum: within one step of the narrow type of the exact product
+    step = torch.finfo(dtype).eps * exact.abs().clamp_min(torch.finfo(dtype).tiny)
+    assert ((out.double() - exact).abs() <= step + 1e-6).all()
+    if dtype == torch.bfloat16:  # torch's own bfloat16 product sums in float32 too: the same or a step apart
+        torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=torch.finfo(dtype).eps, atol=1e-6)
 
 
-def test_measuring_times_both_forms_at_every_row_count():
+def timings(**by_rows) -> dict:
+    """{rows: {form: seconds}} from rows_N=(linear, transposed[, float32])."""
+    names = ("linear", "transposed", "float32")
+    return {int(k.split("_")[1]): dict(zip(names, v)) for k, v in by_rows.items()}
+
+
+def test_the_choice_follows_the_timings_and_past_the_last_count_keeps_its_choice():
+    forms = Forms.from_timings(timings(rows_1=(1.0, 0.5), rows_2=(1.0, 0.95), rows_4=(2.0, 1.0), rows_8=(1.0, 1.2)))
+    assert forms.chosen == {1: "transposed", 4: "transposed"}  # 0.95 is no clear win (WIN = 0.9)
+    chosen = {m: forms.form(m) for m in range(1, 11)}
+    # a count between two measured ones takes a form only where both chose it; past the last, its choice
+    assert [m for m, f in chosen.items() if f == "transposed"] == [1, 4]
+    assert set(chosen.values()) == {"linear", "transposed"}
+    both = Forms.from_timings(timings(rows_4=(2.0, 1.0), rows_8=(1.0, 0.5), rows_16=(1.0, 1.0)))
+    assert [both.form(m) for m in (4, 5, 7, 8, 9, 15, 16, 500)] == ["transposed"] * 4 + ["linear"] * 4
+    assert Forms.from_timings(timings(rows_1=(1.0, 0.1))).form(2) == "transposed"
+    # three forms: the fastest, if it beats F.linear by the margin
+    wide = Forms.from_timings(timings(rows_1=(1.0, 0.8, 1.5), rows_4=(1.0, 0.7, 0.3), rows_8=(1.0, 1.1, 0.2), rows_128=(1.0, 1.0, 0.1)))
+    assert [wide.form(m) for m in (1, 2, 4, 6, 8, 100, 128, 4000)] == [
+        "transposed", "linear", "float32", "float32", "float32", "float32", "float32", "float32"]
+
+
+def test_measuring_times_every_form_of_the_dtype_at_every_row_count():
     forms = measure_forms([torch.randn(24, 16), torch.randn(24, 16)], [None, torch.randn(24)], tries=1, budget_s=0.0)
     assert sorted(forms.timings) == list(ROWS)
-    assert all(a > 0 and b > 0 for a, b in forms.timings.values())
-    assert forms.transposed == {m for m, (a, b) in forms.timings.items() if b < 0.9 * a}
+    assert all(set(t) == {"linear", "transposed"} and min(t.values()) > 0 for t in forms.timings.values())
+    assert forms.chosen == {m: "transposed" for m, t in forms.timings.items() if t["transposed"] < 0.9 * t["linear"]}
+    narrow = measure_forms([torch.randn(24, 16).bfloat16()], [None], rows=(1, 2, 128), tries=1, budget_s=0.0)
+    assert all(set(t) == {"linear", "transposed", "float32"} for t in narrow.timings.values())
+    assert sorted(narrow.timings) == [1, 2, 128]
 
 
 def everywhere(weights, biases) -> Forms:
     """Forms that transpose every product, whatever the timings."""
-    return Forms.from_timings({m: (1.0, 0.0) for m in ROWS})
+    return Forms.from_timings({m: {"linear": 1.0, "transposed": 0.0} for m in ROWS})
+
+
+def widened(weights, biases) -> Forms:
+    """Forms that compute every product in float32, whatever the timings."""
+    return Forms.from_timings({m: {"linear": 1.0, "transposed": 1.0, "float32": 0.0} for m in ROWS})
+
+
+def test_a_bfloat16_model_widened_everywhere_computes_its_own_logits(word_models):
+    narrow = copy.deepcopy(word_models[0]).to(torch.bfloat16)
+    wide = copy.deepcopy(narrow)
+    forms = measure_linears(wide, measure=widened)
+    assert forms and all(f.form(m) == "float32" for f in forms.values() for m in (1, 7, 600))
+    ids = torch.randint(1, 64, (3, 11))
+    with torch.inference_mode():
+        a, b = narrow(ids).logits, wide(ids).logits
+    assert b.dtype == torch.bfloat16
+    # the same products rounded in another order: logits a few bfloat16 steps apart at most
+    torch.testing.assert_close(b.float(), a.float(), rtol=0.05, atol=0.05)
 
 
 def test_every_linear_is_replaced_and_keeps_its_parameters(word_models):
@@ -86,7 +145,7 @@ def counting(calls: list):
     """A measure that records its calls and returns timings where only one row transposes."""
     def measure(weights, biases) -> Forms:
         calls.append(len(weights))
-        return Forms.from_timings({m: (1.0, 0.5 if m == 3 else 1.0) for m in ROWS})
+        return Forms.from_timings({m: {"linear": 1.0, "transposed": 0.5 if m == 3 else 1.0} for m in ROWS})
     return measure
 
 
@@ -97,8 +156,11 @@ def test_the_timing_cache_serves_a_second_load_on_this_machine_and_no_other(word
     assert measured == len(first) and list(tmp_path.glob("*.json"))
     second = measure_linears(copy.deepcopy(word_models[0]), measure=counting(calls), cache=FormsCache(tmp_path))
     assert len(calls) == measured  # nothing measured again
-    assert {k: (f.transposed, f.timings) for k, f in second.items()} == {k: (f.transposed, f.timings) for k, f in first.items()}
-    assert all(f.transposed == {3} for f in second.values())
+    assert {k: (f.chosen, f.timings) for k, f in second.items()} == {k: (f.chosen, f.timings) for k, f in first.items()}
+    assert all(f.chosen == {3: "transposed"} for f in second.values())
+    # the forms timed are part of what a timing belongs to: a bfloat16 weight's three are not these two
+    assert FormsCache(tmp_path).get(next(iter(first)), calls[0], ("linear", "transposed", "float32")) is None
+    assert FormsCache(tmp_path).get(next(iter(first)), calls[0], ("linear", "transposed")) is not None
     # other threads are another machine as far as a timing goes: measured again
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
     measure_linears(copy.deepcopy(word_models[0]), measure=counting(calls), cache=FormsCache(tmp_path))
@@ -116,4 +178,4 @@ def test_a_broken_or_unwritable_cache_only_costs_a_measurement(word_models, tmp_
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     again = measure_linears(copy.deepcopy(word_models[0]), measure=counting(calls), cache=FormsCache(blocked / "cache"))
-    assert all(f.transposed == {3} for f in again.values())
+    assert all(f.chosen == {3: "transposed"} for f in again.values())
