@@ -33,7 +33,8 @@ def test_peer_bench_compares_every_arm_and_profiles_a_step(tiny_model_dir, tiny_
     data = peer.main(["--model", target, "--target", target, "--draft-model", draft, "--quick", "--max-tokens", "4",
                       "--min-tokens", "100", "--max-prompt-tokens", "200", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "peer.json").read_text())
-    assert [c["name"] for c in saved["comparisons"]] == ["plain b8", "ngram b1", "draft b1"]
+    assert [(c["name"], c["layers"]) for c in saved["comparisons"]] == [
+        (name, lay) for name in ("plain b8", "ngram b1", "draft b1") for lay in ("own", "shared")]
     for c in saved["comparisons"]:
         assert c["ours"]["tokens"] > 0 and c["theirs"]["tokens"] > 0
         assert c["ratio"] > 0 and c["cpu_ratio"] > 0 and len(c["chunk_ratios"]) == -(-c["prompts"] // c["batch_size"])
@@ -44,3 +45,23 @@ def test_peer_bench_compares_every_arm_and_profiles_a_step(tiny_model_dir, tiny_
     assert step["forward"]["ms"] > 0 and saved["profile"]["target_steps"] > 0
     assert "| plain b8 |" in (tmp_path / "peer.md").read_text() and "one decode step" in (tmp_path / "peer.md").read_text()
     assert data["comparisons"] == saved["comparisons"]
+
+
+def test_own_layers_gives_transformers_its_nn_linear_on_the_same_parameters_for_the_call():
+    import peer
+    import torch
+    from torch import nn
+
+    from batchspec.engine.torch.linear import Forms, MeasuredLinear, measure_linears
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8, bias=False))
+    measure_linears(model, measure=lambda w, b: Forms.from_timings({1: {"linear": 1.0, "transposed": 0.0}}))
+    params = dict(model.named_parameters())
+    x = torch.randn(3, 8)
+    before = model(x)
+    with peer.own_layers(model):
+        assert [type(m) for m in model] == [nn.Linear, nn.ReLU, nn.Linear]
+        assert {n: p for n, p in model.named_parameters()} == params  # the same tensors, not copies
+        torch.testing.assert_close(model(x), before)
+    assert [type(m) for m in model] == [MeasuredLinear, nn.ReLU, MeasuredLinear]
+    assert {n: p for n, p in model.named_parameters()} == params
