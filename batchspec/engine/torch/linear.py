@@ -55,8 +55,10 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -70,6 +72,7 @@ ROWS = tuple(range(1, 17)) + (20, 24, 32, 48, 64, 128)  # rows per product measu
 WIN = 0.9  # another form is kept where it took under this fraction of F.linear's time
 COLD_BYTES = 64 << 20  # a timed pass reads this many bytes of weights at least (all there are, if fewer): past a CPU's cache
 COMPUTE_BOUND = 64  # from more rows than this a product is bound by arithmetic: one weight per timed pass, one try
+RETRY = 2.0  # a form that took more than this times the fastest one's time is not timed again
 
 
 def linear_form(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -91,22 +94,47 @@ def transposed_form(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def float32_form(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+class Widened(threading.local):
+    """Float32 buffers to widen weights into, one per weight shape, reused call after call (each
+    thread its own: a model may run in several). A fresh `weight.float()` per product was a new
+    allocation each time, page faults included: widening SmolLM2's 210 layer weights took 52-322 ms
+    that way and 26-35 ms into kept buffers. What this keeps is one float32 copy of each distinct
+    weight shape the float32 form has run (SmolLM2-135M: under 10 MB without the vocabulary head,
+    113 MB with it; the head is widened only for products of many rows)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def of(self, weight: torch.Tensor) -> torch.Tensor:
+        key = (tuple(weight.shape), weight.device)
+        buf = self.buffers.get(key)
+        if buf is None:
+            buf = self.buffers[key] = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+        return buf.copy_(weight)
+
+
+def float32_form(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 widened: Widened | None = None) -> torch.Tensor:
     """x W^T of a narrower float (bfloat16, float16) computed by the float32 BLAS: x and W widened
-    (exactly: every bfloat16 or float16 number is a float32 one), multiplied, and the result
-    rounded back to x's dtype. The products of two such numbers are exact in float32 and torch's
-    bfloat16 kernels sum them in float32 too, so the two forms differ only in summation order, like
-    the other two: measured on 1-400 rows of a 1536 x 576 bfloat16 weight, 0.01-0.07% of outputs
-    one bfloat16 step apart, the same largest error against a float64 product. On a CPU without
-    bfloat16 instructions (AVX2 only) the widening pays from a few rows on: 400 rows of that
-    weight 87 ms in bfloat16, 11.5 ms widened (widening included); a 400-token prefill of
-    SmolLM2-135M in bfloat16 spends 96% of its time in these products. The widened weight is
-    a temporary of the size of one weight in float32."""
-    out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    (exactly: every bfloat16 or float16 number is a float32 one; W into `widened`'s buffer where
+    given), multiplied, and the result rounded back to x's dtype. The products of two such numbers
+    are exact in float32 and torch's bfloat16 kernels sum them in float32 too, so the two forms
+    differ only in summation order, like the other two: measured on 1-400 rows of a 1536 x 576
+    bfloat16 weight, 0.01-0.07% of outputs one bfloat16 step apart, the same largest error against
+    a float64 product. On a CPU without bfloat16 instructions (AVX2 only) the widening pays from a
+    few rows on: 400 rows of that weight 87 ms in bfloat16, 11.5 ms widened (widening included); a
+    400-token prefill of SmolLM2-135M in bfloat16 spends 96% of its time in these products."""
+    wide = widened.of(weight) if widened is not None else weight.float()
+    out = F.linear(x.float(), wide, None if bias is None else bias.float())
     return out.to(x.dtype)
 
 
 FORMS = {"linear": linear_form, "transposed": transposed_form, "float32": float32_form}
+
+
+def form_of(name: str, widened: Widened) -> Callable:
+    """The form called `name`, as (x, weight, bias) -> product; the float32 form widens into `widened`."""
+    return partial(FORMS[name], widened=widened) if name == "float32" else FORMS[name]
 
 
 def forms_for(dtype: torch.dtype) -> tuple[str, ...]:
@@ -156,16 +184,17 @@ class MeasuredLinear(nn.Module):
     """An `nn.Linear`'s own parameters (shared, not copied: tied weights stay tied), computed in
     the form its shape's `Forms` chose for the number of rows at hand."""
 
-    def __init__(self, linear: nn.Linear, forms: Forms) -> None:
+    def __init__(self, linear: nn.Linear, forms: Forms, widened: Widened | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
         self.forms = forms
+        self.widened = widened if widened is not None else Widened()  # shared by a model's layers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        return FORMS[self.forms.form(m)](x, self.weight, self.bias)
+        return form_of(self.forms.form(m), self.widened)(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, forms {self.forms.chosen}"
@@ -193,17 +222,25 @@ def measure_forms(weights: list[torch.Tensor], biases: list[torch.Tensor | None]
     model, as a forward makes it: a weight is then read from memory, not from a cache that timing
     one weight over and over would keep it in (a 1536 x 576 product of one row: 0.07 ms hot, 0.30
     ms in a forward). Past COMPUTE_BOUND rows a product is arithmetic, not reading: one weight,
-    one try. Tries alternate the forms, so a change of load hits all alike; the fastest try counts."""
+    one try. Tries alternate the forms, so a change of load hits all alike; the fastest try counts.
+    A form that took over RETRY times the fastest one's time is not tried again: no second try
+    brings it within WIN of it, short of the first having been slowed down twice over (in
+    bfloat16 on a CPU without bfloat16 instructions, `F.linear` and (W x^T)^T take 3-5x the
+    float32 form's time from about 10 rows on, and timing them twice was most of a load: Qwen2.5-
+    Coder-1.5B and its 0.5B draft took minutes)."""
     timings: dict[int, dict[str, float]] = {}
     names = forms_for(weights[0].dtype)
+    widened = Widened()
     with torch.inference_mode():
         for m in rows:
             x = torch.randn(1, m, weights[0].shape[1], dtype=weights[0].dtype, device=weights[0].device)
             pass_of = list(zip(weights, biases))[: 1 if m > COMPUTE_BOUND else len(weights)]
             best = dict.fromkeys(names, float("inf"))
-            for _ in range(1 if m > COMPUTE_BOUND else tries):
+            for attempt in range(1 if m > COMPUTE_BOUND else tries):
                 for name in names:
-                    form = FORMS[name]
+                    if attempt and best[name] > RETRY * min(best.values()):
+                        continue
+                    form = form_of(name, widened)
                     best[name] = min(best[name], _time(lambda: [form(x, w, b) for w, b in pass_of], budget_s))
             timings[m] = best
     return Forms.from_timings(timings)
@@ -232,7 +269,7 @@ class FormsCache:
     and renamed into place, so concurrent loads never read half a file). A file that cannot be read
     is measured again; one that cannot be written is only logged: a load never fails for it."""
 
-    VERSION = 2  # 1: two forms as (linear, transposed) pairs, rows to 64
+    VERSION = 3  # 1: two forms as (linear, transposed) pairs, rows to 64; 2: the float32 form widened into a fresh tensor
 
     def __init__(self, folder: Path | str) -> None:
         self.folder = Path(folder)
@@ -288,6 +325,7 @@ def measure_linears(model: nn.Module, measure: Callable[[list, list], Forms] = m
     for name, mod in linears:
         groups.setdefault((mod.out_features, mod.in_features, str(mod.weight.dtype), mod.bias is not None), []).append((name, mod))
     by_shape: dict[tuple, Forms] = {}
+    widened = Widened()  # one set of buffers for the model's layers
     cached = 0
     for key, members in groups.items():
         unique = list({id(mod.weight): mod for _, mod in members}.values())  # a tied weight is read once
@@ -304,7 +342,7 @@ def measure_linears(model: nn.Module, measure: Callable[[list, list], Forms] = m
         by_shape[key] = forms
         for name, mod in members:
             parent_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, attr, MeasuredLinear(mod, forms))
+            setattr(model.get_submodule(parent_name) if parent_name else model, attr, MeasuredLinear(mod, forms, widened))
     log.info("linear forms in %.2f s (%d of %d shapes from the cache): %s", time.perf_counter() - started, cached, len(groups),
              {f"{o}x{i}{' +bias' if bias else ''} {dtype}": f.chosen for (o, i, dtype, bias), f in by_shape.items()})
     return by_shape

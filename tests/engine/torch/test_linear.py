@@ -88,6 +88,29 @@ def test_measuring_times_every_form_of_the_dtype_at_every_row_count():
     assert sorted(narrow.timings) == [1, 2, 128]
 
 
+def test_a_form_far_behind_is_not_timed_twice(monkeypatch):
+    import time
+
+    from batchspec.engine.torch import linear
+
+    calls = {"linear": 0, "slow": 0}
+
+    def counted(x, w, b):
+        calls["linear"] += 1
+        return F.linear(x, w, b)
+
+    def slow(x, w, b):  # far over RETRY x F.linear's time on a 24 x 16 weight
+        calls["slow"] += 1
+        time.sleep(0.02)
+        return F.linear(x, w, b)
+
+    monkeypatch.setitem(linear.FORMS, "linear", counted)
+    monkeypatch.setitem(linear.FORMS, "transposed", slow)
+    forms = measure_forms([torch.randn(24, 16)], [None], rows=(1, 2), tries=3, budget_s=0.0)
+    assert calls == {"linear": 6, "slow": 2}  # F.linear three tries per count, the slow form one
+    assert forms.chosen == {} and all(t["transposed"] >= 0.02 for t in forms.timings.values())
+
+
 def everywhere(weights, biases) -> Forms:
     """Forms that transpose every product, whatever the timings."""
     return Forms.from_timings({m: {"linear": 1.0, "transposed": 0.0} for m in ROWS})
@@ -179,3 +202,16 @@ def test_a_broken_or_unwritable_cache_only_costs_a_measurement(word_models, tmp_
     blocked.write_text("")
     again = measure_linears(copy.deepcopy(word_models[0]), measure=counting(calls), cache=FormsCache(blocked / "cache"))
     assert all(f.chosen == {3: "transposed"} for f in again.values())
+
+
+def test_widening_reuses_one_buffer_per_shape_and_gives_the_same_product():
+    from batchspec.engine.torch.linear import Widened
+
+    gen = torch.Generator().manual_seed(3)
+    widened = Widened()
+    weights = [torch.randn(48, 32, generator=gen).bfloat16() for _ in range(3)] + [torch.randn(16, 32, generator=gen).bfloat16()]
+    x = torch.randn(5, 32, generator=gen).bfloat16()
+    for w in weights:
+        assert torch.equal(float32_form(x, w, None, widened), float32_form(x, w, None))
+    assert sorted(tuple(b.shape) for b in widened.buffers.values()) == [(16, 32), (48, 32)]
+    assert all(b.dtype == torch.float32 for b in widened.buffers.values())
