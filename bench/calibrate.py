@@ -64,7 +64,7 @@ from batchspec.calibrate.counterfactual import Anchor, none_plans  # noqa: E402
 from batchspec.config.candidates import default_candidates_path, load_candidates  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
 from batchspec.predict.cost import predict_decode_s  # noqa: E402
-from batchspec.shard import ShardInput, decide  # noqa: E402
+from batchspec.shard import ShardInput, decide, run_shard  # noqa: E402
 
 
 def candidate_arms(draft_model: str | None) -> list[SpecConfig]:
@@ -80,13 +80,23 @@ def candidate_arms(draft_model: str | None) -> list[SpecConfig]:
 
 
 def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: int, arms: Sequence[SpecConfig],
-                settings: CalibrationSettings, worker: WorkerCalibration | None = None) -> dict:
+                settings: CalibrationSettings, worker: WorkerCalibration | None = None, in_flight: bool = False) -> dict:
     """Calibrate the shard (the pipeline's own `decide`), then run every arm on the whole shard,
     interleaved. The calibrated choice's figure is its arm's from that interleaved run, so noise
     on this shared machine hits it, the oracle and plain alike; its end-to-end figure adds the
-    calibration time and leaves out the rows calibration kept."""
+    calibration time and leaves out the rows calibration kept.
+
+    With `in_flight` the shard runs as the pipeline runs it on the torch engine (`run_shard`:
+    calibration inside the shard's own batch, the drift watch after it) and the decision is that
+    run's; the end-to-end figure is that run's own wall time, and the shard's goodput (every
+    setting it ran, switches included) is set beside plain decoding's."""
     requests = workloads.requests(workload, rows, max_tokens)
-    decision = decide(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, None, worker)
+    ran = None
+    if in_flight:
+        ran = run_shard(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, worker=worker)
+        decision = ran.decision
+    else:
+        decision = decide(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, None, worker)
     oracle_arms = [("none", NO_SPEC, batch_size)] + [(a.label, a, batch_size) for a in arms]
     chunk = max(2 * batch_size, 8)
     measured = interleaved(engine, requests, oracle_arms, chunk=chunk)
@@ -97,8 +107,19 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
     # the chosen arm's whole-shard rate from the interleaved run.
     kept = len(decision.finished)
     shard_wall = decision.calibration_s + chosen["wall_s"] * (rows - kept) / rows
+    flight = {}
+    if ran is not None:
+        kept, shard_wall = ran.stats.calibration_rows_kept, ran.stats.wall_s
+        st = ran.stats
+        goodput = st.output_tokens / st.decode_s if st.decode_s else None
+        flight = {"in_flight": {"wall_s": st.wall_s, "goodput": goodput,
+                                "goodput_vs_plain": goodput / plain["goodput"] if goodput and plain["goodput"] else None,
+                                "switch_row": st.drift_switch_row, "switch_arm": st.drift_switch_arm,
+                                "fallback_row": st.drift_fallback_row, "confirmed": st.calibration_confirmed,
+                                "rows_by_setting": {label: sum(r.label == label for r in ran.row_specs)
+                                                    for label in sorted({r.label for r in ran.row_specs})}}}
     whole, scale = _whole_shard(engine, requests, measured, chunk, arms, worker, batch_size, decision)
-    return {
+    return {**flight,
         "shard": workload, "rows": rows, "chosen": decision.chosen.label, "reason": decision.reason,
         "calibrated_tokens_per_s": chosen["goodput"], "calibrated_acceptance": chosen["acceptance_rate"],
         "oracle": best["label"], "oracle_tokens_per_s": best["goodput"], "plain_tokens_per_s": plain["goodput"],
@@ -239,6 +260,21 @@ def shard_table(shards: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def flight_table(shards: Sequence[dict]) -> str:
+    """The shards as the pipeline ran them (--in-flight): wall, goodput against plain decoding's in
+    the interleaved run, switches, and how many rows ran under each setting."""
+    lines = ["| shard | wall s | goodput tok/s | vs plain (interleaved run) | confirmed | switched on at row (arm) | fell back at row "
+             "| rows per setting |", "|---|---|---|---|---|---|---|---|"]
+    for r in shards:
+        f = r.get("in_flight")
+        if not f:
+            continue
+        lines.append(f"| {r['shard']} | {f['wall_s']:.1f} | {fmt(f['goodput'], '.1f')} | {fmt(f['goodput_vs_plain'])}x "
+                     f"| {'yes' if f['confirmed'] else 'no'} | {fmt(f['switch_row'], 'd')} ({f['switch_arm'] or '-'}) "
+                     f"| {fmt(f['fallback_row'], 'd')} | {', '.join(f'{k} {v}' for k, v in f['rows_by_setting'].items())} |")
+    return "\n".join(lines)
+
+
 def _pct(x: float | None) -> str:
     return f"{fmt(100 * x if x is not None else None, '.1f')}%"
 
@@ -253,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--workloads", default=",".join(workloads.WORKLOADS))
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--in-flight", action="store_true", help="decide as the pipeline does on the torch engine: "
+                        "calibration inside the shard's own batch (run_shard), the drift watch after it")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
@@ -268,11 +306,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     worker = WorkerCalibration()
     shards = []
     for workload in args.workloads.split(","):
-        shards.append(bench_shard(engine, workload, rows, max_tokens, args.batch_size, arms, settings, worker))
+        shards.append(bench_shard(engine, workload, rows, max_tokens, args.batch_size, arms, settings, worker, args.in_flight))
         print(shard_table(shards[-1:]), flush=True)
         print(prediction_table(shards[-1:]), flush=True)
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-    data = {"benchmark": "calibrate", "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
+    data = {"benchmark": "calibrate", "in_flight": args.in_flight, "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
             "rows_per_shard": rows, "max_tokens": max_tokens, "batch_size": args.batch_size,
             "arms": [a.label for a in arms], "machine": info, "shards": shards,
             "met": {"vs_oracle": all((r["vs_oracle"] or 0) >= 0.95 for r in shards),
@@ -281,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     "prediction_within_10pct": all(a["error"] is not None and abs(a["error"]) <= 0.10
                                                    for r in shards for a in r["predicted_vs_measured"])}}
     table = shard_table(shards) + "\n\n" + prediction_table(shards)
+    if args.in_flight:
+        table += "\n\n" + flight_table(shards)
     md = (f"# Calibration benchmark\n\n`{command('bench/calibrate.py', argv)}`, {info['date_utc']}: "
           f"{args.model}{' + ' + args.draft_model if args.draft_model else ''}, {args.dtype}, batch {args.batch_size}, "
           f"{rows} prompts per shard, max_tokens {max_tokens}, arms none + {', '.join(a.label for a in arms)}; "

@@ -75,6 +75,23 @@ def test_calibrate_bench_writes_every_shard(models, tmp_path):
     assert set(saved["met"]) == {"vs_oracle", "vs_plain", "calibration_share", "prediction_within_10pct"}
 
 
+def test_calibrate_bench_in_flight_decides_as_the_pipeline_does(models, tmp_path):
+    import calibrate
+
+    target, _ = models
+    calibrate.main(["--model", target, "--rows", "12", "--max-tokens", "4", "--batch-size", "2", "--workloads", "edit",
+                    "--threads", "1", "--in-flight", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "calibrate.json").read_text())
+    from batchspec.calibrate import CalibrationSettings
+
+    assert CalibrationSettings(min_rows=12).sample_rows(2, counterfactual=True) < 12  # rows beyond the sample: in flight
+    (shard,) = saved["shards"]
+    flight = shard["in_flight"]  # the shard ran once as the pipeline runs it, its rows under the settings it chose
+    assert saved["in_flight"] and flight["wall_s"] == shard["shard_wall_s"] > 0
+    assert sum(flight["rows_by_setting"].values()) == 12 and flight["goodput_vs_plain"] > 0
+    assert "| rows per setting |" in (tmp_path / "calibrate.md").read_text()
+
+
 def test_switch_bench_runs_the_changing_shard_against_plain(models, tmp_path):
     import switch
 
