@@ -62,7 +62,7 @@ from engine import (  # noqa: E402
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration, plain_rows, predict_arms  # noqa: E402
 from batchspec.calibrate.counterfactual import Anchor, none_plans  # noqa: E402
 from batchspec.config.candidates import default_candidates_path, load_candidates  # noqa: E402
-from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
+from batchspec.engine.base import NO_SPEC, GenerateResult, SpecConfig, Timing  # noqa: E402
 from batchspec.predict.cost import predict_decode_s  # noqa: E402
 from batchspec.shard import ShardInput, decide, run_shard  # noqa: E402
 
@@ -111,8 +111,10 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
     if ran is not None:
         kept, shard_wall = ran.stats.calibration_rows_kept, ran.stats.wall_s
         st = ran.stats
-        goodput = st.output_tokens / st.decode_s if st.decode_s else None
-        flight = {"in_flight": {"wall_s": st.wall_s, "goodput": goodput,
+        decode_tokens = GenerateResult(ran.completions, Timing()).decode_tokens  # goodput's tokens: not prefill's first
+        goodput = decode_tokens / st.decode_s if st.decode_s else None
+        flight = {"in_flight": {"wall_s": st.wall_s, "goodput": goodput, "decode_tokens": decode_tokens,
+                                "output_tokens": st.output_tokens, "decode_s": st.decode_s,
                                 "goodput_vs_plain": goodput / plain["goodput"] if goodput and plain["goodput"] else None,
                                 "switch_row": st.drift_switch_row, "switch_arm": st.drift_switch_arm,
                                 "fallback_row": st.drift_fallback_row, "confirmed": st.calibration_confirmed,

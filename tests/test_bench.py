@@ -89,6 +89,9 @@ def test_calibrate_bench_in_flight_decides_as_the_pipeline_does(models, tmp_path
     flight = shard["in_flight"]  # the shard ran once as the pipeline runs it, its rows under the settings it chose
     assert saved["in_flight"] and flight["wall_s"] == shard["shard_wall_s"] > 0
     assert sum(flight["rows_by_setting"].values()) == 12 and flight["goodput_vs_plain"] > 0
+    # goodput as everywhere else: tokens committed by decode steps (each row's first is prefill's)
+    assert flight["decode_tokens"] == flight["output_tokens"] - 12
+    assert flight["goodput"] == pytest.approx(flight["decode_tokens"] / flight["decode_s"])
     assert "| rows per setting |" in (tmp_path / "calibrate.md").read_text()
 
 
