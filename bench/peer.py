@@ -58,17 +58,15 @@ def own_layers(*models):
     for model in models:
         for name, mod in list(model.named_modules()):
             if isinstance(mod, MeasuredLinear):
-                parent_name, _, attr = name.rpartition(".")
-                parent = model.get_submodule(parent_name) if parent_name else model
                 plain = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, device="meta")
                 plain.weight, plain.bias = mod.weight, mod.bias
-                setattr(parent, attr, plain)
-                swapped.append((parent, attr, mod))
+                model.set_submodule(name, plain)
+                swapped.append((model, name, mod))
     try:
         yield
     finally:
-        for parent, attr, mod in swapped:
-            setattr(parent, attr, mod)
+        for model, name, mod in swapped:
+            model.set_submodule(name, mod)
 
 
 def hf_generate(model, prompts: list[list[int]], max_tokens: int, eos: list[int], pad: int, **extra) -> tuple[list[list[int]], float]:

@@ -341,8 +341,7 @@ def measure_linears(model: nn.Module, measure: Callable[[list, list], Forms] = m
                 cache.put(key, len(unique), forms.timings)
         by_shape[key] = forms
         for name, mod in members:
-            parent_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, attr, MeasuredLinear(mod, forms, widened))
+            model.set_submodule(name, MeasuredLinear(mod, forms, widened))
     log.info("linear forms in %.2f s (%d of %d shapes from the cache): %s", time.perf_counter() - started, cached, len(groups),
              {f"{o}x{i}{' +bias' if bias else ''} {dtype}": f.chosen for (o, i, dtype, bias), f in by_shape.items()})
     return by_shape
