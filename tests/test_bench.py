@@ -93,6 +93,30 @@ def test_calibrate_bench_in_flight_decides_as_the_pipeline_does(models, tmp_path
     assert flight["decode_tokens"] == flight["output_tokens"] - 12
     assert flight["goodput"] == pytest.approx(flight["decode_tokens"] / flight["decode_s"])
     assert "| rows per setting |" in (tmp_path / "calibrate.md").read_text()
+    # the shard's figure against the oracle is the settings it ran, priced on the interleaved run
+    assert shard["vs_oracle"] == pytest.approx(flight["settings_goodput"] / shard["oracle_tokens_per_s"])
+    assert shard["decision_vs_oracle"] == pytest.approx(shard["calibrated_tokens_per_s"] / shard["oracle_tokens_per_s"])
+
+
+def test_the_settings_a_shard_ran_are_priced_chunk_by_chunk_on_the_interleaved_run():
+    """Chunk 0's four rows ran half under each arm, chunk 1's all under "none": each chunk's
+    time and tokens are the rows' shares of each arm's figures on that chunk."""
+    import calibrate
+    from engine import Measured
+
+    from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, SpecConfig, Timing
+
+    def part(seconds: float, rows: int = 4, tokens: int = 11) -> GenerateResult:
+        return GenerateResult([Completion(f"r{i}", "", output_tokens=tokens) for i in range(rows)], Timing(verify_s=seconds))
+
+    arm = SpecConfig("ngram", 4)
+    none, fast = Measured("none", NO_SPEC, 2), Measured(arm.label, arm, 2)
+    for m, (a, b) in ((none, (4.0, 8.0)), (fast, (2.0, 1.0))):
+        m.add(part(a))
+        m.add(part(b))
+    labels = ["none", arm.label, "none", arm.label] + ["none"] * 4
+    got = calibrate._as_ran({"none": none, arm.label: fast}, labels, chunk=4)
+    assert got == pytest.approx((40 * 0.5 + 40 * 0.5 + 40) / (0.5 * 4.0 + 0.5 * 2.0 + 8.0))
 
 
 def test_switch_bench_runs_the_changing_shard_against_plain(models, tmp_path):

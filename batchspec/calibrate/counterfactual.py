@@ -48,7 +48,7 @@ from batchspec.calibrate.decision import (
 from batchspec.calibrate.profiling import cannot_repay, grid_needed, refresh_profile, rest_s, shape_of
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig, acceptance_rate, mean_accepted_len
 from batchspec.errors import one_line
-from batchspec.predict.acceptance import PlainRow, draft_acceptance, ngram_acceptance
+from batchspec.predict.acceptance import Acceptance, PlainRow, draft_acceptance, ngram_acceptance
 from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s
 from batchspec.stats import ArmResult
 
@@ -370,6 +370,36 @@ def _counterfactual(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
             for a in mine:
                 out[a.label] = out[a.label].extend(by_k[a.draft_len]) if a.label in out else by_k[a.draft_len]
     return out, lookup_s / lookups if lookups else 0.0
+
+
+@dataclass
+class RowCounterfactuals:
+    """Every arm's counterfactual acceptance per row, each row computed once: the drift watch
+    under "none" slides a window over the rows a shard has finished, and a row's n-gram replay
+    or draft forward is not repeated each time the window passes over it."""
+
+    engine: object
+    rows: dict = field(default_factory=dict)  # row key -> {arm label: (steps, proposed)}
+    lookup_s: float = 0.0  # an n-gram lookup's cost per row and step, averaged over what was computed
+    _timed: int = 0
+
+    def of(self, keys: Sequence[str], rows: Sequence[PlainRow], arms: Sequence[SpecConfig]) -> tuple[dict, float]:
+        """What `_counterfactual(engine, rows, arms)` returns, computing only rows (by `keys`) not
+        yet computed for every arm."""
+        labels = [a.label for a in arms]
+        new = [i for i, k in enumerate(keys) if not all(label in self.rows.get(k, {}) for label in labels)]
+        if new:
+            out, lookup_s = _counterfactual(self.engine, [rows[i] for i in new], arms)
+            if any(a.method == "ngram" for a in arms):
+                self.lookup_s = (self.lookup_s * self._timed + lookup_s * len(new)) / (self._timed + len(new))
+                self._timed += len(new)
+            for j, i in enumerate(new):
+                self.rows.setdefault(keys[i], {}).update({label: (out[label].steps[j], out[label].proposed[j])
+                                                          for label in labels})
+        self.rows = {k: self.rows[k] for k in keys}  # a row that left the window does not come back into it
+        exact = all(r.greedy for r in rows)
+        return ({a.label: Acceptance(a.method, a.draft_len, [self.rows[k][a.label][0] for k in keys],
+                                     [self.rows[k][a.label][1] for k in keys], exact) for a in arms}, self.lookup_s)
 
 
 def _arm_group(arm: SpecConfig) -> tuple:

@@ -11,31 +11,40 @@ chunk's own counterfactual acceptance priced as calibration prices a sample
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
-from batchspec.calibrate.counterfactual import Anchor, WorkerCalibration, plain_rows, predict_arms
+from batchspec.calibrate.counterfactual import Anchor, RowCounterfactuals, WorkerCalibration, plain_rows, predict_arms
 from batchspec.calibrate.decision import best, choose_predicted, predicted_speedups
 from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SpecConfig
 from batchspec.stats import ArmResult
 
 
 def _predict_chunk(engine, rows_done: Sequence[Request], result: GenerateResult, arms: Sequence[SpecConfig],
-                   worker: WorkerCalibration, batch_size: int, greedy_only: bool = False) -> list[ArmResult] | None:
-    """Drift checks: every arm in `arms` predicted on the chunk of rows `result` just generated,
-    anchored on that run; None without rows, without a profile, or (`greedy_only`) with sampled rows."""
+                   worker: WorkerCalibration, batch_size: int, greedy_only: bool = False,
+                   anchor: Anchor | None = None, cache: RowCounterfactuals | None = None,
+                   stream: int = 0) -> list[ArmResult] | None:
+    """Drift checks: every arm in `arms` predicted on the rows `result` just generated, anchored on
+    that run (or on `anchor`, where the rows are a window whose time is not one run's), each row's
+    counterfactual from `cache` where it was computed before, priced as a generate call of `stream`
+    rows (0: the rows alone); None without rows, without a profile, or (`greedy_only`) with
+    sampled rows."""
+    kept = [(r.id, c) for r, c in zip(rows_done, result.completions) if c.finish_reason != "error" and c.token_ids]
     rows = plain_rows(engine, rows_done, result)
     if not rows or not worker.profile.points or greedy_only and not all(r.greedy for r in rows):
         return None
-    return predict_arms(engine, rows, arms, Anchor.of(result, rows, worker.profile, batch_size), worker.profile, batch_size)
+    anchor = anchor or Anchor.of(result, rows, worker.profile, batch_size)
+    counter = cache.of([k for k, _ in kept], rows, arms) if cache is not None else None
+    return predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter, stream)
 
 
 def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms: Sequence[SpecConfig],
-              worker: WorkerCalibration, batch_size: int, margin: float) -> tuple[SpecConfig | None, ArmResult | None]:
+              worker: WorkerCalibration, batch_size: int, margin: float,
+              **how) -> tuple[SpecConfig | None, ArmResult | None]:
     """Drift under "none": the counterfactual of the rows just generated plainly. Returns the best
     arm and its prediction if its predicted speedup over them beats plain decoding by the margin,
     else (None, None). Free for n-gram lookup; one teacher-forced forward per draft model."""
-    results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size)
+    results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, **how)
     if results is None:
         return None, None
     spec, _ = choose_predicted(results, arms, margin)
@@ -46,7 +55,7 @@ def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms
 
 def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResult, spec: SpecConfig,
                       arms: Sequence[SpecConfig], worker: WorkerCalibration, batch_size: int,
-                      margin: float) -> tuple[SpecConfig, ArmResult | None] | None:
+                      margin: float, **how) -> tuple[SpecConfig, ArmResult | None] | None:
     """Drift while speculating, from the rows `spec` just generated: greedy speculation is
     lossless, so their outputs are plain decoding's and every arm's counterfactual on them is
     exact, a chunk's worth of evidence where calibration had a sample's. Returns the setting for
@@ -55,7 +64,7 @@ def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResu
     than `spec` by the margin (a draft length the sample misjudged); else `spec`. None when the
     counterfactual cannot tell (sampled rows, no profile)."""
     arms = list(arms) if any(a.label == spec.label for a in arms) else [*arms, spec]
-    results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, greedy_only=True)
+    results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, greedy_only=True, **how)
     if results is None:
         return None
     by_label = {a.label: a for a in results}
@@ -74,17 +83,29 @@ def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResu
 @dataclass
 class DriftWatch:
     """The checks run after each chunk a shard generates (`switch_on` under "none",
-    `while_speculating` while speculating), with what they need."""
+    `while_speculating` while speculating), with what they need. Each row's counterfactual is
+    computed once (`cache`). In flight (calibrate.inflight) the rows under "none" are a window
+    sliding over the shard's finished rows, priced with the sample's `anchor` as a generate call of
+    `stream` rows; after a chunk of its own generate call (shard.generate_watching), the chunk as it ran."""
 
     engine: object
     arms: list[SpecConfig]
     worker: WorkerCalibration
     batch_size: int
     margin: float
+    anchor: Anchor | None = None
+    stream: int = 0
+    cache: RowCounterfactuals = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cache = RowCounterfactuals(self.engine)
+
+    def _how(self) -> dict:
+        return {"anchor": self.anchor, "cache": self.cache, "stream": self.stream}
 
     def __call__(self, part: Sequence[Request], result: GenerateResult) -> tuple[SpecConfig | None, float | None]:
         """Under "none": the arm to switch to (or None) and its predicted acceptance rate, the fallback's yardstick."""
-        spec, arm = switch_on(self.engine, part, result, self.arms, self.worker, self.batch_size, self.margin)
+        spec, arm = switch_on(self.engine, part, result, self.arms, self.worker, self.batch_size, self.margin, **self._how())
         return spec, arm.acceptance_rate if arm is not None else None
 
     def speculating(self, part: Sequence[Request], result: GenerateResult,
@@ -92,7 +113,8 @@ class DriftWatch:
         """The setting for what follows the chunk `spec` just generated (plain decoding if it lost,
         another arm if one beat it by the margin, else `spec`) and that setting's predicted
         acceptance rate; None when the counterfactual cannot tell (sampled rows)."""
-        got = while_speculating(self.engine, part, result, spec, self.arms, self.worker, self.batch_size, self.margin)
+        got = while_speculating(self.engine, part, result, spec, self.arms, self.worker, self.batch_size, self.margin,
+                                **self._how())
         if got is None:
             return None
         spec, arm = got

@@ -24,8 +24,13 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              (bench/inflight.py --source workloads) the corrected prediction said 1.20x where
              22 steps measured 0.72x, and the shard under the arm took 1.09x the wall time of the same
              shard calibrated apart, which chose none.
-    watch    after every chunk of finished rows (drift_chunk, or 8 x batch), the drift checks
-             (drift.Drift.after_chunk) set what the next rows run under, both ways.
+    watch    the drift checks (drift.Drift.after_chunk) set what the next rows run under, both
+             ways: while speculating after every chunk of finished rows (drift_chunk, or 8 x
+             batch), on that chunk; under "none" after every batch's worth (at least 4 rows), on
+             the last chunk's worth finished (at least 16), sample rows included: the sample is
+             one batch, and on a 64-row shard at batch 8 a check per chunk came only after the
+             last row (bench/calibrate.py --in-flight, 2026-12-02: the edit shard chose none from
+             8 rows predicting 0.94x for an arm that measured 1.14x, and never looked again).
 
 Before this (until 2026-12-01) the sample was a generate call of its own, drained as its rows
 finished, then the confirmation another, then each chunk: on `make run`'s 64-row shards the sample
@@ -155,7 +160,7 @@ class InFlight:
             new = self._decide(p)
         elif self.phase == "confirm" and self._confirmed_enough(p):
             new = self._confirm(p)
-        elif self.phase == "watch" and len(self.order) - self.since >= self._chunk() and (p.queued or p.in_flight):
+        elif self.phase == "watch" and len(self.order) - self.since >= self._every(p.spec) and (p.queued or p.in_flight):
             new = self._watch(p)
             self.watch_s += self.clock() - began
             return new
@@ -175,6 +180,17 @@ class InFlight:
     def _chunk(self) -> int:
         return self.settings.drift_chunk or 8 * self.batch_size
 
+    def _every(self, spec: SpecConfig) -> int:
+        """Rows finished between drift checks: a chunk while speculating (the running arm's own
+        rows are the evidence); under "none" a batch's worth (at least CONFIRM_MIN_ROWS), each check
+        on the last `_window` rows finished, so a gain the sample missed is seen from the rows
+        that follow it, without waiting for a whole chunk."""
+        return self._chunk() if spec is not NO_SPEC else min(self._chunk(), max(self.batch_size, CONFIRM_MIN_ROWS))
+
+    def _window(self) -> int:
+        """Rows the check under "none" predicts on: a chunk, and at least 16 unless drift_chunk is set."""
+        return self.settings.drift_chunk or max(16, self._chunk())
+
     # -- the phases -------------------------------------------------------------------------------
 
     def _decide(self, p: Progress) -> SpecConfig | None:
@@ -191,6 +207,8 @@ class InFlight:
                                           self.batch_size, self.settings, self.worker, self.key, stream,
                                           lambda profile: anchor_of_steps(p.timing, steps, profile))
         self.reason = v.reason + f"; the sample decoded in the shard's batch ({len(self.order)} rows done, {left} to go)"
+        if isinstance(self.watch, DriftWatch):  # the window's checks price as the sample's prediction did
+            self.watch.anchor, self.watch.stream = v.anchor, self._chunk()
         self.since = len(self.order)
         if v.wanted and left:
             self.phase, self.mark = "confirm", (len(p.steps), p.timing, len(self.order))
@@ -231,7 +249,7 @@ class InFlight:
         return self._run(chosen)
 
     def _watch(self, p: Progress) -> SpecConfig | None:
-        part = self.order[self.since:]
+        part = self.order[self.since:] if p.spec is not NO_SPEC else self.order[-self._window():]
         self.since = len(self.order)
         result = GenerateResult([p.completions[i] for i in part], p.timing - self.watched)
         self.watched = p.timing

@@ -167,3 +167,61 @@ def test_the_anchor_prices_exactly_the_steps_that_ran():
     assert anchor.scale == pytest.approx(0.2 / (0.04 + 0.04 + 0.02)) and anchor.other == 0.0
     spec_steps = [Step(4, 30, 3, 10)]  # 4 rows, 3 tokens each, 10 committed: 2.5 plain steps of 4 rows
     assert plain_price_s(spec_steps, anchor, profile) == pytest.approx(anchor.scale * 0.04 * 10 / 4)
+
+
+def test_under_none_each_batch_of_finished_rows_is_checked_on_a_window_of_the_last_ones(tiny_engine):
+    """Under "none" the drift check does not wait for a chunk: every max(batch, 4) finished rows
+    it predicts every arm on the last 16 (a chunk at most, at least 16) finished rows, sample rows
+    included, so a gain the sample's few rows missed is seen from the rows that follow it."""
+    arm = SpecConfig("draft_target", 2, draft_model="self")
+    rows = word_rows(40)
+    control = InFlight(tiny_engine, rows, [arm], 2, CalibrationSettings(max_tokens=24, sample_size=4, margin=100.0),
+                       flat_profile(2), key="k")
+    seen = []
+
+    class Scripted:
+        def __call__(self, part, result):
+            seen.append((len(control.order), [r.id for r in part]))
+            return None, None
+
+    control.watch = Scripted()
+    ran = tiny_engine.generate(rows, NO_SPEC, 2, control=control)
+    control.close(ran)
+    assert len(seen) >= 6
+    done = [rows[i].id for i in control.order]
+    for (finished, ids), nxt in zip(seen, seen[1:]):
+        assert nxt[0] - finished >= 4  # every 4 rows (batch 2, at least 4) ...
+        assert ids == done[max(0, finished - 16):finished]  # ... on the last 16 finished
+    assert seen[0][0] - 4 < 8  # the first check within a batch's rows of the decision (the sample: 4 rows)
+
+
+def test_each_rows_counterfactual_is_computed_once_as_the_window_slides(tiny_engine):
+    """RowCounterfactuals gives what the counterfactual of the rows gives, computing a row only
+    the first time the window holds it, and forgets rows that left the window."""
+    from batchspec.calibrate.counterfactual import RowCounterfactuals, _counterfactual, plain_rows
+
+    rows = word_rows(12)
+    plain = tiny_engine.generate(rows, NO_SPEC, 4)
+    pr = plain_rows(tiny_engine, rows, plain)
+    arms = [SpecConfig("ngram", 2), SpecConfig("ngram", 4), SpecConfig("draft_target", 3, draft_model="self")]
+    forwards = []
+    real = tiny_engine.teacher_forced_logits
+
+    def counted(pairs, draft_model=None):
+        forwards.append(len(pairs))
+        return real(pairs, draft_model=draft_model)
+
+    tiny_engine.teacher_forced_logits = counted
+    try:
+        cache = RowCounterfactuals(tiny_engine)
+        keys = [r.id for r in rows]
+        first, _ = cache.of(keys[:8], pr[:8], arms)
+        second, _ = cache.of(keys[4:12], pr[4:12], arms)
+    finally:
+        tiny_engine.teacher_forced_logits = real
+    assert sum(forwards) == 12  # each row's draft forward once: 8, then the 4 new rows
+    want, _ = _counterfactual(tiny_engine, pr[4:12], arms)
+    for a in arms:
+        assert second[a.label].steps == want[a.label].steps and second[a.label].proposed == want[a.label].proposed
+        assert second[a.label].exact
+    assert set(cache.rows) == set(keys[4:12])
