@@ -209,7 +209,7 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     wanted = top is not None and settings.confirm and (first and chosen is not NO_SPEC or near)
     if top is not None and settings.confirm and first and not wanted:
         reason += (f"; not confirmed: {top[0].label} predicted below the margin by more than its error "
-                   f"({error:.0%}); under none the drift watch predicts every arm again on each chunk")
+                   f"({error:.0%}); under none the drift watch predicts every arm again as rows finish")
     reason += _estimated(results)
     top_spec = next(s for s in arms if s.label == top[0].label) if top is not None else None
     return Verdict(results, chosen, reason, anchor, top[0] if top else None, top_spec, wanted, first, error, profile_s,

@@ -25,12 +25,13 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              22 steps measured 0.72x, and the shard under the arm took 1.09x the wall time of the same
              shard calibrated apart, which chose none.
     watch    the drift checks (drift.Drift.after_chunk) set what the next rows run under, both
-             ways: while speculating after every chunk of finished rows (drift_chunk, or 8 x
-             batch), on that chunk; under "none" after every batch's worth (at least 4 rows), on
-             the last chunk's worth finished (at least 16), sample rows included: the sample is
-             one batch, and on a 64-row shard at batch 8 a check per chunk came only after the
-             last row (bench/calibrate.py --in-flight, 2026-12-02: the edit shard chose none from
-             8 rows predicting 0.94x for an arm that measured 1.14x, and never looked again).
+             ways, after every batch's worth of finished rows (at least 4), on the last chunk's
+             worth finished (drift_chunk, or 8 x batch; at least 16), sample rows included. The
+             sample is one batch, and a check per chunk of new rows came too late to mend it
+             (bench/calibrate.py --in-flight, 2026-12-02: at batch 8 a 64-row edit shard chose
+             none from 8 rows predicting 0.94x for an arm that measured 1.14x, and was never
+             checked again; a 128-row code shard chose n-gram k=6 predicting 1.58x where the
+             whole shard measured 1.03x, k=2 1.14x).
 
 Before this (until 2026-12-01) the sample was a generate call of its own, drained as its rows
 finished, then the confirmation another, then each chunk: on `make run`'s 64-row shards the sample
@@ -160,7 +161,7 @@ class InFlight:
             new = self._decide(p)
         elif self.phase == "confirm" and self._confirmed_enough(p):
             new = self._confirm(p)
-        elif self.phase == "watch" and len(self.order) - self.since >= self._every(p.spec) and (p.queued or p.in_flight):
+        elif self.phase == "watch" and len(self.order) - self.since >= self._every() and (p.queued or p.in_flight):
             new = self._watch(p)
             self.watch_s += self.clock() - began
             return new
@@ -180,15 +181,15 @@ class InFlight:
     def _chunk(self) -> int:
         return self.settings.drift_chunk or 8 * self.batch_size
 
-    def _every(self, spec: SpecConfig) -> int:
-        """Rows finished between drift checks: a chunk while speculating (the running arm's own
-        rows are the evidence); under "none" a batch's worth (at least CONFIRM_MIN_ROWS), each check
-        on the last `_window` rows finished, so a gain the sample missed is seen from the rows
-        that follow it, without waiting for a whole chunk."""
-        return self._chunk() if spec is not NO_SPEC else min(self._chunk(), max(self.batch_size, CONFIRM_MIN_ROWS))
+    def _every(self) -> int:
+        """Rows finished between drift checks: a batch's worth (at least CONFIRM_MIN_ROWS, at most
+        a chunk), each check on the last `_window` rows finished, so what the sample misjudged
+        (a gain it missed, an arm it overrated, a draft length) is seen from the rows that follow
+        it, without waiting for a whole chunk."""
+        return min(self._chunk(), max(self.batch_size, CONFIRM_MIN_ROWS))
 
     def _window(self) -> int:
-        """Rows the check under "none" predicts on: a chunk, and at least 16 unless drift_chunk is set."""
+        """Rows a drift check predicts on: a chunk, and at least 16 unless drift_chunk is set."""
         return self.settings.drift_chunk or max(16, self._chunk())
 
     # -- the phases -------------------------------------------------------------------------------
@@ -249,7 +250,7 @@ class InFlight:
         return self._run(chosen)
 
     def _watch(self, p: Progress) -> SpecConfig | None:
-        part = self.order[self.since:] if p.spec is not NO_SPEC else self.order[-self._window():]
+        part = self.order[-self._window():]  # greedy rows are plain decoding's whichever setting made them
         self.since = len(self.order)
         result = GenerateResult([p.completions[i] for i in part], p.timing - self.watched)
         self.watched = p.timing

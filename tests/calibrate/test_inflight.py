@@ -112,10 +112,10 @@ def test_a_confirmation_in_flight_decides_by_the_lower_of_the_corrected_predicti
     assert speedup == pytest.approx(1.10 / 1.20) and why == "the sample's 1.10x corrected (those steps alone measured 1.05x)"
 
 
-def test_drift_checks_run_on_chunks_of_finished_rows_in_flight(tiny_engine):
-    """After the decision, every `drift_chunk` finished rows the drift checks decide what the next
-    rows run under: a scripted watch turns an arm on at its second check and off at the next;
-    the Drift record names the rows, and no greedy token changes."""
+def test_drift_checks_run_on_windows_of_finished_rows_in_flight(tiny_engine):
+    """After the decision, every max(batch, 4) finished rows the drift checks decide what the next
+    rows run under, on the last `drift_chunk` finished: a scripted watch turns an arm on at its
+    second check and off at the next; the Drift record names the rows, and no greedy token changes."""
     arm = SpecConfig("draft_target", 2, draft_model="self")
     rows = word_rows(40)
     control = InFlight(tiny_engine, rows, [arm], 2, CalibrationSettings(max_tokens=24, sample_size=4, drift_chunk=6, margin=100.0),
@@ -141,7 +141,7 @@ def test_drift_checks_run_on_chunks_of_finished_rows_in_flight(tiny_engine):
     assert [c[0] for c in calls[:3]] == ["none", "none", arm.label] and all(n >= 6 for _, n in calls)
     d = control.drift
     assert d.switch_arm == arm.label and d.switch_row < d.fallback_row
-    assert sum(s == arm for s in specs) >= 6
+    assert sum(s == arm for s in specs) >= 4  # the rows that finished between the two checks, at least
     plain = tiny_engine.generate(rows, NO_SPEC, 2)
     assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain.completions]
 
@@ -169,10 +169,10 @@ def test_the_anchor_prices_exactly_the_steps_that_ran():
     assert plain_price_s(spec_steps, anchor, profile) == pytest.approx(anchor.scale * 0.04 * 10 / 4)
 
 
-def test_under_none_each_batch_of_finished_rows_is_checked_on_a_window_of_the_last_ones(tiny_engine):
-    """Under "none" the drift check does not wait for a chunk: every max(batch, 4) finished rows
-    it predicts every arm on the last 16 (a chunk at most, at least 16) finished rows, sample rows
-    included, so a gain the sample's few rows missed is seen from the rows that follow it."""
+def test_each_batch_of_finished_rows_is_checked_on_a_window_of_the_last_ones(tiny_engine):
+    """The drift check does not wait for a chunk of new rows: every max(batch, 4) finished rows it
+    predicts every arm on the last 16 (a chunk, at least 16) finished rows, sample rows included,
+    so what the sample's few rows misjudged is seen from the rows that follow it."""
     arm = SpecConfig("draft_target", 2, draft_model="self")
     rows = word_rows(40)
     control = InFlight(tiny_engine, rows, [arm], 2, CalibrationSettings(max_tokens=24, sample_size=4, margin=100.0),
