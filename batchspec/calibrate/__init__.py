@@ -17,8 +17,9 @@ there, one rule and one record:
                     and watching for drift (engines that switch in flight: torch)
     profiling       when and what a worker profiles for it, stopping at the width curve where
                     no arm can pay on it
-    drift           the same prediction on each chunk a shard generates, both ways: `switch_on`
-                    under "none", `while_speculating` while speculating
+    drift           the same prediction on the rows a shard finishes (in flight: a window of the
+                    last ones, every batch of rows), both ways: `switch_on` under "none",
+                    `while_speculating` while speculating
     measured        where it cannot (TensorRT-LLM's Eagle3/MTP): every arm measured by running,
                     in paired rounds, within a budget
     builds          engines whose arms are builds: which arms a worker can afford, what they cost

@@ -22,10 +22,12 @@ draft-model arms): nothing is repeated but a confirmation where it matters.
    with plain decoding's on the same rows; and the prediction's error is measured on those rows
    too (the arm's counterfactual on their outputs against its measured time). The measured figure
    then decides; only what the arm lost against the chosen setting counts as overhead.
-5. While a shard runs under "none", `drift.switch_on` does the same on each finished chunk (drift in
-   the other direction: shard.py switches to an arm that would now pay); while it speculates,
-   `drift.while_speculating` predicts every arm on the chunk the running arm generated (exact: its
-   outputs are plain decoding's) and falls back, or moves to a draft length that beats it.
+5. While a shard runs under "none", `drift.switch_on` does the same on the rows it finishes (in
+   flight, calibrate.inflight: every batch of rows, on a window of the last 8 x batch; with the
+   sample apart, shard.py: on each generate call of that many rows), switching to an arm that
+   would now pay; while it speculates, `drift.while_speculating` predicts every arm on the rows
+   (exact for greedy rows: speculative outputs are plain decoding's) and falls back, or moves to
+   a draft length that beats the running one.
 """
 
 from __future__ import annotations
