@@ -279,10 +279,16 @@ def _broken_arms(engine, arms: Sequence[SpecConfig]) -> dict[str, ArmResult]:
     return broken
 
 
-def plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> list[PlainRow]:
-    """The rows of a plain run that counterfactual acceptance can replay (not errors, not empty)."""
-    return [PlainRow(engine.encode(r), c.token_ids, r.params.max_tokens, r.params.temperature, r.params.top_p)
+def keyed_plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> list[tuple[str, PlainRow]]:
+    """The rows of a plain run that counterfactual acceptance can replay (not errors, not empty),
+    each with its request id."""
+    return [(r.id, PlainRow(engine.encode(r), c.token_ids, r.params.max_tokens, r.params.temperature, r.params.top_p))
             for r, c in zip(requests, result.completions) if c.finish_reason != "error" and c.token_ids]
+
+
+def plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> list[PlainRow]:
+    """`keyed_plain_rows` without the ids."""
+    return [row for _, row in keyed_plain_rows(engine, requests, result)]
 
 
 def none_plans(rows: Sequence[PlainRow]) -> list[RowPlan]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from batchspec.calibrate.counterfactual import Anchor, RowCounterfactuals, WorkerCalibration, plain_rows, predict_arms
+from batchspec.calibrate.counterfactual import Anchor, RowCounterfactuals, WorkerCalibration, keyed_plain_rows, predict_arms
 from batchspec.calibrate.decision import best, choose_predicted, predicted_speedups
 from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SpecConfig
 from batchspec.stats import ArmResult
@@ -29,12 +29,12 @@ def _predict_chunk(engine, rows_done: Sequence[Request], result: GenerateResult,
     counterfactual from `cache` where it was computed before, priced as a generate call of `stream`
     rows (0: the rows alone); None without rows, without a profile, or (`greedy_only`) with
     sampled rows."""
-    kept = [(r.id, c) for r, c in zip(rows_done, result.completions) if c.finish_reason != "error" and c.token_ids]
-    rows = plain_rows(engine, rows_done, result)
+    keyed = keyed_plain_rows(engine, rows_done, result)
+    rows = [row for _, row in keyed]
     if not rows or not worker.profile.points or greedy_only and not all(r.greedy for r in rows):
         return None
     anchor = anchor or Anchor.of(result, rows, worker.profile, batch_size)
-    counter = cache.of([k for k, _ in kept], rows, arms) if cache is not None else None
+    counter = cache.of([k for k, _ in keyed], rows, arms) if cache is not None else None
     return predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter, stream)
 
 
