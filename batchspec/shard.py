@@ -136,7 +136,7 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
     caveats: dict[str, str] = {}
     control = _in_flight(engine, shard, spec_arms, calibrate, batch_size, settings, worker)
     if control is not None:  # one generate call; calibration rides in it (batchspec.calibrate.inflight)
-        ran = engine.generate(shard.requests, NO_SPEC, batch_size, control=control)
+        ran = engine.generate(shard.requests, control.start, batch_size, control=control)
         caveats.update(ran.caveats)
         decision, row_specs = control.close(ran)
         completions, timing, drift = ran.completions, ran.timing, control.drift

@@ -30,6 +30,12 @@ serves every shard, as one worker's would. Arms come from
 trt_configs/candidates/torch_default.yaml (draft-model arms only with --draft-model). Writes
 OUT/calibrate.json and OUT/calibrate.md.
 
+With --in-flight --later-shard, each benched shard is its key's second on the worker: a first
+shard of other rows of the workload runs before it, unbenched, and the benched shard's sample
+decodes under the setting that one ended under (calibrate.inflight `InFlight._start`). That is
+the steady state of a job with many shards per key; a key's first shard on a worker decodes its
+sample plainly, and the oracle gap of a paying workload is then the sample's share (README).
+
     python bench/calibrate.py [--quick] [--rows 128] [--model smollm2-135m] [--draft-model NAME]
 """
 
@@ -92,6 +98,7 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
     setting it ran, switches included) is set beside plain decoding's."""
     requests = workloads.requests(workload, rows, max_tokens)
     ran = None
+    before = worker.settled.get(workload) if worker is not None else None  # the key's last setting on the worker
     if in_flight:
         ran = run_shard(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, worker=worker)
         decision = ran.decision
@@ -118,6 +125,8 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
                                 "goodput_vs_plain": goodput / plain["goodput"] if goodput and plain["goodput"] else None,
                                 "switch_row": st.drift_switch_row, "switch_arm": st.drift_switch_arm,
                                 "fallback_row": st.drift_fallback_row, "confirmed": st.calibration_confirmed,
+                                "sample_under": before.label if before is not None and
+                                "the sample decoded in the shard's batch under " in decision.reason else "none",
                                 "rows_by_setting": {label: sum(r.label == label for r in ran.row_specs)
                                                     for label in sorted({r.label for r in ran.row_specs})}}}
     whole, scale = _whole_shard(engine, requests, measured, chunk, arms, worker, batch_size, decision)
@@ -294,13 +303,13 @@ def shard_table(shards: Sequence[dict]) -> str:
 def flight_table(shards: Sequence[dict]) -> str:
     """The shards as the pipeline ran them (--in-flight): wall, goodput against plain decoding's in
     the interleaved run, switches, and how many rows ran under each setting."""
-    lines = ["| shard | wall s | goodput tok/s | vs plain (interleaved run) | confirmed | switched on at row (arm) | fell back at row "
-             "| rows per setting |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| shard | sample decoded under | wall s | goodput tok/s | vs plain (interleaved run) | confirmed "
+             "| switched on at row (arm) | fell back at row | rows per setting |", "|---|---|---|---|---|---|---|---|---|"]
     for r in shards:
         f = r.get("in_flight")
         if not f:
             continue
-        lines.append(f"| {r['shard']} | {f['wall_s']:.1f} | {fmt(f['goodput'], '.1f')} | {fmt(f['goodput_vs_plain'])}x "
+        lines.append(f"| {r['shard']} | {f.get('sample_under', 'none')} | {f['wall_s']:.1f} | {fmt(f['goodput'], '.1f')} | {fmt(f['goodput_vs_plain'])}x "
                      f"| {'yes' if f['confirmed'] else 'no'} | {fmt(f['switch_row'], 'd')} ({f['switch_arm'] or '-'}) "
                      f"| {fmt(f['fallback_row'], 'd')} | {', '.join(f'{k} {v}' for k, v in f['rows_by_setting'].items())} |")
     return "\n".join(lines)
@@ -322,6 +331,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--in-flight", action="store_true", help="decide as the pipeline does on the torch engine: "
                         "calibration inside the shard's own batch (run_shard), the drift watch after it")
+    parser.add_argument("--later-shard", action="store_true", help="with --in-flight: run a shard of each key first "
+                        "(other rows of its workload, not benched), so the benched shard is the key's next on the worker, "
+                        "its sample decoded under the setting the first ended under")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
@@ -337,11 +349,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
     worker = WorkerCalibration()
     shards = []
     for workload in args.workloads.split(","):
+        first = None
+        if args.later_shard:
+            earlier = run_shard(engine, ShardInput(f"{workload}-first", workload, workloads.requests(workload, rows, max_tokens, seed=1)),
+                                arms, True, args.batch_size, settings, worker=worker)
+            first = {"chosen": earlier.decision.chosen.label, "ended_under": worker.settled[workload].label,
+                     "wall_s": earlier.stats.wall_s}
+            print(f"{workload}: the key's first shard chose {first['chosen']}, ended under {first['ended_under']} "
+                  f"({first['wall_s']:.1f} s)", flush=True)
         shards.append(bench_shard(engine, workload, rows, max_tokens, args.batch_size, arms, settings, worker, args.in_flight))
+        shards[-1]["key_first_shard"] = first
         print(shard_table(shards[-1:]), flush=True)
         print(prediction_table(shards[-1:]), flush=True)
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-    data = {"benchmark": "calibrate", "in_flight": args.in_flight, "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
+    data = {"benchmark": "calibrate", "in_flight": args.in_flight, "later_shard": args.later_shard, "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
             "rows_per_shard": rows, "max_tokens": max_tokens, "batch_size": args.batch_size,
             "arms": [a.label for a in arms], "machine": info, "shards": shards,
             "met": {"vs_oracle": all((r["vs_oracle"] or 0) >= 0.95 for r in shards),
@@ -356,6 +377,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
           f"{args.model}{' + ' + args.draft_model if args.draft_model else ''}, {args.dtype}, batch {args.batch_size}, "
           f"{rows} prompts per shard, max_tokens {max_tokens}, arms none + {', '.join(a.label for a in arms)}; "
           f"{machine_line(info)}. "
+          + ("Each benched shard is its key's second on this worker: a first shard of other rows of the workload "
+             "ran before it (not benched), and the benched shard's sample decoded under the setting that one ended under. "
+             if args.later_shard else "") +
           f"tok/s = goodput (output tokens / decode seconds).\n\n{table}")
     write(Path(args.out), "calibrate", data, md, table)
     return data

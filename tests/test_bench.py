@@ -80,7 +80,7 @@ def test_calibrate_bench_in_flight_decides_as_the_pipeline_does(models, tmp_path
 
     target, _ = models
     calibrate.main(["--model", target, "--rows", "12", "--max-tokens", "4", "--batch-size", "2", "--workloads", "edit",
-                    "--threads", "1", "--in-flight", "--out", str(tmp_path)])
+                    "--threads", "1", "--in-flight", "--later-shard", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "calibrate.json").read_text())
     from batchspec.calibrate import CalibrationSettings
 
@@ -93,6 +93,11 @@ def test_calibrate_bench_in_flight_decides_as_the_pipeline_does(models, tmp_path
     assert flight["decode_tokens"] == flight["output_tokens"] - 12
     assert flight["goodput"] == pytest.approx(flight["decode_tokens"] / flight["decode_s"])
     assert "| rows per setting |" in (tmp_path / "calibrate.md").read_text()
+    # --later-shard: the benched shard is its key's second on the worker; its sample ran under the
+    # setting the first ended under, where the worker could price a run under it
+    first = shard["key_first_shard"]
+    assert saved["later_shard"] and first["wall_s"] > 0 and flight["sample_under"] in {first["ended_under"], "none"}
+    assert "| sample decoded under |" in (tmp_path / "calibrate.md").read_text()
     # the shard's figure against the oracle is the settings it ran, priced on the interleaved run
     assert shard["vs_oracle"] == pytest.approx(flight["settings_goodput"] / shard["oracle_tokens_per_s"])
     assert shard["decision_vs_oracle"] == pytest.approx(shard["calibrated_tokens_per_s"] / shard["oracle_tokens_per_s"])

@@ -65,6 +65,10 @@ class WorkerCalibration:
     profile: CostProfile = field(default_factory=CostProfile)
     confirmed_keys: set = field(default_factory=set)
     errors: list[float] = field(default_factory=list)  # |predicted / measured speedup - 1| per confirmation
+    # Per shard key: the setting its last shard on this worker ended under (calibrate.inflight
+    # decodes the key's next sample under it: greedy speculation commits plain decoding's tokens).
+    settled: dict = field(default_factory=dict)
+    other: float | None = None  # the engine's bookkeeping per row and step, from the last sample decoded plainly
 
     def prediction_error(self, default: float) -> float:
         return max(self.errors) if self.errors else default

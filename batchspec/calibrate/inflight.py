@@ -6,7 +6,11 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
 
     sample   the sample rows (decision.sample_indices: evenly spaced) are admitted first and
              decode plainly in the shard's own batch, the shard's other rows joining as they
-             finish: nothing drains and nothing runs twice. When every sample row has finished
+             finish: nothing drains and nothing runs twice. A key's later shard on the worker
+             decodes them under the setting its last shard ended under (`InFlight._start`):
+             greedy speculation commits plain decoding's tokens, so the counterfactual is the
+             same, plain decoding's time is priced from the profile (`as_plain`), and a paying
+             key's sample no longer runs at plain speed on every shard. When every sample row has finished
              or reached the calibration cap (`max_tokens`), their plain tokens give every arm's
              counterfactual acceptance, the steps the call ran tie the profile's prices to the
              machine as it is now (`anchor_of_steps`), and counterfactual.predict_sample chooses:
@@ -45,7 +49,7 @@ removes costs more where outputs vary in length and a half-empty batch costs wha
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from batchspec.calibrate.counterfactual import (
@@ -73,6 +77,34 @@ def anchor_of_steps(timing: Timing, steps: Sequence[Step], profile: CostProfile)
     priced = sum(profile.target_s(s.rows, s.context + 1, s.tokens) for s in steps) + other * row_steps
     measured = timing.decode_s
     return Anchor(measured / priced if priced > 0 and measured > 0 else 1.0, other)
+
+
+def anchor_of_run(timing: Timing, steps: Sequence[Step], profile: CostProfile, spec: SpecConfig,
+                  other: float) -> Anchor:
+    """The profile tied to a run under `spec` by the steps it ran: the forwards' measured seconds
+    (verify; a draft model's draft steps too, its prefills left out) over the profile's price of
+    the same forwards at their rows, cache length and width. The bookkeeping per row and step is
+    `other`, a plain run's on this worker (WorkerCalibration.other): the cost model prices it alike
+    for every arm, and a speculative step's own (its acceptance) would tilt every arm's price
+    against plain decoding's. Under "none" this is `anchor_of_steps`."""
+    if spec.method == "none":
+        return anchor_of_steps(timing, steps, profile)
+    forwards = arm_price_s(steps, spec, Anchor(1.0, 0.0), profile)
+    measured = timing.verify_s + (timing.draft_s - timing.admit_s if spec.method == "draft_target" else 0.0)
+    return Anchor(measured / forwards if forwards > 0 and measured > 0 else 1.0, other)
+
+
+def as_plain(result: GenerateResult, steps: Sequence[Step], anchor: Anchor, profile: CostProfile) -> GenerateResult:
+    """A run under a speculative setting as plain decoding would have run it: the same tokens
+    (greedy speculation commits plain decoding's; sampled, tokens from the target's own
+    distribution), no drafts, one target step per decode token, and the decode time plain
+    decoding would have taken for what `steps` committed (`plain_price_s`), split as a plain run's is."""
+    rows = [replace(c, draft_tokens=0, accepted_tokens=0, accepted_at=[], accepted_steps=[],
+                    target_steps=max(0, c.output_tokens - 1)) for c in result.completions]
+    other = anchor.other * sum(s.committed for s in steps)
+    t = result.timing
+    return GenerateResult(rows, Timing(prefill_s=t.prefill_s, verify_s=plain_price_s(steps, anchor, profile) - other,
+                                       other_s=other, wall_s=t.wall_s))
 
 
 def plain_price_s(steps: Sequence[Step], anchor: Anchor, profile: CostProfile) -> float:
@@ -146,6 +178,8 @@ class InFlight:
         self.last: Progress | None = None
         self.watched = Timing()  # the call's timing at the last drift check
         self.chosen: SpecConfig = NO_SPEC
+        self.start = self._start()  # what the sample decodes under: the call's first setting
+        self.current = self.start  # the setting the rows in flight decode under
         self.watch = DriftWatch(self.engine, self.arms, self.worker, self.batch_size, self.settings.margin)
 
     # -- engine.base.Control ----------------------------------------------------------------------
@@ -164,9 +198,23 @@ class InFlight:
         elif self.phase == "watch" and len(self.order) - self.since >= self._every() and (p.queued or p.in_flight):
             new = self._watch(p)
             self.watch_s += self.clock() - began
+            self.current = new or p.spec
             return new
         self.spent_s += self.clock() - began
+        self.current = new or p.spec
         return new
+
+    def _start(self) -> SpecConfig:
+        """The setting the sample decodes under: the key's last on this worker (`settled`) where that
+        was an arm still among this shard's and the worker can price a run under it (a profile, a
+        plain run's bookkeeping); else "none". Greedy speculation commits plain decoding's tokens, so
+        the counterfactual on the sample is the same; what changes is that a key whose shards pay
+        does not run its sample (a batch of rows: 1/8 to 1/4 of the bench's shards) at plain speed
+        on every shard: the sample's share of a shard delivers 1/speedup of the oracle there."""
+        spec = self.worker.settled.get(self.key, NO_SPEC)
+        if spec.method == "none" or self.worker.other is None or not self.worker.profile.points:
+            return NO_SPEC
+        return next((a for a in self.arms if a.label == spec.label), NO_SPEC)
 
     def _sample_done(self, p: Progress) -> bool:
         cap = self.settings.max_tokens
@@ -196,18 +244,33 @@ class InFlight:
 
     def _decide(self, p: Progress) -> SpecConfig | None:
         rows, sample = self._sample_rows(p)
-        plain = GenerateResult(sample + self._partial(p, exclude=self.first), p.timing)  # every row so far, under none
+        plain = GenerateResult(sample + self._partial(p, exclude=self.first), p.timing)  # every row so far
+        steps = list(p.steps)
+        start, profile, other = self.start, self.worker.profile, self.worker.other
+
+        def anchor_of(prof: CostProfile) -> Anchor:
+            return anchor_of_run(p.timing, steps, prof, start, other)
+
+        if start.method != "none":  # the rows so far ran under the key's last setting: priced as plain decoding
+            plain = as_plain(plain, steps, anchor_of(profile), profile)
         left = p.queued + len(p.in_flight)
         mean = sum(len(r.output_ids) for r in rows) / len(rows) if rows else 0.0  # tokens a row has, as the sample says
         to_go = p.queued * mean + sum(max(0.0, mean - len(out)) for out in p.in_flight.values())
         rest = plain.timing.decode_s / plain.decode_tokens * to_go if plain.decode_tokens else None
         stream = min(left, self._chunk())
         longest = max(r.params.max_tokens for r in self.requests)
-        steps = list(p.steps)
         v = self.verdict = predict_sample(self.engine, rows, plain, rest, longest, self.arms,
-                                          self.batch_size, self.settings, self.worker, self.key, stream,
-                                          lambda profile: anchor_of_steps(p.timing, steps, profile))
-        self.reason = v.reason + f"; the sample decoded in the shard's batch ({len(self.order)} rows done, {left} to go)"
+                                          self.batch_size, self.settings, self.worker, self.key, stream, anchor_of)
+        under = ""
+        if start.method != "none":
+            base = v.arms[0]  # plain decoding did not run: its figure is the profile's price
+            base.measured, base.predicted_tokens_per_s, base.tokens_per_s, base.predicted_speedup = \
+                False, base.tokens_per_s, None, 1.0
+            under = (f" under {start.label}, the setting the key's last shard on this worker ended under (greedy "
+                     f"speculation commits plain decoding's tokens; plain decoding's time priced from the profile)")
+        elif v.anchor is not None:
+            self.worker.other = v.anchor.other
+        self.reason = v.reason + f"; the sample decoded in the shard's batch{under} ({len(self.order)} rows done, {left} to go)"
         if isinstance(self.watch, DriftWatch):  # the window's checks price as the sample's prediction did
             self.watch.anchor, self.watch.stream = v.anchor, self._chunk()
         self.since = len(self.order)
@@ -299,10 +362,11 @@ class InFlight:
         began = self.clock()
         if self.phase == "sample":
             final = self.last or Progress(NO_SPEC, [], list(result.completions), {}, 0, result.timing, [])
-            self._decide(Progress(final.spec, [], list(result.completions), {}, 0, result.timing, final.steps))
+            self.current = self._decide(Progress(final.spec, [], list(result.completions), {}, 0, result.timing, final.steps))
         elif self.phase == "confirm":
-            self._confirm(Progress(self.last.spec, [], list(result.completions), {}, 0, result.timing, self.last.steps), final=True)
+            self.current = self._confirm(Progress(self.last.spec, [], list(result.completions), {}, 0, result.timing, self.last.steps), final=True)
         self.spent_s += self.clock() - began
+        self.worker.settled[self.key] = self.current
         v = self.verdict
         decision = Decision(
             chosen=self.chosen, arms=v.arms, baseline_tokens_per_s=v.arms[0].tokens_per_s,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration
-from batchspec.calibrate.inflight import InFlight, anchor_of_steps, confirmed_speedup, plain_price_s
-from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig, Step, StepCost, Timing
+from batchspec.calibrate.inflight import InFlight, anchor_of_run, anchor_of_steps, as_plain, confirmed_speedup, plain_price_s
+from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Request, SamplingParams, SpecConfig, Step, StepCost, Timing
 from batchspec.predict.cost import CostProfile
 from batchspec.shard import ShardInput, run_shard
 from tests.data import LENIENT, word_rows
@@ -48,10 +48,13 @@ def test_a_shard_calibrates_inside_its_own_batch(tiny_engine):
     assert 0 < st.calibration_s == st.calibration_overhead_s < st.wall_s
     # the next shard of the key: the profile is reused, and no confirmation unless near the margin
     worker.errors[:] = [0.0]
+    settled = worker.settled["k"]  # what the first shard's last rows ran under: its sample's setting next
     again = run_shard(tiny_engine, ShardInput("s1", "k", rows), SELF, True, 4,
                       CalibrationSettings(max_tokens=24, sample_size=8, margin=1.0), worker=worker)
     assert again.decision.profile_s == 0.0 and not again.decision.confirmed
-    assert again.stats.spec_method == "none" and all(s is NO_SPEC for s in again.row_specs)  # k=4 cannot beat 2x here
+    assert again.stats.spec_method == "none"  # k=4 cannot beat 2x here
+    assert all(again.row_specs[i] == settled for i in sample) and worker.settled["k"] is NO_SPEC
+    assert [c.token_ids for c in again.completions] == [c.token_ids for c in plain.completions]
 
 
 def flat_profile(batch_size: int, draft: str = "self") -> WorkerCalibration:
@@ -167,6 +170,69 @@ def test_the_anchor_prices_exactly_the_steps_that_ran():
     assert anchor.scale == pytest.approx(0.2 / (0.04 + 0.04 + 0.02)) and anchor.other == 0.0
     spec_steps = [Step(4, 30, 3, 10)]  # 4 rows, 3 tokens each, 10 committed: 2.5 plain steps of 4 rows
     assert plain_price_s(spec_steps, anchor, profile) == pytest.approx(anchor.scale * 0.04 * 10 / 4)
+
+
+def test_a_run_under_an_arm_is_anchored_on_its_forwards_and_priced_as_plain_decoding():
+    """A sample decoded under an arm: the anchor's scale is the forwards' measured time (verify,
+    and a draft model's draft steps without its prefills; an n-gram lookup is not a forward) over
+    the profile's price of them, the bookkeeping a plain run's; as plain decoding, the run has
+    the same tokens, no drafts, a target step per decode token and plain decoding's price."""
+    profile = CostProfile([StepCost("target", "m", b, c, w, 0.01 * b * w) for b in (1, 4) for c in (10, 100) for w in (1, 3)]
+                          + [StepCost("draft", "d", b, c, t, 0.001 * b * t) for b in (1, 4) for c in (10, 100) for t in (1, 2)])
+    steps = [Step(4, 30, 3, 10), Step(4, 33, 3, 6)]
+    timing = Timing(draft_s=0.05, verify_s=0.3, other_s=0.04, admit_s=0.02)
+    ngram = anchor_of_run(timing, steps, profile, SpecConfig("ngram", 2), other=0.001)
+    assert ngram.scale == pytest.approx(0.3 / (2 * 0.12)) and ngram.other == 0.001
+    draft = anchor_of_run(timing, steps, profile, SpecConfig("draft_target", 2, draft_model="d"), other=0.001)
+    assert draft.scale == pytest.approx((0.3 + 0.05 - 0.02) / (2 * 0.12 + 2 * (0.008 + 0.004)))
+    assert anchor_of_run(timing, steps, profile, NO_SPEC, other=0.5) == anchor_of_steps(timing, steps, profile)
+    ran = GenerateResult([Completion("a", "x", [1, 2, 3, 4, 5, 6, 7, 8, 9], output_tokens=9, draft_tokens=8,
+                                     accepted_tokens=6, target_steps=2, accepted_at=[2, 2], accepted_steps=[3, 3])],
+                         timing)
+    plain = as_plain(ran, steps, ngram, profile)
+    c = plain.completions[0]
+    assert c.token_ids == ran.completions[0].token_ids and (c.draft_tokens, c.accepted_tokens, c.target_steps) == (0, 0, 8)
+    assert plain.timing.decode_s == pytest.approx(plain_price_s(steps, ngram, profile))
+    assert plain.timing.other_s == pytest.approx(0.001 * 16) and plain.timing.draft_s == 0.0
+
+
+def test_a_keys_next_shard_decodes_its_sample_under_the_setting_its_last_shard_ended_under(tiny_engine):
+    """The key's first shard decodes its sample plainly and ends under the arm it chose; the next
+    shard of the key on the worker decodes its sample under that arm: the same tokens (greedy),
+    so the same counterfactual acceptance of every arm as a plain sample gives, and the same
+    choice; plain decoding's figure is the profile's price, not a measurement, and says so. A key
+    that ended under "none", or a worker that never ran a sample plainly, starts under "none"."""
+    arm = SpecConfig("draft_target", 3, draft_model="self")
+    settings = CalibrationSettings(max_tokens=24, sample_size=4, confirm=False)
+    worker = flat_profile(4)
+    first = run_shard(tiny_engine, ShardInput("s0", "k", word_rows(16)), [arm], True, 4, settings, worker=worker)
+    assert first.decision.chosen == arm and worker.settled["k"] == arm and worker.other is not None
+    assert "the sample decoded in the shard's batch (" in first.decision.reason
+    rows = [Request(f"n{i}", r.prompt + " w3 w5", params=r.params) for i, r in enumerate(word_rows(20))]
+    fresh = flat_profile(4)
+    fresh.other = worker.other
+    plainly = run_shard(tiny_engine, ShardInput("s1", "k", rows), [arm], True, 4, settings, worker=fresh)
+    nxt = InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="k")
+    assert nxt.start == arm
+    ran = tiny_engine.generate(rows, nxt.start, 4, control=nxt)
+    d, specs = nxt.close(ran)
+    assert all(specs[i] == arm and ran.completions[i].draft_tokens > 0 for i in nxt.first)
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plainly.completions] \
+        == [c.token_ids for c in tiny_engine.generate(rows, NO_SPEC, 4).completions]
+    assert d.chosen == plainly.decision.chosen == arm
+    mine, theirs = d.arms[1], plainly.decision.arms[1]
+    assert (mine.acceptance_rate, mine.target_steps, mine.draft_tokens, mine.accepted_tokens) == \
+        (theirs.acceptance_rate, theirs.target_steps, theirs.draft_tokens, theirs.accepted_tokens)
+    base = d.arms[0]
+    assert not base.measured and base.tokens_per_s is None and base.predicted_tokens_per_s > 0
+    assert d.baseline_tokens_per_s is None and plainly.decision.baseline_tokens_per_s > 0
+    assert f"the sample decoded in the shard's batch under {arm.label}, the setting the key's last shard" in d.reason
+    # a key the worker has not seen, or one that ended plainly, starts under none
+    assert InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="other").start is NO_SPEC
+    worker.settled["k"] = NO_SPEC
+    assert InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="k").start is NO_SPEC
+    worker.settled["k"], worker.other = arm, None
+    assert InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="k").start is NO_SPEC
 
 
 def test_each_batch_of_finished_rows_is_checked_on_a_window_of_the_last_ones(tiny_engine):
