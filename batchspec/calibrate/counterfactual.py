@@ -68,7 +68,10 @@ class WorkerCalibration:
     # Per shard key: the setting its last shard on this worker ended under (calibrate.inflight
     # decodes the key's next sample under it: greedy speculation commits plain decoding's tokens).
     settled: dict = field(default_factory=dict)
-    other: float | None = None  # the engine's bookkeeping per row and step, from the last sample decoded plainly
+    # The last sample decoded plainly: its anchor prices plain decoding for a sample decoded under
+    # an arm (an anchor taken from an arm's wide steps carries the profile's error on their width
+    # into plain decoding's price, and with it into the confirmation's measured speedup).
+    anchor: "Anchor | None" = None
 
     def prediction_error(self, default: float) -> float:
         return max(self.errors) if self.errors else default

@@ -9,8 +9,9 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              finish: nothing drains and nothing runs twice. A key's later shard on the worker
              decodes them under the setting its last shard ended under (`InFlight._start`):
              greedy speculation commits plain decoding's tokens, so the counterfactual is the
-             same, plain decoding's time is priced from the profile (`as_plain`), and a paying
-             key's sample no longer runs at plain speed on every shard. When every sample row has finished
+             same, plain decoding's time is priced from the profile at the anchor of the
+             worker's last plain sample (`as_plain`), and a paying key's sample no longer runs
+             at plain speed on every shard. When every sample row has finished
              or reached the calibration cap (`max_tokens`), their plain tokens give every arm's
              counterfactual acceptance, the steps the call ran tie the profile's prices to the
              machine as it is now (`anchor_of_steps`), and counterfactual.predict_sample chooses:
@@ -77,21 +78,6 @@ def anchor_of_steps(timing: Timing, steps: Sequence[Step], profile: CostProfile)
     priced = sum(profile.target_s(s.rows, s.context + 1, s.tokens) for s in steps) + other * row_steps
     measured = timing.decode_s
     return Anchor(measured / priced if priced > 0 and measured > 0 else 1.0, other)
-
-
-def anchor_of_run(timing: Timing, steps: Sequence[Step], profile: CostProfile, spec: SpecConfig,
-                  other: float) -> Anchor:
-    """The profile tied to a run under `spec` by the steps it ran: the forwards' measured seconds
-    (verify; a draft model's draft steps too, its prefills left out) over the profile's price of
-    the same forwards at their rows, cache length and width. The bookkeeping per row and step is
-    `other`, a plain run's on this worker (WorkerCalibration.other): the cost model prices it alike
-    for every arm, and a speculative step's own (its acceptance) would tilt every arm's price
-    against plain decoding's. Under "none" this is `anchor_of_steps`."""
-    if spec.method == "none":
-        return anchor_of_steps(timing, steps, profile)
-    forwards = arm_price_s(steps, spec, Anchor(1.0, 0.0), profile)
-    measured = timing.verify_s + (timing.draft_s - timing.admit_s if spec.method == "draft_target" else 0.0)
-    return Anchor(measured / forwards if forwards > 0 and measured > 0 else 1.0, other)
 
 
 def as_plain(result: GenerateResult, steps: Sequence[Step], anchor: Anchor, profile: CostProfile) -> GenerateResult:
@@ -212,7 +198,7 @@ class InFlight:
         does not run its sample (a batch of rows: 1/8 to 1/4 of the bench's shards) at plain speed
         on every shard: the sample's share of a shard delivers 1/speedup of the oracle there."""
         spec = self.worker.settled.get(self.key, NO_SPEC)
-        if spec.method == "none" or self.worker.other is None or not self.worker.profile.points:
+        if spec.method == "none" or self.worker.anchor is None or not self.worker.profile.points:
             return NO_SPEC
         return next((a for a in self.arms if a.label == spec.label), NO_SPEC)
 
@@ -246,13 +232,13 @@ class InFlight:
         rows, sample = self._sample_rows(p)
         plain = GenerateResult(sample + self._partial(p, exclude=self.first), p.timing)  # every row so far
         steps = list(p.steps)
-        start, profile, other = self.start, self.worker.profile, self.worker.other
+        start, worker = self.start, self.worker
 
-        def anchor_of(prof: CostProfile) -> Anchor:
-            return anchor_of_run(p.timing, steps, prof, start, other)
+        def anchor_of(profile: CostProfile) -> Anchor:
+            return anchor_of_steps(p.timing, steps, profile) if start.method == "none" else worker.anchor
 
         if start.method != "none":  # the rows so far ran under the key's last setting: priced as plain decoding
-            plain = as_plain(plain, steps, anchor_of(profile), profile)
+            plain = as_plain(plain, steps, worker.anchor, worker.profile)
         left = p.queued + len(p.in_flight)
         mean = sum(len(r.output_ids) for r in rows) / len(rows) if rows else 0.0  # tokens a row has, as the sample says
         to_go = p.queued * mean + sum(max(0.0, mean - len(out)) for out in p.in_flight.values())
@@ -269,7 +255,7 @@ class InFlight:
             under = (f" under {start.label}, the setting the key's last shard on this worker ended under (greedy "
                      f"speculation commits plain decoding's tokens; plain decoding's time priced from the profile)")
         elif v.anchor is not None:
-            self.worker.other = v.anchor.other
+            worker.anchor = v.anchor
         self.reason = v.reason + f"; the sample decoded in the shard's batch{under} ({len(self.order)} rows done, {left} to go)"
         if isinstance(self.watch, DriftWatch):  # the window's checks price as the sample's prediction did
             self.watch.anchor, self.watch.stream = v.anchor, self._chunk()

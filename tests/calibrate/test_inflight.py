@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration
-from batchspec.calibrate.inflight import InFlight, anchor_of_run, anchor_of_steps, as_plain, confirmed_speedup, plain_price_s
+from batchspec.calibrate.counterfactual import Anchor
+from batchspec.calibrate.inflight import InFlight, anchor_of_steps, as_plain, confirmed_speedup, plain_price_s
 from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Request, SamplingParams, SpecConfig, Step, StepCost, Timing
 from batchspec.predict.cost import CostProfile
 from batchspec.shard import ShardInput, run_shard
@@ -172,20 +173,14 @@ def test_the_anchor_prices_exactly_the_steps_that_ran():
     assert plain_price_s(spec_steps, anchor, profile) == pytest.approx(anchor.scale * 0.04 * 10 / 4)
 
 
-def test_a_run_under_an_arm_is_anchored_on_its_forwards_and_priced_as_plain_decoding():
-    """A sample decoded under an arm: the anchor's scale is the forwards' measured time (verify,
-    and a draft model's draft steps without its prefills; an n-gram lookup is not a forward) over
-    the profile's price of them, the bookkeeping a plain run's; as plain decoding, the run has
-    the same tokens, no drafts, a target step per decode token and plain decoding's price."""
-    profile = CostProfile([StepCost("target", "m", b, c, w, 0.01 * b * w) for b in (1, 4) for c in (10, 100) for w in (1, 3)]
-                          + [StepCost("draft", "d", b, c, t, 0.001 * b * t) for b in (1, 4) for c in (10, 100) for t in (1, 2)])
+def test_a_run_under_an_arm_is_priced_as_plain_decoding():
+    """A sample decoded under an arm, as plain decoding would have run it: the same tokens, no
+    drafts, a target step per decode token, and plain decoding's price for what its steps
+    committed at the anchor given (the worker's last plain sample's)."""
+    profile = CostProfile([StepCost("target", "m", b, c, w, 0.01 * b * w) for b in (1, 4) for c in (10, 100) for w in (1, 3)])
     steps = [Step(4, 30, 3, 10), Step(4, 33, 3, 6)]
-    timing = Timing(draft_s=0.05, verify_s=0.3, other_s=0.04, admit_s=0.02)
-    ngram = anchor_of_run(timing, steps, profile, SpecConfig("ngram", 2), other=0.001)
-    assert ngram.scale == pytest.approx(0.3 / (2 * 0.12)) and ngram.other == 0.001
-    draft = anchor_of_run(timing, steps, profile, SpecConfig("draft_target", 2, draft_model="d"), other=0.001)
-    assert draft.scale == pytest.approx((0.3 + 0.05 - 0.02) / (2 * 0.12 + 2 * (0.008 + 0.004)))
-    assert anchor_of_run(timing, steps, profile, NO_SPEC, other=0.5) == anchor_of_steps(timing, steps, profile)
+    timing = Timing(draft_s=0.05, verify_s=0.3, other_s=0.04, prefill_s=0.5)
+    ngram = Anchor(1.25, 0.001)
     ran = GenerateResult([Completion("a", "x", [1, 2, 3, 4, 5, 6, 7, 8, 9], output_tokens=9, draft_tokens=8,
                                      accepted_tokens=6, target_steps=2, accepted_at=[2, 2], accepted_steps=[3, 3])],
                          timing)
@@ -193,7 +188,9 @@ def test_a_run_under_an_arm_is_anchored_on_its_forwards_and_priced_as_plain_deco
     c = plain.completions[0]
     assert c.token_ids == ran.completions[0].token_ids and (c.draft_tokens, c.accepted_tokens, c.target_steps) == (0, 0, 8)
     assert plain.timing.decode_s == pytest.approx(plain_price_s(steps, ngram, profile))
+    assert plain.timing.decode_s == pytest.approx(1.25 * 0.04 * 16 / 4 + 0.001 * 16)
     assert plain.timing.other_s == pytest.approx(0.001 * 16) and plain.timing.draft_s == 0.0
+    assert plain.timing.prefill_s == 0.5
 
 
 def test_a_keys_next_shard_decodes_its_sample_under_the_setting_its_last_shard_ended_under(tiny_engine):
@@ -206,11 +203,11 @@ def test_a_keys_next_shard_decodes_its_sample_under_the_setting_its_last_shard_e
     settings = CalibrationSettings(max_tokens=24, sample_size=4, confirm=False)
     worker = flat_profile(4)
     first = run_shard(tiny_engine, ShardInput("s0", "k", word_rows(16)), [arm], True, 4, settings, worker=worker)
-    assert first.decision.chosen == arm and worker.settled["k"] == arm and worker.other is not None
+    assert first.decision.chosen == arm and worker.settled["k"] == arm and worker.anchor is not None
     assert "the sample decoded in the shard's batch (" in first.decision.reason
     rows = [Request(f"n{i}", r.prompt + " w3 w5", params=r.params) for i, r in enumerate(word_rows(20))]
     fresh = flat_profile(4)
-    fresh.other = worker.other
+    fresh.anchor = worker.anchor
     plainly = run_shard(tiny_engine, ShardInput("s1", "k", rows), [arm], True, 4, settings, worker=fresh)
     nxt = InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="k")
     assert nxt.start == arm
@@ -231,7 +228,7 @@ def test_a_keys_next_shard_decodes_its_sample_under_the_setting_its_last_shard_e
     assert InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="other").start is NO_SPEC
     worker.settled["k"] = NO_SPEC
     assert InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="k").start is NO_SPEC
-    worker.settled["k"], worker.other = arm, None
+    worker.settled["k"], worker.anchor = arm, None
     assert InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="k").start is NO_SPEC
 
 
