@@ -254,11 +254,14 @@ class InFlight:
                 False, base.tokens_per_s, None, 1.0
             under = (f" under {start.label}, the setting the key's last shard on this worker ended under (greedy "
                      f"speculation commits plain decoding's tokens; plain decoding's time priced from the profile)")
-        elif v.anchor is not None:
-            worker.anchor = v.anchor
+        anchor = v.anchor
+        if anchor is None and steps and worker.profile.points:  # no arm priced (profiling could not repay): the
+            anchor = anchor_of(worker.profile)                  # steps still tie the worker's profile to this run
+        if start.method == "none" and anchor is not None:
+            worker.anchor = anchor
         self.reason = v.reason + f"; the sample decoded in the shard's batch{under} ({len(self.order)} rows done, {left} to go)"
         if isinstance(self.watch, DriftWatch):  # the window's checks price as the sample's prediction did
-            self.watch.anchor, self.watch.stream = v.anchor, self._chunk()
+            self.watch.anchor, self.watch.stream = anchor, self._chunk()
         self.since = len(self.order)
         if v.wanted and left:
             self.phase, self.mark = "confirm", (len(p.steps), p.timing, len(self.order))

@@ -232,6 +232,24 @@ def test_a_keys_next_shard_decodes_its_sample_under_the_setting_its_last_shard_e
     assert InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="k").start is NO_SPEC
 
 
+def test_a_shard_that_prices_no_arm_still_anchors_its_drift_window_on_its_own_steps(tiny_engine):
+    """A draft that is never right on a shard the worker's profile does not cover: the production
+    batch's width curve shows no arm can pay, the rest of the profile is not measured, and the
+    verdict carries no anchor. The shard's own plain steps
+    still tie the worker's profile to this run: the drift window prices with that anchor (not the
+    window's rows replayed alone with the time since the last check, which leaves out the
+    bookkeeping of the rows that shared their steps), and it is the worker's last plain anchor."""
+    far = SpecConfig("draft_target", 4, draft_model="far")
+    worker = flat_profile(2, "far")  # batch 1 and 2 only: batch 4 is not covered
+    rows = word_rows(32)
+    control = InFlight(tiny_engine, rows, [far], 4, CalibrationSettings(max_tokens=24, sample_size=4), worker, key="k")
+    ran = tiny_engine.generate(rows, NO_SPEC, 4, control=control)
+    d, _ = control.close(ran)
+    assert control.verdict.anchor is None and d.chosen is NO_SPEC and "the rest of the profile" in d.reason
+    assert control.watch.anchor is not None and control.watch.anchor is worker.anchor
+    assert control.watch.anchor.scale > 0 and control.watch.anchor.other >= 0
+
+
 def test_each_batch_of_finished_rows_is_checked_on_a_window_of_the_last_ones(tiny_engine):
     """The drift check does not wait for a chunk of new rows: every max(batch, 4) finished rows it
     predicts every arm on the last 16 (a chunk, at least 16) finished rows, sample rows included,
