@@ -34,6 +34,7 @@ import workloads  # noqa: E402
 from engine import command, machine_line, result_options, start, write  # noqa: E402
 
 from batchspec.calibrate.counterfactual import Anchor, _counterfactual, none_plans, plain_rows  # noqa: E402
+from batchspec.calibrate.profiling import shape_of  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
 from batchspec.engine.torch import kv, measure  # noqa: E402
 from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s, profile_grid  # noqa: E402
@@ -120,9 +121,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plain = engine.generate(requests, NO_SPEC, b)
     rows = plain_rows(engine, requests, plain)
     acceptance, lookup_s = _counterfactual(engine, rows, arms)  # warms the draft too, as calibration does
-    lo = min(len(r.prompt_ids) for r in rows)
-    grid = profile_grid(b, lo, max(len(r.prompt_ids) for r in rows) + args.max_tokens, args.k + 1,
-                        [args.draft_model] if args.draft_model else [])
+    grid = profile_grid(*shape_of(rows, arms, b, args.max_tokens))  # the contexts calibration times
     profile, tries, profile_s = profile_with_tries(engine, grid)
     anchor = Anchor.of(plain, rows, profile, b)
     none_priced = predict_decode_s(none_plans(rows), b, profile, other_per_row_step=anchor.other)

@@ -12,15 +12,23 @@ from typing import Callable, Sequence
 
 from batchspec.engine.base import GenerateResult, SpecConfig
 from batchspec.predict.acceptance import PlainRow
-from batchspec.predict.cost import CostProfile, profile_grid
+from batchspec.predict.cost import CostProfile, profile_grid, slots_reach
 
 
 def shape_of(rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int,
              max_tokens: int) -> tuple[int, int, int, int, list[str]]:
     """What a profile must cover for this shard: (batch size, lowest context, highest context,
-    widest verify, draft models), the arguments of `CostProfile.covers` and `profile_grid`."""
+    widest verify, draft models), the arguments of `CostProfile.covers` and `profile_grid`. The
+    highest context is the most cache slots a step reads (`slots_reach`): at batch > 1 the
+    batch's holes take steps past any row's context, and the replay prices each step at its
+    slots. Until 2026-12-03 it was the longest row's context, and steps past it were priced by
+    extending the slope of the last two plain points: on a 64-row code shard at batch 8 (prompts
+    66-81 tokens, 24 out) the steps read 80-279 slots, the profile timed 66..105, and a 5-wide
+    step at ~250 slots was priced at 240 ms where it took 177 ms (bench/step_prices.py): every
+    n-gram arm predicted 30-40% slow on that machine, the cost model alone."""
     lo = min(len(r.prompt_ids) for r in rows)
     hi = max(len(r.prompt_ids) for r in rows) + max_tokens
+    hi = slots_reach(hi) if batch_size > 1 else hi
     width = 1 + max(a.draft_len for a in arms)
     drafts = sorted({a.draft_model for a in arms if a.method == "draft_target" and a.draft_model})
     return batch_size, lo, hi, width, drafts

@@ -184,16 +184,16 @@ class CostProfile:
                factor_pts: Sequence[StepCost] | None = None) -> list[tuple[int, float]]:
         """(tokens per row, seconds) along the width curve of `pts` (one batch size) nearest
         `context`, rising, each times the context factor: the width-1 cost at `context` over that
-        at the curve's own, from the narrowest point of every context measured in `factor_pts`
-        (default `pts`)."""
+        at the curve's own, on the least-squares line through the narrowest point of every
+        context measured in `factor_pts` (default `pts`), never falling (`_line`)."""
         curve = cls._curve(pts, context)
         home = curve[0].context
         narrow: dict[int, float] = {}
         for p in sorted(factor_pts or pts, key=lambda p: (p.context, -p.tokens)):
             narrow[p.context] = p.seconds  # the narrowest point of each context
-        at = dict(zip(narrow, _rising(list(narrow.values()))))
-        base = _lerp(list(at), list(at.values()), home)  # the curve's own context may lie between those of `factor_pts`
-        factor = _lerp(list(at), list(at.values()), context) / base if base > 0 else 1.0
+        line = _line(list(narrow), list(narrow.values()))
+        base = line(home)  # the curve's own context may lie between those of `factor_pts`
+        factor = line(context) / base if base > 0 else 1.0
         return [(p.tokens, s * factor) for p, s in zip(curve, _rising([p.seconds for p in curve]))]
 
     @classmethod
@@ -215,6 +215,22 @@ def _rising(ys: Sequence[float]) -> list[float]:
     return out
 
 
+def _line(xs: Sequence[float], ys: Sequence[float]):
+    """The least-squares line through (xs, ys), its slope at least 0 (flat at the mean where the
+    points fall, or with one point), as a function never below 0. A step's cost moves with its
+    context by what attention reads, linear in the slots; the points are plain steps timed at a
+    few contexts, each off by the machine's noise. Piecewise through them (until 2026-12-03) a
+    point timed in a noisy moment bent the factor, and past the last point its slope went on:
+    on a code shard at batch 8 plain steps timed at contexts 66, 85 and 105 (72.6, 72.4 and
+    81.0 ms; the same point's first try 95.0 ms) priced a step at 250 slots 1.45x one at 85
+    where 5-wide steps there measured 1.07x (bench/step_prices.py)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx) if sxx > 0 else 0.0
+    return lambda x: max(0.0, my + slope * (x - mx))
+
+
 def _lerp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     """Piecewise linear through (xs, ys), extended linearly past either end (flat with one point)."""
     if len(xs) == 1:
@@ -222,6 +238,14 @@ def _lerp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def slots_reach(longest: int) -> int:
+    """The most cache slots a step of a batch reads while its longest row holds `longest` tokens:
+    rows keep the slots another row of the batch accepted, and a row admitted mid-batch is padded
+    to the batch's length, until kv.Batch.compact squeezes the holes out past 2 x longest + 64
+    (its `slack` and pad). A batch of one row has no holes: it reads its own context."""
+    return 2 * longest + 64
 
 
 @dataclass
@@ -308,7 +332,7 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
         longest = int(max((c for _, _, c, _ in active), default=0)) - 1
         if not active:
             slots = 0  # the engine starts a fresh batch
-        elif slots > 2 * longest + 64:
+        elif slots > slots_reach(longest):
             slots = longest  # kv.Batch.compact squeezes the holes out
     tokens = float(sum(r.decode_tokens for r in rows))
     return Predicted(verify + draft + other, verify, draft, other, steps, tokens)

@@ -221,18 +221,21 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
             return [StepCost("target", "m", b, c, w, self.cost(c)) for b, c, w in target]
 
     arms = [SpecConfig("ngram", 4)]
-    assert grid_needed(CostProfile(), shape_of(rows(100, 292), arms, 8, 8)) == profile_grid(8, 100, 300, 5)  # middle 200
+    # a shard of contexts 100..300 (prompts up to 292, 8 out): at batch 8 its steps read up to
+    # 2 x 300 + 64 slots, the batch's holes included (kv.Batch.compact); one row has none
+    assert shape_of(rows(100, 292), arms, 8, 8) == (8, 100, 664, 5, []) and shape_of(rows(100, 292), arms, 1, 8) == (1, 100, 300, 5, [])
+    assert grid_needed(CostProfile(), (8, 100, 300, 5, [])) == profile_grid(8, 100, 300, 5)  # middle 200
 
     def refreshed(cost, lo, hi):
         """What a worker profiled at contexts 100..300 times for a shard of contexts lo..hi."""
         engine, profile = Timed(cost), CostProfile()
         refresh_profile(engine, profile, profile_grid(8, 100, 300, 5), 0.0, (8, 100, 300, 5, []))
         engine.asked.clear()
-        shard = rows(lo, hi - 8)
-        grid = grid_needed(profile, shape_of(shard, arms, 8, 8))
+        shape = (8, lo, hi, 5, [])
+        grid = grid_needed(profile, shape)
         if grid is not None:
-            refresh_profile(engine, profile, grid, 0.0, shape_of(shard, arms, 8, 8))
-        assert profile.covers(*shape_of(shard, arms, 8, 8))
+            refresh_profile(engine, profile, grid, 0.0, shape)
+        assert profile.covers(*shape)
         return engine.asked
 
     def flat(c):
@@ -252,8 +255,8 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
     assert refreshed(flat, 1000, 1200) == [profile_grid(8, 1000, 1200, 5)[0]]  # middle 1100: 5.5x, a grid at once
     profile = CostProfile()
     profile.merge([StepCost("target", "m", b, c, w, steep(c)) for b, c, w in profile_grid(8, 100, 300, 5)[0]], 1.0)
-    assert grid_needed(profile, shape_of(rows(100, 292), arms, 3, 8)) == profile_grid(3, 100, 300, 5)
-    assert grid_needed(profile, shape_of(rows(100, 292), [SpecConfig("ngram", 8)], 8, 8)) == profile_grid(8, 100, 300, 9)
+    assert grid_needed(profile, (3, 100, 300, 5, [])) == profile_grid(3, 100, 300, 5)
+    assert grid_needed(profile, shape_of(rows(100, 292), [SpecConfig("ngram", 8)], 8, 8)) == profile_grid(8, 100, 664, 9)
 
 
 def test_a_sample_is_priced_as_the_shard_runs_it_with_its_batch_kept_full():

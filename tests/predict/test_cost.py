@@ -133,3 +133,25 @@ def test_batches_measured_at_different_contexts_price_together():
                     ("target", "m", 8, 500, 1, 3.0), ("target", "m", 4, 200, 1, 0.6), ("target", "m", 4, 200, 3, 1.2)])
     assert p.target_s(4, 200, 1) == pytest.approx(0.6)  # its own curve at its own context: factor 1
     assert p.target_s(4, 400, 1) == pytest.approx(0.6 * 2.5 / 1.5)  # batch 8's factor, 2.5 at 400 over 1.5 at 200
+
+
+def test_the_context_factor_is_a_line_fitted_through_the_plain_steps_timed():
+    """A plain step timed at several contexts, one of them in a noisy moment: the factor follows
+    the least-squares line through them, not the noisy point. Timed over 66..105 alone (the code
+    shard at batch 8 of bench/step_prices.py, 2026-12-03: 72.6, 72.4 and 81.0 ms) any line prices
+    a step at 250 slots near 1.45x one at 85, where steps timed at 85..250 cost within 10% of
+    one another: what mends that is timing out to the slots the steps read (shape_of,
+    slots_reach), and then the noisy point at 105 no longer lifts every context past it, as the
+    running maximum through the points did (1.12x). Points that fall give a flat factor: a
+    longer context never costs less."""
+    curve = [("target", "m", 8, 85, 1, 72.4), ("target", "m", 8, 85, 5, 164.7)]
+    p = profile_of(curve + [("target", "m", 8, 66, 1, 72.6), ("target", "m", 8, 105, 1, 81.0)])
+    # the line: slope 0.2175 ms per slot through the mean (85.33, 75.33); 72.4 at 85 would be 75.26 on it
+    slope = (-19.33 * -2.733 + -0.333 * -2.933 + 19.667 * 5.667) / (19.33 ** 2 + 0.333 ** 2 + 19.667 ** 2)
+    on = lambda c: 75.333 + slope * (c - 85.333)  # noqa: E731
+    assert p.target_s(8, 250, 5) == pytest.approx(164.7 * on(250) / on(85), rel=1e-3)
+    wide = profile_of(curve + [("target", "m", 8, 66, 1, 72.6), ("target", "m", 8, 105, 1, 81.0),
+                               ("target", "m", 8, 174, 1, 74.0), ("target", "m", 8, 274, 1, 75.0)])
+    assert wide.target_s(8, 250, 5) == pytest.approx(164.7, rel=0.05)  # timed out to 274: about flat, as measured
+    falling = profile_of(curve + [("target", "m", 8, 300, 1, 60.0)])
+    assert falling.target_s(8, 300, 5) == pytest.approx(164.7) and falling.target_s(8, 30, 5) == pytest.approx(164.7)
