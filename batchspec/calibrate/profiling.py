@@ -23,8 +23,8 @@ def shape_of(rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: i
     batch's holes take steps past any row's context, and the replay prices each step at its
     slots. Until 2026-12-03 it was the longest row's context, and steps past it were priced by
     extending the slope of the last two plain points: on a 64-row code shard at batch 8 (prompts
-    66-81 tokens, 24 out) the steps read 80-279 slots, the profile timed 66..105, and a 5-wide
-    step at ~250 slots was priced at 240 ms where it took 177 ms (bench/step_prices.py): every
+    66-81 tokens, 24 out) the steps read 80-279 slots, the profile timed 66..105, and its 5-wide
+    steps were priced at 240 ms on average where they took 177 ms (bench/step_prices.py): every
     n-gram arm predicted 30-40% slow on that machine, the cost model alone."""
     lo = min(len(r.prompt_ids) for r in rows)
     hi = max(len(r.prompt_ids) for r in rows) + max_tokens

@@ -222,8 +222,9 @@ def _line(xs: Sequence[float], ys: Sequence[float]):
     few contexts, each off by the machine's noise. Piecewise through them (until 2026-12-03) a
     point timed in a noisy moment bent the factor, and past the last point its slope went on:
     on a code shard at batch 8 plain steps timed at contexts 66, 85 and 105 (72.6, 72.4 and
-    81.0 ms; the same point's first try 95.0 ms) priced a step at 250 slots 1.45x one at 85
-    where 5-wide steps there measured 1.07x (bench/step_prices.py)."""
+    81.0 ms; the same point's first try 95.0 ms) priced a step at 250 slots 1.95x one at 85,
+    the shard's 5-wide steps 1.45x their measured time on average, where those at 240-279 slots
+    measured 1.06x those at 80-119 (bench/results/slots_cost_20261203.md)."""
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
