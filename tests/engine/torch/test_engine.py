@@ -321,6 +321,21 @@ def test_profile_times_every_point_asked_and_each_draft_prefill_once(tiny_engine
     assert all(p.seconds > 0 for p in points)
 
 
+def test_a_greedy_profile_times_the_argmax_the_greedy_engine_takes_not_probabilities(tiny_engine, monkeypatch):
+    """The greedy engine accepts on argmaxes (sampling.greedy_accept) and never turns a verify's
+    logits into probabilities; its profile must not time that either, or every wide verify looks
+    dearer than it runs. A sampled profile times the probabilities, as sampled decoding computes them."""
+    from batchspec.engine.torch import measure
+
+    calls = []
+    real = measure.probs_from_logits
+    monkeypatch.setattr(measure, "probs_from_logits", lambda *a: calls.append(a[0].shape) or real(*a))
+    tiny_engine.profile([(4, 6, 1), (4, 6, 5)], reps=2, temperature=0.0)
+    assert calls == []
+    tiny_engine.profile([(4, 6, 5)], reps=2, temperature=0.8)
+    assert calls and {shape[0] for shape in calls} == {4, 4 * 5}  # the warm-up's one token, then every position of every row
+
+
 # -- a setting changed in flight (generate's control=) ------------------------------------------------
 
 
