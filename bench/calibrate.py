@@ -66,7 +66,7 @@ from engine import (  # noqa: E402
 )
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration, plain_rows, predict_arms  # noqa: E402
-from batchspec.calibrate.counterfactual import Anchor, none_plans  # noqa: E402
+from batchspec.calibrate.pricing import Anchor, none_plans  # noqa: E402
 from batchspec.config.candidates import default_candidates_path, load_candidates  # noqa: E402
 from batchspec.engine.base import NO_SPEC, GenerateResult, SpecConfig, Timing  # noqa: E402
 from batchspec.predict.cost import predict_decode_s  # noqa: E402

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workloads  # noqa: E402
 from engine import command, machine_line, result_options, start, write  # noqa: E402
 
-from batchspec.calibrate.counterfactual import Anchor, _counterfactual, none_plans, plain_rows  # noqa: E402
+from batchspec.calibrate.pricing import Anchor, _counterfactual, none_plans, plain_rows  # noqa: E402
 from batchspec.calibrate.profiling import shape_of  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
 from batchspec.engine.torch import kv, measure  # noqa: E402

@@ -15,6 +15,8 @@ there, one rule and one record:
     inflight        the same inside the shard's own batch: one generate call per shard, its
                     control deciding when the sample is done, confirming on the arm's own steps,
                     and watching for drift (engines that switch in flight: torch)
+    pricing         each arm's counterfactual acceptance on plain rows and its goodput priced
+                    from the worker's cost profile, tied to a measured run (`Anchor`)
     profiling       when and what a worker profiles for it, stopping at the width curve where
                     no arm can pay on it
     drift           the same prediction on the rows a shard finishes (in flight: a window of the
@@ -34,8 +36,6 @@ from batchspec.calibrate.counterfactual import (  # noqa: F401
     WorkerCalibration,
     calibrate_counterfactual,
     counterfactual_ready,
-    plain_rows,
-    predict_arms,
 )
 from batchspec.calibrate.decision import (  # noqa: F401
     CalibrationSettings,
@@ -48,3 +48,4 @@ from batchspec.calibrate.decision import (  # noqa: F401
 )
 from batchspec.calibrate.drift import switch_on, while_speculating  # noqa: F401
 from batchspec.calibrate.measured import calibrate  # noqa: F401
+from batchspec.calibrate.pricing import plain_rows, predict_arms  # noqa: F401

@@ -32,7 +32,6 @@ draft-model arms): nothing is repeated but a confirmation where it matters.
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -48,10 +47,11 @@ from batchspec.calibrate.decision import (
     predicted_speedups,
 )
 from batchspec.calibrate.profiling import cannot_repay, grid_needed, refresh_profile, rest_s, shape_of
-from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig, acceptance_rate, mean_accepted_len
+from batchspec.calibrate.pricing import Anchor, _counterfactual, none_plans, plain_rows, predict_arms
+from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig
 from batchspec.errors import one_line
-from batchspec.predict.acceptance import Acceptance, PlainRow, draft_acceptance, ngram_acceptance
-from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s
+from batchspec.predict.acceptance import PlainRow
+from batchspec.predict.cost import CostProfile, predict_decode_s
 from batchspec.stats import ArmResult
 
 CONFIRM_MIN_ROWS = 4  # at batch 1 a single row is too few to measure an arm on
@@ -71,7 +71,7 @@ class WorkerCalibration:
     # The last sample decoded plainly: its anchor prices plain decoding for a sample decoded under
     # an arm (an anchor taken from an arm's wide steps carries the profile's error on their width
     # into plain decoding's price, and with it into the confirmation's measured speedup).
-    anchor: "Anchor | None" = None
+    anchor: Anchor | None = None
 
     def prediction_error(self, default: float) -> float:
         return max(self.errors) if self.errors else default
@@ -147,7 +147,7 @@ class Verdict:
     arms: list[ArmResult]
     chosen: SpecConfig
     reason: str
-    anchor: "Anchor | None" = None
+    anchor: Anchor | None = None
     top: ArmResult | None = None  # the best predicted arm, and its setting
     top_spec: SpecConfig | None = None
     wanted: bool = False  # a measured confirmation of `top_spec`
@@ -160,7 +160,7 @@ class Verdict:
 def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest: float | None, longest: int,
                    arms: Sequence[SpecConfig], batch_size: int, settings: CalibrationSettings,
                    worker: WorkerCalibration, key: str | None, stream: int,
-                   anchor_of: Callable[[CostProfile], "Anchor"]) -> Verdict:
+                   anchor_of: Callable[[CostProfile], Anchor]) -> Verdict:
     """Steps 2-4 of this module's list on a plain run of the sample, `plain` (its rows as `rows`;
     `rest`: the plain decode seconds the shard has left, estimated (`rest_s`; None: no bound);
     `longest`: the shard's longest max_tokens): every arm's counterfactual acceptance, the profile measured
@@ -187,7 +187,7 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     counter = counter or (_counterfactual(engine, rows, arms) if arms else ({}, 0.0))
     bar = (1 + settings.margin) * (1 - worker.prediction_error(settings.prediction_error))
 
-    def priced(profile: CostProfile, anchor: "Anchor | None" = None) -> list[ArmResult]:
+    def priced(profile: CostProfile, anchor: Anchor | None = None) -> list[ArmResult]:
         return predict_arms(engine, rows, arms, anchor_of(profile) if anchor is None else anchor, profile, batch_size,
                             counter, stream)
 
@@ -249,7 +249,7 @@ def settle(verdict: Verdict, measured: float, predicted: float | None, worker: W
     return chosen, f"; confirmed ({why}): {spec.label} {what} -> {chosen.label}"
 
 
-def _confirm(engine, others: Sequence[Request], spec: SpecConfig, arm: ArmResult, anchor: "Anchor",
+def _confirm(engine, others: Sequence[Request], spec: SpecConfig, arm: ArmResult, anchor: Anchor,
              profile: CostProfile, batch_size: int) -> tuple[float | None, float | None, GenerateResult]:
     """Run `spec` on max(batch_size, CONFIRM_MIN_ROWS) rows of `others` (evenly spaced; full budgets,
     so they are kept).
@@ -284,141 +284,6 @@ def _broken_arms(engine, arms: Sequence[SpecConfig]) -> dict[str, ArmResult]:
         except Exception as exc:  # an arm that fails is skipped and recorded, as when measured by running
             broken[arm.label] = ArmResult(arm.method, arm.draft_len, error=one_line(exc))
     return broken
-
-
-def keyed_plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> list[tuple[str, PlainRow]]:
-    """The rows of a plain run that counterfactual acceptance can replay (not errors, not empty),
-    each with its request id."""
-    return [(r.id, PlainRow(engine.encode(r), c.token_ids, r.params.max_tokens, r.params.temperature, r.params.top_p))
-            for r, c in zip(requests, result.completions) if c.finish_reason != "error" and c.token_ids]
-
-
-def plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> list[PlainRow]:
-    """`keyed_plain_rows` without the ids."""
-    return [row for _, row in keyed_plain_rows(engine, requests, result)]
-
-
-def none_plans(rows: Sequence[PlainRow]) -> list[RowPlan]:
-    """`rows` as plain decoding runs them: one token per step."""
-    return [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, [0] * (len(r.output_ids) - 1),
-                    [0] * (len(r.output_ids) - 1)) for r in rows]
-
-
-@dataclass(frozen=True)
-class Anchor:
-    """What ties the profile's prices to a measured plain run: its scale (measured decode time
-    over the replay's price of the same rows, i.e. the machine's present speed) and the engine's
-    bookkeeping per row and step beyond the forward."""
-
-    scale: float
-    other: float
-
-    @classmethod
-    def of(cls, plain: GenerateResult, rows: Sequence[PlainRow], profile: CostProfile, batch_size: int) -> "Anchor":
-        steps = plain.target_steps
-        other = plain.timing.other_s / steps if steps else 0.0
-        priced = predict_decode_s(none_plans(rows), batch_size, profile, other_per_row_step=other).decode_s
-        measured = plain.timing.decode_s
-        return cls(measured / priced if priced > 0 and measured > 0 else 1.0, other)
-
-
-def predict_arms(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], anchor: Anchor,
-                 profile: CostProfile, batch_size: int, counterfactual: tuple[dict, float] | None = None,
-                 stream: int = 0) -> list[ArmResult]:
-    """Every arm's counterfactual acceptance on `rows` (`counterfactual`, where `_counterfactual`
-    already computed it on these rows) and its goodput priced from `profile`, scaled to the
-    machine's present speed by `anchor` (a measured plain run's).
-
-    `stream`: price `rows` as a generate call of that many rows would run them, the rows taken
-    again in turn until there are as many (each arm and plain decoding alike): a sample stands
-    for the rows the shard goes on to generate, whose batch stays full while its queue lasts;
-    replayed alone, a sample runs as full as its own rows keep it. (`make run`'s prose sample: 7
-    of its 8 rows end after their first token, so alone it decoded one row at a time, where
-    n-gram k=2 pays 1.05x, and predicted 1.1x for a shard that runs 4 to 8 rows at a time and
-    measured 0.5-0.6x.)"""
-    if not arms:
-        return []
-    acceptance, lookup_s = counterfactual or _counterfactual(engine, rows, arms)
-    turns = max(1, -(-stream // len(rows))) if rows else 1
-
-    def run(plans: list[RowPlan]) -> list[RowPlan]:
-        return (plans * turns)[: max(stream, len(plans))]
-
-    none = predict_decode_s(run(none_plans(rows)), batch_size, profile, other_per_row_step=anchor.other)
-    results = []
-    for arm in arms:
-        acc = acceptance[arm.label]
-        plans = [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, s, p) for r, s, p in zip(rows, acc.steps, acc.proposed)]
-        priced = predict_decode_s(run(plans), batch_size, profile, arm.method, arm.draft_model, anchor.other, lookup_s)
-        results.append(ArmResult(
-            arm.method, arm.draft_len,
-            predicted_tokens_per_s=priced.decode_tokens / (anchor.scale * priced.decode_s) if priced.decode_s > 0 else None,
-            predicted_speedup=none.decode_s / priced.decode_s if priced.decode_s > 0 else None,
-            acceptance_rate=acceptance_rate(acc.accepted_tokens, acc.draft_tokens),
-            mean_accepted_len=mean_accepted_len(acc.accepted_tokens, acc.target_steps),
-            acceptance_exact=acc.exact, target_steps=round(acc.target_steps), draft_tokens=acc.draft_tokens,
-            accepted_tokens=round(acc.accepted_tokens),
-        ))
-    return results
-
-
-def _counterfactual(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], group: int = 4) -> tuple[dict, float]:
-    """Acceptance of every arm, by label, from one n-gram replay per n-gram size and one
-    teacher-forced draft forward per draft model; and an n-gram lookup's cost per row and step.
-    Rows go `group` at a time: their logits ([output length, vocabulary] per row) are large."""
-    out: dict = {}
-    lookup_s, lookups = 0.0, 0
-    arm_groups = [(key, list(g)) for key, g in itertools.groupby(sorted(arms, key=_arm_group), key=_arm_group)]
-    for begin in range(0, len(rows), group):
-        part = rows[begin : begin + group]
-        pairs = [(r.prompt_ids, r.output_ids) for r in part]
-        target = engine.teacher_forced_logits(pairs) if any(not r.greedy for r in part) else None
-        for (method, size, draft), mine in arm_groups:
-            ks = sorted({a.draft_len for a in mine})
-            if method == "ngram":
-                began = time.perf_counter()
-                by_k = ngram_acceptance(part, ks, size, target)
-                lookup_s += time.perf_counter() - began
-                lookups += sum(max(0, len(r.output_ids) - 1) for r in part) * len(ks)
-            else:
-                by_k = draft_acceptance(part, ks, engine.teacher_forced_logits(pairs, draft_model=draft), target)
-            for a in mine:
-                out[a.label] = out[a.label].extend(by_k[a.draft_len]) if a.label in out else by_k[a.draft_len]
-    return out, lookup_s / lookups if lookups else 0.0
-
-
-@dataclass
-class RowCounterfactuals:
-    """Every arm's counterfactual acceptance per row, each row computed once: the drift watch
-    under "none" slides a window over the rows a shard has finished, and a row's n-gram replay
-    or draft forward is not repeated each time the window passes over it."""
-
-    engine: object
-    rows: dict = field(default_factory=dict)  # row key -> {arm label: (steps, proposed)}
-    lookup_s: float = 0.0  # an n-gram lookup's cost per row and step, averaged over what was computed
-    _timed: int = 0
-
-    def of(self, keys: Sequence[str], rows: Sequence[PlainRow], arms: Sequence[SpecConfig]) -> tuple[dict, float]:
-        """What `_counterfactual(engine, rows, arms)` returns, computing only rows (by `keys`) not
-        yet computed for every arm."""
-        labels = [a.label for a in arms]
-        new = [i for i, k in enumerate(keys) if not all(label in self.rows.get(k, {}) for label in labels)]
-        if new:
-            out, lookup_s = _counterfactual(self.engine, [rows[i] for i in new], arms)
-            if any(a.method == "ngram" for a in arms):
-                self.lookup_s = (self.lookup_s * self._timed + lookup_s * len(new)) / (self._timed + len(new))
-                self._timed += len(new)
-            for j, i in enumerate(new):
-                self.rows.setdefault(keys[i], {}).update({label: (out[label].steps[j], out[label].proposed[j])
-                                                          for label in labels})
-        self.rows = {k: self.rows[k] for k in keys}  # a row that left the window does not come back into it
-        exact = all(r.greedy for r in rows)
-        return ({a.label: Acceptance(a.method, a.draft_len, [self.rows[k][a.label][0] for k in keys],
-                                     [self.rows[k][a.label][1] for k in keys], exact) for a in arms}, self.lookup_s)
-
-
-def _arm_group(arm: SpecConfig) -> tuple:
-    return (arm.method, arm.ngram_size if arm.method == "ngram" else 0, arm.draft_model or "")
 
 
 def _share_s(result: GenerateResult, kept: dict) -> float:

@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from batchspec.calibrate.counterfactual import Anchor, RowCounterfactuals, WorkerCalibration, keyed_plain_rows, predict_arms
+from batchspec.calibrate.counterfactual import WorkerCalibration
 from batchspec.calibrate.decision import best, choose_predicted, predicted_speedups
+from batchspec.calibrate.pricing import Anchor, RowCounterfactuals, keyed_plain_rows, predict_arms
 from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SpecConfig
 from batchspec.stats import ArmResult
 

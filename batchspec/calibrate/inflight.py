@@ -55,7 +55,6 @@ from typing import Callable, Sequence
 
 from batchspec.calibrate.counterfactual import (
     CONFIRM_MIN_ROWS,
-    Anchor,
     Verdict,
     WorkerCalibration,
     predict_sample,
@@ -63,6 +62,7 @@ from batchspec.calibrate.counterfactual import (
 )
 from batchspec.calibrate.decision import CalibrationSettings, Decision, sample_indices
 from batchspec.calibrate.drift import Drift, DriftWatch
+from batchspec.calibrate.pricing import Anchor
 from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Progress, Request, SpecConfig, Step, Timing
 from batchspec.predict.acceptance import PlainRow
 from batchspec.predict.cost import CostProfile

@@ -263,7 +263,7 @@ def test_a_sample_is_priced_as_the_shard_runs_it_with_its_batch_kept_full():
     """A sample whose rows mostly end after their first token decodes one row at a time; the shard
     it stands for keeps its batch full while its queue lasts. Priced as a stream of the shard's
     first chunk (the rows taken again in turn), the sample's one long row runs as eight would."""
-    from batchspec.calibrate.counterfactual import Anchor, predict_arms
+    from batchspec.calibrate.pricing import Anchor, predict_arms
     from batchspec.engine.base import StepCost
     from batchspec.predict.acceptance import PlainRow, ngram_acceptance
     from batchspec.predict.cost import CostProfile

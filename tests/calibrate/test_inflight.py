@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration
-from batchspec.calibrate.counterfactual import Anchor
+from batchspec.calibrate.pricing import Anchor
 from batchspec.calibrate.inflight import InFlight, anchor_of_steps, as_plain, confirmed_speedup, plain_price_s
 from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Request, SamplingParams, SpecConfig, Step, StepCost, Timing
 from batchspec.predict.cost import CostProfile
@@ -279,7 +279,7 @@ def test_each_batch_of_finished_rows_is_checked_on_a_window_of_the_last_ones(tin
 def test_each_rows_counterfactual_is_computed_once_as_the_window_slides(tiny_engine):
     """RowCounterfactuals gives what the counterfactual of the rows gives, computing a row only
     the first time the window holds it, and forgets rows that left the window."""
-    from batchspec.calibrate.counterfactual import RowCounterfactuals, _counterfactual, plain_rows
+    from batchspec.calibrate.pricing import RowCounterfactuals, _counterfactual, plain_rows
 
     rows = word_rows(12)
     plain = tiny_engine.generate(rows, NO_SPEC, 4)

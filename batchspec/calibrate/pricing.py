@@ -1,0 +1,154 @@
+"""Every arm priced from plain rows, for counterfactual calibration (batchspec.calibrate.counterfactual)
+and the drift checks (batchspec.calibrate.drift): the rows of a plain run as counterfactual
+acceptance replays them, each arm's acceptance on them (one n-gram replay per n-gram size, one
+teacher-forced forward per draft model; `RowCounterfactuals` keeps it per row for a sliding
+window), and its goodput priced from the worker's cost profile, tied to the machine's present
+speed by a measured plain run (`Anchor`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from batchspec.engine.base import GenerateResult, Request, SpecConfig, acceptance_rate, mean_accepted_len
+from batchspec.predict.acceptance import Acceptance, PlainRow, draft_acceptance, ngram_acceptance
+from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s
+from batchspec.stats import ArmResult
+
+
+def keyed_plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> list[tuple[str, PlainRow]]:
+    """The rows of a plain run that counterfactual acceptance can replay (not errors, not empty),
+    each with its request id."""
+    return [(r.id, PlainRow(engine.encode(r), c.token_ids, r.params.max_tokens, r.params.temperature, r.params.top_p))
+            for r, c in zip(requests, result.completions) if c.finish_reason != "error" and c.token_ids]
+
+
+def plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> list[PlainRow]:
+    """`keyed_plain_rows` without the ids."""
+    return [row for _, row in keyed_plain_rows(engine, requests, result)]
+
+
+def none_plans(rows: Sequence[PlainRow]) -> list[RowPlan]:
+    """`rows` as plain decoding runs them: one token per step."""
+    return [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, [0] * (len(r.output_ids) - 1),
+                    [0] * (len(r.output_ids) - 1)) for r in rows]
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """What ties the profile's prices to a measured plain run: its scale (measured decode time
+    over the replay's price of the same rows, i.e. the machine's present speed) and the engine's
+    bookkeeping per row and step beyond the forward."""
+
+    scale: float
+    other: float
+
+    @classmethod
+    def of(cls, plain: GenerateResult, rows: Sequence[PlainRow], profile: CostProfile, batch_size: int) -> "Anchor":
+        steps = plain.target_steps
+        other = plain.timing.other_s / steps if steps else 0.0
+        priced = predict_decode_s(none_plans(rows), batch_size, profile, other_per_row_step=other).decode_s
+        measured = plain.timing.decode_s
+        return cls(measured / priced if priced > 0 and measured > 0 else 1.0, other)
+
+
+def predict_arms(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], anchor: Anchor,
+                 profile: CostProfile, batch_size: int, counterfactual: tuple[dict, float] | None = None,
+                 stream: int = 0) -> list[ArmResult]:
+    """Every arm's counterfactual acceptance on `rows` (`counterfactual`, where `_counterfactual`
+    already computed it on these rows) and its goodput priced from `profile`, scaled to the
+    machine's present speed by `anchor` (a measured plain run's).
+
+    `stream`: price `rows` as a generate call of that many rows would run them, the rows taken
+    again in turn until there are as many (each arm and plain decoding alike): a sample stands
+    for the rows the shard goes on to generate, whose batch stays full while its queue lasts;
+    replayed alone, a sample runs as full as its own rows keep it. (`make run`'s prose sample: 7
+    of its 8 rows end after their first token, so alone it decoded one row at a time, where
+    n-gram k=2 pays 1.05x, and predicted 1.1x for a shard that runs 4 to 8 rows at a time and
+    measured 0.5-0.6x.)"""
+    if not arms:
+        return []
+    acceptance, lookup_s = counterfactual or _counterfactual(engine, rows, arms)
+    turns = max(1, -(-stream // len(rows))) if rows else 1
+
+    def run(plans: list[RowPlan]) -> list[RowPlan]:
+        return (plans * turns)[: max(stream, len(plans))]
+
+    none = predict_decode_s(run(none_plans(rows)), batch_size, profile, other_per_row_step=anchor.other)
+    results = []
+    for arm in arms:
+        acc = acceptance[arm.label]
+        plans = [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, s, p) for r, s, p in zip(rows, acc.steps, acc.proposed)]
+        priced = predict_decode_s(run(plans), batch_size, profile, arm.method, arm.draft_model, anchor.other, lookup_s)
+        results.append(ArmResult(
+            arm.method, arm.draft_len,
+            predicted_tokens_per_s=priced.decode_tokens / (anchor.scale * priced.decode_s) if priced.decode_s > 0 else None,
+            predicted_speedup=none.decode_s / priced.decode_s if priced.decode_s > 0 else None,
+            acceptance_rate=acceptance_rate(acc.accepted_tokens, acc.draft_tokens),
+            mean_accepted_len=mean_accepted_len(acc.accepted_tokens, acc.target_steps),
+            acceptance_exact=acc.exact, target_steps=round(acc.target_steps), draft_tokens=acc.draft_tokens,
+            accepted_tokens=round(acc.accepted_tokens),
+        ))
+    return results
+
+
+def _counterfactual(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], group: int = 4) -> tuple[dict, float]:
+    """Acceptance of every arm, by label, from one n-gram replay per n-gram size and one
+    teacher-forced draft forward per draft model; and an n-gram lookup's cost per row and step.
+    Rows go `group` at a time: their logits ([output length, vocabulary] per row) are large."""
+    out: dict = {}
+    lookup_s, lookups = 0.0, 0
+    arm_groups = [(key, list(g)) for key, g in itertools.groupby(sorted(arms, key=_arm_group), key=_arm_group)]
+    for begin in range(0, len(rows), group):
+        part = rows[begin : begin + group]
+        pairs = [(r.prompt_ids, r.output_ids) for r in part]
+        target = engine.teacher_forced_logits(pairs) if any(not r.greedy for r in part) else None
+        for (method, size, draft), mine in arm_groups:
+            ks = sorted({a.draft_len for a in mine})
+            if method == "ngram":
+                began = time.perf_counter()
+                by_k = ngram_acceptance(part, ks, size, target)
+                lookup_s += time.perf_counter() - began
+                lookups += sum(max(0, len(r.output_ids) - 1) for r in part) * len(ks)
+            else:
+                by_k = draft_acceptance(part, ks, engine.teacher_forced_logits(pairs, draft_model=draft), target)
+            for a in mine:
+                out[a.label] = out[a.label].extend(by_k[a.draft_len]) if a.label in out else by_k[a.draft_len]
+    return out, lookup_s / lookups if lookups else 0.0
+
+
+@dataclass
+class RowCounterfactuals:
+    """Every arm's counterfactual acceptance per row, each row computed once: the drift watch
+    under "none" slides a window over the rows a shard has finished, and a row's n-gram replay
+    or draft forward is not repeated each time the window passes over it."""
+
+    engine: object
+    rows: dict = field(default_factory=dict)  # row key -> {arm label: (steps, proposed)}
+    lookup_s: float = 0.0  # an n-gram lookup's cost per row and step, averaged over what was computed
+    _timed: int = 0
+
+    def of(self, keys: Sequence[str], rows: Sequence[PlainRow], arms: Sequence[SpecConfig]) -> tuple[dict, float]:
+        """What `_counterfactual(engine, rows, arms)` returns, computing only rows (by `keys`) not
+        yet computed for every arm."""
+        labels = [a.label for a in arms]
+        new = [i for i, k in enumerate(keys) if not all(label in self.rows.get(k, {}) for label in labels)]
+        if new:
+            out, lookup_s = _counterfactual(self.engine, [rows[i] for i in new], arms)
+            if any(a.method == "ngram" for a in arms):
+                self.lookup_s = (self.lookup_s * self._timed + lookup_s * len(new)) / (self._timed + len(new))
+                self._timed += len(new)
+            for j, i in enumerate(new):
+                self.rows.setdefault(keys[i], {}).update({label: (out[label].steps[j], out[label].proposed[j])
+                                                          for label in labels})
+        self.rows = {k: self.rows[k] for k in keys}  # a row that left the window does not come back into it
+        exact = all(r.greedy for r in rows)
+        return ({a.label: Acceptance(a.method, a.draft_len, [self.rows[k][a.label][0] for k in keys],
+                                     [self.rows[k][a.label][1] for k in keys], exact) for a in arms}, self.lookup_s)
+
+
+def _arm_group(arm: SpecConfig) -> tuple:
+    return (arm.method, arm.ngram_size if arm.method == "ngram" else 0, arm.draft_model or "")
