@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from batchspec.engine.base import StepCost
-from batchspec.engine.sampling import probs_from_logits
+from batchspec.engine.sampling import greedy_accept, probs_from_logits
 from batchspec.engine.torch.drafters import fit_vocab
 from batchspec.engine.torch.kv import Batch
 
@@ -80,8 +80,9 @@ def _open_hole(batch: Batch) -> None:
 
 def time_forward(batch: Batch, model, kind: str, tokens: list[int], b: int, temperature: float, pad_id: int) -> float:
     """Seconds of one forward of `tokens` on each of `b` rows and what the accept rule does with
-    its logits: for the target at temperature 0 their argmax at every position (decode's greedy
-    path, sampling.greedy_accept: no probabilities), else the probabilities; a draft, as
+    its logits: for the target at temperature 0 the greedy accept rule on them
+    (sampling.greedy_accept, as decode's greedy step runs it: argmaxes, no probabilities), else
+    the probabilities; a draft, as
     drafters.ModelDrafter does, takes the logits after each row's last token only and their
     argmax. The probe's slots are forgotten afterwards. (Until 2026-12-03 a greedy probe built
     one-hot probabilities at every position, which the greedy engine never does: at batch 8 and
@@ -90,8 +91,11 @@ def time_forward(batch: Batch, model, kind: str, tokens: list[int], b: int, temp
     device = batch.device
     t = time.perf_counter()
     logits = batch.forward(model, [tokens] * b, pad_id, last_only=kind != "target")
-    if kind == "target" and temperature <= 0:
-        logits.float().argmax(-1).tolist()
+    if kind == "target" and temperature <= 0:  # decode's greedy step, every draft counted as proposed
+        k = len(tokens) - 1
+        drafts = torch.tensor([tokens[1:]] * b, dtype=torch.long, device=device).view(b, k)
+        accepted, nxt = greedy_accept(drafts, torch.full((b,), k, device=device), logits)
+        accepted.tolist(), nxt.tolist()
     elif kind == "target":
         flat = logits.reshape(-1, logits.shape[-1])
         n = flat.shape[0]
