@@ -107,6 +107,13 @@ def test_drift_while_speculating_moves_to_a_draft_length_the_chunk_says_is_faste
     assert arm.predicted_speedup > 2.0  # about (8 + 1) / (1 + 8 x 0.1) where rows are long enough
     assert while_speculating(tiny_engine, chunk, ran, k2, [k2, k8], cpu, 2, 0.05) == (NO_SPEC, None)
     assert while_speculating(tiny_engine, chunk, ran, k8, [k2, k8], gpu, 2, 0.05)[0] == k8  # already the best: kept
+    # the arm's own steps measured at 0.3x the profile's price: the profile alone says k=2 loses (0.5x
+    # here), its steps say it pays: it keeps running; steps as dear as priced, or dearer: it falls back
+    assert while_speculating(tiny_engine, chunk, ran, k2, [k2], cpu, 2, 0.05, ratio=0.3)[0] == k2
+    assert while_speculating(tiny_engine, chunk, ran, k2, [k2], cpu, 2, 0.05, ratio=1.0) == (NO_SPEC, None)
+    assert while_speculating(tiny_engine, chunk, ran, k2, [k2], cpu, 2, 0.05, ratio=1.5) == (NO_SPEC, None)
+    # ... and the profile saying it pays keeps it, whatever its steps say (a machine slower since the anchor)
+    assert while_speculating(tiny_engine, chunk, ran, k8, [k2, k8], gpu, 2, 0.05, ratio=5.0)[0] == k8
 
     rows = word_rows(12)
     decision = Decision(k2, arms=[ArmResult("draft_target", 2, acceptance_rate=1.0)])

@@ -26,8 +26,9 @@ draft-model arms): nothing is repeated but a confirmation where it matters.
    flight, calibrate.inflight: every batch of rows, on a window of the last 8 x batch; with the
    sample apart, shard.py: on each generate call of that many rows), switching to an arm that
    would now pay; while it speculates, `drift.while_speculating` predicts every arm on the rows
-   (exact for greedy rows: speculative outputs are plain decoding's) and falls back, or moves to
-   a draft length that beats the running one.
+   (exact for greedy rows: speculative outputs are plain decoding's) and falls back where both the
+   prediction and (in flight) the arm's own measured steps say it loses, or moves to a draft
+   length that beats the running one.
 """
 
 from __future__ import annotations

@@ -56,14 +56,22 @@ def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms
 
 def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResult, spec: SpecConfig,
                       arms: Sequence[SpecConfig], worker: WorkerCalibration, batch_size: int,
-                      margin: float, **how) -> tuple[SpecConfig, ArmResult | None] | None:
+                      margin: float, ratio: float | None = None, **how) -> tuple[SpecConfig, ArmResult | None] | None:
     """Drift while speculating, from the rows `spec` just generated: greedy speculation is
     lossless, so their outputs are plain decoding's and every arm's counterfactual on them is
     exact, a chunk's worth of evidence where calibration had a sample's. Returns the setting for
     what follows and its prediction: plain decoding (or the best arm, if one pays by the margin)
     when `spec` is predicted to lose to plain decoding; another arm when it is predicted faster
     than `spec` by the margin (a draft length the sample misjudged); else `spec`. None when the
-    counterfactual cannot tell (sampled rows, no profile)."""
+    counterfactual cannot tell (sampled rows, no profile).
+
+    `ratio`: the measured time of the steps `spec` ran lately over the profile's price of them
+    (calibrate.inflight measures it). Where given, a loss must be seen by both the profile and
+    the arm's own steps (the prediction divided by `ratio`): on a profile that prices the arm's
+    width dear, the profile alone sent a paying shard to plain decoding (bench/calibrate.py
+    --in-flight --later-shard, 128 edit rows at batch 8: k=6 predicted 0.97x where the whole shard
+    measured 1.14x; 64 rows under none, 0.91x the oracle). A change of draft length is judged on
+    the profile alone, every arm priced alike."""
     arms = list(arms) if any(a.label == spec.label for a in arms) else [*arms, spec]
     results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, greedy_only=True, **how)
     if results is None:
@@ -72,7 +80,7 @@ def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResu
     running = by_label[spec.label].predicted_speedup
     if running is None:
         return None
-    if running < 1.0:
+    if max(running, running / ratio if ratio else running) < 1.0:
         chosen, _ = choose_predicted(results, arms, margin)
         return chosen, by_label.get(chosen.label)
     top = best(predicted_speedups(results))
@@ -96,6 +104,7 @@ class DriftWatch:
     margin: float
     anchor: Anchor | None = None
     stream: int = 0
+    ratio: float | None = None  # the running arm's steps lately: measured over priced (set in flight)
     cache: RowCounterfactuals = field(init=False)
 
     def __post_init__(self) -> None:
@@ -115,7 +124,7 @@ class DriftWatch:
         another arm if one beat it by the margin, else `spec`) and that setting's predicted
         acceptance rate; None when the counterfactual cannot tell (sampled rows)."""
         got = while_speculating(self.engine, part, result, spec, self.arms, self.worker, self.batch_size, self.margin,
-                                **self._how())
+                                self.ratio, **self._how())
         if got is None:
             return None
         spec, arm = got

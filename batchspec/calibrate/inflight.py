@@ -36,7 +36,10 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              (bench/calibrate.py --in-flight, 2026-12-02: at batch 8 a 64-row edit shard chose
              none from 8 rows predicting 0.94x for an arm that measured 1.14x, and was never
              checked again; a 128-row code shard chose n-gram k=6 predicting 1.58x where the
-             whole shard measured 1.03x, k=2 1.14x).
+             whole shard measured 1.03x, k=2 1.14x). While an arm runs, its steps since it took
+             over (about a window's rows of them) are measured against the profile's price
+             (`_ratio`), and a fallback needs those steps to show the loss too: the profile alone
+             sent a paying edit shard to plain decoding for half its rows (drift.while_speculating).
 
 Before this (until 2026-12-01) the sample was a generate call of its own, drained as its rows
 finished, then the confirmation another, then each chunk: on `make run`'s 64-row shards the sample
@@ -162,7 +165,9 @@ class InFlight:
         self.since = 0  # rows done at the last drift check
         self.calibrated: float | None = None  # the running arm's acceptance rate, the drift fallback's yardstick
         self.last: Progress | None = None
-        self.watched = Timing()  # the call's timing at the last drift check
+        self.watched = Timing()  # the call's timing at the last drift check (or change of setting) ...
+        self.watched_steps = 0  # ... and its steps then
+        self.ran: list[tuple[SpecConfig, list[Step], float]] = []  # speculative stretches: setting, steps, measured s
         self.chosen: SpecConfig = NO_SPEC
         self.start = self._start()  # what the sample decodes under: the call's first setting
         self.current = self.start  # the setting the rows in flight decode under
@@ -229,6 +234,7 @@ class InFlight:
     # -- the phases -------------------------------------------------------------------------------
 
     def _decide(self, p: Progress) -> SpecConfig | None:
+        self._stretch(p)
         rows, sample = self._sample_rows(p)
         plain = GenerateResult(sample + self._partial(p, exclude=self.first), p.timing)  # every row so far
         steps = list(p.steps)
@@ -274,6 +280,7 @@ class InFlight:
         return self._run(v.chosen)
 
     def _confirm(self, p: Progress, final: bool = False) -> SpecConfig | None:
+        self._stretch(p)
         v = self.verdict
         steps = p.steps[self.mark[0]:]
         delta = p.timing - self.mark[1]
@@ -305,7 +312,10 @@ class InFlight:
         part = self.order[-self._window():]  # greedy rows are plain decoding's whichever setting made them
         self.since = len(self.order)
         result = GenerateResult([p.completions[i] for i in part], p.timing - self.watched)
-        self.watched = p.timing
+        self._stretch(p)
+        self.watched, self.watched_steps = p.timing, len(p.steps)
+        if isinstance(self.watch, DriftWatch):
+            self.watch.ratio = self._ratio(p.spec)
         spec, self.calibrated = self.drift.after_chunk(len(self.order), p.spec, self.calibrated,
                                                        [self.requests[i] for i in part], result, self.watch,
                                                        self.settings.drift_ratio)
@@ -316,7 +326,34 @@ class InFlight:
         arm = next((a for a in self.verdict.arms if a.label == spec.label), None) if spec is not NO_SPEC else None
         self.chosen, self.calibrated = spec, arm.acceptance_rate if arm is not None else None
         self.watched = self.last.timing if self.last is not None else Timing()
+        self.watched_steps = len(self.last.steps) if self.last is not None else 0
         return spec
+
+    def _stretch(self, p: Progress) -> None:
+        """Keep the steps run under a speculative setting since the last mark, with their measured
+        decode time (a draft model's prefills apart: not priced), for `_ratio`."""
+        steps = p.steps[self.watched_steps:]
+        if p.spec.method != "none" and steps:
+            t = p.timing - self.watched
+            self.ran = [*self.ran[-31:], (p.spec, list(steps), t.decode_s - t.admit_s)]
+
+    def _ratio(self, spec: SpecConfig) -> float | None:
+        """How the steps `spec` ran lately (the stretches since it last took over, about a window's
+        rows of them) measured against the profile's price of them at the window's anchor: the
+        profile's error on this arm as the machine is now (drift.while_speculating). None where
+        nothing was priced."""
+        anchor, profile = getattr(self.watch, "anchor", None), self.worker.profile
+        if anchor is None or not profile.points:
+            return None
+        recent = []
+        for ran, steps, measured in reversed(self.ran):
+            if ran.label != spec.label or len(recent) * self._every() >= self._window():
+                break
+            recent.append((steps, measured))
+        lookup = self.verdict.lookup_s if self.verdict is not None else 0.0
+        priced = sum(arm_price_s(steps, spec, anchor, profile, lookup) for steps, _ in recent)
+        measured = sum(m for _, m in recent)
+        return measured / priced if priced > 0 and measured > 0 else None
 
     # -- rows as calibration sees them ------------------------------------------------------------
 

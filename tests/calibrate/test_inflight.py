@@ -10,7 +10,18 @@ import pytest
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration
 from batchspec.calibrate.pricing import Anchor
 from batchspec.calibrate.inflight import InFlight, anchor_of_steps, as_plain, confirmed_speedup, plain_price_s
-from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Request, SamplingParams, SpecConfig, Step, StepCost, Timing
+from batchspec.engine.base import (
+    NO_SPEC,
+    Completion,
+    GenerateResult,
+    Progress,
+    Request,
+    SamplingParams,
+    SpecConfig,
+    Step,
+    StepCost,
+    Timing,
+)
 from batchspec.predict.cost import CostProfile
 from batchspec.shard import ShardInput, run_shard
 from tests.data import LENIENT, word_rows
@@ -84,6 +95,11 @@ def test_the_decision_comes_when_the_sample_reaches_the_cap_and_its_rows_go_on(t
     assert "the sample decoded in the shard's batch (0 rows done, 16 to go)" in decision.reason  # decided at the cap
     assert all(specs[i] == arm for i in control.first)  # ... and the sample finished under the arm
     assert all(ran.completions[i].draft_tokens > 0 for i in control.first)
+    assert control.ran and all(s == arm for s, _, _ in control.ran)  # the arm's stretches, measured ...
+    # ... against the made-up profile's price at the sample's anchor: it prices a draft step (here the
+    # target itself) at a tenth of a forward and a 4-wide verify as a plain step, so the arm's steps
+    # took far longer than priced
+    assert control.watch.ratio > 1.5
     plain = tiny_engine.generate(rows, NO_SPEC, 4)
     assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain.completions]
 
@@ -306,3 +322,33 @@ def test_each_rows_counterfactual_is_computed_once_as_the_window_slides(tiny_eng
         assert second[a.label].steps == want[a.label].steps and second[a.label].proposed == want[a.label].proposed
         assert second[a.label].exact
     assert set(cache.rows) == set(keys[4:12])
+
+
+def test_the_running_arms_recent_steps_are_measured_against_their_price():
+    """The drift fallback's second witness (drift.while_speculating's `ratio`): the steps the
+    running arm ran since it last took over, up to a window's rows of stretches (a stretch per
+    check), measured over the profile's price of them at the window's anchor."""
+    profile = CostProfile([StepCost("target", "m", b, c, w, 0.01 * b * w) for b in (1, 4) for c in (10, 100) for w in (1, 5)])
+    k4, k2 = SpecConfig("ngram", 4), SpecConfig("ngram", 2)
+    worker = WorkerCalibration(profile=profile)
+    control = InFlight(None, word_rows(8), [k2, k4], 4, CalibrationSettings(drift_chunk=8), worker, key="k")
+    assert control._every() == 4 and control._window() == 8  # two stretches make a window
+    control.watch.anchor = Anchor(2.0, 0.0)
+    steps, spent = [], 0.0
+
+    def stretch(spec, n, measured_s, width):
+        nonlocal spent
+        steps.extend([Step(4, 20, width, 8)] * n)
+        spent += measured_s
+        control._stretch(Progress(spec, [], [], {}, 0, Timing(verify_s=spent), steps))
+        control.watched, control.watched_steps = Timing(verify_s=spent), len(steps)
+
+    assert control._ratio(k4) is None  # nothing ran under it
+    stretch(k2, 3, 1.0, 3)
+    stretch(k4, 5, 0.8, 5)  # priced 5 x 2.0 x 0.01 x 4 x 5 = 2.0 s: measured at 0.4x
+    assert control._ratio(k4) == pytest.approx(0.4) and control._ratio(k2) is None  # k2 is not the running arm
+    stretch(k4, 5, 3.0, 5)
+    stretch(k4, 5, 1.0, 5)  # the last two stretches: a window's rows
+    assert control._ratio(k4) == pytest.approx(4.0 / 4.0)
+    control.watch.anchor = None
+    assert control._ratio(k4) is None  # nothing to price with
