@@ -48,7 +48,7 @@ from batchspec.calibrate.decision import (
     predicted_speedups,
 )
 from batchspec.calibrate.profiling import cannot_repay, grid_needed, refresh_profile, rest_s, shape_of
-from batchspec.calibrate.pricing import Anchor, _counterfactual, none_plans, plain_rows, predict_arms
+from batchspec.calibrate.pricing import Anchor, KeyHistory, _counterfactual, none_plans, plain_rows, predict_arms
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig
 from batchspec.errors import one_line
 from batchspec.predict.acceptance import PlainRow
@@ -73,6 +73,9 @@ class WorkerCalibration:
     # an arm (an anchor taken from an arm's wide steps carries the profile's error on their width
     # into plain decoding's price, and with it into the confirmation's measured speedup).
     anchor: Anchor | None = None
+    # Per shard key: its last shard's last finished rows on this worker and their counterfactual
+    # (calibrate.inflight predicts the key's next sample beside them).
+    history: dict = field(default_factory=dict)
 
     def prediction_error(self, default: float) -> float:
         return max(self.errors) if self.errors else default
@@ -161,31 +164,42 @@ class Verdict:
 def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest: float | None, longest: int,
                    arms: Sequence[SpecConfig], batch_size: int, settings: CalibrationSettings,
                    worker: WorkerCalibration, key: str | None, stream: int,
-                   anchor_of: Callable[[CostProfile], Anchor]) -> Verdict:
+                   anchor_of: Callable[[CostProfile], Anchor], history: KeyHistory | None = None) -> Verdict:
     """Steps 2-4 of this module's list on a plain run of the sample, `plain` (its rows as `rows`;
     `rest`: the plain decode seconds the shard has left, estimated (`rest_s`; None: no bound);
     `longest`: the shard's longest max_tokens): every arm's counterfactual acceptance, the profile measured
     where the shard leaves it and speculation could repay it, every arm priced (`anchor_of(profile)`
     ties the prices to the measured run) as a generate call of `stream` rows runs, the rule's
     choice, and whether to confirm it. One code path for both ways a sample is decoded (alone,
-    here; inside the shard's batch, calibrate.inflight)."""
+    here; inside the shard's batch, calibrate.inflight). `history`: the key's last rows on this
+    worker, predicted on after the sample's (their counterfactual from its cache)."""
     base = ArmResult("none", 0)
     base.add(plain)
     broken = _broken_arms(engine, arms)
     arms = [a for a in arms if a.label not in broken]
+    own = len(rows)
+    if history is not None and rows and arms:
+        rows = [*rows, *history.rows]
+
+    def acceptance() -> tuple[dict, float]:
+        mine = _counterfactual(engine, rows[:own], arms)
+        if len(rows) == own:
+            return mine
+        theirs, _ = history.acceptance(arms)
+        return {label: acc.extend(theirs[label]) for label, acc in mine[0].items()}, mine[1]
     shape = shape_of(rows, arms, batch_size, longest) if rows and arms else None
     grid = grid_needed(worker.profile, shape) if shape else None
     counter = None  # every arm's acceptance on the sample, computed before a profile is paid for
     if not rows or not base.tokens_per_s:
         why_not = "plain decoding of the sample gave nothing to predict from"
     elif grid:
-        counter = _counterfactual(engine, rows, arms)
+        counter = acceptance()
         why_not = cannot_repay(plain, rest, grid, batch_size, rows, counter[0])
     else:
         why_not = None
     if why_not:
         return Verdict([base, *broken.values()], NO_SPEC, why_not)
-    counter = counter or (_counterfactual(engine, rows, arms) if arms else ({}, 0.0))
+    counter = counter or (acceptance() if arms else ({}, 0.0))
     bar = (1 + settings.margin) * (1 - worker.prediction_error(settings.prediction_error))
 
     def priced(profile: CostProfile, anchor: Anchor | None = None) -> list[ArmResult]:

@@ -150,5 +150,22 @@ class RowCounterfactuals:
                                      [self.rows[k][a.label][1] for k in keys], exact) for a in arms}, self.lookup_s)
 
 
+@dataclass
+class KeyHistory:
+    """A shard key's last finished rows on a worker (the last drift window of its last shard), with
+    each row's counterfactual as its drift checks computed it: the key's next shard predicts on
+    them beside its own sample (calibrate.inflight), a sliding window's worth of evidence where the
+    sample is one batch. The same workload's rows: a key that changes between shards is what the
+    drift watch, on the shard's own rows, catches."""
+
+    keys: list[str]
+    rows: list[PlainRow]
+    cache: RowCounterfactuals
+
+    def acceptance(self, arms: Sequence[SpecConfig]) -> tuple[dict, float]:
+        """Every arm's counterfactual on these rows, computing only what the cache lacks."""
+        return self.cache.of(self.keys, self.rows, arms)
+
+
 def _arm_group(arm: SpecConfig) -> tuple:
     return (arm.method, arm.ngram_size if arm.method == "ngram" else 0, arm.draft_model or "")

@@ -223,7 +223,7 @@ def test_a_keys_next_shard_decodes_its_sample_under_the_setting_its_last_shard_e
     assert "the sample decoded in the shard's batch (" in first.decision.reason
     rows = [Request(f"n{i}", r.prompt + " w3 w5", params=r.params) for i, r in enumerate(word_rows(20))]
     fresh = flat_profile(4)
-    fresh.anchor = worker.anchor
+    fresh.anchor, fresh.history = worker.anchor, dict(worker.history)  # the key's last rows: predicted on alike
     plainly = run_shard(tiny_engine, ShardInput("s1", "k", rows), [arm], True, 4, settings, worker=fresh)
     nxt = InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="k")
     assert nxt.start == arm
@@ -379,3 +379,35 @@ def test_the_steps_an_ngram_arm_runs_teach_the_workers_profile_its_widths(tiny_e
                        drafted, key="k")
     control.close(tiny_engine.generate(rows, NO_SPEC, 4, control=control))
     assert control.ran and drafted.profile.seen == {}
+
+
+def test_a_keys_next_shard_predicts_on_its_sample_and_the_keys_last_rows(tiny_engine):
+    """A shard leaves its key's last window of finished rows on the worker, with the counterfactual
+    its drift checks computed (KeyHistory); the key's next shard predicts every arm on its own
+    sample's rows followed by those, exactly as the counterfactual of all of them says, and says so.
+    Another key's shard does not see them."""
+    from batchspec.calibrate.pricing import _counterfactual, plain_rows
+
+    arm = SpecConfig("ngram", 3)
+    settings = CalibrationSettings(max_tokens=24, sample_size=4, drift_chunk=8, confirm=False)
+    worker = flat_profile(4)
+    first = run_shard(tiny_engine, ShardInput("s0", "k", word_rows(32)), [arm], True, 4, settings, worker=worker)
+    assert "the key's last" not in first.decision.reason
+    history = worker.history["k"]
+    assert len(history.rows) == 8 and set(history.keys) <= {r.id for r in word_rows(32)}
+    rows = [Request(f"n{i}", r.prompt + " w3 w5", params=r.params) for i, r in enumerate(word_rows(20))]
+    nxt = InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="k")
+    ran = tiny_engine.generate(rows, nxt.start, 4, control=nxt)
+    d, _ = nxt.close(ran)
+    assert "predicted on its 4 rows and the key's last 8 rows on this worker" in d.reason
+    sample = plain_rows(tiny_engine, [rows[i] for i in nxt.first], GenerateResult([ran.completions[i] for i in nxt.first], Timing()))
+    want, _ = _counterfactual(tiny_engine, sample + history.rows, [arm])
+    got = d.arms[1]
+    assert (got.target_steps, got.draft_tokens, got.accepted_tokens) == \
+        (round(want[arm.label].target_steps), want[arm.label].draft_tokens, round(want[arm.label].accepted_tokens))
+    alone, _ = _counterfactual(tiny_engine, sample, [arm])
+    assert got.target_steps != round(alone[arm.label].target_steps)  # the history's rows counted
+    assert all(k.startswith("n") for k in worker.history["k"].keys)  # the next shard's rows now
+    other = InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="other")
+    d, _ = other.close(tiny_engine.generate(rows, NO_SPEC, 4, control=other))
+    assert "the key's last" not in d.reason
