@@ -19,8 +19,8 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              predicts on its sample's rows and the key's last window of rows on this worker
              (`_remember`, pricing.KeyHistory: their counterfactual already computed by its drift
              checks): the sample is one batch, and on the 128-row code shard at batch 8 its 8 rows
-             put n-gram k=8 at 1.32x where the whole shard measured 0.76x (4 runs of 4 over-predicted
-             code by 0.2-0.6x), while predictions from 128 rows' acceptance were within 14%.
+             put n-gram k=8 at 1.32x where the whole shard measured 0.76x; in four runs the sample's
+             prediction of every arm was 1.3-2.4x the same price on the whole shard's acceptance.
     confirm  where calibration wants a measurement (a key's first shard choosing an arm, or a
              prediction within its error of the margin) the best arm runs on from there. Once
              it has committed as many tokens as max(batch, 4) sample rows hold, two figures are
