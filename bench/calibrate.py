@@ -99,9 +99,6 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
     requests = workloads.requests(workload, rows, max_tokens)
     ran = None
     before = worker.settled.get(workload) if worker is not None else None  # the key's last setting on the worker
-    # the width correction the profile held when the shard began: the cost model's own error below
-    # is priced with it, not with what the shard's own steps then taught the profile
-    seen = {w: list(v) for w, v in worker.profile.seen.items()} if worker is not None else {}
     if in_flight:
         ran = run_shard(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, worker=worker)
         decision = ran.decision
@@ -132,7 +129,7 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
                                 "the sample decoded in the shard's batch under " in decision.reason else "none",
                                 "rows_by_setting": {label: sum(r.label == label for r in ran.row_specs)
                                                     for label in sorted({r.label for r in ran.row_specs})}}}
-    whole, scale = _whole_shard(engine, requests, measured, chunk, arms, worker, batch_size, decision, seen)
+    whole, scale = _whole_shard(engine, requests, measured, chunk, arms, worker, batch_size, decision)
     vs_oracle = chosen["goodput"] / best["goodput"] if best["goodput"] else None
     vs_plain = chosen["goodput"] / plain["goodput"] if plain["goodput"] else None
     decided = {"decision_vs_oracle": vs_oracle, "decision_vs_plain": vs_plain}
@@ -157,8 +154,6 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
         "profile_s": decision.profile_s, "confirmed": decision.confirmed,
         "predicted_vs_measured": _predicted_vs_measured(decision, summaries, whole, _spread(measured)),
         "plain_measured_over_profile": scale,
-        "width_factors_at_start": {w: m / q for w, (m, q) in sorted(seen.items())},
-        "width_factors_after": {w: m / q for w, (m, q) in sorted(worker.profile.seen.items())} if worker is not None else {},
     }
 
 
@@ -180,8 +175,7 @@ def _as_ran(measured: dict, labels: Sequence[str], chunk: int) -> float | None:
 
 
 def _whole_shard(engine, requests, measured: dict, chunk: int, arms: Sequence[SpecConfig],
-                 worker: WorkerCalibration | None, batch_size: int, decision,
-                 seen: dict | None = None) -> tuple[dict[str, dict], float | None]:
+                 worker: WorkerCalibration | None, batch_size: int, decision) -> tuple[dict[str, dict], float | None]:
     """Every arm's speedup predicted as calibration predicts it, but from the whole shard's
     acceptance (the interleaved plain run's outputs; exact for greedy) instead of the sample's,
     and priced on the schedule the oracle ran: chunk by chunk, each chunk a generate call that
@@ -191,16 +185,14 @@ def _whole_shard(engine, requests, measured: dict, chunk: int, arms: Sequence[Sp
     run back to back): their median is the cost model's bias, their spread the noise of one
     chunk's measurement. And the plain run's measured decode time over the profile's price of it
     (the anchor's scale: how far the profile's probes are from real plain decoding, the
-    machine's drift included). Priced with the width correction as it was when the shard began
-    (`seen`: CostProfile.seen then)."""
+    machine's drift included)."""
     if worker is None or not worker.profile.points:
         return {}, None
-    profile = dataclasses.replace(worker.profile, seen=seen if seen is not None else worker.profile.seen)
     broken = {a.label for a in decision.arms if a.error}  # arms calibration found the engine cannot run
     usable = [a for a in arms if a.label not in broken and a.label in measured]
     plain = measured["none"]
     rows = plain_rows(engine, requests, plain.result)
-    anchor = Anchor.of(plain.result, rows, profile, batch_size)
+    anchor = Anchor.of(plain.result, rows, worker.profile, batch_size)
     priced = {a.label: 0.0 for a in usable}
     none_s = 0.0
     errors: dict[str, list[float]] = {a.label: [] for a in usable}
@@ -208,9 +200,9 @@ def _whole_shard(engine, requests, measured: dict, chunk: int, arms: Sequence[Sp
         part = plain_rows(engine, requests[begin : begin + chunk], plain.parts[i])
         if not part:
             continue
-        none = predict_decode_s(none_plans(part), batch_size, profile, other_per_row_step=anchor.other).decode_s
+        none = predict_decode_s(none_plans(part), batch_size, worker.profile, other_per_row_step=anchor.other).decode_s
         none_s += none
-        for arm in predict_arms(engine, part, usable, anchor, profile, batch_size):
+        for arm in predict_arms(engine, part, usable, anchor, worker.profile, batch_size):
             if not arm.predicted_speedup:
                 continue
             priced[arm.label] += none / arm.predicted_speedup
@@ -312,16 +304,14 @@ def flight_table(shards: Sequence[dict]) -> str:
     """The shards as the pipeline ran them (--in-flight): wall, goodput against plain decoding's in
     the interleaved run, switches, and how many rows ran under each setting."""
     lines = ["| shard | sample decoded under | wall s | goodput tok/s | vs plain (interleaved run) | confirmed "
-             "| switched on at row (arm) | fell back at row | rows per setting "
-             "| the profile's width correction at the start (width: measured / priced) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| switched on at row (arm) | fell back at row | rows per setting |", "|---|---|---|---|---|---|---|---|---|"]
     for r in shards:
         f = r.get("in_flight")
         if not f:
             continue
         lines.append(f"| {r['shard']} | {f.get('sample_under', 'none')} | {f['wall_s']:.1f} | {fmt(f['goodput'], '.1f')} | {fmt(f['goodput_vs_plain'])}x "
                      f"| {'yes' if f['confirmed'] else 'no'} | {fmt(f['switch_row'], 'd')} ({f['switch_arm'] or '-'}) "
-                     f"| {fmt(f['fallback_row'], 'd')} | {', '.join(f'{k} {v}' for k, v in f['rows_by_setting'].items())} "
-                     f"| {', '.join(f'{w}: {x:.2f}' for w, x in r.get('width_factors_at_start', {}).items()) or '-'} |")
+                     f"| {fmt(f['fallback_row'], 'd')} | {', '.join(f'{k} {v}' for k, v in f['rows_by_setting'].items())} |")
     return "\n".join(lines)
 
 

@@ -33,9 +33,7 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              steps measured 1.20x for an arm that ran the shard at 1.0x; on a 128-row code shard
              (bench/inflight.py --source workloads) the corrected prediction said 1.20x where
              22 steps measured 0.72x, and the shard under the arm took 1.09x the wall time of the same
-             shard calibrated apart, which chose none. The steps an n-gram arm runs (these, and
-             every stretch between drift checks) then teach the worker's profile what steps of
-             their widths take (`_stretch`, CostProfile.observe): later prices carry it.
+             shard calibrated apart, which chose none.
     watch    the drift checks (drift.Drift.after_chunk) set what the next rows run under, both
              ways, after every batch's worth of finished rows (at least 4), on the last chunk's
              worth finished (drift_chunk, or 8 x batch; at least 16), sample rows included. The
@@ -111,28 +109,20 @@ def plain_price_s(steps: Sequence[Step], anchor: Anchor, profile: CostProfile) -
 
 
 def arm_price_s(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile: CostProfile,
-                lookup_s: float = 0.0, raw: bool = False) -> float:
+                lookup_s: float = 0.0) -> float:
     """The profile's price of `steps` as they ran under `spec`, anchored: each verify at its width,
     a draft model's draft steps (the first as wide as its catch-up can be: two tokens), an n-gram
     lookup per row (`lookup_s`), the bookkeeping per row. A draft model's prefills are not priced
-    (nor counted where this is compared: Timing.admit_s). `raw`: without the profile's width
-    correction (CostProfile.width_factor)."""
-    return sum(price_by_width(steps, spec, anchor, profile, lookup_s, raw).values())
-
-
-def price_by_width(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile: CostProfile,
-                   lookup_s: float = 0.0, raw: bool = False) -> dict[int, float]:
-    """`arm_price_s` of each width's steps."""
-    out: dict[int, float] = {}
+    (nor counted where this is compared: Timing.admit_s)."""
+    total = 0.0
     for s in steps:
-        price = anchor.scale * profile.target_s(s.rows, s.context + 1, s.tokens, raw) + anchor.other * s.rows
+        total += anchor.scale * profile.target_s(s.rows, s.context + 1, s.tokens) + anchor.other * s.rows
         if spec.method == "draft_target" and s.tokens > 1:
             model, ctx = spec.draft_model, s.context + 1
-            price += anchor.scale * (profile.draft_s(model, s.rows, ctx, 2) + (s.tokens - 2) * profile.draft_s(model, s.rows, ctx))
+            total += anchor.scale * (profile.draft_s(model, s.rows, ctx, 2) + (s.tokens - 2) * profile.draft_s(model, s.rows, ctx))
         elif spec.method == "ngram":
-            price += lookup_s * s.rows
-        out[s.tokens] = out.get(s.tokens, 0.0) + price
-    return out
+            total += lookup_s * s.rows
+    return total
 
 
 def confirmed_speedup(predicted: float, ratio: float, window: float) -> tuple[float, str]:
@@ -300,19 +290,19 @@ class InFlight:
         return self._run(v.chosen)
 
     def _confirm(self, p: Progress, final: bool = False) -> SpecConfig | None:
+        self._stretch(p)
         v = self.verdict
         steps = p.steps[self.mark[0]:]
         delta = p.timing - self.mark[1]
         arm_s = delta.decode_s
         plain_s = plain_price_s(steps, v.anchor, self.worker.profile)
-        priced = arm_price_s(steps, v.top_spec, v.anchor, self.worker.profile, v.lookup_s)  # as the sample's prediction priced
-        self._stretch(p)  # ... and only then the profile learns from these steps
         self.phase, self.since = "watch", len(self.order)
         rows = len(self.order) - self.mark[2]
         if not steps or arm_s <= 0 or plain_s <= 0:
             self.reason += f"; not confirmed: {v.top_spec.label} ran no decode step to measure"
             return self._run(v.chosen)
         window = plain_s / arm_s
+        priced = arm_price_s(steps, v.top_spec, v.anchor, self.worker.profile, v.lookup_s)
         ratio = (delta.decode_s - delta.admit_s) / priced if priced > 0 else 1.0  # measured over priced
         predicted = v.top.predicted_speedup
         speedup, which = confirmed_speedup(predicted, ratio, window)
@@ -351,19 +341,11 @@ class InFlight:
 
     def _stretch(self, p: Progress) -> None:
         """Keep the steps run under a speculative setting since the last mark, with their measured
-        decode time (a draft model's prefills apart: not priced), for `_ratio`; an n-gram arm's
-        steps the worker's profile learns its width correction from (CostProfile.observe: a
-        draft model's steps price two models, which their measured time cannot tell apart)."""
+        decode time (a draft model's prefills apart: not priced), for `_ratio`."""
         steps = p.steps[self.watched_steps:]
-        if p.spec.method == "none" or not steps:
-            return
-        t = p.timing - self.watched
-        measured = t.decode_s - t.admit_s
-        self.ran = [*self.ran[-31:], (p.spec, list(steps), measured)]
-        anchor, profile = getattr(self.watch, "anchor", None) or self.worker.anchor, self.worker.profile
-        if p.spec.method == "ngram" and anchor is not None and profile.points:
-            lookup = self.verdict.lookup_s if self.verdict is not None else 0.0
-            profile.observe(price_by_width(steps, p.spec, anchor, profile, lookup, raw=True), measured)
+        if p.spec.method != "none" and steps:
+            t = p.timing - self.watched
+            self.ran = [*self.ran[-31:], (p.spec, list(steps), t.decode_s - t.admit_s)]
 
     def _ratio(self, spec: SpecConfig) -> float | None:
         """How the steps `spec` ran lately (the stretches since it last took over, about a window's

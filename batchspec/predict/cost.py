@@ -65,10 +65,6 @@ class CostProfile:
     # batch sizes whose grid stopped at the width curve (calibrate.profiling.refresh_profile):
     # covered for no shard, so the next one at that batch prices on the curve again or measures the rest
     cut: set = field(default_factory=set)
-    # Width -> [measured s, priced s] of the decode steps arms ran on this worker at that width
-    # (`observe`), the price from the points alone: how far the probes price a wide step from what
-    # such steps take in a decoding batch, which a plain run's anchor (the level) cannot see.
-    seen: dict = field(default_factory=dict)
 
     def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = (),
                cut_too: bool = False) -> bool:
@@ -145,38 +141,9 @@ class CostProfile:
         new = {p.key for p in points}
         self.points = [p for p in self.points if p.key not in new] + list(points)
         self.measured_s += seconds
-        self.seen = {}  # new probes, new errors: what the old ones missed by no longer applies
 
-    def target_s(self, batch: int, context: int, tokens: int, raw: bool = False) -> float:
-        """A target forward's price: the points' (`_cost`), times the width's correction
-        (`width_factor`) unless `raw`."""
-        return self._cost("target", None, batch, context, tokens) * (1.0 if raw else self.width_factor(tokens))
-
-    def observe(self, priced: dict[int, float], measured_s: float) -> None:
-        """Decode steps that took `measured_s` in all, priced `priced` (width -> seconds of the
-        price from the points alone, `raw`, anchored): each width is charged the steps' measured
-        over priced ratio in proportion to its share of the price. Width 1 is the anchor's."""
-        total = sum(priced.values())
-        if total <= 0 or measured_s <= 0:
-            return
-        ratio = measured_s / total
-        for width, price in priced.items():
-            if width > 1 and price > 0:
-                m, q = self.seen.get(width, (0.0, 0.0))
-                self.seen[width] = [m + ratio * price, q + price]
-
-    def width_factor(self, tokens: int) -> float:
-        """Measured over priced of the steps `observe` saw at this width: 1 at width 1 (a plain
-        run's anchor sets the level), linear between the widths seen, the widest's beyond them;
-        1 where no step was seen. On an AMD EPYC (float32, 2 threads) the probes priced SmolLM2's
-        wide batch-8 steps dear run after run (every n-gram arm under-predicted by 11-27% on 128-row
-        shards, bench/results/calibrate_inflight_b8_float32_128rows_later_zen5_argmax.md), while
-        the arm's own steps in the shard measured 0.73x their price."""
-        if tokens <= 1 or not self.seen:
-            return 1.0
-        widths = sorted(self.seen)
-        xs, ys = [1, *widths], [1.0, *(self.seen[w][0] / self.seen[w][1] for w in widths)]
-        return _lerp(xs, ys, min(tokens, widths[-1]))
+    def target_s(self, batch: int, context: int, tokens: int) -> float:
+        return self._cost("target", None, batch, context, tokens)
 
     def draft_s(self, model: str, batch: int, context: int, tokens: int = 1) -> float:
         return self._cost("draft", model, batch, context, tokens)

@@ -327,12 +327,9 @@ def test_each_rows_counterfactual_is_computed_once_as_the_window_slides(tiny_eng
 def test_the_running_arms_recent_steps_are_measured_against_their_price():
     """The drift fallback's second witness (drift.while_speculating's `ratio`): the steps the
     running arm ran since it last took over, up to a window's rows of stretches (a stretch per
-    check), measured over the profile's price of them at the window's anchor. (Draft-model arms,
-    whose draft steps cost nothing here: an n-gram arm's steps would teach the profile its widths
-    as they are measured, leaving a ratio of 1.)"""
-    profile = CostProfile([StepCost("target", "m", b, c, w, 0.01 * b * w) for b in (1, 4) for c in (10, 100) for w in (1, 5)]
-                          + [StepCost("draft", "d", b, c, t, 0.0) for b in (1, 4) for c in (10, 100) for t in (1, 2)])
-    k4, k2 = (SpecConfig("draft_target", k, draft_model="d") for k in (4, 2))
+    check), measured over the profile's price of them at the window's anchor."""
+    profile = CostProfile([StepCost("target", "m", b, c, w, 0.01 * b * w) for b in (1, 4) for c in (10, 100) for w in (1, 5)])
+    k4, k2 = SpecConfig("ngram", 4), SpecConfig("ngram", 2)
     worker = WorkerCalibration(profile=profile)
     control = InFlight(None, word_rows(8), [k2, k4], 4, CalibrationSettings(drift_chunk=8), worker, key="k")
     assert control._every() == 4 and control._window() == 8  # two stretches make a window
@@ -355,30 +352,6 @@ def test_the_running_arms_recent_steps_are_measured_against_their_price():
     assert control._ratio(k4) == pytest.approx(4.0 / 4.0)
     control.watch.anchor = None
     assert control._ratio(k4) is None  # nothing to price with
-
-
-def test_the_steps_an_ngram_arm_runs_teach_the_workers_profile_its_widths(tiny_engine):
-    """An n-gram arm's stretches in flight are observed by the worker's profile (measured over the
-    points' own price, by width: CostProfile.observe), so the key's next shard is priced with
-    what these steps took; a draft model's are not (their time mixes two models' steps)."""
-    rows = word_rows(32)
-    ngram = SpecConfig("ngram", 3)
-    worker = flat_profile(4)
-    control = InFlight(tiny_engine, rows, [ngram], 4, CalibrationSettings(max_tokens=24, sample_size=8, confirm=False),
-                       worker, key="k")
-    ran = tiny_engine.generate(rows, NO_SPEC, 4, control=control)
-    d, specs = control.close(ran)
-    assert d.chosen == ngram and any(s == ngram for s in specs)  # a flat verify: any accepted draft pays
-    widths = {s.tokens for spec, steps, _ in control.ran for s in steps if spec == ngram} - {1}
-    assert worker.profile.seen and set(worker.profile.seen) <= widths
-    assert all(m > 0 and q > 0 for m, q in worker.profile.seen.values())
-    w = max(worker.profile.seen)
-    assert worker.profile.target_s(4, 16, w) == pytest.approx(worker.profile.width_factor(w) * worker.profile.target_s(4, 16, w, raw=True))
-    drafted = flat_profile(4)
-    control = InFlight(tiny_engine, rows, [SELF[0]], 4, CalibrationSettings(max_tokens=24, sample_size=8, confirm=False),
-                       drafted, key="k")
-    control.close(tiny_engine.generate(rows, NO_SPEC, 4, control=control))
-    assert control.ran and drafted.profile.seen == {}
 
 
 def test_a_keys_next_shard_predicts_on_its_sample_and_the_keys_last_rows(tiny_engine):

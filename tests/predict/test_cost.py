@@ -155,27 +155,3 @@ def test_the_context_factor_is_a_line_fitted_through_the_plain_steps_timed():
     assert wide.target_s(8, 250, 5) == pytest.approx(164.7, rel=0.05)  # timed out to 274: about flat, as measured
     falling = profile_of(curve + [("target", "m", 8, 300, 1, 60.0)])
     assert falling.target_s(8, 300, 5) == pytest.approx(164.7) and falling.target_s(8, 30, 5) == pytest.approx(164.7)
-
-
-def test_the_steps_arms_ran_correct_the_price_of_their_widths():
-    """What the probes priced wide steps at against what such steps took in a decoding batch: each
-    width is charged the measured over priced ratio of the steps it was part of, by its share of
-    the price; width 1 stays the anchor's; between the widths seen the correction runs linear from
-    1 at width 1, beyond the widest it is the widest's; new probes start over."""
-    p = profile_of([("target", "m", 8, 100, 1, 1.0), ("target", "m", 8, 100, 9, 3.0)])
-    raw = p.target_s(8, 100, 5)
-    assert p.width_factor(5) == 1.0 and p.target_s(8, 100, 5) == raw  # nothing seen: the points' price
-    p.observe({5: 3.0, 1: 1.0}, 2.0)  # priced 4 s, took 2 s: 0.5x, width 5 and width 1 alike
-    assert p.width_factor(1) == 1.0 and p.width_factor(5) == pytest.approx(0.5)
-    assert p.width_factor(3) == pytest.approx(0.75) and p.width_factor(9) == pytest.approx(0.5)
-    assert p.target_s(8, 100, 5) == pytest.approx(0.5 * raw) and p.target_s(8, 100, 5, raw=True) == raw
-    assert p.target_s(8, 100, 1) == 1.0
-    p.observe({5: 1.0}, 2.5)  # another stretch at 2.5x: width 5 over both, (1.5 + 2.5) / (3 + 1)
-    assert p.width_factor(5) == pytest.approx(1.0)
-    p.observe({7: 2.0}, 1.6)
-    assert p.width_factor(6) == pytest.approx(0.9) and p.width_factor(8) == pytest.approx(0.8)
-    p.observe({}, 1.0)
-    p.observe({5: 1.0}, 0.0)  # nothing priced, nothing measured: nothing learned
-    assert p.width_factor(5) == pytest.approx(1.0)
-    p.merge([StepCost("target", "m", 8, 300, 1, 1.5)], 0.1)
-    assert p.seen == {} and p.width_factor(5) == 1.0
