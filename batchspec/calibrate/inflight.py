@@ -58,7 +58,7 @@ removes costs more where outputs vary in length and a half-empty batch costs wha
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from batchspec.calibrate.counterfactual import (
@@ -70,59 +70,19 @@ from batchspec.calibrate.counterfactual import (
 )
 from batchspec.calibrate.decision import CalibrationSettings, Decision, sample_indices
 from batchspec.calibrate.drift import Drift, DriftWatch
-from batchspec.calibrate.pricing import Anchor, KeyHistory, RowCounterfactuals, keyed_plain_rows
+from batchspec.calibrate.pricing import (
+    Anchor,
+    KeyHistory,
+    RowCounterfactuals,
+    anchor_of_steps,
+    arm_price_s,
+    as_plain,
+    keyed_plain_rows,
+    plain_price_s,
+)
 from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Progress, Request, SpecConfig, Step, Timing
 from batchspec.predict.acceptance import PlainRow
 from batchspec.predict.cost import CostProfile
-
-
-def anchor_of_steps(timing: Timing, steps: Sequence[Step], profile: CostProfile) -> Anchor:
-    """The profile tied to a measured plain run by the steps it ran: decode seconds measured over
-    the profile's price of exactly those steps (each at its rows, cache length and width), and the
-    engine's bookkeeping per row and step. (Anchor.of prices a sample replayed alone; a sample
-    decoded inside the shard's batch shared its steps with other rows.)"""
-    row_steps = sum(s.rows for s in steps)
-    other = timing.other_s / row_steps if row_steps else 0.0
-    priced = sum(profile.target_s(s.rows, s.context + 1, s.tokens) for s in steps) + other * row_steps
-    measured = timing.decode_s
-    return Anchor(measured / priced if priced > 0 and measured > 0 else 1.0, other)
-
-
-def as_plain(result: GenerateResult, steps: Sequence[Step], anchor: Anchor, profile: CostProfile) -> GenerateResult:
-    """A run under a speculative setting as plain decoding would have run it: the same tokens
-    (greedy speculation commits plain decoding's; sampled, tokens from the target's own
-    distribution), no drafts, one target step per decode token, and the decode time plain
-    decoding would have taken for what `steps` committed (`plain_price_s`), split as a plain run's is."""
-    rows = [replace(c, draft_tokens=0, accepted_tokens=0, accepted_at=[], accepted_steps=[],
-                    target_steps=max(0, c.output_tokens - 1)) for c in result.completions]
-    other = anchor.other * sum(s.committed for s in steps)
-    t = result.timing
-    return GenerateResult(rows, Timing(prefill_s=t.prefill_s, verify_s=plain_price_s(steps, anchor, profile) - other,
-                                       other_s=other, wall_s=t.wall_s))
-
-
-def plain_price_s(steps: Sequence[Step], anchor: Anchor, profile: CostProfile) -> float:
-    """What plain decoding would have taken to commit the tokens `steps` committed, at their
-    shapes: a step of r rows that committed c tokens stands for c / r plain steps of r rows."""
-    return sum(anchor.scale * profile.target_s(s.rows, s.context + 1, 1) * s.committed / s.rows
-               + anchor.other * s.committed for s in steps if s.rows)
-
-
-def arm_price_s(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile: CostProfile,
-                lookup_s: float = 0.0) -> float:
-    """The profile's price of `steps` as they ran under `spec`, anchored: each verify at its width,
-    a draft model's draft steps (the first as wide as its catch-up can be: two tokens), an n-gram
-    lookup per row (`lookup_s`), the bookkeeping per row. A draft model's prefills are not priced
-    (nor counted where this is compared: Timing.admit_s)."""
-    total = 0.0
-    for s in steps:
-        total += anchor.scale * profile.target_s(s.rows, s.context + 1, s.tokens) + anchor.other * s.rows
-        if spec.method == "draft_target" and s.tokens > 1:
-            model, ctx = spec.draft_model, s.context + 1
-            total += anchor.scale * (profile.draft_s(model, s.rows, ctx, 2) + (s.tokens - 2) * profile.draft_s(model, s.rows, ctx))
-        elif spec.method == "ngram":
-            total += lookup_s * s.rows
-    return total
 
 
 def confirmed_speedup(predicted: float, ratio: float, window: float) -> tuple[float, str]:
@@ -413,7 +373,6 @@ class InFlight:
         )
         return decision, [self.made_by.get(i, NO_SPEC) for i in range(len(self.requests))]
 
-
     def _remember(self, result: GenerateResult) -> None:
         """The key's last rows on this worker for its next shard (`KeyHistory`): the last window's
         worth finished, with the counterfactual the drift checks computed on them."""
@@ -424,11 +383,9 @@ class InFlight:
                                  GenerateResult([result.completions[i] for i in part], Timing()))
         if not keyed:
             return
-        seen = getattr(getattr(self.watch, "cache", None), "rows", {})
-        cache = RowCounterfactuals(self.engine)
-        cache.rows = {k: seen[k] for k, _ in keyed if k in seen}
-        cache.lookup_s, cache._timed = (self.watch.cache.lookup_s, len(cache.rows)) if cache.rows else (0.0, 0)
-        self.worker.history[self.key] = KeyHistory([k for k, _ in keyed], [r for _, r in keyed], cache)
+        keys = [k for k, _ in keyed]
+        seen = getattr(self.watch, "cache", None) or RowCounterfactuals(self.engine)  # a scripted watch has none
+        self.worker.history[self.key] = KeyHistory(keys, [r for _, r in keyed], seen.kept(keys))
 
 
 def _so_far(request: Request, out) -> Completion:

@@ -3,17 +3,18 @@ and the drift checks (batchspec.calibrate.drift): the rows of a plain run as cou
 acceptance replays them, each arm's acceptance on them (one n-gram replay per n-gram size, one
 teacher-forced forward per draft model; `RowCounterfactuals` keeps it per row for a sliding
 window), and its goodput priced from the worker's cost profile, tied to the machine's present
-speed by a measured plain run (`Anchor`).
+speed by a measured plain run (`Anchor`); and the steps a run took, priced as they ran
+(`anchor_of_steps`, `plain_price_s`, `arm_price_s`, `as_plain`: calibration in flight).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from batchspec.engine.base import GenerateResult, Request, SpecConfig, acceptance_rate, mean_accepted_len
+from batchspec.engine.base import GenerateResult, Request, SpecConfig, Step, Timing, acceptance_rate, mean_accepted_len
 from batchspec.predict.acceptance import Acceptance, PlainRow, draft_acceptance, ngram_acceptance
 from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s
 from batchspec.stats import ArmResult
@@ -148,6 +149,62 @@ class RowCounterfactuals:
         exact = all(r.greedy for r in rows)
         return ({a.label: Acceptance(a.method, a.draft_len, [self.rows[k][a.label][0] for k in keys],
                                      [self.rows[k][a.label][1] for k in keys], exact) for a in arms}, self.lookup_s)
+
+    def kept(self, keys: Sequence[str]) -> "RowCounterfactuals":
+        """A cache of these rows alone (those computed so far), the lookup cost with them."""
+        out = RowCounterfactuals(self.engine, {k: self.rows[k] for k in keys if k in self.rows})
+        if out.rows:
+            out.lookup_s, out._timed = self.lookup_s, len(out.rows)
+        return out
+
+
+def anchor_of_steps(timing: Timing, steps: Sequence[Step], profile: CostProfile) -> Anchor:
+    """The profile tied to a measured plain run by the steps it ran: decode seconds measured over
+    the profile's price of exactly those steps (each at its rows, cache length and width), and the
+    engine's bookkeeping per row and step. (Anchor.of prices a sample replayed alone; a sample
+    decoded inside the shard's batch shared its steps with other rows.)"""
+    row_steps = sum(s.rows for s in steps)
+    other = timing.other_s / row_steps if row_steps else 0.0
+    priced = sum(profile.target_s(s.rows, s.context + 1, s.tokens) for s in steps) + other * row_steps
+    measured = timing.decode_s
+    return Anchor(measured / priced if priced > 0 and measured > 0 else 1.0, other)
+
+
+def as_plain(result: GenerateResult, steps: Sequence[Step], anchor: Anchor, profile: CostProfile) -> GenerateResult:
+    """A run under a speculative setting as plain decoding would have run it: the same tokens
+    (greedy speculation commits plain decoding's; sampled, tokens from the target's own
+    distribution), no drafts, one target step per decode token, and the decode time plain
+    decoding would have taken for what `steps` committed (`plain_price_s`), split as a plain run's is."""
+    rows = [replace(c, draft_tokens=0, accepted_tokens=0, accepted_at=[], accepted_steps=[],
+                    target_steps=max(0, c.output_tokens - 1)) for c in result.completions]
+    other = anchor.other * sum(s.committed for s in steps)
+    t = result.timing
+    return GenerateResult(rows, Timing(prefill_s=t.prefill_s, verify_s=plain_price_s(steps, anchor, profile) - other,
+                                       other_s=other, wall_s=t.wall_s))
+
+
+def plain_price_s(steps: Sequence[Step], anchor: Anchor, profile: CostProfile) -> float:
+    """What plain decoding would have taken to commit the tokens `steps` committed, at their
+    shapes: a step of r rows that committed c tokens stands for c / r plain steps of r rows."""
+    return sum(anchor.scale * profile.target_s(s.rows, s.context + 1, 1) * s.committed / s.rows
+               + anchor.other * s.committed for s in steps if s.rows)
+
+
+def arm_price_s(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile: CostProfile,
+                lookup_s: float = 0.0) -> float:
+    """The profile's price of `steps` as they ran under `spec`, anchored: each verify at its width,
+    a draft model's draft steps (the first as wide as its catch-up can be: two tokens), an n-gram
+    lookup per row (`lookup_s`), the bookkeeping per row. A draft model's prefills are not priced
+    (nor counted where this is compared: Timing.admit_s)."""
+    total = 0.0
+    for s in steps:
+        total += anchor.scale * profile.target_s(s.rows, s.context + 1, s.tokens) + anchor.other * s.rows
+        if spec.method == "draft_target" and s.tokens > 1:
+            model, ctx = spec.draft_model, s.context + 1
+            total += anchor.scale * (profile.draft_s(model, s.rows, ctx, 2) + (s.tokens - 2) * profile.draft_s(model, s.rows, ctx))
+        elif spec.method == "ngram":
+            total += lookup_s * s.rows
+    return total
 
 
 @dataclass

@@ -9,7 +9,8 @@ import pytest
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration
 from batchspec.calibrate.pricing import Anchor
-from batchspec.calibrate.inflight import InFlight, anchor_of_steps, as_plain, confirmed_speedup, plain_price_s
+from batchspec.calibrate.inflight import InFlight, confirmed_speedup
+from batchspec.calibrate.pricing import anchor_of_steps, as_plain, plain_price_s
 from batchspec.engine.base import (
     NO_SPEC,
     Completion,
