@@ -11,7 +11,7 @@ chunk's own counterfactual acceptance priced as calibration prices a sample
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from batchspec.calibrate.counterfactual import WorkerCalibration
@@ -40,14 +40,21 @@ def _predict_chunk(engine, rows_done: Sequence[Request], result: GenerateResult,
 
 
 def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms: Sequence[SpecConfig],
-              worker: WorkerCalibration, batch_size: int, margin: float,
+              worker: WorkerCalibration, batch_size: int, margin: float, discount: dict | None = None,
               **how) -> tuple[SpecConfig | None, ArmResult | None]:
     """Drift under "none": the counterfactual of the rows just generated plainly. Returns the best
     arm and its prediction if its predicted speedup over them beats plain decoding by the margin,
-    else (None, None). Free for n-gram lookup; one teacher-forced forward per draft model."""
+    else (None, None). Free for n-gram lookup; one teacher-forced forward per draft model.
+
+    `discount`: by arm label, what the arm's own steps measured over what the profile predicted
+    for it on this shard (calibrate.inflight's probe): its prediction is scaled by it, so an arm
+    measured losing is not switched on again by the price that overrated it."""
     results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, **how)
     if results is None:
         return None, None
+    if discount:
+        results = [replace(a, predicted_speedup=a.predicted_speedup * discount[a.label])
+                   if a.label in discount and a.predicted_speedup is not None else a for a in results]
     spec, _ = choose_predicted(results, arms, margin)
     if spec is NO_SPEC:
         return None, None
@@ -105,6 +112,8 @@ class DriftWatch:
     anchor: Anchor | None = None
     stream: int = 0
     ratio: float | None = None  # the running arm's steps lately: measured over priced (set in flight)
+    discount: dict = field(default_factory=dict)  # arm label -> measured over predicted (switch_on)
+    running: float | None = None  # the last check's predicted speedup of the arm it kept running
     cache: RowCounterfactuals = field(init=False)
 
     def __post_init__(self) -> None:
@@ -115,7 +124,8 @@ class DriftWatch:
 
     def __call__(self, part: Sequence[Request], result: GenerateResult) -> tuple[SpecConfig | None, float | None]:
         """Under "none": the arm to switch to (or None) and its predicted acceptance rate, the fallback's yardstick."""
-        spec, arm = switch_on(self.engine, part, result, self.arms, self.worker, self.batch_size, self.margin, **self._how())
+        spec, arm = switch_on(self.engine, part, result, self.arms, self.worker, self.batch_size, self.margin,
+                              self.discount, **self._how())
         return spec, arm.acceptance_rate if arm is not None else None
 
     def speculating(self, part: Sequence[Request], result: GenerateResult,
@@ -125,10 +135,13 @@ class DriftWatch:
         acceptance rate; None when the counterfactual cannot tell (sampled rows)."""
         got = while_speculating(self.engine, part, result, spec, self.arms, self.worker, self.batch_size, self.margin,
                                 self.ratio, **self._how())
+        self.running = None
         if got is None:
             return None
-        spec, arm = got
-        return spec, arm.acceptance_rate if arm is not None else None
+        new, arm = got
+        if new == spec and arm is not None:
+            self.running = arm.predicted_speedup
+        return new, arm.acceptance_rate if arm is not None else None
 
 
 @dataclass

@@ -45,6 +45,10 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              over (about a window's rows of them) are measured against the profile's price
              (`_ratio`), and a fallback needs those steps to show the loss too: the profile alone
              sent a paying edit shard to plain decoding for half its rows (drift.while_speculating).
+             Where the two fall on either side of plain decoding and the anchor is not this shard's
+             last window's, plain decoding runs a batch's worth of rows to anchor the profile afresh,
+             and the arm's steps measured against it decide (`_probed`): the key's later code
+             shard at batch 8 ran n-gram k=2 over all its rows at 0.94x plain, the profile saying 1.11x.
 
 Before this (until 2026-12-01) the sample was a generate call of its own, drained as its rows
 finished, then the confirmation another, then each chunk: on `make run`'s 64-row shards the sample
@@ -133,6 +137,8 @@ class InFlight:
         self.watched = Timing()  # the call's timing at the last drift check (or change of setting) ...
         self.watched_steps = 0  # ... and its steps then
         self.ran: list[tuple[SpecConfig, list[Step], float]] = []  # speculative stretches: setting, steps, measured s
+        self.anchored_at: int | None = None  # rows done when this shard last measured plain decoding's steps
+        self.probe: tuple[SpecConfig, int, Timing, int, float] | None = None  # arm, steps, timing, rows, its prediction
         self.chosen: SpecConfig = NO_SPEC
         self.start = self._start()  # what the sample decodes under: the call's first setting
         self.current = self.start  # the setting the rows in flight decode under
@@ -231,7 +237,7 @@ class InFlight:
         if anchor is None and steps and worker.profile.points:  # no arm priced (profiling could not repay): the
             anchor = anchor_of(worker.profile)                  # steps still tie the worker's profile to this run
         if start.method == "none" and anchor is not None:
-            worker.anchor = anchor
+            worker.anchor, self.anchored_at = anchor, len(self.order)
         self.reason = v.reason + f"; the sample decoded in the shard's batch{under} ({len(self.order)} rows done, {left} to go)"
         if history is not None and rows and v.arms[1:]:
             self.reason += (f"; predicted on its {len(rows)} rows and the key's last {len(history.rows)} rows on this "
@@ -283,13 +289,65 @@ class InFlight:
         self.since = len(self.order)
         result = GenerateResult([p.completions[i] for i in part], p.timing - self.watched)
         self._stretch(p)
+        if self.probe is not None:
+            return self._probed(p)
         self.watched, self.watched_steps = p.timing, len(p.steps)
+        ratio = self._ratio(p.spec)
         if isinstance(self.watch, DriftWatch):
-            self.watch.ratio = self._ratio(p.spec)
+            self.watch.ratio = ratio
         spec, self.calibrated = self.drift.after_chunk(len(self.order), p.spec, self.calibrated,
                                                        [self.requests[i] for i in part], result, self.watch,
                                                        self.settings.drift_ratio)
+        running = getattr(self.watch, "running", None)
+        if spec == p.spec and spec.method != "none" and self._disagree(running, ratio) and self._stale():
+            self.probe = (spec, len(p.steps), p.timing, len(self.order), running)
+            return NO_SPEC
         return spec if spec != p.spec else None
+
+    def _disagree(self, running: float | None, ratio: float | None) -> bool:
+        """The profile's prediction for the running arm on the window (`running`) and the arm's own
+        steps (the prediction over `ratio`, `_ratio`) fall on either side of plain decoding."""
+        return running is not None and bool(ratio) and (running < 1.0) != (running / ratio < 1.0)
+
+    def _stale(self) -> bool:
+        """The anchor the arm's steps are measured against is not this shard's plain steps of the
+        last window: a key's later shard decoded its sample under the arm (the worker's anchor,
+        another shard's), or plain decoding last ran a window ago."""
+        return self.anchored_at is None or len(self.order) - self.anchored_at >= self._window()
+
+    def _probed(self, p: Progress) -> SpecConfig | None:
+        """The end of a probe: where the profile and the running arm's own steps disagreed whether
+        it pays (`_disagree`) on an anchor from another moment (`_stale`), plain decoding ran a
+        batch's worth of rows, and its steps anchor the profile afresh (the machine as it is now:
+        on this CPU plain decoding swung 82-157 tok/s between shards of one run). Those steps'
+        anchor prices the tokens the arm's last steps committed as plain decoding would have run
+        them, over the arm's measured time: below 1.0 the rows stay under plain decoding and the
+        arm's predictions on this shard are scaled by what it measured (DriftWatch.discount, so the
+        window does not switch it on again on the price that overrated it); else the arm resumes.
+        The probe's rows are kept, as every row is; what it costs is their speedup."""
+        arm, at, then, row, running = self.probe
+        self.probe = None
+        steps, delta = p.steps[at:], p.timing - then
+        self.watched, self.watched_steps = p.timing, len(p.steps)
+        profile = self.worker.profile
+        recent = self._recent(arm)
+        if not steps or delta.decode_s <= 0 or not recent:
+            return arm
+        fresh = anchor_of_steps(delta, steps, profile)
+        self.watch.anchor, self.anchored_at = fresh, len(self.order)
+        arm_s = sum(m for _, m in recent)
+        measured = sum(plain_price_s(s, fresh, profile) for s, _ in recent) / arm_s if arm_s > 0 else 1.0
+        said = (f"; at row {row} the profile predicted {arm.label} at {running:.2f}x on the window and its own steps "
+                f"disagreed: plain decoding ran {len(self.order) - row} rows ({len(steps)} steps) to measure against, "
+                f"and the arm's last {sum(len(s) for s, _ in recent)} steps measured {measured:.2f}x plain")
+        if measured < 1.0:
+            self.reason += said + ", so plain decoding goes on"
+            self.drift.record(row, arm, NO_SPEC)
+            self.watch.discount[arm.label] = measured / running if running else 1.0
+            self.calibrated = None
+            return None
+        self.reason += said + f", so {arm.label} resumes"
+        return arm
 
     def _run(self, spec: SpecConfig) -> SpecConfig:
         """Calibration's setting from here on, its acceptance the fallback's yardstick."""
@@ -315,15 +373,20 @@ class InFlight:
         anchor, profile = getattr(self.watch, "anchor", None), self.worker.profile
         if anchor is None or not profile.points:
             return None
+        recent = self._recent(spec)
+        lookup = self.verdict.lookup_s if self.verdict is not None else 0.0
+        priced = sum(arm_price_s(steps, spec, anchor, profile, lookup) for steps, _ in recent)
+        measured = sum(m for _, m in recent)
+        return measured / priced if priced > 0 and measured > 0 else None
+
+    def _recent(self, spec: SpecConfig) -> list[tuple[list[Step], float]]:
+        """The stretches `spec` ran since it last took over, the last window's rows of them at most."""
         recent = []
         for ran, steps, measured in reversed(self.ran):
             if ran.label != spec.label or len(recent) * self._every() >= self._window():
                 break
             recent.append((steps, measured))
-        lookup = self.verdict.lookup_s if self.verdict is not None else 0.0
-        priced = sum(arm_price_s(steps, spec, anchor, profile, lookup) for steps, _ in recent)
-        measured = sum(m for _, m in recent)
-        return measured / priced if priced > 0 and measured > 0 else None
+        return recent
 
     # -- rows as calibration sees them ------------------------------------------------------------
 
@@ -363,7 +426,7 @@ class InFlight:
             self.current = self._confirm(Progress(self.last.spec, [], list(result.completions), {}, 0, result.timing, self.last.steps), final=True)
         self._remember(result)
         self.spent_s += self.clock() - began
-        self.worker.settled[self.key] = self.current
+        self.worker.settled[self.key] = self.probe[0] if self.probe is not None else self.current
         v = self.verdict
         decision = Decision(
             chosen=self.chosen, arms=v.arms, baseline_tokens_per_s=v.arms[0].tokens_per_s,

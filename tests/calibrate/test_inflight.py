@@ -385,3 +385,86 @@ def test_a_keys_next_shard_predicts_on_its_sample_and_the_keys_last_rows(tiny_en
     other = InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="other")
     d, _ = other.close(tiny_engine.generate(rows, NO_SPEC, 4, control=other))
     assert "the key's last" not in d.reason
+
+
+class _Scripted:
+    """A drift watch whose checks keep the running arm, predicting `running` for it."""
+
+    def __init__(self, running: float, anchor: Anchor | None = None, switch: SpecConfig | None = None):
+        self.running, self.anchor, self.switch = running, anchor, switch
+        self.discount, self.calls = {}, []
+
+    def __call__(self, part, result):
+        self.calls.append("none")
+        return (self.switch, 0.9) if self.switch is not None and len(self.calls) == 2 else (None, None)
+
+    def speculating(self, part, result, spec):
+        self.calls.append(spec.label)
+        return spec, 0.9
+
+
+def test_where_the_profile_and_the_arms_steps_disagree_plain_decoding_is_measured_afresh():
+    """The probe (InFlight._probed): a check that keeps the arm while the profile (1.2x) and the
+    arm's own steps at a stale anchor (1.2 / 1.5 = 0.8x) fall on either side of plain decoding
+    runs the next batch's worth of rows plainly; their steps anchor the profile afresh and price
+    what the arm's steps committed. The same arm's steps lose to plain steps measured at 20 tok/s
+    (the rows stay plain, the fallback is recorded at the probe's row, and the window discounts the
+    arm) and pay against plain steps at 10 tok/s (the arm resumes, and no probe comes again until
+    plain decoding's anchor is a window old)."""
+    profile = CostProfile([StepCost("target", "m", b, c, w, 0.01 * b * w) for b in (1, 4) for c in (10, 100) for w in (1, 5)])
+    k4 = SpecConfig("ngram", 4)
+    rows = word_rows(32)
+    comps = [Completion(r.id, None, token_ids=[1, 2], output_tokens=2, target_steps=1) for r in rows]
+
+    arm_steps = [Step(4, 20, 5, 8)] * 10  # priced 10 x 2.0 x 0.01 x 4 x 5 = 4 s; measured 6 s: 8 tokens a 0.6 s step
+
+    def run(plain_s: float):
+        control = InFlight(None, rows, [k4], 4, CalibrationSettings(drift_chunk=8), WorkerCalibration(profile=profile), key="k")
+        control.phase, control.order = "watch", list(range(8))
+        control.watch = _Scripted(1.2, Anchor(2.0, 0.0))
+        assert control._watch(Progress(k4, [], comps, {8: [1]}, 20, Timing(verify_s=6.0), arm_steps)) is NO_SPEC
+        assert control.probe[0] == k4 and control.drift.fallback_row is None
+        control.order += [8, 9, 10, 11]
+        plain_steps = [Step(4, 20, 1, 4)] * 10  # priced 10 x 0.04 s
+        return control, control._watch(Progress(NO_SPEC, [], comps, {12: [1]}, 16, Timing(verify_s=6.0 + plain_s),
+                                                arm_steps + plain_steps))
+
+    control, spec = run(2.0)  # plain steps at 0.2 s for 4 tokens: 20 tok/s, the arm's 13.3 tok/s is 0.67x
+    assert spec is None and control.probe is None
+    assert "measured 0.67x plain, so plain decoding goes on" in control.reason
+    assert control.drift.fallback_row == 8 and control.watch.anchor.scale == pytest.approx(5.0)
+    assert control.watch.discount == {k4.label: pytest.approx(0.667 / 1.2, rel=1e-3)}
+
+    control, spec = run(4.0)  # plain at 10 tok/s: the arm's steps measure 1.33x
+    assert spec == k4 and "measured 1.33x plain, so ngram:k=4 resumes" in control.reason
+    assert control.drift.fallback_row is None and control.anchored_at == 12
+    steps = [Step(4, 20, 5, 8)] * 10 * 3
+    control.order += [12, 13, 14, 15]  # the resumed arm's 10 steps took 50 s: its last 20 at 56 / 40 = 1.4x their
+    again = Progress(k4, [], comps, {16: [1]}, 12, Timing(verify_s=60.0), steps)  # price, 1.2 / 1.4 < 1.0 again
+    assert control._watch(again) is None and control.probe is None  # plain decoding measured 4 rows ago: no probe
+    control.order += [16, 17, 18, 19]  # a window (8 rows) after it: the anchor is stale, and a probe starts
+    assert control._watch(Progress(k4, [], comps, {20: [1]}, 8, Timing(verify_s=70.0), steps + arm_steps)) is NO_SPEC
+    assert control.probe[0] == k4
+
+
+def test_a_probe_in_flight_changes_no_token(tiny_engine):
+    """A real shard: a scripted window turns an arm on and keeps it, its steps set against the
+    profile disagree (the ratio forced to 3.0), so plain decoding runs a batch's worth of rows to
+    measure; whichever way the measurement goes, the reason says what it measured, the rows of the
+    probe ran plainly, and every token is plain decoding's."""
+    arm = SpecConfig("ngram", 3)
+    rows = word_rows(40)
+    control = InFlight(tiny_engine, rows, [arm], 2, CalibrationSettings(max_tokens=24, sample_size=4, drift_chunk=6, margin=100.0),
+                       flat_profile(2), key="k")
+    control.watch = _Scripted(1.2, Anchor(1.0, 0.0), switch=arm)
+    control._ratio = lambda spec: 3.0
+    ran = tiny_engine.generate(rows, NO_SPEC, 2, control=control)
+    _, specs = control.close(ran)
+    assert "its own steps disagreed: plain decoding ran" in control.reason
+    goes_on = "so plain decoding goes on" in control.reason
+    assert goes_on or "so ngram:k=3 resumes" in control.reason
+    assert (control.drift.fallback_row is not None) == goes_on and (arm.label in control.watch.discount) == goes_on
+    done = [specs[i] for i in control.order]
+    assert NO_SPEC in done[done.index(arm):]  # the probe's rows
+    plain = tiny_engine.generate(rows, NO_SPEC, 2)
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain.completions]
