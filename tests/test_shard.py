@@ -183,3 +183,21 @@ def test_rows_finished_in_calibration_are_kept_not_regenerated(tiny_engine):
     generated_tokens = sum(c.output_tokens - 1 for c in shard.completions if c.id not in shard.decision.finished)
     decode = shard.stats.decode_s
     assert shard.stats.tokens_per_s == pytest.approx(generated_tokens / decode)
+
+
+def test_an_arm_measured_losing_is_not_switched_on_again_by_the_price_that_overrated_it(tiny_engine):
+    """DriftWatch.discount (set where a confirmation or a probe measured the arm below its
+    prediction): the window under "none" scales the arm's predicted speedup by it. The same plain
+    rows switch a self-draft on, predicted well above the margin, and with its measured 0.3 of
+    the prediction do not."""
+    from batchspec.calibrate.drift import DriftWatch
+    from tests.calibrate.test_inflight import flat_profile
+
+    arm = SpecConfig("draft_target", 2, draft_model="self")
+    rows = word_rows(8)
+    plain = tiny_engine.generate(rows, NO_SPEC, 2)
+    watch = DriftWatch(tiny_engine, [arm], flat_profile(2), 2, 0.05)
+    spec, _ = watch(rows, plain)
+    assert spec == arm
+    watch.discount[arm.label] = 0.3
+    assert watch(rows, plain) == (None, None)

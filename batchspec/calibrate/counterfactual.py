@@ -58,6 +58,9 @@ from batchspec.stats import ArmResult
 CONFIRM_MIN_ROWS = 4  # at batch 1 a single row is too few to measure an arm on
 
 
+HISTORY_KEYS = 64  # shard keys whose last rows a worker keeps (WorkerCalibration.remember)
+
+
 @dataclass
 class WorkerCalibration:
     """What calibration keeps for the life of one worker (one engine): its cost profile, the shard
@@ -76,6 +79,14 @@ class WorkerCalibration:
     # Per shard key: its last shard's last finished rows on this worker and their counterfactual
     # (calibrate.inflight predicts the key's next sample beside them).
     history: dict = field(default_factory=dict)
+
+    def remember(self, key: str, history: KeyHistory) -> None:
+        """Keep `history` as `key`'s, the HISTORY_KEYS keys seen last kept (a job keyed by
+        thousands of values holds no more than that many windows of rows)."""
+        self.history.pop(key, None)
+        self.history[key] = history
+        while len(self.history) > HISTORY_KEYS:
+            self.history.pop(next(iter(self.history)))
 
     def prediction_error(self, default: float) -> float:
         return max(self.errors) if self.errors else default

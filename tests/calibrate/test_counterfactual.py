@@ -339,3 +339,18 @@ def test_the_profile_stops_at_the_width_curve_where_no_arm_can_pay_on_it(tiny_en
         assert {(1, 1), (1, 5), (2, 1), (2, 5)} <= shape_asked  # batch 1 and half the batch measured too
         assert len({c for b, c, w in asked if b == 4 and w == 1}) == 3  # the context's ends too
         assert len(engine.asked) == len(asked)  # no point timed twice
+
+
+def test_a_worker_keeps_the_last_rows_of_its_most_recent_keys_only():
+    """WorkerCalibration.remember: a key's history replaces its last, and past HISTORY_KEYS keys the
+    one seen longest ago goes (a job keyed by thousands of values does not hold thousands of windows)."""
+    from batchspec.calibrate.counterfactual import HISTORY_KEYS
+
+    worker = WorkerCalibration()
+    for i in range(HISTORY_KEYS + 3):
+        worker.remember(f"k{i}", f"rows of k{i}")
+    worker.remember("k3", "new rows of k3")  # seen again: now the most recent
+    worker.remember("late", "rows of late")
+    assert len(worker.history) == HISTORY_KEYS
+    assert "k0" not in worker.history and "k4" not in worker.history and worker.history["k3"] == "new rows of k3"
+    assert list(worker.history)[-2:] == ["k3", "late"]

@@ -120,6 +120,8 @@ def test_a_confirmed_loss_sends_the_shard_back_to_plain_decoding_and_counts_as_o
     assert any(s == far for s in specs)  # the arm ran ...
     assert all(specs[i] is NO_SPEC for i in control.order[-8:])  # ... and the rows that finished last ran plainly
     assert control.lost_s > 0 and d.calibration_s == d.overhead_s >= control.lost_s
+    # the drift window prices the arm as the confirmation measured it against the sample's prediction
+    assert control.watch.discount == {far.label: pytest.approx(arm.speedup / arm.predicted_speedup)}
 
 
 def test_a_confirmation_in_flight_decides_by_the_lower_of_the_corrected_prediction_and_its_own_steps():
@@ -422,28 +424,32 @@ def test_where_the_profile_and_the_arms_steps_disagree_plain_decoding_is_measure
         control = InFlight(None, rows, [k4], 4, CalibrationSettings(drift_chunk=8), WorkerCalibration(profile=profile), key="k")
         control.phase, control.order = "watch", list(range(8))
         control.watch = _Scripted(1.2, Anchor(2.0, 0.0))
-        assert control._watch(Progress(k4, [], comps, {8: [1]}, 20, Timing(verify_s=6.0), arm_steps)) is NO_SPEC
-        assert control.probe[0] == k4 and control.drift.fallback_row is None
+        half = arm_steps[:5]
+        assert control._watch(Progress(k4, [], comps, {8: [1]}, 24, Timing(verify_s=3.0), half)) is None
+        assert control.probe is None  # one stretch, half a window's rows: too few steps to set against the profile
         control.order += [8, 9, 10, 11]
+        assert control._watch(Progress(k4, [], comps, {12: [1]}, 20, Timing(verify_s=6.0), arm_steps)) is NO_SPEC
+        assert control.probe[0] == k4 and control.drift.fallback_row is None
+        control.order += [12, 13, 14, 15]
         plain_steps = [Step(4, 20, 1, 4)] * 10  # priced 10 x 0.04 s
-        return control, control._watch(Progress(NO_SPEC, [], comps, {12: [1]}, 16, Timing(verify_s=6.0 + plain_s),
+        return control, control._watch(Progress(NO_SPEC, [], comps, {16: [1]}, 16, Timing(verify_s=6.0 + plain_s),
                                                 arm_steps + plain_steps))
 
     control, spec = run(2.0)  # plain steps at 0.2 s for 4 tokens: 20 tok/s, the arm's 13.3 tok/s is 0.67x
     assert spec is None and control.probe is None
     assert "measured 0.67x plain, so plain decoding goes on" in control.reason
-    assert control.drift.fallback_row == 8 and control.watch.anchor.scale == pytest.approx(5.0)
+    assert control.drift.fallback_row == 12 and control.watch.anchor.scale == pytest.approx(5.0)
     assert control.watch.discount == {k4.label: pytest.approx(0.667 / 1.2, rel=1e-3)}
 
     control, spec = run(4.0)  # plain at 10 tok/s: the arm's steps measure 1.33x
     assert spec == k4 and "measured 1.33x plain, so ngram:k=4 resumes" in control.reason
-    assert control.drift.fallback_row is None and control.anchored_at == 12
+    assert control.drift.fallback_row is None and control.anchored_at == 16
     steps = [Step(4, 20, 5, 8)] * 10 * 3
-    control.order += [12, 13, 14, 15]  # the resumed arm's 10 steps took 50 s: its last 20 at 56 / 40 = 1.4x their
-    again = Progress(k4, [], comps, {16: [1]}, 12, Timing(verify_s=60.0), steps)  # price, 1.2 / 1.4 < 1.0 again
+    control.order += [16, 17, 18, 19]  # the resumed arm's 10 steps took 50 s: its last 15 at 53 / 30 = 1.77x their
+    again = Progress(k4, [], comps, {20: [1]}, 12, Timing(verify_s=60.0), steps)  # price, 1.2 / 1.77 < 1.0 again
     assert control._watch(again) is None and control.probe is None  # plain decoding measured 4 rows ago: no probe
-    control.order += [16, 17, 18, 19]  # a window (8 rows) after it: the anchor is stale, and a probe starts
-    assert control._watch(Progress(k4, [], comps, {20: [1]}, 8, Timing(verify_s=70.0), steps + arm_steps)) is NO_SPEC
+    control.order += [20, 21, 22, 23]  # a window (8 rows) after it: the anchor is stale, and a probe starts
+    assert control._watch(Progress(k4, [], comps, {24: [1]}, 8, Timing(verify_s=70.0), steps + arm_steps)) is NO_SPEC
     assert control.probe[0] == k4
 
 
