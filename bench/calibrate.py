@@ -36,6 +36,9 @@ decodes under the setting that one ended under (calibrate.inflight `InFlight._st
 the steady state of a job with many shards per key; a key's first shard on a worker decodes its
 sample plainly, and the oracle gap of a paying workload is then the sample's share (README).
 
+With --ended-under ARM each key's first shard is taken to have ended under ARM whatever it chose:
+the benched shard starts under that arm (the probe's case: a later shard started under a losing arm).
+
     python bench/calibrate.py [--quick] [--rows 128] [--model smollm2-135m] [--draft-model NAME]
 """
 
@@ -334,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--later-shard", action="store_true", help="with --in-flight: run a shard of each key first "
                         "(other rows of its workload, not benched), so the benched shard is the key's next on the worker, "
                         "its sample decoded under the setting the first ended under")
+    parser.add_argument("--ended-under", default=None, metavar="ARM",
+                        help="with --later-shard: the setting each key's first shard is taken to have ended under "
+                        "(e.g. ngram:k=2), whatever it chose: a later shard started under that arm")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
@@ -343,8 +349,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     threads = choose_threads(args.threads)
     info = machine(threads, args.dtype)
     print(f"machine: {info}", flush=True)
-    engine = load_engine(args.model, args.dtype, args.draft_model)
     arms = candidate_arms(args.draft_model)
+    forced = next((a for a in arms if a.label == args.ended_under), None)
+    if args.ended_under and (forced is None or not args.later_shard):
+        parser.error(f"--ended-under needs --later-shard and one of {', '.join(a.label for a in arms)}")
+    engine = load_engine(args.model, args.dtype, args.draft_model)
     settings = CalibrationSettings(min_rows=min(16, rows))
     worker = WorkerCalibration()
     shards = []
@@ -353,8 +362,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if args.later_shard:
             earlier = run_shard(engine, ShardInput(f"{workload}-first", workload, workloads.requests(workload, rows, max_tokens, seed=1)),
                                 arms, True, args.batch_size, settings, worker=worker)
+            if forced is not None:
+                worker.settled[workload] = forced
             first = {"chosen": earlier.decision.chosen.label, "ended_under": worker.settled[workload].label,
-                     "wall_s": earlier.stats.wall_s}
+                     "wall_s": earlier.stats.wall_s, "ended_under_forced": forced is not None}
             print(f"{workload}: the key's first shard chose {first['chosen']}, ended under {first['ended_under']} "
                   f"({first['wall_s']:.1f} s)", flush=True)
         shards.append(bench_shard(engine, workload, rows, max_tokens, args.batch_size, arms, settings, worker, args.in_flight))
@@ -378,7 +389,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
           f"{rows} prompts per shard, max_tokens {max_tokens}, arms none + {', '.join(a.label for a in arms)}; "
           f"{machine_line(info)}. "
           + ("Each benched shard is its key's second on this worker: a first shard of other rows of the workload "
-             "ran before it (not benched), and the benched shard's sample decoded under the setting that one ended under. "
+             "ran before it (not benched), and the benched shard's sample decoded under the setting that one ended under"
+             + (f" (taken to be {forced.label} whatever it chose: --ended-under)" if forced is not None else "") + ". "
              if args.later_shard else "") +
           f"tok/s = goodput (output tokens / decode seconds).\n\n{table}")
     write(Path(args.out), "calibrate", data, md, table)

@@ -79,8 +79,10 @@ def test_calibrate_bench_in_flight_decides_as_the_pipeline_does(models, tmp_path
     import calibrate
 
     target, _ = models
+    with pytest.raises(SystemExit):  # not an arm of this bench: refused before a model loads
+        calibrate.main(["--model", target, "--in-flight", "--later-shard", "--ended-under", "ngram:k=3", "--out", str(tmp_path)])
     calibrate.main(["--model", target, "--rows", "12", "--max-tokens", "4", "--batch-size", "2", "--workloads", "edit",
-                    "--threads", "1", "--in-flight", "--later-shard", "--out", str(tmp_path)])
+                    "--threads", "1", "--in-flight", "--later-shard", "--ended-under", "ngram:k=2", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "calibrate.json").read_text())
     from batchspec.calibrate import CalibrationSettings
 
@@ -95,7 +97,8 @@ def test_calibrate_bench_in_flight_decides_as_the_pipeline_does(models, tmp_path
     assert "| rows per setting |" in (tmp_path / "calibrate.md").read_text()
     # --later-shard: the benched shard is its key's second on the worker; its sample ran under the
     # setting the first ended under, where the worker could price a run under it
-    first = shard["key_first_shard"]
+    first = shard["key_first_shard"]  # --ended-under: taken to have ended under k=2, whatever it chose
+    assert first["ended_under"] == "ngram:k=2" and first["ended_under_forced"]
     assert saved["later_shard"] and first["wall_s"] > 0 and flight["sample_under"] in {first["ended_under"], "none"}
     assert "| sample decoded under |" in (tmp_path / "calibrate.md").read_text()
     # the shard's figure against the oracle is the settings it ran, priced on the interleaved run
