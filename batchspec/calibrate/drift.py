@@ -46,9 +46,11 @@ def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms
     arm and its prediction if its predicted speedup over them beats plain decoding by the margin,
     else (None, None). Free for n-gram lookup; one teacher-forced forward per draft model.
 
-    `discount`: by arm label, what the arm's own steps measured over what the profile predicted
-    for it on this shard (calibrate.inflight's probe): its prediction is scaled by it, so an arm
-    measured losing is not switched on again by the price that overrated it."""
+    `discount`: by arm label, what the arm's own steps measured over what was predicted for it on
+    this shard (calibrate.inflight: a confirmation or a probe that sent it to plain decoding): its
+    prediction is scaled by it, so an arm measured losing is not switched on again by the price
+    that overrated it (a 128-row edit shard at batch 8: k=2 confirmed at 0.79x against 1.07x
+    predicted, switched on again by the window 14 rows later)."""
     results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, **how)
     if results is None:
         return None, None
