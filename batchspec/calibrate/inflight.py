@@ -139,6 +139,7 @@ class InFlight:
         self.ran: list[tuple[SpecConfig, list[Step], float]] = []  # speculative stretches: setting, steps, measured s
         self.anchored_at: int | None = None  # rows done when this shard last measured plain decoding's steps
         self.probe: tuple[SpecConfig, int, Timing, int, float] | None = None  # arm, steps, timing, rows, its prediction
+        self.plain_side = False  # the confirmation measures plain decoding: the sample ran the arm (`_confirm`)
         self.chosen: SpecConfig = NO_SPEC
         self.start = self._start()  # what the sample decodes under: the call's first setting
         self.current = self.start  # the setting the rows in flight decode under
@@ -249,6 +250,9 @@ class InFlight:
             self.phase, self.mark = "confirm", (len(p.steps), p.timing, len(self.order))
             self.confirm_seen = (len(p.steps), 0)
             self.confirm_tokens = max(self.batch_size, CONFIRM_MIN_ROWS) * mean
+            if start.method != "none" and v.top_spec.label == start.label and steps:
+                self.plain_side = True  # the sample ran the arm: what is left to measure is plain decoding
+                return self._run(NO_SPEC)
             return self._run(v.top_spec)
         if v.wanted:
             self.reason += "; not confirmed: no other rows of the shard to confirm on"
@@ -256,19 +260,36 @@ class InFlight:
         return self._run(v.chosen)
 
     def _confirm(self, p: Progress, final: bool = False) -> SpecConfig | None:
+        """The confirmation's measurement: the arm's steps since the decision, against plain
+        decoding priced at the sample's anchor; or, where the sample itself ran the arm (a key's
+        later shard, `plain_side`), the sample's steps against plain decoding's steps since the
+        decision, whose anchor is this moment's. Before that (until 2026-12-03) such a shard ran the
+        arm again and priced plain decoding at the worker's anchor, another shard's: a later prose
+        shard at batch 1 confirmed k=2 at 0.77x (its steps 1.31x the price) where the whole shard
+        measured it at 1.16x."""
         self._stretch(p)
         v = self.verdict
-        steps = p.steps[self.mark[0]:]
-        delta = p.timing - self.mark[1]
-        arm_s = delta.decode_s
-        plain_s = plain_price_s(steps, v.anchor, self.worker.profile)
+        anchor, where = v.anchor, "in the shard's batch"
+        steps, delta = p.steps[self.mark[0]:], p.timing - self.mark[1]
         self.phase, self.since = "watch", len(self.order)
         rows = len(self.order) - self.mark[2]
+        if self.plain_side:
+            if not steps or delta.decode_s <= 0:
+                self.reason += "; not confirmed: plain decoding ran no decode step to measure against"
+                return self._run(v.chosen)
+            anchor = anchor_of_steps(delta, steps, self.worker.profile)  # plain decoding, now
+            self.worker.anchor, self.anchored_at = anchor, len(self.order)
+            if isinstance(self.watch, DriftWatch):
+                self.watch.anchor = anchor
+            where = f"decoding the sample, set against plain decoding's {len(steps)} steps after it ({rows} rows finished)"
+            steps, delta, rows = p.steps[: self.mark[0]], self.mark[1], self.mark[2]
+        arm_s = delta.decode_s
+        plain_s = plain_price_s(steps, anchor, self.worker.profile)
         if not steps or arm_s <= 0 or plain_s <= 0:
             self.reason += f"; not confirmed: {v.top_spec.label} ran no decode step to measure"
             return self._run(v.chosen)
         window = plain_s / arm_s
-        priced = arm_price_s(steps, v.top_spec, v.anchor, self.worker.profile, v.lookup_s)
+        priced = arm_price_s(steps, v.top_spec, anchor, self.worker.profile, v.lookup_s)
         ratio = (delta.decode_s - delta.admit_s) / priced if priced > 0 else 1.0  # measured over priced
         predicted = v.top.predicted_speedup
         speedup, which = confirmed_speedup(predicted, ratio, window)
@@ -276,7 +297,7 @@ class InFlight:
         v.top.speedup, v.top.measured, v.top.decode_tokens, v.top.tokens_per_s = speedup, True, tokens, tokens / arm_s
         self.confirmed = True
         chosen, why = settle(v, speedup, predicted, self.worker, self.key, self.settings,
-                             f"at {speedup:.2f}x plain decoding: its {len(steps)} steps in the shard's batch ({tokens} "
+                             f"at {speedup:.2f}x plain decoding: its {len(steps)} steps {where} ({tokens} "
                              f"tokens, {rows} rows finished{', the shard ended' if final else ''}) took {ratio:.2f}x the "
                              f"profile's price; {which}")
         self.reason += why

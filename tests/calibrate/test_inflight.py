@@ -474,3 +474,28 @@ def test_a_probe_in_flight_changes_no_token(tiny_engine):
     assert NO_SPEC in done[done.index(arm):]  # the probe's rows
     plain = tiny_engine.generate(rows, NO_SPEC, 2)
     assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain.completions]
+
+
+def test_a_later_shard_whose_sample_ran_the_arm_confirms_it_against_plain_decoding_now(tiny_engine):
+    """A key's later shard decodes its sample under the arm its last shard ended under; where a
+    confirmation is wanted for that same arm, the sample's steps are the arm's measurement, and the
+    rows after the decision run plainly to measure against (InFlight.plain_side): plain decoding's
+    anchor is this moment's, not another shard's. The measurement is recorded, the worker's anchor
+    is the new one, and no token changes."""
+    arm = SpecConfig("draft_target", 3, draft_model="self")
+    worker = flat_profile(4)
+    first = run_shard(tiny_engine, ShardInput("s0", "k", word_rows(16)),
+                      [arm], True, 4, CalibrationSettings(max_tokens=24, sample_size=4, confirm=False), worker=worker)
+    assert worker.settled["k"] == arm and "k" not in worker.confirmed_keys
+    old = worker.anchor
+    rows = [Request(f"n{i}", r.prompt + " w3 w5", params=r.params) for i, r in enumerate(word_rows(24))]
+    nxt = InFlight(tiny_engine, rows, [arm], 4, CalibrationSettings(max_tokens=24, sample_size=4), worker, key="k")
+    assert nxt.start == arm
+    ran = tiny_engine.generate(rows, nxt.start, 4, control=nxt)
+    d, specs = nxt.close(ran)
+    assert nxt.plain_side and d.confirmed and d.arms[1].measured and d.arms[1].speedup > 0
+    assert "steps decoding the sample, set against plain decoding's" in d.reason
+    assert worker.anchor is not old and nxt.anchored_at is not None
+    after = [specs[i] for i in nxt.order[nxt.mark[2]:]]
+    assert NO_SPEC in after  # the rows that measured plain decoding
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in tiny_engine.generate(rows, NO_SPEC, 4).completions]
