@@ -17,7 +17,7 @@ TEST_WORKERS ?= 2
 RAY_CPUS ?= 2
 RAY_ARGS ?=
 
-.PHONY: setup run test bench bench-engine bench-calibrate bench-pipeline bench-peer gpu-check ray-head ray-stop clean
+.PHONY: setup run test bench bench-engine bench-calibrate bench-heldout bench-pipeline bench-peer gpu-check ray-head ray-stop clean
 
 setup: $(STAMP)
 
@@ -52,6 +52,16 @@ bench-engine: setup
 
 bench-calibrate: setup
 	$(PY) bench/calibrate.py
+
+# Calibration on prompts the project did not write: HELDOUT (a prompt Parquet with a task column;
+# by default one written from installed packages' READMEs and the standard library, SEED) at BATCH.
+HELDOUT ?= /tmp/batchspec_heldout_seed$(SEED)_$(ROWS)rows.parquet
+SEED ?= 7
+BATCH ?= 8
+ROWS ?= 64
+bench-heldout: setup
+	test -f $(HELDOUT) || $(PY) bench/peer_prompts.py --out $(HELDOUT) --rows $$(( 8 * $(ROWS) )) --seed $(SEED) --min-tokens 150 --max-tokens 450
+	$(PY) bench/calibrate.py --input $(HELDOUT) --rows $(ROWS) --max-tokens 24 --batch-size $(BATCH) --dtype float32 --threads 2 --in-flight --later-shard
 
 bench-pipeline: setup
 	$(PY) bench/pipeline.py

@@ -71,7 +71,7 @@ from engine import (  # noqa: E402
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration, plain_rows, predict_arms  # noqa: E402
 from batchspec.calibrate.pricing import Anchor, none_plans  # noqa: E402
 from batchspec.config.candidates import default_candidates_path, load_candidates  # noqa: E402
-from batchspec.engine.base import NO_SPEC, GenerateResult, SpecConfig, Timing  # noqa: E402
+from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SpecConfig, Timing  # noqa: E402
 from batchspec.predict.cost import predict_decode_s  # noqa: E402
 from batchspec.shard import ShardInput, decide, run_shard  # noqa: E402
 
@@ -89,7 +89,8 @@ def candidate_arms(draft_model: str | None) -> list[SpecConfig]:
 
 
 def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: int, arms: Sequence[SpecConfig],
-                settings: CalibrationSettings, worker: WorkerCalibration | None = None, in_flight: bool = False) -> dict:
+                settings: CalibrationSettings, worker: WorkerCalibration | None = None, in_flight: bool = False,
+                requests: Sequence[Request] | None = None) -> dict:
     """Calibrate the shard (the pipeline's own `decide`), then run every arm on the whole shard,
     interleaved. The calibrated choice's figure is its arm's from that interleaved run, so noise
     on this shared machine hits it, the oracle and plain alike; its end-to-end figure adds the
@@ -98,8 +99,10 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
     With `in_flight` the shard runs as the pipeline runs it on the torch engine (`run_shard`:
     calibration inside the shard's own batch, the drift watch after it) and the decision is that
     run's; the end-to-end figure is that run's own wall time, and the shard's goodput (every
-    setting it ran, switches included) is set beside plain decoding's."""
-    requests = workloads.requests(workload, rows, max_tokens)
+    setting it ran, switches included) is set beside plain decoding's. `requests`: the shard's rows
+    (--input); else `rows` of the bench's own `workload`."""
+    requests = list(requests) if requests is not None else workloads.requests(workload, rows, max_tokens)
+    rows = len(requests)
     ran = None
     before = worker.settled.get(workload) if worker is not None else None  # the key's last setting on the worker
     if in_flight:
@@ -329,7 +332,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--rows", type=int, default=None, help="prompts per shard (default 128; 16 with --quick)")
     parser.add_argument("--max-tokens", type=int, default=None, help="default 64; 32 with --quick")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--workloads", default=",".join(workloads.WORKLOADS))
+    parser.add_argument("--workloads", default=None, help=f"default {','.join(workloads.WORKLOADS)}; with --input, "
+                        "every value of the --key column, in file order")
+    parser.add_argument("--input", default=None, metavar="PARQUET",
+                        help="shards from a prompt Parquet instead of the bench's own workloads (read as `batchspec run` "
+                        "reads its input: a prompt or messages column): one shard per value of --key, its first --rows rows "
+                        "(with --later-shard the next --rows rows are the key's first shard)")
+    parser.add_argument("--key", default="task", help="with --input: the column to shard by (default task)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--in-flight", action="store_true", help="decide as the pipeline does on the torch engine: "
@@ -353,27 +362,47 @@ def main(argv: Sequence[str] | None = None) -> dict:
     forced = next((a for a in arms if a.label == args.ended_under), None)
     if args.ended_under and (forced is None or not args.later_shard):
         parser.error(f"--ended-under needs --later-shard and one of {', '.join(a.label for a in arms)}")
+    shard_rows: dict[str, tuple[list[Request], list[Request]]] = {}  # key -> (benched rows, its first shard's)
+    if args.input:
+        try:
+            groups, bad = workloads.from_input(args.input, args.key, max_tokens)
+        except (OSError, ValueError) as exc:
+            parser.error(str(exc).splitlines()[0])
+        if bad:
+            print(f"{args.input}: {len(bad)} rows cannot run and are left out (first: {bad[0]})", flush=True)
+        keys = args.workloads.split(",") if args.workloads else list(groups)
+        need = rows * (2 if args.later_shard else 1)
+        short = [f"{k} ({len(groups.get(k, []))})" for k in keys if len(groups.get(k, [])) < need]
+        if short:
+            parser.error(f"{args.input}: each shard needs {need} rows of its --key value"
+                         f"{' (--later-shard: two shards)' if args.later_shard else ''}; too few: {', '.join(short)}")
+        shard_rows = {k: (groups[k][:rows], groups[k][rows:need]) for k in keys}
+    else:
+        keys = (args.workloads or ",".join(workloads.WORKLOADS)).split(",")
     engine = load_engine(args.model, args.dtype, args.draft_model)
     settings = CalibrationSettings(min_rows=min(16, rows))
     worker = WorkerCalibration()
     shards = []
-    for workload in args.workloads.split(","):
+    for workload in keys:
         first = None
+        mine, before = shard_rows.get(workload, (None, None))
         if args.later_shard:
-            earlier = run_shard(engine, ShardInput(f"{workload}-first", workload, workloads.requests(workload, rows, max_tokens, seed=1)),
+            before = before or workloads.requests(workload, rows, max_tokens, seed=1)
+            earlier = run_shard(engine, ShardInput(f"{workload}-first", workload, before),
                                 arms, True, args.batch_size, settings, worker=worker)
             if forced is not None:
                 worker.settled[workload] = forced
-            first = {"chosen": earlier.decision.chosen.label, "ended_under": worker.settled[workload].label,
+            first = {"chosen": earlier.decision.chosen.label, "ended_under": worker.settled.get(workload, NO_SPEC).label,  # unset: not run in flight
                      "wall_s": earlier.stats.wall_s, "ended_under_forced": forced is not None}
             print(f"{workload}: the key's first shard chose {first['chosen']}, ended under {first['ended_under']} "
                   f"({first['wall_s']:.1f} s)", flush=True)
-        shards.append(bench_shard(engine, workload, rows, max_tokens, args.batch_size, arms, settings, worker, args.in_flight))
+        shards.append(bench_shard(engine, workload, rows, max_tokens, args.batch_size, arms, settings, worker, args.in_flight,
+                                  mine))
         shards[-1]["key_first_shard"] = first
         print(shard_table(shards[-1:]), flush=True)
         print(prediction_table(shards[-1:]), flush=True)
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-    data = {"benchmark": "calibrate", "in_flight": args.in_flight, "later_shard": args.later_shard, "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
+    data = {"benchmark": "calibrate", "input": args.input, "key": args.key if args.input else None, "in_flight": args.in_flight, "later_shard": args.later_shard, "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
             "rows_per_shard": rows, "max_tokens": max_tokens, "batch_size": args.batch_size,
             "arms": [a.label for a in arms], "machine": info, "shards": shards,
             "met": {"vs_oracle": all((r["vs_oracle"] or 0) >= 0.95 for r in shards),
@@ -387,6 +416,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     md = (f"# Calibration benchmark\n\n`{command('bench/calibrate.py', argv)}`, {info['date_utc']}: "
           f"{args.model}{' + ' + args.draft_model if args.draft_model else ''}, {args.dtype}, batch {args.batch_size}, "
           f"{rows} prompts per shard, max_tokens {max_tokens}, arms none + {', '.join(a.label for a in arms)}; "
+          + (f"shards from `{args.input}`, one per value of its `{args.key}` column; " if args.input else "") +
           f"{machine_line(info)}. "
           + ("Each benched shard is its key's second on this worker: a first shard of other rows of the workload "
              "ran before it (not benched), and the benched shard's sample decoded under the setting that one ended under"

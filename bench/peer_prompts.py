@@ -9,6 +9,10 @@ environment gives the same prompts; another seed gives others. batchspec's own p
 a source (its description is this project's README).
 
 It knows nothing about engines or timing: a tokenizer in, token ids and their provenance out.
+Run as a script it writes such prompts as a prompt Parquet (`id`, `task`, `source`, `messages`),
+the input `batchspec run` reads and `bench/calibrate.py --input` shards by `task`:
+
+    python bench/peer_prompts.py --out /tmp/held_out.parquet --rows 256 --seed 7
 """
 
 from __future__ import annotations
@@ -109,3 +113,50 @@ def held_out(tokenizer, n: int, seed: int = 0, low: int = 300, high: int = 600,
         messages, ids = fitted
         out.append(HeldOut(f"{task}-{len(out)}", task, name, tuple(messages), tuple(ids)))
     return out
+
+
+def write_parquet(prompts: list[HeldOut], out: str) -> None:
+    """`prompts` as a prompt Parquet: id, task, source, messages (a list of {role, content})."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [p.id for p in prompts], "task": [p.task for p in prompts],
+                             "source": [p.source for p in prompts],
+                             "messages": [list(p.messages) for p in prompts],
+                             "prompt_tokens": [len(p.token_ids) for p in prompts]}), out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from transformers import AutoTokenizer
+
+    from batchspec.models import resolve_model
+
+    parser = argparse.ArgumentParser(description="Write held-out chat prompts as a prompt Parquet.")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rows", type=int, default=256, help="in all, the tasks in rotation")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="smollm2-135m", help="whose chat template and tokenizer set the lengths")
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--min-tokens", type=int, default=300)
+    parser.add_argument("--max-tokens", type=int, default=600)
+    args = parser.parse_args(argv)
+    tasks = tuple(args.tasks.split(","))
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        parser.error(f"unknown task {unknown[0]!r}; tasks: {', '.join(TASKS)}")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
+    prompts = held_out(tokenizer, args.rows, args.seed, args.min_tokens, args.max_tokens, tasks)
+    write_parquet(prompts, args.out)
+    lengths = sorted(len(p.token_ids) for p in prompts)
+    print(f"{args.out}: {len(prompts)} prompts ({', '.join(tasks)}), {lengths[0]}-{lengths[-1]} tokens "
+          f"(median {lengths[len(lengths) // 2]}), seed {args.seed}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's batchspec
+    main()
+

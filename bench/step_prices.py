@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--k", type=int, default=4, help="draft length of the arms")
     parser.add_argument("--workload", default="code", help=f"one of {', '.join(workloads.WORKLOADS)}, or with --input a task")
-    parser.add_argument("--input", default=None, help="rows from this prompt Parquet (id, task, prompt), e.g. examples/prompts.parquet")
+    parser.add_argument("--input", default=None, help="rows from this prompt Parquet (a task column; prompt or messages, as batchspec run reads them), e.g. examples/prompts.parquet")
     parser.add_argument("--pick", default="head", choices=["head", "sample", "confirm"],
                         help="with --input: the first rows, or those calibration samples or confirms on at --batch-size")
     parser.add_argument("--rounds", type=int, default=2)

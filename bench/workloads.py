@@ -213,18 +213,13 @@ def requests(workload: str, n: int, max_tokens: int, seed: int = 0) -> list[Requ
 
 
 def from_parquet(path: str, task: str, n: int, max_tokens: int, rows: str = "head") -> list[Request]:
-    """`n` greedy requests from a prompt Parquet (`id`, `task`, `prompt`, as examples/prompts.parquet),
-    the rows of one task, prompts tokenized as is (as `batchspec run` reads the `prompt` column):
-    the first `n` (`rows="head"`), or the rows calibration would confirm on in a shard of that
-    task at batch `n` (`rows="confirm"`: evenly spaced among those its sample left) or sample
+    """`n` requests of one task of a prompt Parquet (read as `from_input` reads it, grouped by
+    `task`): the first `n` (`rows="head"`), or the rows calibration would confirm on in a shard of
+    that task at batch `n` (`rows="confirm"`: evenly spaced among those its sample left) or sample
     (`rows="sample"`)."""
-    import pyarrow.parquet as pq
-
     from batchspec.calibrate.decision import CalibrationSettings, pick_sample
 
-    table = pq.read_table(path, columns=["id", "task", "prompt"]).to_pylist()
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    mine = [Request(str(r["id"]), prompt=r["prompt"], params=params) for r in table if r["task"] == task]
+    mine = from_input(path, "task", max_tokens)[0].get(task, [])
     if rows == "head":
         return mine[:n]
     settings = CalibrationSettings()
@@ -233,3 +228,34 @@ def from_parquet(path: str, task: str, n: int, max_tokens: int, rows: str = "hea
         return sample
     taken = {r.id for r in sample}
     return pick_sample([r for r in mine if r.id not in taken], n, max_tokens)
+
+
+def from_input(path: str, key: str, max_tokens: int) -> tuple[dict[str, list[Request]], list[str]]:
+    """A prompt Parquet that is not the bench's own (prompts the project did not write), read as
+    `batchspec run` reads its input (batchspec.parse: a `prompt` or `messages` column, the
+    optional per-row sampling columns, `max_tokens` defaulting to `max_tokens`, greedy unless the
+    row says otherwise), grouped by the column `key` as `--shard-by` would, in file order.
+    Returns ({key value: requests}, one line per row that cannot run: those rows are left out and
+    the bench says how many)."""
+    import pyarrow.parquet as pq
+
+    from batchspec.parse import PROMPT_COLUMNS, RowDefaults, parse_rows
+
+    table = pq.read_table(path)
+    names = table.column_names
+    if key not in names:
+        raise ValueError(f"{path}: no column {key!r} to group shards by (columns: {', '.join(names)})")
+    if not any(c in names for c in PROMPT_COLUMNS):
+        raise ValueError(f"{path}: needs a 'prompt' or 'messages' column (columns: {', '.join(names)})")
+    keys = [str(k) for k in table.column(key).to_pylist()]
+    ids = [str(i) for i in table.column("id").to_pylist()] if "id" in names else \
+        [f"{k}-{i:05d}" for i, k in enumerate(keys)]
+    groups: dict[str, list[Request]] = {}
+    bad = []
+    for k, row in zip(keys, parse_rows(table, ids, RowDefaults(max_tokens, 0.0, 1.0, None))):
+        if row.error:
+            bad.append(f"{row.request.id}: {row.error}")
+        else:
+            groups.setdefault(k, []).append(row.request)
+    return groups, bad
+

@@ -106,6 +106,50 @@ def test_calibrate_bench_in_flight_decides_as_the_pipeline_does(models, tmp_path
     assert shard["decision_vs_oracle"] == pytest.approx(shard["calibrated_tokens_per_s"] / shard["oracle_tokens_per_s"])
 
 
+def test_calibrate_bench_shards_a_prompt_parquet_it_did_not_write_by_a_column(models, tmp_path, capsys):
+    """--input: prompts the project did not write (bench/peer_prompts.py writes such a Parquet),
+    read as `batchspec run` reads them, one shard per value of --key; rows that cannot run are
+    left out and counted, and a file that cannot make the shards asked for is refused in one line
+    before a model loads."""
+    import calibrate
+    import peer_prompts
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    target, _ = models
+    say = [{"role": "user", "content": "Continue the list: alpha, beta, gamma, delta, alpha, beta,"}]
+    held = [peer_prompts.HeldOut(f"{task}-{i}", task, "here", tuple(say), (1, 2, 3))
+            for i in range(9) for task in ("rewrite", "continue")]
+    path = tmp_path / "held.parquet"
+    peer_prompts.write_parquet(held, str(path))
+    table = pq.read_table(path)
+    broken = pa.table({"id": ["bad-0"], "task": ["rewrite"], "source": ["here"],
+                       "messages": pa.array([None], table.schema.field("messages").type), "prompt_tokens": [0]})
+    pq.write_table(pa.concat_tables([table, broken]), path)
+
+    for argv, words in ((["--key", "language"], "no column 'language'"),
+                        (["--rows", "5"], "needs 10 rows"),  # two shards of 5 per key, 9 rows each
+                        (["--workloads", "poems"], "poems (0)")):
+        with pytest.raises(SystemExit):
+            calibrate.main(["--model", "not-a-model", "--input", str(path), "--rows", "4", "--in-flight", "--later-shard",
+                            *argv, "--out", str(tmp_path)])
+        assert words in capsys.readouterr().err
+    calibrate.main(["--model", target, "--input", str(path), "--rows", "4", "--max-tokens", "4", "--batch-size", "2",
+                    "--threads", "1", "--in-flight", "--later-shard", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "calibrate.json").read_text())
+    assert saved["input"] == str(path) and saved["key"] == "task"
+    assert [s["shard"] for s in saved["shards"]] == ["rewrite", "continue"]  # file order
+    assert all(s["rows"] == 4 and sum(s["in_flight"]["rows_by_setting"].values()) == 4 for s in saved["shards"])
+    assert all(s["key_first_shard"]["wall_s"] > 0 for s in saved["shards"])
+
+    import workloads
+
+    groups, bad = workloads.from_input(str(path), "task", 7)
+    assert [len(g) for g in groups.values()] == [9, 9] and bad == ["bad-0: prompt and messages are both null"]
+    assert groups["rewrite"][0].messages == tuple(say) and groups["rewrite"][0].params.max_tokens == 7
+    assert [r.id for r in groups["continue"][:2]] == ["continue-0", "continue-1"]
+
+
 def test_the_settings_a_shard_ran_are_priced_chunk_by_chunk_on_the_interleaved_run():
     """Chunk 0's four rows ran half under each arm, chunk 1's all under "none": each chunk's
     time and tokens are the rows' shares of each arm's figures on that chunk."""
