@@ -58,7 +58,8 @@ from batchspec.stats import ArmResult
 CONFIRM_MIN_ROWS = 4  # at batch 1 a single row is too few to measure an arm on
 
 
-HISTORY_KEYS = 64  # shard keys whose last rows a worker keeps (WorkerCalibration.remember)
+HISTORY_KEYS = 64  # shard keys whose last rows (and errors) a worker keeps (WorkerCalibration.remember)
+ERRORS_KEPT = 4  # a key's last confirmations whose prediction errors bound its next (WorkerCalibration.prediction_error)
 
 
 @dataclass
@@ -68,7 +69,8 @@ class WorkerCalibration:
 
     profile: CostProfile = field(default_factory=CostProfile)
     confirmed_keys: set = field(default_factory=set)
-    errors: list[float] = field(default_factory=list)  # |predicted / measured speedup - 1| per confirmation
+    # Per shard key: |predicted / measured speedup - 1| of its last ERRORS_KEPT confirmations.
+    errors: dict = field(default_factory=dict)
     # Per shard key: the setting its last shard on this worker ended under (calibrate.inflight
     # decodes the key's next sample under it: greedy speculation commits plain decoding's tokens).
     settled: dict = field(default_factory=dict)
@@ -83,13 +85,32 @@ class WorkerCalibration:
     def remember(self, key: str, history: KeyHistory) -> None:
         """Keep `history` as `key`'s, the HISTORY_KEYS keys seen last kept (a job keyed by
         thousands of values holds no more than that many windows of rows)."""
-        self.history.pop(key, None)
-        self.history[key] = history
-        while len(self.history) > HISTORY_KEYS:
-            self.history.pop(next(iter(self.history)))
+        _latest(self.history, key, history)
 
-    def prediction_error(self, default: float) -> float:
-        return max(self.errors) if self.errors else default
+    def record_error(self, key: str | None, error: float) -> None:
+        """A confirmation of `key` measured its prediction `error` off."""
+        _latest(self.errors, key, [*self.errors.get(key, ())[-(ERRORS_KEPT - 1):], error])
+
+    def prediction_error(self, key: str | None, default: float) -> float:
+        """The error a prediction for `key` is allowed: the largest of its own last confirmations'
+        on this worker; a key with none yet, the largest of any key's (none yet: `default`). Per
+        key, because the error is mostly the sample's standing for its shard, which depends on
+        the workload: with one error for the worker, the largest any key had measured (41-71% at
+        batch 1 on this CPU, stop 32) made every key's prediction count as near the margin, and
+        every later shard confirm."""
+        mine = self.errors.get(key)
+        if mine:
+            return max(mine)
+        every = [e for errors in self.errors.values() for e in errors]
+        return max(every) if every else default
+
+
+def _latest(kept: dict, key, value) -> None:
+    """`kept[key] = value`, the HISTORY_KEYS keys set last kept (dicts keep insertion order)."""
+    kept.pop(key, None)
+    kept[key] = value
+    while len(kept) > HISTORY_KEYS:
+        kept.pop(next(iter(kept)))
 
 
 def counterfactual_ready(engine: Engine, arms: Sequence[SpecConfig]) -> bool:
@@ -211,7 +232,7 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     if why_not:
         return Verdict([base, *broken.values()], NO_SPEC, why_not)
     counter = counter or (acceptance() if arms else ({}, 0.0))
-    bar = (1 + settings.margin) * (1 - worker.prediction_error(settings.prediction_error))
+    bar = (1 + settings.margin) * (1 - worker.prediction_error(key, settings.prediction_error))
 
     def priced(profile: CostProfile, anchor: Anchor | None = None) -> list[ArmResult]:
         return predict_arms(engine, rows, arms, anchor_of(profile) if anchor is None else anchor, profile, batch_size,
@@ -238,7 +259,7 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     results = [base] + (priced(worker.profile, anchor) if arms else []) + list(broken.values())
     chosen, reason = choose_predicted(results, arms, settings.margin)
     top = best(predicted_speedups(results))
-    error = worker.prediction_error(settings.prediction_error)
+    error = worker.prediction_error(key, settings.prediction_error)
     first = key not in worker.confirmed_keys
     near = top is not None and abs(top[1] - (1 + settings.margin)) <= error * top[1]
     wanted = top is not None and settings.confirm and (first and chosen is not NO_SPEC or near)
@@ -268,7 +289,7 @@ def settle(verdict: Verdict, measured: float, predicted: float | None, worker: W
     spec = verdict.top_spec
     worker.confirmed_keys.add(key)
     if predicted:
-        worker.errors.append(abs(predicted / measured - 1))
+        worker.record_error(key, abs(predicted / measured - 1))
     chosen = spec if pays(measured, settings.margin) else NO_SPEC
     why = "first shard of its key on this worker" if verdict.first else \
         f"prediction within its error ({verdict.error:.0%}) of the margin"

@@ -38,8 +38,8 @@ def test_counterfactual_calibration_predicts_every_arm_from_one_plain_run(tiny_e
     assert 0 <= d.overhead_s <= d.calibration_s
 
     # the next shard of the key on this worker: profile reused; confirmed only near the margin
-    assert worker.errors  # the confirmation measured the prediction's error
-    worker.errors[:] = [0.0]  # as if the prediction had matched exactly: nothing is near the margin
+    assert worker.errors["k"]  # the confirmation measured the prediction's error, the key's
+    worker.errors["k"] = [0.0]  # as if the prediction had matched exactly: nothing is near the margin
     again = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, settings, shard_id="s1", worker=worker, key="k")
     assert again.profile_s == 0.0
     assert not again.confirmed
@@ -51,7 +51,7 @@ def test_no_confirmation_of_none_below_the_margin_by_more_than_the_error_or_with
     margin by more than the prediction's error is not (its missed gain, if any, is the drift
     watch's to find), while one within the error is."""
     arms = [SpecConfig("draft_target", 2, draft_model="self")]
-    worker = WorkerCalibration(errors=[0.0])  # a prediction error of 0: anything below the margin is outside it
+    worker = WorkerCalibration(errors={"k": [0.0]})  # a prediction error of 0: anything below the margin is outside it
     far = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, CalibrationSettings(max_tokens=16, sample_size=8, margin=1.0),
                                    worker=worker, key="k")
     top = far.arms[1]
@@ -354,3 +354,29 @@ def test_a_worker_keeps_the_last_rows_of_its_most_recent_keys_only():
     assert len(worker.history) == HISTORY_KEYS
     assert "k0" not in worker.history and "k4" not in worker.history and worker.history["k3"] == "new rows of k3"
     assert list(worker.history)[-2:] == ["k3", "late"]
+
+
+def test_a_keys_prediction_error_is_its_own_and_one_noisy_key_does_not_make_every_key_confirm(tiny_engine):
+    """WorkerCalibration.prediction_error: a key's last ERRORS_KEPT confirmations bound its next
+    prediction; a key with none yet takes the worst any key measured on the worker, and a worker
+    with none the setting's default. One key's large error once made every key's prediction count
+    as near the margin (stop 32, batch 1: every later shard confirmed)."""
+    from batchspec.calibrate.counterfactual import ERRORS_KEPT
+
+    worker = WorkerCalibration()
+    assert worker.prediction_error("k", 0.1) == 0.1
+    for error in (0.5, 0.01, 0.02, 0.03, 0.04):
+        worker.record_error("k", error)
+    assert worker.errors["k"] == [0.01, 0.02, 0.03, 0.04][-ERRORS_KEPT:]  # the 0.5 has aged out
+    worker.record_error("noisy", 0.7)
+    assert worker.prediction_error("k", 0.1) == 0.04 and worker.prediction_error("noisy", 0.1) == 0.7
+    assert worker.prediction_error("new", 0.1) == 0.7  # no confirmation of its own yet: the worst seen
+
+    arms = [SpecConfig("draft_target", 2, draft_model="self")]
+    settings = CalibrationSettings(max_tokens=16, sample_size=8, margin=1.0)  # nothing pays: none is chosen
+    worker = WorkerCalibration(errors={"k": [0.0], "noisy": [LENIENT]}, confirmed_keys={"k", "noisy"})
+    mine = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, settings, worker=worker, key="k")
+    assert mine.chosen.method == "none" and not mine.confirmed and not mine.arms[1].measured  # its own error: far
+    noisy = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, settings, worker=worker, key="noisy")
+    assert noisy.confirmed and noisy.arms[1].measured and "prediction within its error" in noisy.reason
+    assert len(worker.errors["noisy"]) == 2 and worker.errors["k"] == [0.0]  # the measurement is the key's

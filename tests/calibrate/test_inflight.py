@@ -52,7 +52,7 @@ def test_a_shard_calibrates_inside_its_own_batch(tiny_engine):
     assert st.calibration_rows_kept == 8 and d.finished == {}  # nothing generated apart, nothing kept apart
     # confirmed: the best arm ran on from the decision, measured on its own steps
     best = max((a for a in d.arms if a.predicted_speedup), key=lambda a: a.predicted_speedup)
-    assert d.confirmed and "k" in worker.confirmed_keys and worker.errors
+    assert d.confirmed and "k" in worker.confirmed_keys and worker.errors["k"]
     assert best.measured and best.speedup and f"confirmed (first shard of its key on this worker): {best.label} " \
         f"at {best.speedup:.2f}x plain decoding: its " in d.reason
     assert any(s.label == best.label for s in shard.row_specs)  # rows finished under it
@@ -60,7 +60,7 @@ def test_a_shard_calibrates_inside_its_own_batch(tiny_engine):
     # what calibration costs is the control's own time, all of it not kept as output
     assert 0 < st.calibration_s == st.calibration_overhead_s < st.wall_s
     # the next shard of the key: the profile is reused, and no confirmation unless near the margin
-    worker.errors[:] = [0.0]
+    worker.errors["k"] = [0.0]
     settled = worker.settled["k"]  # what the first shard's last rows ran under: its sample's setting next
     again = run_shard(tiny_engine, ShardInput("s1", "k", rows), SELF, True, 4,
                       CalibrationSettings(max_tokens=24, sample_size=8, margin=1.0), worker=worker)
