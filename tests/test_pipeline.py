@@ -255,10 +255,11 @@ def test_workers_are_shared_only_by_jobs_that_load_the_same_engine(tmp_path):
 
     worker = ShardWorker(job("a"))
     worker.engine = SimpleNamespace(model_name="m")
-    worker.calibration = WorkerCalibration(confirmed_keys={"code"}, errors=[0.3])
+    worker.calibration = WorkerCalibration(confirmed_keys={"code"}, errors={"code": [0.3]}, recent=[0.3])
     profile = worker.calibration.profile
     assert worker.adopt(job("b", max_tokens=1)) == "m" and worker.job.output == "b"
     assert worker.calibration.profile is profile and not worker.calibration.confirmed_keys and not worker.calibration.errors
+    assert not worker.calibration.recent
     with pytest.raises(AssertionError, match="only a job of its own engine"):
         worker.adopt(job("c", model="n"))
 

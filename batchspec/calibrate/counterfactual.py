@@ -71,6 +71,7 @@ class WorkerCalibration:
     confirmed_keys: set = field(default_factory=set)
     # Per shard key: |predicted / measured speedup - 1| of its last ERRORS_KEPT confirmations.
     errors: dict = field(default_factory=dict)
+    recent: list = field(default_factory=list)  # the worker's last ERRORS_KEPT errors, any key's
     # Per shard key: the setting its last shard on this worker ended under (calibrate.inflight
     # decodes the key's next sample under it: greedy speculation commits plain decoding's tokens).
     settled: dict = field(default_factory=dict)
@@ -90,19 +91,21 @@ class WorkerCalibration:
     def record_error(self, key: str | None, error: float) -> None:
         """A confirmation of `key` measured its prediction `error` off."""
         _latest(self.errors, key, [*self.errors.get(key, ())[-(ERRORS_KEPT - 1):], error])
+        self.recent = [*self.recent[-(ERRORS_KEPT - 1):], error]
 
     def prediction_error(self, key: str | None, default: float) -> float:
-        """The error a prediction for `key` is allowed: the largest of its own last confirmations'
-        on this worker; a key with none yet, the largest of any key's (none yet: `default`). Per
-        key, because the error is mostly the sample's standing for its shard, which depends on
-        the workload: with one error for the worker, the largest any key had measured (41-71% at
-        batch 1 on this CPU, stop 32) made every key's prediction count as near the margin, and
-        every later shard confirm."""
-        mine = self.errors.get(key)
-        if mine:
-            return max(mine)
-        every = [e for errors in self.errors.values() for e in errors]
-        return max(every) if every else default
+        """The error a prediction for `key` is allowed: the largest of its own last ERRORS_KEPT
+        confirmations' on this worker and of the worker's last ERRORS_KEPT, any key's (none yet:
+        `default`). Two sources, both measured recently: how far a key's sample stands from its
+        shard (its own), and how far the machine has drifted from the moment the profile was
+        timed (anyone's: on this CPU the cost model's mean error moved from -25% to +10% between
+        runs). The largest error the worker had ever measured, used before, kept one key's noisy
+        confirmation (41-71% at batch 1) making every later shard confirm for the life of the
+        worker; the key's own alone (tried, stop 33) let a batch-1 run whose cost model was 30%
+        pessimistic skip confirming extract and prose, predicted at 0.93-0.94x plain where an arm
+        measured 1.04-1.08x."""
+        mine = [*self.errors.get(key, ()), *self.recent]
+        return max(mine) if mine else default
 
 
 def _latest(kept: dict, key, value) -> None:

@@ -39,7 +39,7 @@ def test_counterfactual_calibration_predicts_every_arm_from_one_plain_run(tiny_e
 
     # the next shard of the key on this worker: profile reused; confirmed only near the margin
     assert worker.errors["k"]  # the confirmation measured the prediction's error, the key's
-    worker.errors["k"] = [0.0]  # as if the prediction had matched exactly: nothing is near the margin
+    worker.errors["k"], worker.recent = [0.0], [0.0]  # as if the prediction had matched exactly: nothing is near the margin
     again = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, settings, shard_id="s1", worker=worker, key="k")
     assert again.profile_s == 0.0
     assert not again.confirmed
@@ -358,21 +358,25 @@ def test_a_worker_keeps_the_last_rows_of_its_most_recent_keys_only():
     assert list(worker.history)[-2:] == ["k3", "late"]
 
 
-def test_a_keys_prediction_error_is_its_own_and_one_noisy_key_does_not_make_every_key_confirm(tiny_engine):
-    """WorkerCalibration.prediction_error: a key's last ERRORS_KEPT confirmations bound its next
-    prediction; a key with none yet takes the worst any key measured on the worker, and a worker
-    with none the setting's default. One key's large error once made every key's prediction count
-    as near the margin (stop 32, batch 1: every later shard confirmed)."""
+def test_a_keys_prediction_error_is_its_own_and_the_workers_recent_not_the_largest_ever(tiny_engine):
+    """WorkerCalibration.prediction_error: the largest of the key's last ERRORS_KEPT confirmations
+    and the worker's last ERRORS_KEPT (any key's: the machine's drift); a worker with none, the
+    setting's default. The largest error the worker had ever measured once made every key's
+    prediction count as near the margin for good (stop 32, batch 1: every later shard confirmed)."""
     from batchspec.calibrate.counterfactual import ERRORS_KEPT
 
     worker = WorkerCalibration()
     assert worker.prediction_error("k", 0.1) == 0.1
+    worker.record_error("noisy", 0.7)
+    assert worker.prediction_error("new", 0.1) == 0.7  # no confirmation of its own yet: the worker's recent
     for error in (0.5, 0.01, 0.02, 0.03, 0.04):
         worker.record_error("k", error)
     assert worker.errors["k"] == [0.01, 0.02, 0.03, 0.04][-ERRORS_KEPT:]  # the 0.5 has aged out
-    worker.record_error("noisy", 0.7)
-    assert worker.prediction_error("k", 0.1) == 0.04 and worker.prediction_error("noisy", 0.1) == 0.7
-    assert worker.prediction_error("new", 0.1) == 0.7  # no confirmation of its own yet: the worst seen
+    assert worker.recent == [0.01, 0.02, 0.03, 0.04][-ERRORS_KEPT:]  # and so has the noisy key's 0.7
+    assert worker.prediction_error("k", 0.1) == 0.04 and worker.prediction_error("new", 0.1) == 0.04
+    assert worker.prediction_error("noisy", 0.1) == 0.7  # its own, until it confirms again
+    worker.record_error("other", 0.3)  # the machine drifted: every key's next prediction allows it
+    assert worker.prediction_error("k", 0.1) == 0.3
 
     arms = [SpecConfig("draft_target", 2, draft_model="self")]
     settings = CalibrationSettings(max_tokens=16, sample_size=8, margin=9.0)  # nothing pays 10x: none is chosen

@@ -60,7 +60,7 @@ def test_a_shard_calibrates_inside_its_own_batch(tiny_engine):
     # what calibration costs is the control's own time, all of it not kept as output
     assert 0 < st.calibration_s == st.calibration_overhead_s < st.wall_s
     # the next shard of the key: the profile is reused, and no confirmation unless near the margin
-    worker.errors["k"] = [0.0]
+    worker.errors["k"], worker.recent = [0.0], [0.0]  # as if every prediction had matched exactly
     settled = worker.settled["k"]  # what the first shard's last rows ran under: its sample's setting next
     again = run_shard(tiny_engine, ShardInput("s1", "k", rows), SELF, True, 4,
                       CalibrationSettings(max_tokens=24, sample_size=8, margin=9.0), worker=worker)
