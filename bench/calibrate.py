@@ -72,6 +72,7 @@ from batchspec.calibrate import CalibrationSettings, WorkerCalibration, plain_ro
 from batchspec.calibrate.pricing import Anchor, none_plans  # noqa: E402
 from batchspec.config.candidates import default_candidates_path, load_candidates  # noqa: E402
 from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SpecConfig, Timing  # noqa: E402
+from batchspec.errors import BatchspecError  # noqa: E402
 from batchspec.predict.cost import predict_decode_s  # noqa: E402
 from batchspec.shard import ShardInput, decide, run_shard  # noqa: E402
 
@@ -366,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.input:
         try:
             groups, bad = workloads.from_input(args.input, args.key, max_tokens)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, BatchspecError) as exc:
             parser.error(str(exc).splitlines()[0])
         if bad:
             print(f"{args.input}: {len(bad)} rows cannot run and are left out (first: {bad[0]})", flush=True)

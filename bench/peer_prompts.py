@@ -159,4 +159,3 @@ if __name__ == "__main__":
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's batchspec
     main()
-

@@ -234,21 +234,19 @@ def from_input(path: str, key: str, max_tokens: int) -> tuple[dict[str, list[Req
     """A prompt Parquet that is not the bench's own (prompts the project did not write), read as
     `batchspec run` reads its input (batchspec.parse: a `prompt` or `messages` column, the
     optional per-row sampling columns, `max_tokens` defaulting to `max_tokens`, greedy unless the
-    row says otherwise), grouped by the column `key` as `--shard-by` would, in file order.
+    row says otherwise), grouped by the column `key` as `--shard-by` would (its values as the
+    pipeline names them, a null one "null"), in file order.
     Returns ({key value: requests}, one line per row that cannot run: those rows are left out and
     the bench says how many)."""
     import pyarrow.parquet as pq
 
-    from batchspec.parse import PROMPT_COLUMNS, RowDefaults, parse_rows
+    from batchspec.parse import RowDefaults, parse_rows
+    from batchspec.read import key_strings, open_input
 
+    open_input(path, shard_by=key)  # the pipeline's own check of the columns (InputError, one line)
     table = pq.read_table(path)
-    names = table.column_names
-    if key not in names:
-        raise ValueError(f"{path}: no column {key!r} to group shards by (columns: {', '.join(names)})")
-    if not any(c in names for c in PROMPT_COLUMNS):
-        raise ValueError(f"{path}: needs a 'prompt' or 'messages' column (columns: {', '.join(names)})")
-    keys = [str(k) for k in table.column(key).to_pylist()]
-    ids = [str(i) for i in table.column("id").to_pylist()] if "id" in names else \
+    keys = ["null" if k is None else k for k in key_strings(table, key).to_pylist()]
+    ids = [str(i) for i in table.column("id").to_pylist()] if "id" in table.column_names else \
         [f"{k}-{i:05d}" for i, k in enumerate(keys)]
     groups: dict[str, list[Request]] = {}
     bad = []

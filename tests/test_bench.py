@@ -127,7 +127,7 @@ def test_calibrate_bench_shards_a_prompt_parquet_it_did_not_write_by_a_column(mo
                        "messages": pa.array([None], table.schema.field("messages").type), "prompt_tokens": [0]})
     pq.write_table(pa.concat_tables([table, broken]), path)
 
-    for argv, words in ((["--key", "language"], "no column 'language'"),
+    for argv, words in ((["--key", "language"], "column 'language' is not in input"),
                         (["--rows", "5"], "needs 10 rows"),  # two shards of 5 per key, 9 rows each
                         (["--workloads", "poems"], "poems (0)")):
         with pytest.raises(SystemExit):
