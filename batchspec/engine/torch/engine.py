@@ -176,7 +176,7 @@ class TorchEngine:
     # -- what calibration needs besides generate (batchspec.predict replays and prices) ----------
 
     def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
-                temperature: float = 0.0, reps: int = 3) -> list[StepCost]:
+                temperature: float = 0.0, reps: int = measure.REPS) -> list[StepCost]:
         """Time one target forward for each (batch, context, tokens per row) in `target` and one draft
         forward for each (draft model, batch, context, tokens per row) in `drafts` (see measure.profile)."""
         return measure.profile(self, target, drafts, temperature, reps)

@@ -18,8 +18,11 @@ from batchspec.engine.torch.drafters import fit_vocab
 from batchspec.engine.torch.kv import Batch
 
 
+REPS, AGREE = 3, 0.2  # a profile point's tries: at most REPS rounds, two enough where they agree within AGREE
+
+
 def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
-            temperature: float = 0.0, reps: int = 3, agree: float = 0.2) -> list[StepCost]:
+            temperature: float = 0.0, reps: int = REPS, agree: float = AGREE) -> list[StepCost]:
     """Time one target forward of `engine` for each (batch, context, tokens per row) in `target`,
     the accept rule's work on its logits included (`time_forward`), and one draft forward for each (draft model, batch,
     context, tokens per row) in `drafts` (plus each draft model's prefill of one row, timed after a
@@ -63,12 +66,19 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
                     warm = False
                 tries: dict[int, list[float]] = {w: [] for w in widths}
                 for i in range(reps):
-                    if i >= 2 and all(max(ts) <= (1 + agree) * min(ts) for ts in tries.values()):
+                    if settled(tries, agree):
                         break
                     for w in widths:
                         tries[w].append(time_forward(batch, model, kind, filler[:w], b, temperature, engine.pad_id))
                 points += [StepCost(kind, name, b, c, w, min(tries[w])) for w in widths]
     return points
+
+
+def settled(tries: dict, agree: float = AGREE) -> bool:
+    """Whether a point group's tries (width -> seconds, in order) are enough: two of every width,
+    and each width's within `agree` of its fastest (`profile` then stops; else it tries again,
+    up to its `reps`)."""
+    return all(len(ts) >= 2 and max(ts) <= (1 + agree) * min(ts) for ts in tries.values())
 
 
 def _open_hole(batch: Batch) -> None:
