@@ -254,3 +254,51 @@ def test_inflight_bench_runs_every_shard_both_ways_with_the_same_tokens(models, 
                                "--max-tokens", "4", "--rounds", "1", "--threads", "1", "--out", str(tmp_path), "--name", "generated"])
     assert [(s["task"], s["rows"], s["same_tokens"]) for s in generated["shards"]] == [("edit", 20, True)]
     assert generated["source"] == "workloads"
+
+
+def test_profile_noise_bench_sets_each_estimator_against_the_mean_ratio(models, tmp_path):
+    import profile_noise
+
+    target, _ = models
+    data = profile_noise.main(["--model", target, "--batch-sizes", "1,2", "--context", "8", "--widths", "1,3",
+                               "--profiles", "4", "--rounds", "3", "--pause", "0", "--pooled", "2",
+                               "--threads", "1", "--out", str(tmp_path)])
+    assert [(p["batch"], p["width"]) for p in data["points"]] == [(1, 3), (2, 3)]
+    for p in data["points"]:
+        assert p["mean_ratio"] == pytest.approx(p["mean_ms"] / p["plain_ms"])
+        errors = p["errors"]
+        assert {"as calibration (one profile)", "fastest of all rounds", "as calibration, mean of 2 profiles"} <= set(errors)
+        assert errors["as calibration (one profile)"]["n"] == 4 and errors["as calibration, mean of 2 profiles"]["n"] == 2
+        assert all(e["p10"] <= e["median"] <= e["p90"] for e in errors.values())
+    assert all(len(ts) == 3 for run in data["tries_ms"] for ts in run.values())  # the warm-up forward is not a try
+    assert "| batch | context | tokens per row |" in (tmp_path / "profile_noise.md").read_text()
+
+
+def test_profile_noise_reads_one_profile_as_the_profile_keeps_it(tiny_engine, monkeypatch):
+    """`as_calibration` on the tries `measure.profile` ran gives the figures it kept: the bench's
+    `as calibration` estimator is the profile's own rule (`measure.settled`), not a copy of it."""
+    import collections
+
+    import profile_noise
+
+    from batchspec.engine.torch import measure
+
+    assert profile_noise.as_calibration({1: [1.0, 1.1, 0.5], 3: [2.0, 2.1, 9.0]}) == {1: 1.0, 3: 2.0}  # settled at two
+    assert profile_noise.as_calibration({1: [1.0, 1.5, 0.9], 3: [2.0, 2.1, 1.0]}) == {1: 0.9, 3: 1.0}  # one point was not
+    assert profile_noise.as_calibration({1: [1.0, 1.5, 0.9, 0.1], 3: [2.0, 2.1, 1.0, 0.2]}) == {1: 0.9, 3: 1.0}  # at most REPS
+    tries, time_forward = collections.defaultdict(lambda: collections.defaultdict(list)), measure.time_forward
+
+    def recorded(batch, model, kind, tokens, b, *rest):
+        group = tries[(b, batch.slots)]
+        slow = 0.02 if b == 2 and not group[len(tokens)] else 0.0  # batch 2's first round: it cannot settle at two
+        seconds = time_forward(batch, model, kind, tokens, b, *rest) + 0.01 + slow
+        group[len(tokens)].append(seconds)
+        return seconds
+
+    monkeypatch.setattr(measure, "time_forward", recorded)
+    kept = measure.profile(tiny_engine, [(1, 6, 1), (1, 6, 3), (2, 6, 1), (2, 6, 3)])
+    first = min(tries)
+    tries[first][1] = tries[first][1][1:]  # the model's warm-up forward
+    assert [len(ts) for ts in tries[(2, 6)].values()] == [3, 3]
+    for p in kept:
+        assert profile_noise.as_calibration(tries[(p.batch, p.context)])[p.tokens] == p.seconds
