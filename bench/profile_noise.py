@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import command, machine_line, result_options, start, write  # noqa: E402
+from step_prices import recorded_tries  # noqa: E402
 
 from batchspec.engine.torch import measure  # noqa: E402
 
@@ -61,30 +62,17 @@ def percentiles(xs: Sequence[float]) -> tuple[float, float, float]:
 def timed_profiles(engine, grid: list[tuple[int, int, int]], profiles: int, rounds: int, pause: float) -> list[dict]:
     """`profiles` runs of `engine.profile(grid)` with `rounds` tries of every point each, every
     try recorded: per run, (batch, context) -> width -> seconds in order."""
-    time_forward, runs = measure.time_forward, []
-
-    def recorded(batch, model, kind, tokens, b, *rest):
-        seconds = time_forward(batch, model, kind, tokens, b, *rest)
-        runs[-1][(b, batch.slots)][len(tokens)].append(seconds)
-        return seconds
-
-    measure.time_forward = recorded
-    try:
-        for i in range(profiles):
-            runs.append(collections.defaultdict(lambda: collections.defaultdict(list)))
+    runs = []
+    for i in range(profiles):
+        with recorded_tries() as tries:
             measure.profile(engine, grid, [], reps=rounds, agree=-1.0)  # never settled: every round runs
-            print(f"profile {i + 1}/{profiles}", flush=True)
-            time.sleep(pause)
-    finally:
-        measure.time_forward = time_forward
-    out = []
-    for run in runs:  # the model's one warm-up forward lands in its first group: not a try
-        groups = {g: {w: list(ts) for w, ts in by_w.items()} for g, by_w in run.items()}
-        for by_w in groups.values():
-            for w, ts in by_w.items():
-                del ts[: len(ts) - rounds]
-        out.append(groups)
-    return out
+        groups: dict = collections.defaultdict(dict)
+        for (_, b, c, w), ts in tries.items():
+            groups[(b, c)][w] = ts[-rounds:]  # the model's one warm-up forward lands in its first point: not a try
+        runs.append(dict(groups))
+        print(f"profile {i + 1}/{profiles}", flush=True)
+        time.sleep(pause)
+    return runs
 
 
 def analyse(runs: list[dict], pooled: Sequence[int]) -> list[dict]:

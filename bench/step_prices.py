@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -67,25 +68,34 @@ class Forwards:
         kv.Batch.forward = self._forward
 
 
-def profile_with_tries(engine, grid) -> tuple[CostProfile, dict, float]:
-    """The profile as calibration measures it, and every try of every point (ms)."""
+@contextlib.contextmanager
+def recorded_tries() -> Iterator[dict]:
+    """Every forward `measure.profile` times while open, in the order it ran them: (kind, batch,
+    context, tokens per row) -> seconds of each try (a model's warm-up forward included, first in
+    its first point)."""
     tries: dict = collections.defaultdict(list)
     time_forward = measure.time_forward
 
     def recorded(batch, model, kind, tokens, b, *rest):
         seconds = time_forward(batch, model, kind, tokens, b, *rest)
-        tries[f"{kind} b{b} ctx{batch.slots} w{len(tokens)}"].append(round(1000 * seconds, 1))
+        tries[(kind, b, batch.slots, len(tokens))].append(seconds)
         return seconds
 
     measure.time_forward = recorded
     try:
+        yield tries
+    finally:
+        measure.time_forward = time_forward
+
+
+def profile_with_tries(engine, grid) -> tuple[CostProfile, dict, float]:
+    """The profile as calibration measures it, and every try of every point (ms)."""
+    with recorded_tries() as tries:
         began = time.perf_counter()
         profile = CostProfile()
         profile.merge(engine.profile(*grid), 0.0)
         seconds = time.perf_counter() - began
-    finally:
-        measure.time_forward = time_forward
-    return profile, dict(tries), seconds
+    return profile, {f"{k} b{b} ctx{c} w{w}": [round(1000 * t, 1) for t in ts] for (k, b, c, w), ts in tries.items()}, seconds
 
 
 def plans_of(rows, acceptance) -> list[RowPlan]:

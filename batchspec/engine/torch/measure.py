@@ -65,7 +65,7 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
                     time_forward(batch, model, kind, filler[:1], b, temperature, engine.pad_id)
                     warm = False
                 tries: dict[int, list[float]] = {w: [] for w in widths}
-                for i in range(reps):
+                for _ in range(reps):
                     if settled(tries, agree):
                         break
                     for w in widths:
