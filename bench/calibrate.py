@@ -34,7 +34,7 @@ With --in-flight --later-shard, each benched shard is its key's second on the wo
 shard of other rows of the workload runs before it, unbenched, and the benched shard's sample
 decodes under the setting that one ended under (calibrate.inflight `InFlight._start`). That is
 the steady state of a job with many shards per key; a key's first shard on a worker decodes its
-sample plainly, and the oracle gap of a paying workload is then the sample's share (README).
+sample plainly, and the oracle gap of a paying workload is then the sample's share (bench/HISTORY.md).
 
 With --ended-under ARM each key's first shard is taken to have ended under ARM whatever it chose:
 the benched shard starts under that arm (the probe's case: a later shard started under a losing arm).

@@ -55,7 +55,7 @@ finished, then the confirmation another, then each chunk: on `make run`'s 64-row
 alone was 12-15% of a shard's time. Now what calibration costs is the control's own time
 (prediction, profile); the sample's decoding is the shard's, at the shard's batch size. That is
 mostly a matter of accounting on that CPU: a sample decoded apart barely drains when its rows run
-to the same cap, and wall time moved within noise (bench/inflight.py, README); the drain it
+to the same cap, and wall time moved within noise (bench/inflight.py, bench/HISTORY.md); the drain it
 removes costs more where outputs vary in length and a half-empty batch costs what a full one does.
 """
 
