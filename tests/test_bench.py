@@ -302,3 +302,22 @@ def test_profile_noise_reads_one_profile_as_the_profile_keeps_it(tiny_engine, mo
     assert [len(ts) for ts in tries[(2, 6)].values()] == [3, 3]
     for p in kept:
         assert profile_noise.as_calibration(tries[(p.batch, p.context)])[p.tokens] == p.seconds
+
+
+def test_profile_age_prices_each_round_on_the_first_and_a_fresh_profile(models, tmp_path):
+    """bench/profile_age.py: every round has both settings' measured-over-priced figures on both
+    profiles, and the bias is the arm's figure over plain decoding's."""
+    import profile_age
+
+    target, _ = models
+    data = profile_age.main(["--model", target, "--workload", "edit", "--rows", "4", "--batch-size", "2",
+                             "--k", "2", "--max-tokens", "6", "--rounds", "2", "--threads", "1", "--out", str(tmp_path)])
+    assert [r["round"] for r in data["rounds"]] == [0, 1]
+    assert all(p[0] == 2 for p in data["grid"])  # the production batch's points only
+    for r in data["rounds"]:
+        for label in ("none", "ngram:k=2"):
+            assert r[label]["steps"] > 0 and r[label]["first"] > 0 and r[label]["fresh"] > 0
+        for name in ("first", "fresh"):
+            assert r[f"bias_{name}"] == pytest.approx(r["ngram:k=2"][name] / r["none"][name])
+    assert data["bias"]["first"]["min"] <= data["bias"]["first"]["median"] <= data["bias"]["first"]["max"]
+    assert "| round | at s |" in (tmp_path / "profile_age.md").read_text()
