@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workloads  # noqa: E402
 from engine import command, machine_line, result_options, start, write  # noqa: E402
 
-from batchspec.calibrate.pricing import plain_rows  # noqa: E402
+from batchspec.calibrate.pricing import Anchor, arm_price_s, plain_rows  # noqa: E402
 from batchspec.calibrate.profiling import shape_of  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig, Step  # noqa: E402
 from batchspec.predict.cost import CostProfile, profile_grid  # noqa: E402
@@ -54,10 +54,7 @@ class Steps:
         return None
 
 
-def priced_s(profile: CostProfile, steps: Sequence[Step]) -> float:
-    """The profile's price of the verify forwards `steps` ran, each at its rows, slots and width
-    (as calibration.pricing prices a run's steps, unanchored: the level cancels in the bias)."""
-    return sum(profile.target_s(s.rows, s.context + 1, s.tokens) for s in steps)
+UNANCHORED = Anchor(1.0, 0.0)  # the profile's own prices: the machine's level cancels in the bias
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -98,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             control = Steps()
             result = engine.generate(requests, spec, b, control=control)
             row[spec.label] = {"verify_s": result.timing.verify_s, "steps": len(control.steps),
-                               **{name: result.timing.verify_s / priced_s(p, control.steps)
+                               **{name: result.timing.verify_s / arm_price_s(control.steps, spec, UNANCHORED, p)
                                   for name, p in (("first", first), ("fresh", fresh))}}
         for name in ("first", "fresh"):
             row[f"bias_{name}"] = row[arm.label][name] / row["none"][name]
