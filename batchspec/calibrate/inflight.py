@@ -122,7 +122,7 @@ class InFlight(ArmSteps):
     lost_s: float = field(default=0.0, init=False)  # decode time a confirmed-losing arm took beyond plain's
 
     def __post_init__(self) -> None:
-        self.first = sample_indices(len(self.requests), self.settings.sample_rows(self.batch_size, counterfactual=True))
+        self.first = sample_indices(len(self.requests), self._sample_size())
         self.phase = "sample"  # -> "confirm" -> "watch"
         self.verdict: Verdict | None = None
         self.reason = ""
@@ -167,6 +167,23 @@ class InFlight(ArmSteps):
         self.spent_s += self.clock() - began
         self.current = new or p.spec
         return new
+
+    def _sample_size(self) -> int:
+        """Rows in the sample: `CalibrationSettings.sample_rows`, unless the key's last window of rows
+        on this worker (pricing.KeyHistory), at least as many, is there to predict on beside it (a
+        key's later shard): then one drift check's worth (`_every`: a batch, at least
+        CONFIRM_MIN_ROWS), as a drift check predicts on the last window with that many rows new in
+        it; the prediction rests on no fewer rows than the whole sample gave it. The sample decodes
+        under the key's last setting before anything is decided, and its share of a small shard is
+        what a changed workload costs there: held-out rewrite rows at batch 1, 32 per shard
+        (bench/calibrate.py, 2026-12-03), ran 8 sample rows, a quarter of the shard, under the
+        key's last k=2 where k=8 made 1.28x its goodput, and the shard made 0.91x the oracle. A
+        sample size the pipeline file sets is kept."""
+        rows = self.settings.sample_rows(self.batch_size, counterfactual=True)
+        history = self.worker.history.get(self.key) if self.key is not None else None
+        if self.settings.sample_size or history is None or len(history.rows) < rows:
+            return rows
+        return min(rows, self._every())
 
     def _start(self) -> SpecConfig:
         """The setting the sample decodes under: the key's last on this worker (`settled`) where that

@@ -499,3 +499,34 @@ def test_a_later_shard_whose_sample_ran_the_arm_confirms_it_against_plain_decodi
     after = [specs[i] for i in nxt.order[nxt.mark[2]:]]
     assert NO_SPEC in after  # the rows that measured plain decoding
     assert [c.token_ids for c in ran.completions] == [c.token_ids for c in tiny_engine.generate(rows, NO_SPEC, 4).completions]
+
+
+def test_a_keys_later_shard_samples_one_drift_checks_worth(tiny_engine):
+    """Where the key's last window of rows on the worker is there to predict on (at least as many
+    rows as the sample), a later shard's sample is one drift check's worth of rows (a batch, at
+    least CONFIRM_MIN_ROWS), not the whole default sample; a key without history, one whose
+    history is shorter than the sample, and a sample size the pipeline file sets keep theirs."""
+    from batchspec.calibrate.counterfactual import CONFIRM_MIN_ROWS
+    from batchspec.calibrate.pricing import KeyHistory, RowCounterfactuals
+    from batchspec.predict.acceptance import PlainRow
+
+    arm = SpecConfig("ngram", 3)
+    rows = word_rows(32)
+    settings = CalibrationSettings(max_tokens=24)
+    worker = flat_profile(1)
+
+    def history(n: int) -> KeyHistory:
+        return KeyHistory([f"h{i}" for i in range(n)], [PlainRow([1, 2, 3], [4, 5], 8, 0.0, 1.0)] * n,
+                          RowCounterfactuals(tiny_engine))
+
+    default = settings.sample_rows(1, counterfactual=True)
+    assert default > CONFIRM_MIN_ROWS
+    assert len(InFlight(tiny_engine, rows, [arm], 1, settings, worker, key="k").first) == default
+    worker.remember("k", history(default - 1))
+    assert len(InFlight(tiny_engine, rows, [arm], 1, settings, worker, key="k").first) == default
+    worker.remember("k", history(16))
+    assert len(InFlight(tiny_engine, rows, [arm], 1, settings, worker, key="k").first) == CONFIRM_MIN_ROWS
+    assert len(InFlight(tiny_engine, rows, [arm], 1, settings, worker, key="other").first) == default
+    assert len(InFlight(tiny_engine, rows, [arm], 8, settings, worker, key="k").first) == 8  # a batch
+    fixed = CalibrationSettings(max_tokens=24, sample_size=6)
+    assert len(InFlight(tiny_engine, rows, [arm], 1, fixed, worker, key="k").first) == 6
