@@ -47,7 +47,7 @@ from batchspec.calibrate.decision import (
     pick_sample,
     predicted_speedups,
 )
-from batchspec.calibrate.profiling import cannot_repay, grid_needed, refresh_profile, rest_s, shape_of
+from batchspec.calibrate.profiling import RETIME_SHARE, cannot_repay, grid_needed, refresh_profile, rest_s, shape_of
 from batchspec.calibrate.pricing import Anchor, KeyHistory, _counterfactual, none_plans, plain_rows, predict_arms
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig
 from batchspec.errors import one_line
@@ -82,6 +82,14 @@ class WorkerCalibration:
     # Per shard key: its last shard's last finished rows on this worker and their counterfactual
     # (calibrate.inflight predicts the key's next sample beside them).
     history: dict = field(default_factory=dict)
+    decoded_s: float = 0.0  # decode seconds of the shards this worker ran (calibrate.inflight adds each)
+    retimed_s: float = 0.0  # seconds spent re-timing width curves (profiling.retime_curve) ...
+    retime_s: dict = field(default_factory=dict)  # ... and per batch size, the last re-time's
+
+    def retime_budget(self) -> float:
+        """Seconds a width curve's re-time may take now: profiling.RETIME_SHARE of the decode time
+        this worker's shards ran, less what re-timing took so far."""
+        return RETIME_SHARE * self.decoded_s - self.retimed_s
 
     def remember(self, key: str, history: KeyHistory) -> None:
         """Keep `history` as `key`'s, the HISTORY_KEYS keys seen last kept (a job keyed by

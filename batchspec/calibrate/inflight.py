@@ -75,6 +75,7 @@ from batchspec.calibrate.counterfactual import (
 from batchspec.calibrate.decision import CalibrationSettings, Decision, sample_indices
 from batchspec.calibrate.drift import Drift, DriftWatch
 from batchspec.calibrate.probe import ArmSteps
+from batchspec.calibrate.profiling import RETIME_SHARE, retime_curve, shape_of
 from batchspec.calibrate.pricing import (
     Anchor,
     KeyHistory,
@@ -87,7 +88,7 @@ from batchspec.calibrate.pricing import (
 )
 from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Progress, Request, SpecConfig, Step, Timing
 from batchspec.predict.acceptance import PlainRow
-from batchspec.predict.cost import CostProfile
+from batchspec.predict.cost import TIMINGS_KEPT, CostProfile
 
 
 def confirmed_speedup(predicted: float, ratio: float, window: float) -> tuple[float, str]:
@@ -242,10 +243,16 @@ class InFlight(ArmSteps):
         stream = min(left, self._chunk())
         longest = max(r.params.max_tokens for r in self.requests)
         history = self.worker.history.get(self.key) if self.key is not None else None
+        retimed = self._retime(rows, history, longest) if start.method == "none" else (0.0, 0)
         v = self.verdict = predict_sample(self.engine, rows, plain, rest, longest, self.arms,
                                           self.batch_size, self.settings, self.worker, self.key, stream, anchor_of,
                                           history)
         under = ""
+        if retimed[1]:
+            v.profile_s += retimed[0]
+            v.reason += (f"; the production batch's width curve timed again first ({retimed[1]} points, "
+                         f"{retimed[0]:.1f} s, within {RETIME_SHARE:.0%} of the worker's decode time): each point "
+                         f"priced at the mean of its last {TIMINGS_KEPT} timings")
         if start.method != "none":
             base = v.arms[0]  # plain decoding did not run: its figure is the profile's price
             base.measured, base.predicted_tokens_per_s, base.tokens_per_s, base.predicted_speedup = \
@@ -277,6 +284,23 @@ class InFlight(ArmSteps):
             self.reason += "; not confirmed: no other rows of the shard to confirm on"
         self.phase = "watch"
         return self._run(v.chosen)
+
+    def _retime(self, rows: Sequence[PlainRow], history: KeyHistory | None, longest: int) -> tuple[float, int]:
+        """The width curve that prices this shard, timed again where the worker's budget for it
+        allows (profiling.retime_curve; only where the sample decoded plainly: its steps anchor
+        the new prices, where a sample under an arm prices plain decoding at the worker's last
+        anchor, taken on the old ones). Returns the seconds and the points re-timed."""
+        if not rows or not self.arms or not self.worker.profile.points:
+            return 0.0, 0
+        shape = shape_of([*rows, *(history.rows if history is not None else ())], self.arms, self.batch_size, longest)
+        if not self.worker.profile.covers(*shape):
+            return 0.0, 0  # predict_sample measures what it lacks
+        spent, points = retime_curve(self.engine, self.worker.profile, shape, rows[0].temperature,
+                                     self.worker.retime_budget(), self.worker.retime_s.get(self.batch_size))
+        if points:
+            self.worker.retimed_s += spent
+            self.worker.retime_s[self.batch_size] = spent
+        return spent, points
 
     def _confirm(self, p: Progress, final: bool = False) -> SpecConfig | None:
         """The confirmation's measurement: the arm's steps since the decision, against plain
@@ -388,6 +412,7 @@ class InFlight(ArmSteps):
         elif self.phase == "confirm":
             self.current = self._confirm(Progress(self.last.spec, [], list(result.completions), {}, 0, result.timing, self.last.steps), final=True)
         self._remember(result)
+        self.worker.decoded_s += result.timing.decode_s
         self.spent_s += self.clock() - began
         self.worker.settled[self.key] = self.probe[0] if self.probe is not None else self.current
         v = self.verdict

@@ -120,6 +120,33 @@ def refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], tempe
     return time.perf_counter() - began, None
 
 
+RETIME_SHARE = 0.02  # of a worker's decode time, the most its width curves' re-timing may take (`retime_curve`)
+
+
+def retime_curve(engine, profile: CostProfile, shape: tuple, temperature: float, budget_s: float,
+                 last_s: float | None = None) -> tuple[float, int]:
+    """Time the production batch's width curve that prices a shard of `shape` (`shape_of`) again,
+    as the profile timed it first (the fastest of two tries or more), where that fits `budget_s`
+    (the worker's RETIME_SHARE of its decode time, less what re-timing took so far): each point's
+    price becomes the mean of its last timings (`CostProfile.retime`). A re-time is expected to
+    cost `last_s`, the last one's at this batch, else two and a half times the profile's price of
+    its forwards. Returns the seconds spent and the points re-timed ((0.0, 0): not due, or no
+    curve). The curve sets every arm's price over plain decoding's; a level the machine moves by
+    the anchor takes up, a width it moves does not, and one timing of it is noisy and ages."""
+    batch, lo, hi = shape[:3]
+    curve = profile.width_curve(batch, lo, hi)
+    if not curve:
+        return 0.0, 0
+    cost = last_s if last_s is not None else 2.5 * sum(profile.target_s(*p) for p in curve)
+    if cost > budget_s:
+        return 0.0, 0
+    began = time.perf_counter()
+    points = engine.profile(curve, [], temperature=temperature)
+    spent = time.perf_counter() - began
+    profile.retime(points, spent)
+    return spent, len(points)
+
+
 def _measure(engine, profile: CostProfile, grid: tuple[list, list], temperature: float) -> None:
     began = time.perf_counter()
     profile.merge(engine.profile(*grid, temperature=temperature), time.perf_counter() - began)

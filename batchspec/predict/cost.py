@@ -27,6 +27,7 @@ from batchspec.engine.base import StepCost
 
 CONTEXT_REACH = 2.0  # a width curve prices shards whose middle context is within this factor of its own
 CONTEXT_FLAT = 0.25  # ... or within its square, where a plain step costs within this fraction of the curve's
+TIMINGS_KEPT = 4  # a re-timed point's price: the mean of its last this many timings (CostProfile.retime)
 
 
 def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
@@ -65,6 +66,7 @@ class CostProfile:
     # batch sizes whose grid stopped at the width curve (calibrate.profiling.refresh_profile):
     # covered for no shard, so the next one at that batch prices on the curve again or measures the rest
     cut: set = field(default_factory=set)
+    timings: dict = field(default_factory=dict)  # point key -> its last TIMINGS_KEPT timings, where re-timed
 
     def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = (),
                cut_too: bool = False) -> bool:
@@ -141,6 +143,32 @@ class CostProfile:
         new = {p.key for p in points}
         self.points = [p for p in self.points if p.key not in new] + list(points)
         self.measured_s += seconds
+        for key in new:
+            self.timings.pop(key, None)
+
+    def retime(self, points: Sequence[StepCost], seconds: float) -> None:
+        """`points` timed again: each priced from now on at the mean of its last TIMINGS_KEPT
+        timings, the one it held first included. One profile's points stand up to 15-26% from the
+        machine's mean prices on this shared CPU (bench/profile_noise.py: the 10th to 90th
+        percentile of a width over plain at batch 8), the mean of two profiles' 4-14%, of four 4-7%;
+        and a profile timed once ages (bench/profile_age.py: the first profile's bias 0.89 at the
+        median over a worker's rounds, one re-timed before each 1.00). The oldest timing drops out."""
+        held = {p.key: p.seconds for p in self.points}
+        mean = []
+        for p in points:
+            kept = self.timings.get(p.key) or ([held[p.key]] if p.key in held else [])
+            kept = [*kept, p.seconds][-TIMINGS_KEPT:]
+            mean.append(StepCost(p.kind, p.model, p.batch, p.context, p.tokens, sum(kept) / len(kept)))
+            self.timings[p.key] = kept
+        new = {p.key for p in mean}
+        self.points = [p for p in self.points if p.key not in new] + mean
+        self.measured_s += seconds
+
+    def width_curve(self, batch_size: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """The (batch, context, tokens) target points of `batch_size`'s width curve that prices a
+        shard of contexts lo..hi (`_curve`, at their middle), narrowest first; [] where none is held."""
+        curve = self._curve([p for p in self.points if p.kind == "target" and p.batch == batch_size], (lo + hi) // 2)
+        return [(p.batch, p.context, p.tokens) for p in curve] if len(curve) > 1 else []
 
     def target_s(self, batch: int, context: int, tokens: int) -> float:
         return self._cost("target", None, batch, context, tokens)

@@ -530,3 +530,30 @@ def test_a_keys_later_shard_samples_one_drift_checks_worth(tiny_engine):
     assert len(InFlight(tiny_engine, rows, [arm], 8, settings, worker, key="k").first) == 8  # a batch
     fixed = CalibrationSettings(max_tokens=24, sample_size=6)
     assert len(InFlight(tiny_engine, rows, [arm], 1, fixed, worker, key="k").first) == 6
+
+
+def test_the_width_curve_is_timed_again_within_the_workers_budget(tiny_engine):
+    """Where the worker's budget for it (profiling.RETIME_SHARE of the decode time its shards ran,
+    less what re-timing took) covers a re-time's expected cost, a shard whose sample decodes
+    plainly times the production batch's width curve again before it predicts, each point then
+    priced at the mean of its timings, and says so; the seconds count as the shard's profile
+    time. Without the budget nothing is timed; every shard's decode time adds to it."""
+    from batchspec.calibrate.profiling import RETIME_SHARE
+
+    arm = SpecConfig("ngram", 3)
+    settings = CalibrationSettings(max_tokens=24, sample_size=4, drift_chunk=8, confirm=False)
+    poor = flat_profile(4)
+    d = run_shard(tiny_engine, ShardInput("s0", "k", word_rows(16)), [arm], True, 4, settings, worker=poor).decision
+    assert "timed again" not in d.reason and not poor.profile.timings and poor.retimed_s == 0
+    assert poor.decoded_s > 0 and poor.retime_budget() == pytest.approx(RETIME_SHARE * poor.decoded_s)
+
+    rich = flat_profile(4)
+    rich.decoded_s = 1000.0  # a budget of 20 s: a re-time of the flat profile's curve is expected to take 5 s
+    before = [p for p in rich.profile.points if p.batch == 4]
+    d = run_shard(tiny_engine, ShardInput("s1", "k", word_rows(16)), [arm], True, 4, settings, worker=rich).decision
+    assert "the production batch's width curve timed again first (2 points" in d.reason
+    assert rich.retimed_s > 0 and d.profile_s >= rich.retimed_s and rich.retime_s[4] == rich.retimed_s
+    assert len(rich.profile.timings) == 2 and all(len(t) == 2 and t[0] == 1.0 for t in rich.profile.timings.values())
+    for key, kept in rich.profile.timings.items():  # priced at the mean of the flat 1 s and the engine's own timing
+        assert next(p.seconds for p in rich.profile.points if p.key == key) == pytest.approx(sum(kept) / 2)
+    assert len(before) == len([p for p in rich.profile.points if p.batch == 4])

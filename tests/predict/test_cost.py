@@ -155,3 +155,30 @@ def test_the_context_factor_is_a_line_fitted_through_the_plain_steps_timed():
     assert wide.target_s(8, 250, 5) == pytest.approx(164.7, rel=0.05)  # timed out to 274: about flat, as measured
     falling = profile_of(curve + [("target", "m", 8, 300, 1, 60.0)])
     assert falling.target_s(8, 300, 5) == pytest.approx(164.7) and falling.target_s(8, 30, 5) == pytest.approx(164.7)
+
+
+def test_a_retimed_point_is_priced_at_the_mean_of_its_last_timings():
+    """CostProfile.retime: each point re-timed is priced at the mean of its last TIMINGS_KEPT
+    timings, the first the profile held included, the oldest dropping out; a point measured
+    afresh by `merge` starts again from its new timing. `width_curve` names the curve that
+    prices a shard's contexts, narrowest first."""
+    from batchspec.predict.cost import TIMINGS_KEPT
+
+    def at(profile, w):
+        return next(p.seconds for p in profile.points if p.key == ("target", "m", 8, 100, w))
+
+    profile = CostProfile()
+    profile.merge([StepCost("target", "m", 8, 100, w, 0.1 * w) for w in (1, 3, 5)]
+                  + [StepCost("target", "m", 8, 40, 1, 0.05)], 1.0)
+    assert profile.width_curve(8, 60, 140) == [(8, 100, 1), (8, 100, 3), (8, 100, 5)]
+    assert profile.width_curve(4, 60, 140) == []
+    profile.retime([StepCost("target", "m", 8, 100, 1, 0.3)], 0.5)
+    assert at(profile, 1) == pytest.approx(0.2) and at(profile, 3) == pytest.approx(0.3)  # (0.1 + 0.3) / 2; untouched
+    assert profile.measured_s == pytest.approx(1.5)
+    for t in (0.5, 0.7, 0.9):
+        profile.retime([StepCost("target", "m", 8, 100, 1, t)], 0.0)
+    assert TIMINGS_KEPT == 4 and at(profile, 1) == pytest.approx((0.3 + 0.5 + 0.7 + 0.9) / 4)  # 0.1 dropped out
+    assert len([p for p in profile.points if p.key == ("target", "m", 8, 100, 1)]) == 1
+    profile.merge([StepCost("target", "m", 8, 100, 1, 0.2)], 0.0)
+    profile.retime([StepCost("target", "m", 8, 100, 1, 0.4)], 0.0)
+    assert at(profile, 1) == pytest.approx(0.3)  # the merge's 0.2 and 0.4: the older timings forgotten
