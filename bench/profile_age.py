@@ -7,7 +7,10 @@ plainly and under n-gram k, round after round on one loaded engine, each run's v
 (its forwards, as the engine times them) over the price of exactly the steps it ran, by
 
 - `first`: the profile timed once after the worker's first plain run, as a worker's first shard times it;
-- `fresh`: a profile timed again just before the round (the production batch's points only).
+- `fresh`: a profile timed again just before the round (the production batch's points only);
+- `retimed`: the first profile with its width curve timed again each round as a worker's is within
+  its budget (calibrate.profiling.retime_curve, `CostProfile.retime`): each point the mean of its
+  last four timings (the fresh profile's curve points are those timings: nothing more is timed).
 
 Per round and profile: measured over priced for plain decoding and for the arm, and their ratio,
 the arm's "bias": a speedup predicted on that profile is off by 1 / bias from the arm's steps
@@ -23,6 +26,7 @@ shards would.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -54,6 +58,7 @@ class Steps:
         return None
 
 
+PROFILES = ("first", "fresh", "retimed")
 UNANCHORED = Anchor(1.0, 0.0)  # the profile's own prices: the machine's level cancels in the bias
 
 
@@ -87,34 +92,39 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     began = time.perf_counter()
     first = timed()
+    retimed = copy.deepcopy(first)
+    lo, hi = min(c for _, c, _ in grid[0]), max(c for _, c, _ in grid[0])
+    curve = set(first.width_curve(b, lo, hi))
     rounds = []
     for i in range(args.rounds):
         fresh = timed()
+        retimed.retime([p for p in fresh.points if p.key[2:] in curve], 0.0)
         row = {"round": i, "at_s": round(time.perf_counter() - began, 1)}
         for spec in (NO_SPEC, arm):
             control = Steps()
             result = engine.generate(requests, spec, b, control=control)
             row[spec.label] = {"verify_s": result.timing.verify_s, "steps": len(control.steps),
                                **{name: result.timing.verify_s / arm_price_s(control.steps, spec, UNANCHORED, p)
-                                  for name, p in (("first", first), ("fresh", fresh))}}
-        for name in ("first", "fresh"):
+                                  for name, p in (("first", first), ("fresh", fresh), ("retimed", retimed))}}
+        for name in PROFILES:
             row[f"bias_{name}"] = row[arm.label][name] / row["none"][name]
         rounds.append(row)
-        print(f"round {i}: bias on the first profile {row['bias_first']:.3f}, on a fresh one {row['bias_fresh']:.3f}", flush=True)
+        print(f"round {i}: bias on the first profile {row['bias_first']:.3f}, on a fresh one {row['bias_fresh']:.3f}, "
+              f"on the retimed one {row['bias_retimed']:.3f}", flush=True)
         engine.generate(requests, arm, b)  # the worker's other work between rounds, untimed
     summary = {name: {"median": statistics.median(r[f"bias_{name}"] for r in rounds),
                       "min": min(r[f"bias_{name}"] for r in rounds), "max": max(r[f"bias_{name}"] for r in rounds)}
-               for name in ("first", "fresh")}
+               for name in PROFILES}
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     data = {"benchmark": "profile_age", "command": command("bench/profile_age.py", argv), "model": args.model, "input": args.input,
             "workload": args.workload, "rows": len(requests), "batch_size": b, "arm": arm.label,
             "max_tokens": args.max_tokens, "grid": grid[0], "machine": info, "rounds": rounds, "bias": summary}
-    table = ["| round | at s | plain: measured / first profile's price | arm: measured / first's | bias on the first profile | plain / fresh profile's price | arm / fresh's | bias on a fresh profile |",
-             "|---|---|---|---|---|---|---|---|"]
+    table = ["| round | at s | plain: measured / first profile's price | arm: measured / first's | bias on the first profile | plain / fresh profile's price | arm / fresh's | bias on a fresh profile | bias on the retimed profile |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rounds:
         table.append(f"| {r['round']} | {r['at_s']} | {r['none']['first']:.3f} | {r[arm.label]['first']:.3f} | {r['bias_first']:.3f} "
-                     f"| {r['none']['fresh']:.3f} | {r[arm.label]['fresh']:.3f} | {r['bias_fresh']:.3f} |")
-    for name in ("first", "fresh"):
+                     f"| {r['none']['fresh']:.3f} | {r[arm.label]['fresh']:.3f} | {r['bias_fresh']:.3f} | {r['bias_retimed']:.3f} |")
+    for name in PROFILES:
         s = summary[name]
         table.append(f"\nbias on the {name} profile: median {s['median']:.3f} (min {s['min']:.3f}, max {s['max']:.3f})")
     text = "\n".join(table)

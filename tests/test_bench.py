@@ -305,8 +305,9 @@ def test_profile_noise_reads_one_profile_as_the_profile_keeps_it(tiny_engine, mo
 
 
 def test_profile_age_prices_each_round_on_the_first_and_a_fresh_profile(models, tmp_path):
-    """bench/profile_age.py: every round has both settings' measured-over-priced figures on both
-    profiles, and the bias is the arm's figure over plain decoding's."""
+    """bench/profile_age.py: every round has both settings' measured-over-priced figures on every
+    profile (the first, a fresh one, the first re-timed round by round), and the bias is the arm's
+    figure over plain decoding's."""
     import profile_age
 
     target, _ = models
@@ -316,8 +317,9 @@ def test_profile_age_prices_each_round_on_the_first_and_a_fresh_profile(models, 
     assert all(p[0] == 2 for p in data["grid"])  # the production batch's points only
     for r in data["rounds"]:
         for label in ("none", "ngram:k=2"):
-            assert r[label]["steps"] > 0 and r[label]["first"] > 0 and r[label]["fresh"] > 0
-        for name in ("first", "fresh"):
+            assert r[label]["steps"] > 0 and all(r[label][name] > 0 for name in profile_age.PROFILES)
+        for name in ("first", "fresh", "retimed"):
             assert r[f"bias_{name}"] == pytest.approx(r["ngram:k=2"][name] / r["none"][name])
     assert data["bias"]["first"]["min"] <= data["bias"]["first"]["median"] <= data["bias"]["first"]["max"]
+    assert data["rounds"][1]["ngram:k=2"]["retimed"] != data["rounds"][1]["ngram:k=2"]["first"]  # its curve re-timed
     assert "| round | at s |" in (tmp_path / "profile_age.md").read_text()

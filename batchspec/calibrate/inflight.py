@@ -243,7 +243,7 @@ class InFlight(ArmSteps):
         stream = min(left, self._chunk())
         longest = max(r.params.max_tokens for r in self.requests)
         history = self.worker.history.get(self.key) if self.key is not None else None
-        retimed = self._retime(rows, history, longest) if start.method == "none" else (0.0, 0)
+        retimed = self._retime(rows, history, longest) if start.method == "none" and history is not None else (0.0, 0)
         v = self.verdict = predict_sample(self.engine, rows, plain, rest, longest, self.arms,
                                           self.batch_size, self.settings, self.worker, self.key, stream, anchor_of,
                                           history)
@@ -287,9 +287,12 @@ class InFlight(ArmSteps):
 
     def _retime(self, rows: Sequence[PlainRow], history: KeyHistory | None, longest: int) -> tuple[float, int]:
         """The width curve that prices this shard, timed again where the worker's budget for it
-        allows (profiling.retime_curve; only where the sample decoded plainly: its steps anchor
-        the new prices, where a sample under an arm prices plain decoding at the worker's last
-        anchor, taken on the old ones). Returns the seconds and the points re-timed."""
+        allows (profiling.retime_curve). Only on a key's later shard, whose decision rests on the
+        prediction (a key's first shard on the worker confirms a speculative choice by measuring
+        it; `make run`'s shards are all first shards, and a re-time there, 1-2 s at batch 8, would
+        be 5-10% of a shard against its 5% target), and only where the sample decoded plainly: its
+        steps anchor the new prices, where a sample under an arm prices plain decoding at the
+        worker's last anchor, taken on the old ones. Returns the seconds and the points re-timed."""
         if not rows or not self.arms or not self.worker.profile.points:
             return 0.0, 0
         shape = shape_of([*rows, *(history.rows if history is not None else ())], self.arms, self.batch_size, longest)

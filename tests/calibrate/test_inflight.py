@@ -534,22 +534,32 @@ def test_a_keys_later_shard_samples_one_drift_checks_worth(tiny_engine):
 
 def test_the_width_curve_is_timed_again_within_the_workers_budget(tiny_engine):
     """Where the worker's budget for it (profiling.RETIME_SHARE of the decode time its shards ran,
-    less what re-timing took) covers a re-time's expected cost, a shard whose sample decodes
-    plainly times the production batch's width curve again before it predicts, each point then
-    priced at the mean of its timings, and says so; the seconds count as the shard's profile
-    time. Without the budget nothing is timed; every shard's decode time adds to it."""
+    less what re-timing took) covers a re-time's expected cost, a key's later shard whose sample
+    decodes plainly times the production batch's width curve again before it predicts, each point
+    then priced at the mean of its timings, and says so; the seconds count as the shard's profile
+    time. Without the budget nothing is timed, nor on a key's first shard; every shard's decode
+    time adds to the budget."""
     from batchspec.calibrate.profiling import RETIME_SHARE
 
     arm = SpecConfig("ngram", 3)
     settings = CalibrationSettings(max_tokens=24, sample_size=4, drift_chunk=8, confirm=False)
     poor = flat_profile(4)
-    d = run_shard(tiny_engine, ShardInput("s0", "k", word_rows(16)), [arm], True, 4, settings, worker=poor).decision
-    assert "timed again" not in d.reason and not poor.profile.timings and poor.retimed_s == 0
+    for shard in ("s0", "s1"):
+        d = run_shard(tiny_engine, ShardInput(shard, "k", word_rows(16)), [arm], True, 4, settings, worker=poor).decision
+        assert "timed again" not in d.reason and not poor.profile.timings and poor.retimed_s == 0
     assert poor.decoded_s > 0 and poor.retime_budget() == pytest.approx(RETIME_SHARE * poor.decoded_s)
 
     rich = flat_profile(4)
     rich.decoded_s = 1000.0  # a budget of 20 s: a re-time of the flat profile's curve is expected to take 5 s
     before = [p for p in rich.profile.points if p.batch == 4]
+    d = run_shard(tiny_engine, ShardInput("s0", "k", word_rows(16)), [arm], True, 4, settings, worker=rich).decision
+    assert "timed again" not in d.reason and rich.retimed_s == 0  # the key's first shard on the worker
+    settled = rich.settled["k"]
+    assert settled.method != "none"  # the key's next sample decodes under it: nothing is re-timed
+    under = InFlight(tiny_engine, word_rows(16), [arm], 4, settings, rich, key="k")
+    under.close(tiny_engine.generate(word_rows(16), under.start, 4, control=under))
+    assert under.start == settled and "timed again" not in under.reason and rich.retimed_s == 0
+    rich.settled.pop("k")  # ... and the next one plainly
     d = run_shard(tiny_engine, ShardInput("s1", "k", word_rows(16)), [arm], True, 4, settings, worker=rich).decision
     assert "the production batch's width curve timed again first (2 points" in d.reason
     assert rich.retimed_s > 0 and d.profile_s >= rich.retimed_s and rich.retime_s[4] == rich.retimed_s
