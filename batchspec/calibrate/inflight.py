@@ -243,7 +243,9 @@ class InFlight(ArmSteps):
         stream = min(left, self._chunk())
         longest = max(r.params.max_tokens for r in self.requests)
         history = self.worker.history.get(self.key) if self.key is not None else None
-        retimed = self._retime(rows, history, longest) if start.method == "none" and history is not None else (0.0, 0)
+        shard_s = plain.timing.decode_s + (rest or 0.0)  # the shard's plain decode seconds, as the sample says
+        retimed = self._retime(rows, history, longest, shard_s) if start.method == "none" and history is not None \
+            else (0.0, 0)
         v = self.verdict = predict_sample(self.engine, rows, plain, rest, longest, self.arms,
                                           self.batch_size, self.settings, self.worker, self.key, stream, anchor_of,
                                           history)
@@ -285,9 +287,13 @@ class InFlight(ArmSteps):
         self.phase = "watch"
         return self._run(v.chosen)
 
-    def _retime(self, rows: Sequence[PlainRow], history: KeyHistory | None, longest: int) -> tuple[float, int]:
+    def _retime(self, rows: Sequence[PlainRow], history: KeyHistory | None, longest: int,
+                shard_s: float) -> tuple[float, int]:
         """The width curve that prices this shard, timed again where the worker's budget for it
-        allows (profiling.retime_curve). Only on a key's later shard, whose decision rests on the
+        allows (profiling.retime_curve) and its expected cost is within RETIME_SHARE of the shard's
+        own plain decode time (`shard_s`): a shard does not pay for its worker's others (at batch 8 on
+        held-out 64-row shards a re-time took 2.7 s, 5.9% of the shard that ran it, within a worker
+        budget of about 5 s; a shard of 1,000 rows takes it within 2%). Only on a key's later shard, whose decision rests on the
         prediction (a key's first shard on the worker confirms a speculative choice by measuring
         it; `make run`'s shards are all first shards, and a re-time there, 1-2 s at batch 8, would
         be 5-10% of a shard against its 5% target), and only where the sample decoded plainly: its
@@ -299,7 +305,8 @@ class InFlight(ArmSteps):
         if not self.worker.profile.covers(*shape):
             return 0.0, 0  # predict_sample measures what it lacks
         spent, points = retime_curve(self.engine, self.worker.profile, shape, rows[0].temperature,
-                                     self.worker.retime_budget(), self.worker.retime_s.get(self.batch_size))
+                                     min(self.worker.retime_budget(), RETIME_SHARE * shard_s),
+                                     self.worker.retime_s.get(self.batch_size))
         if points:
             self.worker.retimed_s += spent
             self.worker.retime_s[self.batch_size] = spent

@@ -534,11 +534,11 @@ def test_a_keys_later_shard_samples_one_drift_checks_worth(tiny_engine):
 
 def test_the_width_curve_is_timed_again_within_the_workers_budget(tiny_engine):
     """Where the worker's budget for it (profiling.RETIME_SHARE of the decode time its shards ran,
-    less what re-timing took) covers a re-time's expected cost, a key's later shard whose sample
-    decodes plainly times the production batch's width curve again before it predicts, each point
-    then priced at the mean of its timings, and says so; the seconds count as the shard's profile
-    time. Without the budget nothing is timed, nor on a key's first shard; every shard's decode
-    time adds to the budget."""
+    less what re-timing took) and RETIME_SHARE of the shard's own decode time cover a re-time's
+    expected cost, a key's later shard whose sample decodes plainly times the production batch's
+    width curve again before it predicts, each point then priced at the mean of its timings, and
+    says so; the seconds count as the shard's profile time. Without either nothing is timed, nor
+    on a key's first shard; every shard's decode time adds to the worker's budget."""
     from batchspec.calibrate.profiling import RETIME_SHARE
 
     arm = SpecConfig("ngram", 3)
@@ -559,8 +559,12 @@ def test_the_width_curve_is_timed_again_within_the_workers_budget(tiny_engine):
     under = InFlight(tiny_engine, word_rows(16), [arm], 4, settings, rich, key="k")
     under.close(tiny_engine.generate(word_rows(16), under.start, 4, control=under))
     assert under.start == settled and "timed again" not in under.reason and rich.retimed_s == 0
-    rich.settled.pop("k")  # ... and the next one plainly
+    rich.settled.pop("k")  # ... and the next one plainly, but a 5 s re-time is not 2% of its decode time
     d = run_shard(tiny_engine, ShardInput("s1", "k", word_rows(16)), [arm], True, 4, settings, worker=rich).decision
+    assert "timed again" not in d.reason and rich.retimed_s == 0
+    rich.settled.pop("k")
+    rich.retime_s[4] = 1e-6  # the last re-time's seconds: what the next is expected to cost
+    d = run_shard(tiny_engine, ShardInput("s2", "k", word_rows(16)), [arm], True, 4, settings, worker=rich).decision
     assert "the production batch's width curve timed again first (2 points" in d.reason
     assert rich.retimed_s > 0 and d.profile_s >= rich.retimed_s and rich.retime_s[4] == rich.retimed_s
     assert len(rich.profile.timings) == 2 and all(len(t) == 2 and t[0] == 1.0 for t in rich.profile.timings.values())
