@@ -47,7 +47,15 @@ from batchspec.calibrate.decision import (
     pick_sample,
     predicted_speedups,
 )
-from batchspec.calibrate.profiling import RETIME_SHARE, cannot_repay, grid_needed, refresh_profile, rest_s, shape_of
+from batchspec.calibrate.profiling import (
+    RETIME_SHARE,
+    cannot_repay,
+    grid_needed,
+    refresh_profile,
+    rest_s,
+    retime_curve,
+    shape_of,
+)
 from batchspec.calibrate.pricing import Anchor, KeyHistory, _counterfactual, none_plans, plain_rows, predict_arms
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig
 from batchspec.errors import one_line
@@ -90,6 +98,18 @@ class WorkerCalibration:
         """Seconds a width curve's re-time may take now: profiling.RETIME_SHARE of the decode time
         this worker's shards ran, less what re-timing took so far."""
         return RETIME_SHARE * self.decoded_s - self.retimed_s
+
+    def retime(self, engine, shape: tuple, temperature: float, shard_s: float) -> tuple[float, int]:
+        """profiling.retime_curve on this worker's profile for a shard of `shape`, within the
+        worker's budget and RETIME_SHARE of the shard's own plain decode seconds (`shard_s`), its
+        cost expected to be the last re-time's at that batch size; what it took is kept."""
+        batch = shape[0]
+        spent, points = retime_curve(engine, self.profile, shape, temperature,
+                                     min(self.retime_budget(), RETIME_SHARE * shard_s), self.retime_s.get(batch))
+        if points:
+            self.retimed_s += spent
+            self.retime_s[batch] = spent
+        return spent, points
 
     def remember(self, key: str, history: KeyHistory) -> None:
         """Keep `history` as `key`'s, the HISTORY_KEYS keys seen last kept (a job keyed by

@@ -75,7 +75,7 @@ from batchspec.calibrate.counterfactual import (
 from batchspec.calibrate.decision import CalibrationSettings, Decision, sample_indices
 from batchspec.calibrate.drift import Drift, DriftWatch
 from batchspec.calibrate.probe import ArmSteps
-from batchspec.calibrate.profiling import RETIME_SHARE, retime_curve, shape_of
+from batchspec.calibrate.profiling import RETIME_SHARE, shape_of
 from batchspec.calibrate.pricing import (
     Anchor,
     KeyHistory,
@@ -304,13 +304,7 @@ class InFlight(ArmSteps):
         shape = shape_of([*rows, *(history.rows if history is not None else ())], self.arms, self.batch_size, longest)
         if not self.worker.profile.covers(*shape):
             return 0.0, 0  # predict_sample measures what it lacks
-        spent, points = retime_curve(self.engine, self.worker.profile, shape, rows[0].temperature,
-                                     min(self.worker.retime_budget(), RETIME_SHARE * shard_s),
-                                     self.worker.retime_s.get(self.batch_size))
-        if points:
-            self.worker.retimed_s += spent
-            self.worker.retime_s[self.batch_size] = spent
-        return spent, points
+        return self.worker.retime(self.engine, shape, rows[0].temperature, shard_s)
 
     def _confirm(self, p: Progress, final: bool = False) -> SpecConfig | None:
         """The confirmation's measurement: the arm's steps since the decision, against plain

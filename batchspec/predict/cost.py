@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from batchspec.engine.base import StepCost
@@ -154,15 +154,10 @@ class CostProfile:
         and a profile timed once ages (bench/profile_age.py: the first profile's bias 0.89 at the
         median over a worker's rounds, one re-timed before each 1.00). The oldest timing drops out."""
         held = {p.key: p.seconds for p in self.points}
-        mean = []
-        for p in points:
-            kept = self.timings.get(p.key) or ([held[p.key]] if p.key in held else [])
-            kept = [*kept, p.seconds][-TIMINGS_KEPT:]
-            mean.append(StepCost(p.kind, p.model, p.batch, p.context, p.tokens, sum(kept) / len(kept)))
-            self.timings[p.key] = kept
-        new = {p.key for p in mean}
-        self.points = [p for p in self.points if p.key not in new] + mean
-        self.measured_s += seconds
+        timings = {p.key: [*(self.timings.get(p.key) or ([held[p.key]] if p.key in held else [])), p.seconds][-TIMINGS_KEPT:]
+                   for p in points}
+        self.merge([replace(p, seconds=sum(timings[p.key]) / len(timings[p.key])) for p in points], seconds)
+        self.timings.update(timings)  # after the merge, which forgets the timings of the points it replaces
 
     def width_curve(self, batch_size: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """The (batch, context, tokens) target points of `batch_size`'s width curve that prices a
