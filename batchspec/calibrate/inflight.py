@@ -83,10 +83,12 @@ from batchspec.calibrate.pricing import (
     anchor_of_steps,
     arm_price_s,
     as_plain,
+    completions_so_far,
     keyed_plain_rows,
     plain_price_s,
+    rows_in_flight,
 )
-from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Progress, Request, SpecConfig, Step, Timing
+from batchspec.engine.base import NO_SPEC, GenerateResult, Progress, Request, SpecConfig, Step, Timing
 from batchspec.predict.acceptance import PlainRow
 from batchspec.predict.cost import TIMINGS_KEPT, CostProfile
 
@@ -226,8 +228,8 @@ class InFlight(ArmSteps):
 
     def _decide(self, p: Progress) -> SpecConfig | None:
         self._stretch(p)
-        rows, sample = self._sample_rows(p)
-        plain = GenerateResult(sample + self._partial(p, exclude=self.first), p.timing)  # every row so far
+        rows, sample = rows_in_flight(self.engine, self.requests, self.first, p)
+        plain = GenerateResult(sample + completions_so_far(self.requests, p, exclude=self.first), p.timing)  # every row so far
         steps = list(p.steps)
         start, worker = self.start, self.worker
 
@@ -379,31 +381,6 @@ class InFlight(ArmSteps):
         self.watched_steps = len(self.last.steps) if self.last is not None else 0
         return spec
 
-    # -- rows as calibration sees them ------------------------------------------------------------
-
-    def _sample_rows(self, p: Progress) -> tuple[list[PlainRow], list[Completion]]:
-        """The sample's rows for the counterfactual (finished ones whole, those in flight up to now:
-        a prefix of a plain output is a plain output, capped) and their completions so far."""
-        rows, done = [], []
-        for i in self.first:
-            r, c = self.requests[i], p.completions[i]
-            if c is None:
-                c = _so_far(r, p.in_flight.get(i, ()))
-                budget = c.output_tokens
-            else:
-                budget = r.params.max_tokens
-            done.append(c)
-            if c.finish_reason != "error" and c.token_ids:
-                rows.append(PlainRow(self.engine.encode(r), list(c.token_ids), budget, r.params.temperature, r.params.top_p))
-        return rows, done
-
-    def _partial(self, p: Progress, exclude: Sequence[int]) -> list[Completion]:
-        """Every other row that has tokens so far, finished or in flight, as a completion of them."""
-        skip = set(exclude)
-        out = [c for i, c in enumerate(p.completions) if c is not None and i not in skip]
-        out += [_so_far(self.requests[i], t) for i, t in p.in_flight.items() if i not in skip]
-        return out
-
     # -- the record -------------------------------------------------------------------------------
 
     def close(self, result: GenerateResult) -> tuple[Decision, list[SpecConfig]]:
@@ -441,9 +418,3 @@ class InFlight(ArmSteps):
         keys = [k for k, _ in keyed]
         seen = getattr(self.watch, "cache", None) or RowCounterfactuals(self.engine)  # a scripted watch has none
         self.worker.remember(self.key, KeyHistory(keys, [r for _, r in keyed], seen.kept(keys)))
-
-
-def _so_far(request: Request, out) -> Completion:
-    """A row still in flight as a completion of its tokens so far (the first from prefill)."""
-    out = list(out)
-    return Completion(request.id, None, token_ids=out, output_tokens=len(out), target_steps=max(0, len(out) - 1))

@@ -14,7 +14,17 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from batchspec.engine.base import GenerateResult, Request, SpecConfig, Step, Timing, acceptance_rate, mean_accepted_len
+from batchspec.engine.base import (
+    Completion,
+    GenerateResult,
+    Progress,
+    Request,
+    SpecConfig,
+    Step,
+    Timing,
+    acceptance_rate,
+    mean_accepted_len,
+)
 from batchspec.predict.acceptance import Acceptance, PlainRow, draft_acceptance, ngram_acceptance
 from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s
 from batchspec.stats import ArmResult
@@ -25,6 +35,40 @@ def keyed_plain_rows(engine, requests: Sequence[Request], result: GenerateResult
     each with its request id."""
     return [(r.id, PlainRow(engine.encode(r), c.token_ids, r.params.max_tokens, r.params.temperature, r.params.top_p))
             for r, c in zip(requests, result.completions) if c.finish_reason != "error" and c.token_ids]
+
+
+def rows_in_flight(engine, requests: Sequence[Request], indices: Sequence[int],
+                   p: Progress) -> tuple[list[PlainRow], list[Completion]]:
+    """The rows `indices` of a generate call in flight (`p`), for the counterfactual (finished ones
+    whole, those in flight up to now: a prefix of a plain output is a plain output, capped), and
+    their completions so far (calibrate.inflight's sample)."""
+    rows, done = [], []
+    for i in indices:
+        r, c = requests[i], p.completions[i]
+        if c is None:
+            c = so_far(r, p.in_flight.get(i, ()))
+            budget = c.output_tokens
+        else:
+            budget = r.params.max_tokens
+        done.append(c)
+        if c.finish_reason != "error" and c.token_ids:
+            rows.append(PlainRow(engine.encode(r), list(c.token_ids), budget, r.params.temperature, r.params.top_p))
+    return rows, done
+
+
+def completions_so_far(requests: Sequence[Request], p: Progress, exclude: Sequence[int]) -> list[Completion]:
+    """Every row of a generate call in flight (`p`) not in `exclude` that has tokens so far,
+    finished or in flight, as a completion of them."""
+    skip = set(exclude)
+    out = [c for i, c in enumerate(p.completions) if c is not None and i not in skip]
+    out += [so_far(requests[i], t) for i, t in p.in_flight.items() if i not in skip]
+    return out
+
+
+def so_far(request: Request, out) -> Completion:
+    """A row still in flight as a completion of its tokens so far (the first from prefill)."""
+    out = list(out)
+    return Completion(request.id, None, token_ids=out, output_tokens=len(out), target_steps=max(0, len(out) - 1))
 
 
 def plain_rows(engine, requests: Sequence[Request], result: GenerateResult) -> list[PlainRow]:
