@@ -201,3 +201,48 @@ def test_an_arm_measured_losing_is_not_switched_on_again_by_the_price_that_overr
     assert spec == arm
     watch.discount[arm.label] = 0.3
     assert watch(rows, plain) == (None, None)
+
+
+def test_a_later_shards_drift_window_takes_in_the_keys_last_rows_until_its_own_fill_it(tiny_engine):
+    """In flight on a key's later shard (DriftWatch.history, .window) a drift check predicts on the
+    shard's rows finished so far after the key's latest rows on the worker, as many as fill the
+    window: the same prediction as one chunk of all those rows. The row on which n-gram lookup pays
+    most switches it on alone; after the rows on which it accepts nothing it does not; a window the
+    shard's own row fills takes in none of the history, one row short takes in its latest row."""
+    from batchspec.calibrate.drift import DriftWatch, _predict_chunk
+    from batchspec.calibrate.pricing import Anchor, KeyHistory, RowCounterfactuals, keyed_plain_rows
+    from batchspec.engine.base import GenerateResult
+    from tests.calibrate.test_inflight import flat_profile
+
+    arm = SpecConfig("ngram", 3)
+    worker = flat_profile(2)
+    rows = word_rows(32)
+    plain = tiny_engine.generate(rows, NO_SPEC, 2)
+    anchor = Anchor(1.0, 0.0)
+
+    def chunk(indices):
+        return [rows[i] for i in indices], GenerateResult([plain.completions[i] for i in indices], plain.timing)
+
+    def speedup(indices, **how):
+        return _predict_chunk(tiny_engine, *chunk(indices), [arm], worker, 2, anchor=anchor, **how)[0]
+
+    alone = {i: speedup([i]) for i in range(len(rows))}
+    losers = [i for i in alone if alone[i].acceptance_rate == 0.0]
+    winners = sorted(alone, key=lambda i: alone[i].predicted_speedup)[-1:]
+    assert len(losers) >= 4 and alone[winners[0]].predicted_speedup > 1.3
+    keyed = keyed_plain_rows(tiny_engine, *chunk(losers))
+    history = KeyHistory([f"h{i}" for i in range(len(keyed))], [r for _, r in keyed], RowCounterfactuals(tiny_engine))
+
+    def watch(window):
+        return DriftWatch(tiny_engine, [arm], worker, 2, 0.2, anchor=anchor, history=history, window=window)
+
+    assert DriftWatch(tiny_engine, [arm], worker, 2, 0.2, anchor=anchor)(*chunk(winners))[0] == arm
+    assert watch(1)(*chunk(winners))[0] == arm  # the shard's row fills the window
+    window = 1 + len(losers)
+    assert watch(window)(*chunk(winners)) == (None, None)  # the key's rows accept nothing
+    full, one = speedup(winners, history=history, window=window), speedup(winners, history=history, window=2)
+    for got, same in ((full, speedup(losers + winners)), (one, speedup(losers[-1:] + winners))):
+        assert (got.target_steps, got.draft_tokens, got.accepted_tokens) == \
+            (same.target_steps, same.draft_tokens, same.accepted_tokens)
+        assert got.predicted_speedup == pytest.approx(same.predicted_speedup, rel=1e-3)  # lookups are timed
+    assert one.target_steps > alone[winners[0]].target_steps

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from batchspec.calibrate.counterfactual import WorkerCalibration
 from batchspec.calibrate.decision import best, choose_predicted, predicted_speedups
-from batchspec.calibrate.pricing import Anchor, RowCounterfactuals, keyed_plain_rows, predict_arms
+from batchspec.calibrate.pricing import Anchor, KeyHistory, RowCounterfactuals, keyed_plain_rows, predict_arms
 from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SpecConfig
 from batchspec.stats import ArmResult
 
@@ -24,19 +24,42 @@ from batchspec.stats import ArmResult
 def _predict_chunk(engine, rows_done: Sequence[Request], result: GenerateResult, arms: Sequence[SpecConfig],
                    worker: WorkerCalibration, batch_size: int, greedy_only: bool = False,
                    anchor: Anchor | None = None, cache: RowCounterfactuals | None = None,
-                   stream: int = 0) -> list[ArmResult] | None:
+                   stream: int = 0, history: KeyHistory | None = None, window: int = 0) -> list[ArmResult] | None:
     """Drift checks: every arm in `arms` predicted on the rows `result` just generated, anchored on
     that run (or on `anchor`, where the rows are a window whose time is not one run's), each row's
     counterfactual from `cache` where it was computed before, priced as a generate call of `stream`
     rows (0: the rows alone); None without rows, without a profile, or (`greedy_only`) with
-    sampled rows."""
+    sampled rows. `history` (a key's later shard: its last rows on the worker, pricing.KeyHistory)
+    fills a window of `window` rows that the shard's own rows do not yet fill, with its latest
+    rows, as the sample's prediction took it in (`history_rows`)."""
     keyed = keyed_plain_rows(engine, rows_done, result)
     rows = [row for _, row in keyed]
     if not rows or not worker.profile.points or greedy_only and not all(r.greedy for r in rows):
         return None
     anchor = anchor or Anchor.of(result, rows, worker.profile, batch_size)
     counter = cache.of([k for k, _ in keyed], rows, arms) if cache is not None else None
+    if history is not None:
+        counter = counter or RowCounterfactuals(engine).of([k for k, _ in keyed], rows, arms)
+        rows, counter = history_rows(history, window - len(rows), rows, counter, arms)
     return predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter, stream)
+
+
+def history_rows(history: KeyHistory, fill: int, rows: list, counter: tuple[dict, float],
+                 arms: Sequence[SpecConfig]) -> tuple[list, tuple[dict, float]]:
+    """`rows` (their counterfactual `counter`) after the key's latest `fill` rows on the worker,
+    with theirs: the window a drift check predicts on, while the shard's own rows do not fill it.
+    A later shard's sample is one batch, predicted on beside the key's last window (inflight
+    `_sample_size`); its first checks, on the few rows finished since, stood alone: held-out rewrite
+    rows at batch 4 (bench/calibrate.py, 2026-12-04) chose none on 4 sample rows and the key's 32,
+    and the first check, 8 rows later, switched on n-gram k=6 from those 8 rows alone, which ran
+    at 0.79x plain until the next check; the shard made 0.96x plain. The oldest history rows leave
+    first as the shard's own rows come (RowCounterfactuals.of keeps only the rows asked for)."""
+    fill = min(fill, len(history.rows))
+    if fill <= 0 or not arms:
+        return rows, counter
+    theirs, _ = history.acceptance(arms, last=fill)
+    return ([*history.rows[-fill:], *rows],
+            ({label: theirs[label].extend(acc) for label, acc in counter[0].items()}, counter[1]))
 
 
 def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms: Sequence[SpecConfig],
@@ -116,13 +139,16 @@ class DriftWatch:
     ratio: float | None = None  # the running arm's steps lately: measured over priced (set in flight)
     discount: dict = field(default_factory=dict)  # arm label -> measured over predicted (switch_on)
     running: float | None = None  # the last check's predicted speedup of the arm it kept running
+    history: KeyHistory | None = None  # a key's later shard in flight: its last rows on the worker ...
+    window: int = 0  # ... filling a window of this many rows (`history_rows`)
     cache: RowCounterfactuals = field(init=False)
 
     def __post_init__(self) -> None:
         self.cache = RowCounterfactuals(self.engine)
 
     def _how(self) -> dict:
-        return {"anchor": self.anchor, "cache": self.cache, "stream": self.stream}
+        return {"anchor": self.anchor, "cache": self.cache, "stream": self.stream, "history": self.history,
+                "window": self.window}
 
     def __call__(self, part: Sequence[Request], result: GenerateResult) -> tuple[SpecConfig | None, float | None]:
         """Under "none": the arm to switch to (or None) and its predicted acceptance rate, the fallback's yardstick."""

@@ -36,8 +36,10 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              shard calibrated apart, which chose none.
     watch    the drift checks (drift.Drift.after_chunk) set what the next rows run under, both
              ways, after every batch's worth of finished rows (at least 4), on the last chunk's
-             worth finished (drift_chunk, or 8 x batch; at least 16), sample rows included. The
-             sample is one batch, and a check per chunk of new rows came too late to mend it
+             worth finished (drift_chunk, or 8 x batch; at least 16), sample rows included; on a
+             key's later shard the key's last rows on the worker fill that window while the
+             shard's own rows do not (drift.history_rows), as they fill the sample's prediction.
+             The sample is one batch, and a check per chunk of new rows came too late to mend it
              (bench/calibrate.py --in-flight, 2026-12-02: at batch 8 a 64-row edit shard chose
              none from 8 rows predicting 0.94x for an arm that measured 1.14x, and was never
              checked again; a 128-row code shard chose n-gram k=6 predicting 1.58x where the
@@ -272,8 +274,9 @@ class InFlight(ArmSteps):
         if history is not None and rows and v.arms[1:]:
             self.reason += (f"; predicted on its {len(rows)} rows and the key's last {len(history.rows)} rows on this "
                             f"worker (its last shard's)")
-        if isinstance(self.watch, DriftWatch):  # the window's checks price as the sample's prediction did
-            self.watch.anchor, self.watch.stream = anchor, self._chunk()
+        if isinstance(self.watch, DriftWatch):  # the window's checks price as the sample's prediction did, and
+            self.watch.anchor, self.watch.stream = anchor, self._chunk()  # take in the key's last rows on the
+            self.watch.history, self.watch.window = history, self._window()  # worker while the shard's do not fill it
         self.since = len(self.order)
         if v.wanted and left:
             self.phase, self.mark = "confirm", (len(p.steps), p.timing, len(self.order))

@@ -263,9 +263,11 @@ class KeyHistory:
     rows: list[PlainRow]
     cache: RowCounterfactuals
 
-    def acceptance(self, arms: Sequence[SpecConfig]) -> tuple[dict, float]:
-        """Every arm's counterfactual on these rows, computing only what the cache lacks."""
-        return self.cache.of(self.keys, self.rows, arms)
+    def acceptance(self, arms: Sequence[SpecConfig], last: int | None = None) -> tuple[dict, float]:
+        """Every arm's counterfactual on these rows (the `last` of them), computing only what the
+        cache lacks."""
+        n = len(self.keys) if last is None else last
+        return self.cache.of(self.keys[len(self.keys) - n:], self.rows[len(self.rows) - n:], arms)
 
 
 def _arm_group(arm: SpecConfig) -> tuple:

@@ -571,3 +571,18 @@ def test_the_width_curve_is_timed_again_within_the_workers_budget(tiny_engine):
     for key, kept in rich.profile.timings.items():  # priced at the mean of the flat 1 s and the engine's own timing
         assert next(p.seconds for p in rich.profile.points if p.key == key) == pytest.approx(sum(kept) / 2)
     assert len(before) == len([p for p in rich.profile.points if p.batch == 4])
+
+
+def test_a_keys_later_shard_gives_its_drift_checks_the_keys_last_rows(tiny_engine):
+    """A key's later shard hands its drift watch the key's last rows on the worker and the window
+    they fill (drift.history_rows), as its sample's prediction took them in; a first shard none."""
+    arm = SpecConfig("ngram", 3)
+    settings = CalibrationSettings(max_tokens=24, drift_chunk=8, confirm=False)
+    worker = flat_profile(4)
+    first = InFlight(tiny_engine, word_rows(16), [arm], 4, settings, worker, key="k")
+    first.close(tiny_engine.generate(word_rows(16), first.start, 4, control=first))
+    assert first.watch.history is None and len(worker.history["k"].rows) == 8
+    history = worker.history["k"]
+    later = InFlight(tiny_engine, word_rows(16), [arm], 4, settings, worker, key="k")
+    later.close(tiny_engine.generate(word_rows(16), later.start, 4, control=later))
+    assert later.watch.history is history and later.watch.window == later._window() == 8
