@@ -208,7 +208,8 @@ def test_a_later_shards_drift_window_takes_in_the_keys_last_rows_until_its_own_f
     shard's rows finished so far after the key's latest rows on the worker, as many as fill the
     window: the same prediction as one chunk of all those rows. The row on which n-gram lookup pays
     most switches it on alone; after the rows on which it accepts nothing it does not; a window the
-    shard's own row fills takes in none of the history, one row short takes in its latest row."""
+    shard's own row fills takes in none of the history, one row short takes in its latest row, and
+    the rows it did not read stay in the history's cache."""
     from batchspec.calibrate.drift import DriftWatch, _predict_chunk
     from batchspec.calibrate.pricing import Anchor, KeyHistory, RowCounterfactuals, keyed_plain_rows
     from batchspec.engine.base import GenerateResult
@@ -246,3 +247,4 @@ def test_a_later_shards_drift_window_takes_in_the_keys_last_rows_until_its_own_f
             (same.target_steps, same.draft_tokens, same.accepted_tokens)
         assert got.predicted_speedup == pytest.approx(same.predicted_speedup, rel=1e-3)  # lookups are timed
     assert one.target_steps > alone[winners[0]].target_steps
+    assert set(history.cache.rows) == set(history.keys)  # a check reading the latest row keeps the rest for the next sample

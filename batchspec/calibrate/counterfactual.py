@@ -246,10 +246,7 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
 
     def acceptance() -> tuple[dict, float]:
         mine = _counterfactual(engine, rows[:own], arms)
-        if len(rows) == own:
-            return mine
-        theirs, _ = history.acceptance(arms)
-        return {label: acc.extend(theirs[label]) for label, acc in mine[0].items()}, mine[1]
+        return mine if len(rows) == own else history.beside(list(rows[:own]), mine, arms)[1]
     shape = shape_of(rows, arms, batch_size, longest) if rows and arms else None
     grid = grid_needed(worker.profile, shape) if shape else None
     counter = None  # every arm's acceptance on the sample, computed before a profile is paid for

@@ -16,7 +16,14 @@ from typing import Sequence
 
 from batchspec.calibrate.counterfactual import WorkerCalibration
 from batchspec.calibrate.decision import best, choose_predicted, predicted_speedups
-from batchspec.calibrate.pricing import Anchor, KeyHistory, RowCounterfactuals, keyed_plain_rows, predict_arms
+from batchspec.calibrate.pricing import (
+    Anchor,
+    KeyHistory,
+    RowCounterfactuals,
+    _counterfactual,
+    keyed_plain_rows,
+    predict_arms,
+)
 from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SpecConfig
 from batchspec.stats import ArmResult
 
@@ -31,35 +38,17 @@ def _predict_chunk(engine, rows_done: Sequence[Request], result: GenerateResult,
     rows (0: the rows alone); None without rows, without a profile, or (`greedy_only`) with
     sampled rows. `history` (a key's later shard: its last rows on the worker, pricing.KeyHistory)
     fills a window of `window` rows that the shard's own rows do not yet fill, with its latest
-    rows, as the sample's prediction took it in (`history_rows`)."""
+    rows, as the sample's prediction took it in (KeyHistory.beside)."""
     keyed = keyed_plain_rows(engine, rows_done, result)
-    rows = [row for _, row in keyed]
+    rows, keys = [row for _, row in keyed], [k for k, _ in keyed]
     if not rows or not worker.profile.points or greedy_only and not all(r.greedy for r in rows):
         return None
     anchor = anchor or Anchor.of(result, rows, worker.profile, batch_size)
-    counter = cache.of([k for k, _ in keyed], rows, arms) if cache is not None else None
-    if history is not None:
-        counter = counter or RowCounterfactuals(engine).of([k for k, _ in keyed], rows, arms)
-        rows, counter = history_rows(history, window - len(rows), rows, counter, arms)
+    counter = cache.of(keys, rows, arms) if cache is not None else None
+    if history is not None and window > len(rows) and arms:
+        rows, counter = history.beside(rows, counter or _counterfactual(engine, rows, arms), arms,
+                                       last=window - len(rows), before=True)
     return predict_arms(engine, rows, arms, anchor, worker.profile, batch_size, counter, stream)
-
-
-def history_rows(history: KeyHistory, fill: int, rows: list, counter: tuple[dict, float],
-                 arms: Sequence[SpecConfig]) -> tuple[list, tuple[dict, float]]:
-    """`rows` (their counterfactual `counter`) after the key's latest `fill` rows on the worker,
-    with theirs: the window a drift check predicts on, while the shard's own rows do not fill it.
-    A later shard's sample is one batch, predicted on beside the key's last window (inflight
-    `_sample_size`); its first checks, on the few rows finished since, stood alone: held-out rewrite
-    rows at batch 4 (bench/calibrate.py, 2026-12-04) chose none on 4 sample rows and the key's 32,
-    and the first check, 8 rows later, switched on n-gram k=6 from those 8 rows alone, which ran
-    at 0.79x plain until the next check; the shard made 0.96x plain. The oldest history rows leave
-    first as the shard's own rows come (RowCounterfactuals.of keeps only the rows asked for)."""
-    fill = min(fill, len(history.rows))
-    if fill <= 0 or not arms:
-        return rows, counter
-    theirs, _ = history.acceptance(arms, last=fill)
-    return ([*history.rows[-fill:], *rows],
-            ({label: theirs[label].extend(acc) for label, acc in counter[0].items()}, counter[1]))
 
 
 def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms: Sequence[SpecConfig],
@@ -140,7 +129,7 @@ class DriftWatch:
     discount: dict = field(default_factory=dict)  # arm label -> measured over predicted (switch_on)
     running: float | None = None  # the last check's predicted speedup of the arm it kept running
     history: KeyHistory | None = None  # a key's later shard in flight: its last rows on the worker ...
-    window: int = 0  # ... filling a window of this many rows (`history_rows`)
+    window: int = 0  # ... filling a window of this many rows (KeyHistory.beside)
     cache: RowCounterfactuals = field(init=False)
 
     def __post_init__(self) -> None:

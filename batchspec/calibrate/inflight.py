@@ -24,7 +24,7 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
     confirm  where calibration wants a measurement (a key's first shard choosing an arm, or a
              prediction within its error of the margin) the best arm runs on from there. Once
              it has committed as many tokens as max(batch, 4) sample rows hold, two figures are
-             set side by side (`confirmed_speedup`): the sample's predicted speedup corrected by
+             set side by side (confirm.confirmed_speedup): the sample's predicted speedup corrected by
              how far the profile's price of the very steps the arm ran was from their measured
              time (the cost model's error for this arm on this machine), and those steps' own
              speedup (plain decoding's price for the tokens they committed over their measured
@@ -72,8 +72,8 @@ from batchspec.calibrate.counterfactual import (
     Verdict,
     WorkerCalibration,
     predict_sample,
-    settle,
 )
+from batchspec.calibrate.confirm import Confirming
 from batchspec.calibrate.decision import CalibrationSettings, Decision, sample_indices
 from batchspec.calibrate.drift import Drift, DriftWatch
 from batchspec.calibrate.probe import ArmSteps
@@ -83,11 +83,9 @@ from batchspec.calibrate.pricing import (
     KeyHistory,
     RowCounterfactuals,
     anchor_of_steps,
-    arm_price_s,
     as_plain,
     completions_so_far,
     keyed_plain_rows,
-    plain_price_s,
     rows_in_flight,
 )
 from batchspec.engine.base import NO_SPEC, GenerateResult, Progress, Request, SpecConfig, Step, Timing
@@ -95,18 +93,8 @@ from batchspec.predict.acceptance import PlainRow
 from batchspec.predict.cost import TIMINGS_KEPT, CostProfile
 
 
-def confirmed_speedup(predicted: float, ratio: float, window: float) -> tuple[float, str]:
-    """What a confirmation in flight decides by: the lower of the sample's `predicted` speedup
-    corrected by `ratio` (the arm's steps' measured time over the profile's price of them) and
-    the `window`'s own measured speedup, with the reason's words for it."""
-    corrected = predicted / ratio
-    if window < corrected:
-        return window, f"those steps alone measured {window:.2f}x, below the sample's {predicted:.2f}x corrected ({corrected:.2f}x)"
-    return corrected, f"the sample's {predicted:.2f}x corrected (those steps alone measured {window:.2f}x)"
-
-
 @dataclass
-class InFlight(ArmSteps):
+class InFlight(ArmSteps, Confirming):
     """The control of a shard's one generate call: calibrates on its sample, confirms, watches
     for drift. `close` turns what it saw into the shard's Decision, each row's setting and the
     Drift record."""
@@ -134,9 +122,6 @@ class InFlight(ArmSteps):
         self.confirmed = False
         self.made_by: dict[int, SpecConfig] = {}  # request index -> the setting its last step ran under
         self.order: list[int] = []  # request indices in the order they finished
-        self.mark: tuple[int, Timing, int] | None = None  # where the confirmation began: steps, timing, rows done
-        self.confirm_tokens = 0.0  # tokens the arm commits before its measurement counts
-        self.confirm_seen = (0, 0)  # steps of the confirmation summed so far, and their tokens
         self.since = 0  # rows done at the last drift check
         self.calibrated: float | None = None  # the running arm's acceptance rate, the drift fallback's yardstick
         self.last: Progress | None = None
@@ -145,7 +130,6 @@ class InFlight(ArmSteps):
         self.ran: list[tuple[SpecConfig, list[Step], float]] = []  # speculative stretches: setting, steps, measured s
         self.anchored_at: int | None = None  # rows done when this shard last measured plain decoding's steps
         self.probe: tuple[SpecConfig, int, Timing, int, float] | None = None  # arm, steps, timing, rows, its prediction
-        self.plain_side = False  # the confirmation measures plain decoding: the sample ran the arm (`_confirm`)
         self.chosen: SpecConfig = NO_SPEC
         self.start = self._start()  # what the sample decodes under: the call's first setting
         self.current = self.start  # the setting the rows in flight decode under
@@ -205,12 +189,6 @@ class InFlight(ArmSteps):
     def _sample_done(self, p: Progress) -> bool:
         cap = self.settings.max_tokens
         return all(p.completions[i] is not None or len(p.in_flight.get(i, ())) >= cap for i in self.first)
-
-    def _confirmed_enough(self, p: Progress) -> bool:
-        seen, tokens = self.confirm_seen
-        tokens += sum(s.committed for s in p.steps[seen:])
-        self.confirm_seen = (len(p.steps), tokens)
-        return tokens >= self.confirm_tokens
 
     def _chunk(self) -> int:
         return self.settings.drift_chunk or 8 * self.batch_size
@@ -279,14 +257,8 @@ class InFlight(ArmSteps):
             self.watch.history, self.watch.window = history, self._window()  # worker while the shard's do not fill it
         self.since = len(self.order)
         if v.wanted and left:
-            self.phase, self.mark = "confirm", (len(p.steps), p.timing, len(self.order))
-            self.confirm_seen = (len(p.steps), 0)
-            self.confirm_tokens = max(self.batch_size, CONFIRM_MIN_ROWS) * mean
-            if start.method != "none" and v.top_spec.label == start.label and steps:
-                self.plain_side = True  # the sample ran the arm: what is left to measure is plain decoding,
-                self.confirm_tokens = self.batch_size * mean  # a batch's rows' worth of its steps (at batch 1
-                return self._run(NO_SPEC)  # 4 rows of a paying 32-row code shard ran plainly: 0.91x the oracle)
-            return self._run(v.top_spec)
+            return self._begin_confirm(p, mean, plain_side=start.method != "none" and v.top_spec.label == start.label
+                                       and bool(steps))
         if v.wanted:
             self.reason += "; not confirmed: no other rows of the shard to confirm on"
         self.phase = "watch"
@@ -310,51 +282,6 @@ class InFlight(ArmSteps):
         if not self.worker.profile.covers(*shape):
             return 0.0, 0  # predict_sample measures what it lacks
         return self.worker.retime(self.engine, shape, rows[0].temperature, shard_s)
-
-    def _confirm(self, p: Progress, final: bool = False) -> SpecConfig | None:
-        """The confirmation's measurement: the arm's steps since the decision, against plain
-        decoding priced at the sample's anchor; or, where the sample itself ran the arm (a key's
-        later shard, `plain_side`), the sample's steps against plain decoding's steps since the
-        decision, whose anchor is this moment's. Before that (until 2026-12-03) such a shard ran the
-        arm again and priced plain decoding at the worker's anchor, another shard's: a later prose
-        shard at batch 1 confirmed k=2 at 0.77x (its steps 1.31x the price) where the whole shard
-        measured it at 1.16x."""
-        self._stretch(p)
-        v = self.verdict
-        anchor, where = v.anchor, "in the shard's batch"
-        steps, delta = p.steps[self.mark[0]:], p.timing - self.mark[1]
-        self.phase, self.since = "watch", len(self.order)
-        rows = len(self.order) - self.mark[2]
-        if self.plain_side:
-            if not steps or delta.decode_s <= 0:
-                self.reason += "; not confirmed: plain decoding ran no decode step to measure against"
-                return self._run(v.chosen)
-            anchor = self.worker.anchor = self._reanchor(delta, steps)  # plain decoding, now
-            where = f"decoding the sample, set against plain decoding's {len(steps)} steps after it ({rows} rows finished)"
-            steps, delta, rows = p.steps[: self.mark[0]], self.mark[1], self.mark[2]
-        arm_s = delta.decode_s
-        plain_s = plain_price_s(steps, anchor, self.worker.profile)
-        if not steps or arm_s <= 0 or plain_s <= 0:
-            self.reason += f"; not confirmed: {v.top_spec.label} ran no decode step to measure"
-            return self._run(v.chosen)
-        window = plain_s / arm_s
-        priced = arm_price_s(steps, v.top_spec, anchor, self.worker.profile, v.lookup_s)
-        ratio = (delta.decode_s - delta.admit_s) / priced if priced > 0 else 1.0  # measured over priced
-        predicted = v.top.predicted_speedup
-        speedup, which = confirmed_speedup(predicted, ratio, window)
-        tokens = sum(s.committed for s in steps)
-        v.top.speedup, v.top.measured, v.top.decode_tokens, v.top.tokens_per_s = speedup, True, tokens, tokens / arm_s
-        self.confirmed = True
-        chosen, why = settle(v, speedup, predicted, self.worker, self.key, self.settings,
-                             f"at {speedup:.2f}x plain decoding: its {len(steps)} steps {where} ({tokens} "
-                             f"tokens, {rows} rows finished{', the shard ended' if final else ''}) took {ratio:.2f}x the "
-                             f"profile's price; {which}")
-        self.reason += why
-        if chosen is NO_SPEC:  # the rows are kept, but the arm took longer than plain decoding would have
-            self.lost_s = max(0.0, arm_s - plain_s)
-            if predicted and hasattr(self.watch, "discount"):  # the window's price overrated it as the sample's did
-                self.watch.discount[v.top_spec.label] = speedup / predicted
-        return self._run(chosen)
 
     def _watch(self, p: Progress) -> SpecConfig | None:
         part = self.order[-self._window():]  # greedy rows are plain decoding's whichever setting made them

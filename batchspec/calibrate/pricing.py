@@ -176,9 +176,11 @@ class RowCounterfactuals:
     lookup_s: float = 0.0  # an n-gram lookup's cost per row and step, averaged over what was computed
     _timed: int = 0
 
-    def of(self, keys: Sequence[str], rows: Sequence[PlainRow], arms: Sequence[SpecConfig]) -> tuple[dict, float]:
+    def of(self, keys: Sequence[str], rows: Sequence[PlainRow], arms: Sequence[SpecConfig],
+           keep_others: bool = False) -> tuple[dict, float]:
         """What `_counterfactual(engine, rows, arms)` returns, computing only rows (by `keys`) not
-        yet computed for every arm."""
+        yet computed for every arm. The rows not asked for leave the cache, unless `keep_others`
+        (a key's history read in part: KeyHistory.beside)."""
         labels = [a.label for a in arms]
         new = [i for i, k in enumerate(keys) if not all(label in self.rows.get(k, {}) for label in labels)]
         if new:
@@ -189,7 +191,8 @@ class RowCounterfactuals:
             for j, i in enumerate(new):
                 self.rows.setdefault(keys[i], {}).update({label: (out[label].steps[j], out[label].proposed[j])
                                                           for label in labels})
-        self.rows = {k: self.rows[k] for k in keys}  # a row that left the window does not come back into it
+        if not keep_others:
+            self.rows = {k: self.rows[k] for k in keys}  # a row that left the window does not come back into it
         exact = all(r.greedy for r in rows)
         return ({a.label: Acceptance(a.method, a.draft_len, [self.rows[k][a.label][0] for k in keys],
                                      [self.rows[k][a.label][1] for k in keys], exact) for a in arms}, self.lookup_s)
@@ -263,11 +266,28 @@ class KeyHistory:
     rows: list[PlainRow]
     cache: RowCounterfactuals
 
-    def acceptance(self, arms: Sequence[SpecConfig], last: int | None = None) -> tuple[dict, float]:
-        """Every arm's counterfactual on these rows (the `last` of them), computing only what the
-        cache lacks."""
-        n = len(self.keys) if last is None else last
-        return self.cache.of(self.keys[len(self.keys) - n:], self.rows[len(self.rows) - n:], arms)
+    def beside(self, rows: list[PlainRow], counter: tuple[dict, float], arms: Sequence[SpecConfig],
+               last: int | None = None, before: bool = False) -> tuple[list[PlainRow], tuple[dict, float]]:
+        """`rows` (their counterfactual `counter`, as `_counterfactual` returns it) followed by the
+        key's `last` rows here (all of them: None), or preceded by them (`before`), with every arm's
+        counterfactual on them from the cache, computing only what it lacks and keeping the rows it
+        was not asked for (a drift check reads the latest few; the next shard's sample, all).
+
+        Both ways a key's later shard predicts: the sample's prediction on its rows and the key's
+        last window (counterfactual.predict_sample), and a drift check on the shard's own rows
+        after the latest of the key's, while its own do not fill the window (drift._predict_chunk):
+        held-out rewrite rows at batch 4 (bench/calibrate.py, 2026-12-04) chose none on 4 sample
+        rows and the key's 32, and the first check, 8 rows later, switched on n-gram k=6 from those
+        8 rows alone, which ran at 0.79x plain until the next check; the shard made 0.96x plain."""
+        n = len(self.rows) if last is None else max(0, min(last, len(self.rows)))
+        if not n or not arms:
+            return rows, counter
+        theirs, _ = self.cache.of(self.keys[-n:], self.rows[-n:], arms, keep_others=True)
+        if before:
+            return [*self.rows[-n:], *rows], ({label: theirs[label].extend(acc) for label, acc in counter[0].items()},
+                                               counter[1])
+        return [*rows, *self.rows[-n:]], ({label: acc.extend(theirs[label]) for label, acc in counter[0].items()},
+                                           counter[1])
 
 
 def _arm_group(arm: SpecConfig) -> tuple:

@@ -9,7 +9,8 @@ import pytest
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration
 from batchspec.calibrate.pricing import Anchor
-from batchspec.calibrate.inflight import InFlight, confirmed_speedup
+from batchspec.calibrate.confirm import confirmed_speedup
+from batchspec.calibrate.inflight import InFlight
 from batchspec.calibrate.pricing import anchor_of_steps, as_plain, plain_price_s
 from batchspec.engine.base import (
     NO_SPEC,
@@ -575,7 +576,7 @@ def test_the_width_curve_is_timed_again_within_the_workers_budget(tiny_engine):
 
 def test_a_keys_later_shard_gives_its_drift_checks_the_keys_last_rows(tiny_engine):
     """A key's later shard hands its drift watch the key's last rows on the worker and the window
-    they fill (drift.history_rows), as its sample's prediction took them in; a first shard none."""
+    they fill (KeyHistory.beside), as its sample's prediction took them in; a first shard none."""
     arm = SpecConfig("ngram", 3)
     settings = CalibrationSettings(max_tokens=24, drift_chunk=8, confirm=False)
     worker = flat_profile(4)
