@@ -323,3 +323,31 @@ def test_profile_age_prices_each_round_on_the_first_and_a_fresh_profile(models, 
     assert data["bias"]["first"]["min"] <= data["bias"]["first"]["median"] <= data["bias"]["first"]["max"]
     assert data["rounds"][1]["ngram:k=2"]["retimed"] != data["rounds"][1]["ngram:k=2"]["first"]  # its curve re-timed
     assert "| round | at s |" in (tmp_path / "profile_age.md").read_text()
+
+
+def test_acceptance_spread_bench_predicts_a_shard_from_its_sample_and_the_keys_other_rows(models, tmp_path, capsys):
+    """bench/acceptance_spread.py: every row decoded once, shards drawn from each key, every arm
+    predicted on the sample and the key's other rows against the same price on the whole shard. A
+    sample that is the whole shard (batch 4, 4 rows) with no history predicts it exactly; a file
+    without two shards' rows of any key is refused in one line before a model loads."""
+    import acceptance_spread
+    import peer_prompts
+
+    target, _ = models
+    path = tmp_path / "held.parquet"
+    say = [{"role": "user", "content": "Continue the list: alpha, beta, gamma, delta, alpha, beta,"}]
+    peer_prompts.write_parquet([peer_prompts.HeldOut(f"{task}-{i}", task, "here", tuple(say), (1, 2, 3))
+                                for i in range(9) for task in ("rewrite", "continue")], str(path))
+    with pytest.raises(SystemExit):
+        acceptance_spread.main(["--model", "not-a-model", "--input", str(path), "--shard-rows", "5", "--out", str(tmp_path)])
+    assert "a key needs two shards of 5 rows" in capsys.readouterr().err
+    data = acceptance_spread.main(["--model", target, "--input", str(path), "--shard-rows", "4", "--batch-size", "1", "4",
+                                   "--history", "0", "4", "--max-tokens", "6", "--draws", "3", "--threads", "1",
+                                   "--out", str(tmp_path)])
+    runs = {(r["batch"], r["history"]): r for r in data["runs"]}
+    assert set(runs) == {(1, 0), (1, 4), (4, 0), (4, 4)}
+    assert runs[(4, 0)]["within_10pct"] == 1.0 and runs[(4, 0)]["median_abs_error"] == 0.0  # the whole shard
+    assert [r["pipeline"] for r in data["runs"]] == [False, True, False, True]  # the drift window, 16 or 32, capped at 4
+    assert all(r["arms"] == 2 * 3 * 4 for r in data["runs"])  # two keys, three draws, four arms
+    assert "| batch | shard rows | sample rows |" in (tmp_path / "acceptance_spread.md").read_text()
+
