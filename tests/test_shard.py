@@ -232,7 +232,8 @@ def test_a_later_shards_drift_window_takes_in_the_keys_last_rows_until_its_own_f
     winners = sorted(alone, key=lambda i: alone[i].predicted_speedup)[-1:]
     assert len(losers) >= 4 and alone[winners[0]].predicted_speedup > 1.3
     keyed = keyed_plain_rows(tiny_engine, *chunk(losers))
-    history = KeyHistory([f"h{i}" for i in range(len(keyed))], [r for _, r in keyed], RowCounterfactuals(tiny_engine))
+    keys = [f"h{i}" for i in range(len(keyed))]  # its cache as a shard leaves it (RowCounterfactuals.kept)
+    history = KeyHistory(keys, [r for _, r in keyed], RowCounterfactuals(tiny_engine).kept(keys))
 
     def watch(window):
         return DriftWatch(tiny_engine, [arm], worker, 2, 0.2, anchor=anchor, history=history, window=window)

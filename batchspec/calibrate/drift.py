@@ -17,6 +17,7 @@ from typing import Sequence
 from batchspec.calibrate.counterfactual import WorkerCalibration
 from batchspec.calibrate.decision import best, choose_predicted, predicted_speedups
 from batchspec.calibrate.pricing import (
+    HISTORY_ROWS,
     Anchor,
     KeyHistory,
     RowCounterfactuals,
@@ -133,7 +134,7 @@ class DriftWatch:
     cache: RowCounterfactuals = field(init=False)
 
     def __post_init__(self) -> None:
-        self.cache = RowCounterfactuals(self.engine)
+        self.cache = RowCounterfactuals(self.engine, keep=HISTORY_ROWS)  # rows that left the window, for the key's history
 
     def _how(self) -> dict:
         return {"anchor": self.anchor, "cache": self.cache, "stream": self.stream, "history": self.history,

@@ -16,9 +16,9 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              counterfactual acceptance, the steps the call ran tie the profile's prices to the
              machine as it is now (`anchor_of_steps`), and counterfactual.predict_sample chooses:
              the rows in flight and those queued go on under the choice. A key's later shard
-             predicts on its sample's rows and the key's last window of rows on this worker
-             (`_remember`, pricing.KeyHistory: their counterfactual already computed by its drift
-             checks): the sample is one batch, and on the 128-row code shard at batch 8 its 8 rows
+             predicts on its sample's rows and the key's last rows on this worker (64, or a drift
+             window where that is more: `_remember`, pricing.KeyHistory, their counterfactual
+             already computed by its drift checks): the sample is one batch, and on the 128-row code shard at batch 8 its 8 rows
              put n-gram k=8 at 1.32x where the whole shard measured 0.76x; in four runs the sample's
              prediction of every arm was 1.3-2.4x the same price on the whole shard's acceptance.
     confirm  where calibration wants a measurement (a key's first shard choosing an arm, or a
@@ -79,6 +79,7 @@ from batchspec.calibrate.drift import Drift, DriftWatch
 from batchspec.calibrate.probe import ArmSteps
 from batchspec.calibrate.profiling import RETIME_SHARE, shape_of
 from batchspec.calibrate.pricing import (
+    HISTORY_ROWS,
     Anchor,
     KeyHistory,
     RowCounterfactuals,
@@ -158,7 +159,7 @@ class InFlight(ArmSteps, Confirming):
         return new
 
     def _sample_size(self) -> int:
-        """Rows in the sample: `CalibrationSettings.sample_rows`, unless the key's last window of rows
+        """Rows in the sample: `CalibrationSettings.sample_rows`, unless the key's last rows
         on this worker (pricing.KeyHistory), at least as many, is there to predict on beside it (a
         key's later shard): then one drift check's worth (`_every`: a batch, at least
         CONFIRM_MIN_ROWS), as a drift check predicts on the last window with that many rows new in
@@ -251,7 +252,7 @@ class InFlight(ArmSteps, Confirming):
         self.reason = v.reason + f"; the sample decoded in the shard's batch{under} ({len(self.order)} rows done, {left} to go)"
         if history is not None and rows and v.arms[1:]:
             self.reason += (f"; predicted on its {len(rows)} rows and the key's last {len(history.rows)} rows on this "
-                            f"worker (its last shard's)")
+                            f"worker (its last shards')")
         if isinstance(self.watch, DriftWatch):  # the window's checks price as the sample's prediction did, and
             self.watch.anchor, self.watch.stream = anchor, self._chunk()  # take in the key's last rows on the
             self.watch.history, self.watch.window = history, self._window()  # worker while the shard's do not fill it
@@ -336,15 +337,19 @@ class InFlight(ArmSteps, Confirming):
         return decision, [self.made_by.get(i, NO_SPEC) for i in range(len(self.requests))]
 
     def _remember(self, result: GenerateResult) -> None:
-        """The key's last rows on this worker for its next shard (`KeyHistory`): the last window's
-        worth finished, with the counterfactual the drift checks computed on them."""
+        """The key's last rows on this worker for its next shard (`KeyHistory`): its last
+        HISTORY_ROWS finished (a drift window where that is more), this shard's after the key's
+        earlier ones, with the counterfactual the drift checks computed on them."""
         if self.key is None:
             return
-        part = [i for i in self.order[-self._window():] if result.completions[i] is not None]
+        kept = max(self._window(), HISTORY_ROWS)
+        part = [i for i in self.order[-kept:] if result.completions[i] is not None]
         keyed = keyed_plain_rows(self.engine, [self.requests[i] for i in part],
                                  GenerateResult([result.completions[i] for i in part], Timing()))
         if not keyed:
             return
         keys = [k for k, _ in keyed]
         seen = getattr(self.watch, "cache", None) or RowCounterfactuals(self.engine)  # a scripted watch has none
-        self.worker.remember(self.key, KeyHistory(keys, [r for _, r in keyed], seen.kept(keys)))
+        mine = KeyHistory(keys, [r for _, r in keyed], seen.kept(keys))
+        before = self.worker.history.get(self.key)
+        self.worker.remember(self.key, before.then(mine, kept) if before is not None else mine)

@@ -359,11 +359,13 @@ def test_the_running_arms_recent_steps_are_measured_against_their_price():
 
 
 def test_a_keys_next_shard_predicts_on_its_sample_and_the_keys_last_rows(tiny_engine):
-    """A shard leaves its key's last window of finished rows on the worker, with the counterfactual
-    its drift checks computed (KeyHistory); the key's next shard predicts every arm on its own
-    sample's rows followed by those, exactly as the counterfactual of all of them says, and says so.
-    Another key's shard does not see them."""
-    from batchspec.calibrate.pricing import _counterfactual, plain_rows
+    """A shard leaves its key's last finished rows on the worker (HISTORY_ROWS, beyond its drift
+    window of 8), with the counterfactual its drift checks computed (KeyHistory); the key's next
+    shard predicts every arm on its own sample's rows followed by those, exactly as the
+    counterfactual of all of them says, and says so, then leaves its rows after them, the key's
+    last HISTORY_ROWS in all, each row's counterfactual computed once. Another key's shard does
+    not see them."""
+    from batchspec.calibrate.pricing import HISTORY_ROWS, _counterfactual, plain_rows
 
     arm = SpecConfig("ngram", 3)
     settings = CalibrationSettings(max_tokens=24, sample_size=4, drift_chunk=8, confirm=False)
@@ -371,12 +373,13 @@ def test_a_keys_next_shard_predicts_on_its_sample_and_the_keys_last_rows(tiny_en
     first = run_shard(tiny_engine, ShardInput("s0", "k", word_rows(32)), [arm], True, 4, settings, worker=worker)
     assert "the key's last" not in first.decision.reason
     history = worker.history["k"]
-    assert len(history.rows) == 8 and set(history.keys) <= {r.id for r in word_rows(32)}
+    assert len(history.rows) == 32 and set(history.keys) == {r.id for r in word_rows(32)}
+    assert len(history.cache.rows) > 8  # rows that left the drift window kept their counterfactual
     rows = [Request(f"n{i}", r.prompt + " w3 w5", params=r.params) for i, r in enumerate(word_rows(20))]
     nxt = InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="k")
     ran = tiny_engine.generate(rows, nxt.start, 4, control=nxt)
     d, _ = nxt.close(ran)
-    assert "predicted on its 4 rows and the key's last 8 rows on this worker" in d.reason
+    assert "predicted on its 4 rows and the key's last 32 rows on this worker" in d.reason
     sample = plain_rows(tiny_engine, [rows[i] for i in nxt.first], GenerateResult([ran.completions[i] for i in nxt.first], Timing()))
     want, _ = _counterfactual(tiny_engine, sample + history.rows, [arm])
     got = d.arms[1]
@@ -384,7 +387,14 @@ def test_a_keys_next_shard_predicts_on_its_sample_and_the_keys_last_rows(tiny_en
         (round(want[arm.label].target_steps), want[arm.label].draft_tokens, round(want[arm.label].accepted_tokens))
     alone, _ = _counterfactual(tiny_engine, sample, [arm])
     assert got.target_steps != round(alone[arm.label].target_steps)  # the history's rows counted
-    assert all(k.startswith("n") for k in worker.history["k"].keys)  # the next shard's rows now
+    after = worker.history["k"]
+    assert after.keys[:32] == history.keys and sorted(after.keys[32:]) == sorted(r.id for r in rows)
+    assert set(history.keys) <= set(after.cache.rows)  # computed for the prediction, not again
+    third = [Request(f"m{i}", r.prompt, params=r.params) for i, r in enumerate(word_rows(20))]
+    last = InFlight(tiny_engine, third, [arm], 4, settings, worker, key="k")
+    last.close(tiny_engine.generate(third, last.start, 4, control=last))
+    now = worker.history["k"].keys  # the oldest 8 rows left
+    assert len(now) == HISTORY_ROWS and now[:44] == after.keys[8:] and sorted(now[44:]) == sorted(r.id for r in third)
     other = InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="other")
     d, _ = other.close(tiny_engine.generate(rows, NO_SPEC, 4, control=other))
     assert "the key's last" not in d.reason
@@ -582,7 +592,7 @@ def test_a_keys_later_shard_gives_its_drift_checks_the_keys_last_rows(tiny_engin
     worker = flat_profile(4)
     first = InFlight(tiny_engine, word_rows(16), [arm], 4, settings, worker, key="k")
     first.close(tiny_engine.generate(word_rows(16), first.start, 4, control=first))
-    assert first.watch.history is None and len(worker.history["k"].rows) == 8
+    assert first.watch.history is None and len(worker.history["k"].rows) == 16  # every row: HISTORY_ROWS
     history = worker.history["k"]
     later = InFlight(tiny_engine, word_rows(16), [arm], 4, settings, worker, key="k")
     later.close(tiny_engine.generate(word_rows(16), later.start, 4, control=later))
