@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import workloads  # noqa: E402
 from engine import choose_threads, command, load_engine, machine, machine_line, result_options, write  # noqa: E402
 
-from batchspec.calibrate.pricing import Anchor, _counterfactual, plain_rows, predict_arms  # noqa: E402
+from batchspec.calibrate.decision import sample_indices  # noqa: E402
+from batchspec.calibrate.pricing import HISTORY_ROWS, Anchor, _counterfactual, plain_rows, predict_arms  # noqa: E402
 from batchspec.calibrate.profiling import grid_needed, refresh_profile, shape_of  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
 from batchspec.errors import BatchspecError  # noqa: E402
@@ -57,6 +58,19 @@ def speedups(engine, rows, counter, idx: Sequence[int], profile: CostProfile, an
     return {a.label: a.predicted_speedup for a in arms if a.predicted_speedup}
 
 
+def pairs(n: int, size: int, draws: int, rng: random.Random, in_file_order: bool):
+    """(the key's earlier rows, the shard's rows) by index: `draws` random disjoint pairs of
+    shards of `size` rows, or (`in_file_order`) each block of `size` rows in file order after the
+    first, with every row before it, as a job's shards of the key come."""
+    if in_file_order:
+        for begin in range(size, n - size + 1, size):
+            yield list(range(begin)), list(range(begin, begin + size))
+        return
+    for _ in range(draws):
+        order = rng.sample(range(n), 2 * size)
+        yield order[:size], order[size:]
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, metavar="PARQUET")
@@ -69,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         help="the key's last rows predicted on beside the sample (default: the drift window, "
                              "max(16, 8 x batch), and 0, 16, 32, 64)")
     parser.add_argument("--draws", type=int, default=200)
+    parser.add_argument("--in-file-order", action="store_true",
+                        help="shards as a job makes them: blocks of the key's rows in file order, each after all "
+                             "the rows before it (else random disjoint pairs)")
     parser.add_argument("--seed", type=int, default=0)
     result_options(parser, "acceptance_spread")
     args = parser.parse_args(argv)
@@ -83,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if len(short) == len(groups):
         parser.error(f"{args.input}: a key needs two shards of {min(args.shard_rows)} rows; too few: {', '.join(short)}")
     engine = load_engine(args.model, args.dtype)
-    data: dict = {"benchmark": "acceptance_spread", "input": args.input, "machine": info, "runs": []}
+    data: dict = {"benchmark": "acceptance_spread", "input": args.input, "machine": info, "in_file_order": args.in_file_order, "runs": []}
     decoded = {}
     for key, requests in groups.items():
         began = time.perf_counter()
@@ -106,7 +123,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         sample = max(batch, 4)  # one drift check's rows (inflight._every)
         window = max(16, 8 * batch)  # the drift window, the key's history kept (inflight._window)
         for size in args.shard_rows:
-            histories = sorted({min(h, size) for h in (args.history or [0, 16, 32, 64, window])})
+            kept = max(window, HISTORY_ROWS)  # the key's history the pipeline keeps (inflight._remember)
+            histories = sorted({h if args.in_file_order else min(h, size) for h in (args.history or [0, 16, 32, 64, kept])})
             stream = min(size, 8 * batch)
             hits = {h: [] for h in histories}
             errs = {h: [] for h in histories}
@@ -114,12 +132,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 if len(rows) < 2 * size:
                     continue
                 anchor = Anchor.of(result, rows, profile, 8)
-                for _ in range(args.draws):
-                    order = rng.sample(range(len(rows)), 2 * size)
-                    a, b = order[:size], order[size:]
+                for a, b in pairs(len(rows), size, args.draws, rng, args.in_file_order):
                     truth = speedups(engine, rows, counter, b, profile, anchor, batch, stream)
+                    mine = [b[i] for i in sample_indices(len(b), sample)]  # evenly spaced, as a shard samples
                     for h in histories:
-                        got = speedups(engine, rows, counter, b[:sample] + a[len(a) - h:] if h else b[:sample],
+                        got = speedups(engine, rows, counter, mine + a[len(a) - min(h, len(a)):] if h else mine,
                                        profile, anchor, batch, stream)
                         for label, s in truth.items():
                             e = got[label] / s - 1
@@ -129,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 if not hits[h]:
                     continue
                 run = {"batch": batch, "shard_rows": size, "sample": sample, "history": h,
-                       "pipeline": h == min(window, size), "within_10pct": sum(hits[h]) / len(hits[h]),
+                       "pipeline": h == (kept if args.in_file_order else min(kept, size)), "within_10pct": sum(hits[h]) / len(hits[h]),
                        "median_abs_error": statistics.median(errs[h]),
                        "p90_abs_error": sorted(errs[h])[int(0.9 * len(errs[h]))], "arms": len(hits[h])}
                 data["runs"].append(run)
@@ -140,7 +157,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     table = ("| batch | shard rows | sample rows | key's last rows beside it | arms within ±10% | median |error| | 90th percentile |\n"
              "|---|---|---|---|---|---|---|\n" + "\n".join(lines))
     md = (f"# How far a key's few rows predict a shard's speedup\n\n`{command('bench/acceptance_spread.py', argv)}`, {info['date_utc']}: "
-          f"{machine_line(info)}; {args.draws} draws of two disjoint shards per key and size, every n-gram arm "
+          f"{machine_line(info)}; " + ("each block of the key's rows in file order after all the rows before it"
+                                      if args.in_file_order else f"{args.draws} draws of two disjoint shards per key and size") +
+          ", every n-gram arm "
           f"(k=2, 4, 6, 8) priced from one profile on the sample and the key's last rows against the same "
           f"price on the whole shard (the prices' own error left out).\n\n{table}")
     write(Path(args.out), args.name, data, md, table)

@@ -350,4 +350,12 @@ def test_acceptance_spread_bench_predicts_a_shard_from_its_sample_and_the_keys_o
     assert [r["pipeline"] for r in data["runs"]] == [False, True, False, True]  # the drift window, 16 or 32, capped at 4
     assert all(r["arms"] == 2 * 3 * 4 for r in data["runs"])  # two keys, three draws, four arms
     assert "| batch | shard rows | sample rows |" in (tmp_path / "acceptance_spread.md").read_text()
+    data = acceptance_spread.main(["--model", target, "--input", str(path), "--shard-rows", "4", "--batch-size", "4",
+                                   "--history", "0", "4", "8", "--max-tokens", "6", "--in-file-order", "--threads", "1",
+                                   "--out", str(tmp_path)])
+    assert list(acceptance_spread.pairs(9, 4, 3, None, True)) == [([0, 1, 2, 3], [4, 5, 6, 7])]  # the 9th row: no block
+    assert list(acceptance_spread.pairs(12, 4, 3, None, True))[-1] == (list(range(8)), [8, 9, 10, 11])  # all rows before
+    assert [(r["history"], r["arms"]) for r in data["runs"]] == [(0, 8), (4, 8), (8, 8)]  # one block per key, four arms
+    assert data["runs"][0]["within_10pct"] == 1.0  # the sample is the whole block
+    assert data["runs"][1] == {**data["runs"][2], "history": 4}  # 8 asked, the 4 rows before the block there are
 
