@@ -16,7 +16,7 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              counterfactual acceptance, the steps the call ran tie the profile's prices to the
              machine as it is now (`anchor_of_steps`), and counterfactual.predict_sample chooses:
              the rows in flight and those queued go on under the choice. A key's later shard
-             predicts on its sample's rows and the key's last rows on this worker (32, or a drift
+             predicts on its sample's rows and the key's last rows on this worker (64, or a drift
              window where that is more: `_remember`, pricing.KeyHistory, their counterfactual
              already computed by its drift checks): the sample is one batch, and on the 128-row code shard at batch 8 its 8 rows
              put n-gram k=8 at 1.32x where the whole shard measured 0.76x; in four runs the sample's

