@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import workloads  # noqa: E402
 from engine import choose_threads, command, load_engine, machine, machine_line, result_options, write  # noqa: E402
 
-from batchspec.calibrate.decision import sample_indices  # noqa: E402
-from batchspec.calibrate.pricing import HISTORY_ROWS, Anchor, _counterfactual, plain_rows, predict_arms  # noqa: E402
+from batchspec.calibrate.decision import CalibrationSettings, sample_indices  # noqa: E402
+from batchspec.calibrate.inflight import drift_chunk, drift_every, drift_window  # noqa: E402
+from batchspec.calibrate.pricing import Anchor, KeyHistory, _counterfactual, plain_rows, predict_arms  # noqa: E402
 from batchspec.calibrate.profiling import grid_needed, refresh_profile, shape_of  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
 from batchspec.errors import BatchspecError  # noqa: E402
@@ -118,14 +119,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
             spent, _ = refresh_profile(engine, profile, grid, 0.0, shape)
             print(f"batch {batch}: profile measured in {spent:.0f} s", flush=True)
     rng = random.Random(args.seed)
+    settings = CalibrationSettings()
     lines = []
     for batch in args.batch_size:
-        sample = max(batch, 4)  # one drift check's rows (inflight._every)
-        window = max(16, 8 * batch)  # the drift window, the key's history kept (inflight._window)
+        sample = drift_every(settings, batch)  # a key's later shard samples one drift check's rows
+        kept = KeyHistory.size(drift_window(settings, batch))  # the key's history the pipeline keeps
         for size in args.shard_rows:
-            kept = max(window, HISTORY_ROWS)  # the key's history the pipeline keeps (inflight._remember)
             histories = sorted({h if args.in_file_order else min(h, size) for h in (args.history or [0, 16, 32, 64, kept])})
-            stream = min(size, 8 * batch)
+            stream = min(size, drift_chunk(settings, batch))
             hits = {h: [] for h in histories}
             errs = {h: [] for h in histories}
             for key, (rows, counter, result) in decoded.items():

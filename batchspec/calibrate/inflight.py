@@ -79,7 +79,6 @@ from batchspec.calibrate.drift import Drift, DriftWatch
 from batchspec.calibrate.probe import ArmSteps
 from batchspec.calibrate.profiling import RETIME_SHARE, shape_of
 from batchspec.calibrate.pricing import (
-    HISTORY_ROWS,
     Anchor,
     KeyHistory,
     RowCounterfactuals,
@@ -92,6 +91,24 @@ from batchspec.calibrate.pricing import (
 from batchspec.engine.base import NO_SPEC, GenerateResult, Progress, Request, SpecConfig, Step, Timing
 from batchspec.predict.acceptance import PlainRow
 from batchspec.predict.cost import TIMINGS_KEPT, CostProfile
+
+
+def drift_chunk(settings: CalibrationSettings, batch_size: int) -> int:
+    """Rows a generate call is priced as running at once in flight: `drift_chunk`, or 8 x batch."""
+    return settings.drift_chunk or 8 * batch_size
+
+
+def drift_every(settings: CalibrationSettings, batch_size: int) -> int:
+    """Rows finished between drift checks: a batch's worth (at least CONFIRM_MIN_ROWS, at most
+    a chunk), each check on the last `drift_window` rows finished, so what the sample misjudged
+    (a gain it missed, an arm it overrated, a draft length) is seen from the rows that follow
+    it, without waiting for a whole chunk. Also a key's later shard's sample (`_sample_size`)."""
+    return min(drift_chunk(settings, batch_size), max(batch_size, CONFIRM_MIN_ROWS))
+
+
+def drift_window(settings: CalibrationSettings, batch_size: int) -> int:
+    """Rows a drift check predicts on: a chunk, and at least 16 unless drift_chunk is set."""
+    return settings.drift_chunk or max(16, drift_chunk(settings, batch_size))
 
 
 @dataclass
@@ -192,18 +209,13 @@ class InFlight(ArmSteps, Confirming):
         return all(p.completions[i] is not None or len(p.in_flight.get(i, ())) >= cap for i in self.first)
 
     def _chunk(self) -> int:
-        return self.settings.drift_chunk or 8 * self.batch_size
+        return drift_chunk(self.settings, self.batch_size)
 
     def _every(self) -> int:
-        """Rows finished between drift checks: a batch's worth (at least CONFIRM_MIN_ROWS, at most
-        a chunk), each check on the last `_window` rows finished, so what the sample misjudged
-        (a gain it missed, an arm it overrated, a draft length) is seen from the rows that follow
-        it, without waiting for a whole chunk."""
-        return min(self._chunk(), max(self.batch_size, CONFIRM_MIN_ROWS))
+        return drift_every(self.settings, self.batch_size)
 
     def _window(self) -> int:
-        """Rows a drift check predicts on: a chunk, and at least 16 unless drift_chunk is set."""
-        return self.settings.drift_chunk or max(16, self._chunk())
+        return drift_window(self.settings, self.batch_size)
 
     # -- the phases -------------------------------------------------------------------------------
 
@@ -342,7 +354,7 @@ class InFlight(ArmSteps, Confirming):
         earlier ones, with the counterfactual the drift checks computed on them."""
         if self.key is None:
             return
-        kept = max(self._window(), HISTORY_ROWS)
+        kept = KeyHistory.size(self._window())
         part = [i for i in self.order[-kept:] if result.completions[i] is not None]
         keyed = keyed_plain_rows(self.engine, [self.requests[i] for i in part],
                                  GenerateResult([result.completions[i] for i in part], Timing()))

@@ -275,6 +275,11 @@ class KeyHistory:
     rows: list[PlainRow]
     cache: RowCounterfactuals
 
+    @staticmethod
+    def size(window: int) -> int:
+        """Rows a key's history keeps: HISTORY_ROWS, or the drift `window` where that is more."""
+        return max(window, HISTORY_ROWS)
+
     def then(self, after: "KeyHistory", kept: int) -> "KeyHistory":
         """The key's last `kept` rows: these, then the rows of its shard that came `after` (their
         counterfactual from either's cache)."""
