@@ -342,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--key", default="task", help="with --input: the column to shard by (default task)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (a GPU's figures are not a CPU's: name --out apart)")
     parser.add_argument("--in-flight", action="store_true", help="decide as the pipeline does on the torch engine: "
                         "calibration inside the shard's own batch (run_shard), the drift watch after it")
     parser.add_argument("--later-shard", action="store_true", help="with --in-flight: run a shard of each key first "
@@ -357,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     rows = args.rows or (16 if args.quick else 128)
     max_tokens = args.max_tokens or (32 if args.quick else 64)
     threads = choose_threads(args.threads)
-    info = machine(threads, args.dtype)
+    info = machine(threads, args.dtype, args.device)
     print(f"machine: {info}", flush=True)
     arms = candidate_arms(args.draft_model)
     forced = next((a for a in arms if a.label == args.ended_under), None)
@@ -380,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         shard_rows = {k: (groups[k][:rows], groups[k][rows:need]) for k in keys}
     else:
         keys = (args.workloads or ",".join(workloads.WORKLOADS)).split(",")
-    engine = load_engine(args.model, args.dtype, args.draft_model)
+    engine = load_engine(args.model, args.dtype, args.draft_model, args.device)
     settings = CalibrationSettings(min_rows=min(16, rows))
     worker = WorkerCalibration()
     shards = []

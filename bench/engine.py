@@ -73,12 +73,13 @@ def choose_threads(requested: int | None) -> int:
     return threads
 
 
-def machine(threads: int, dtype: str) -> dict:
+def machine(threads: int, dtype: str, device: str = "cpu") -> dict:
     """What the figures were measured on."""
     import torch
 
+    gpu = {"gpu": torch.cuda.get_device_name(device)} if device.startswith("cuda") else {}
     return {"cpus": os.cpu_count(), "torch_threads": threads, "load_avg_start": [round(x, 2) for x in os.getloadavg()],
-            "dtype": dtype, "device": "cpu", "cpu": cpu_model(), "torch": torch.__version__,
+            "dtype": dtype, "device": device, **gpu, "cpu": cpu_model(), "torch": torch.__version__,
             "python": platform.python_version(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
@@ -95,7 +96,8 @@ def cpu_model() -> str:
 
 def machine_line(info: dict) -> str:
     """The machine of `info` (machine(), its load_avg_end set) as a report's header names it."""
-    return (f"{info['cpus']} CPU cores ({info['cpu']}), {info['torch_threads']} torch thread(s), "
+    on = f"{info['gpu']}, " if info.get("gpu") else ""
+    return (f"{on}{info['cpus']} CPU cores ({info['cpu']}), {info['torch_threads']} torch thread(s), "
             f"load average {info['load_avg_start'][0]} / {info['load_avg_end'][0]}")
 
 
@@ -210,12 +212,12 @@ def start(args, model: str, draft_model: str | None = None) -> tuple[dict, objec
     return info, load_engine(model, args.dtype, draft_model)
 
 
-def load_engine(model: str, dtype: str, draft_model: str | None = None):
+def load_engine(model: str, dtype: str, draft_model: str | None = None, device: str = "cpu"):
     from batchspec.engine.torch.engine import TorchEngine
 
     started = time.perf_counter()
-    engine = TorchEngine.load(model, draft_model=draft_model, dtype=dtype, device="cpu")
-    print(f"loaded {model}{' + ' + draft_model if draft_model else ''} ({dtype}) in {time.perf_counter() - started:.1f}s", flush=True)
+    engine = TorchEngine.load(model, draft_model=draft_model, dtype=dtype, device=device)
+    print(f"loaded {model}{' + ' + draft_model if draft_model else ''} ({dtype}, {device}) in {time.perf_counter() - started:.1f}s", flush=True)
     return engine
 
 
