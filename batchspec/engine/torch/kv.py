@@ -13,6 +13,9 @@ and can drop finished rows and take in newly prefilled ones (continuous batching
 
 from __future__ import annotations
 
+import inspect
+import weakref
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -147,10 +150,26 @@ def survivors(finished: list[bool]) -> list[int]:
     return [next(tail) if finished[i] else i for i in range(keep)]
 
 
-def _takes_logits_to_keep(model) -> bool:
-    import inspect
+_FORWARD_PARAMS: "weakref.WeakKeyDictionary[torch.nn.Module, frozenset[str]]" = weakref.WeakKeyDictionary()
 
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+def _forward_params(model) -> frozenset[str]:
+    """The names `model.forward` takes (read once per model)."""
+    params = _FORWARD_PARAMS.get(model)
+    if params is None:
+        params = _FORWARD_PARAMS[model] = frozenset(inspect.signature(model.forward).parameters)
+    return params
+
+
+def _takes_logits_to_keep(model) -> bool:
+    return "logits_to_keep" in _forward_params(model)
+
+
+def _cache_arg(model) -> str:
+    """The name the model's forward takes its KV cache by: `cache` from transformers 5.2x on (where
+    `past_key_values` is deprecated), `past_key_values` before (5.17 takes no `cache`: passed so,
+    the cache went into **kwargs unused and every step attended to its own tokens only)."""
+    return "cache" if "cache" in _forward_params(model) else "past_key_values"
 
 
 class SlotCache(Cache):
@@ -193,18 +212,27 @@ class Batch:
             self.positions = torch.zeros(len(tokens), dtype=torch.long, device=self.device)
         width = max(len(t) for t in tokens)
         ids = torch.tensor([t + [pad_id] * (width - len(t)) for t in tokens], device=self.device)
-        extra = {}
+        extra, last = {}, [len(t) - 1 for t in tokens]
+        kept = sorted(set(last))
         if last_only and _takes_logits_to_keep(model):
-            extra["logits_to_keep"] = torch.tensor([[len(t) - 1] for t in tokens], device=self.device)
-        out = model(input_ids=ids, **self._attention_inputs(width), cache=self.cache, use_cache=True, **extra)
+            # An int (the last position) where every row ends there, else the positions any row
+            # ends at, for every row (a 1D tensor): forms every transformers 5.x takes. A 2D
+            # tensor of per-row positions is read so only by later releases (5.25: 5.17 indexed
+            # it as [B, B, 1, H] and broke the first GPU prefill of rows of unequal length).
+            extra["logits_to_keep"] = 1 if len(kept) == 1 else torch.tensor(kept, device=self.device)
+        extra[_cache_arg(model)] = self.cache
+        out = model(input_ids=ids, **self._attention_inputs(width), use_cache=True, **extra)
         self.valid = torch.cat([self.valid, torch.ones(self.size, width, dtype=torch.bool, device=self.device)], 1)
         self._appended = width
         logits = out.logits
         if not last_only:
             return logits
         if "logits_to_keep" in extra:
-            return logits[:, -1]
-        return logits[torch.arange(len(tokens)), torch.tensor([len(t) - 1 for t in tokens])]
+            if len(kept) == 1:
+                return logits[:, -1]
+            at = {p: i for i, p in enumerate(kept)}
+            return logits[torch.arange(len(tokens)), torch.tensor([at[p] for p in last])]
+        return logits[torch.arange(len(tokens)), torch.tensor(last)]
 
     def _attention_inputs(self, width: int) -> dict:
         """Mask and positions for `width` new slots per row. With holes, an explicit mask. Without

@@ -3,6 +3,8 @@ prefill's last logits the same whichever way rows are grouped."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -54,6 +56,29 @@ def test_prefill_last_logits_do_not_depend_on_grouping(word_models, waste):
         alone = torch.stack([target(torch.tensor([p])).logits[0, -1] for p in prompts])
     assert batch.positions.tolist() == [3, 5, 2]
     torch.testing.assert_close(last, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_asks_for_last_logits_in_forms_every_transformers_5_takes(word_models):
+    """logits_to_keep as an int or a 1D tensor of positions only: transformers before 5.25 reads a
+    2D tensor as positions for every row ([B, B, 1, V] logits), which broke the first GPU prefill of
+    rows of unequal length (H200, transformers 5.17, 2026-12-04)."""
+    target, _, _ = word_models
+    seen = []
+    forward = target.forward
+
+    @functools.wraps(forward)  # the signature stays: prefill asks it whether logits_to_keep is taken
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("logits_to_keep"))
+        return forward(*args, **kwargs)
+
+    target.forward = recording
+    try:
+        with torch.inference_mode():
+            prefill(target, [[1, 2, 3], [4, 5, 6, 7], [9, 10, 11]], 0, torch.device("cpu"), 10.0)  # one group
+            prefill(target, [[1, 2], [3, 4]], 0, torch.device("cpu"), 0.0)
+    finally:
+        del target.forward
+    assert seen[0].tolist() == [2, 3] and seen[1] == 1
 
 
 def test_a_fork_is_the_rows_cut_to_a_shorter_context_and_leaves_its_seed_alone(word_models):
