@@ -4,7 +4,9 @@ Builds Llama-architecture models with random weights from a config, on the devic
 shapes of Llama 3.2-1B / 3.1-8B; `tiny` for a CPU smoke run), and checks on each:
 
 1. greedy speculation == plain decoding, through batchspec's TorchEngine: the target as its own
-   draft (DraftTarget), and n-gram lookup on a repeated prompt; in float32 by default (`--check-dtype`),
+   draft (DraftTarget, every draft accepted), a noisy copy of it as the draft (drafts partly
+   accepted: the KV cache cut back inside a draft), and n-gram lookup on prompts followed by their
+   own continuation (proposed, mostly rejected); a check that proposed no draft fails; in float32 by default (`--check-dtype`),
    where the engine promises equality (DESIGN.md: except near-ties of float error);
 2. the step-cost profile: milliseconds of one target forward with a KV cache of `--context`
    tokens, for batch 1..64 x tokens per row 1..9 (the verify cost of draft lengths 0..8), in
@@ -72,6 +74,7 @@ def parse_args(argv):
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--init-range", type=float, default=0.3, help="weight std: peaked logits keep greedy off near-ties")
+    p.add_argument("--noise", type=float, default=0.01, help="the noisy draft's weights: the target's plus this share of each tensor's spread")
     p.add_argument("--out", help="JSON path (default on cuda: bench/results/gpu_torch_profile.json)")
     return p.parse_args(argv)
 
@@ -99,24 +102,45 @@ def check_equal(shape: str, args) -> dict:
     model = build_model(shape, dtype, args.device, args.init_range)
     vocab = SHAPES[shape]["vocab_size"]
     tokenizer = IdTokenizer(vocab)
-    itself = (model, tokenizer)  # the target is its own draft: acceptance 1 where greedy is exact
-    engine = TorchEngine(model, tokenizer, model_name=f"random-llama-{shape}", device=args.device,
-                         draft_loader=lambda name: itself)
+    drafts = {"self": (model, tokenizer)}  # the target as its own draft: acceptance 1 where greedy is exact
+
+    def draft(name: str):
+        if name == "noisy" and name not in drafts:  # the target's weights, each moved by `noise` of its spread:
+            noisy = build_model(shape, dtype, args.device, args.init_range)  # drafts it partly accepts, so
+            for p in noisy.parameters():  # verification rejects inside a draft and the KV cache is cut back
+                p.add_(torch.randn_like(p) * args.noise * p.float().std().to(p.dtype))
+            drafts[name] = (noisy, tokenizer)
+        return drafts[name]
+
+    engine = TorchEngine(model, tokenizer, model_name=f"random-llama-{shape}", device=args.device, draft_loader=draft)
     g = torch.Generator().manual_seed(1)
     phrase = torch.randint(3, vocab, (12,), generator=g).tolist()
     prompts = [phrase * 4, torch.randint(3, vocab, (40,), generator=g).tolist(), phrase * 2 + [5, 6, 7], [9] * 24]
     params = SamplingParams(max_tokens=args.max_tokens)
     requests = [Request(f"p{i}", prompt_token_ids=tuple(p), params=params) for i, p in enumerate(prompts)]
     plain = engine.generate(requests, NO_SPEC, 4)
+    # n-gram lookup proposes only where the context's last tokens occurred before: on a random
+    # model's own output it found none (H200, 1b and 8b, 2026-12-04: no draft, a check that could
+    # not fail). Each prompt here is followed by its plain continuation and then by itself again,
+    # so the lookup proposes that continuation and the target verifies it.
+    copied = [Request(f"c{i}", prompt_token_ids=(*p, *ref.token_ids, *p), params=params)
+              for i, (p, ref) in enumerate(zip(prompts, plain.completions))]
+    plain_copied = engine.generate(copied, NO_SPEC, 4)
     out: dict = {"dtype": args.check_dtype, "rows": len(requests), "max_tokens": args.max_tokens}
-    for spec in (SpecConfig("draft_target", 4, draft_model="self"), SpecConfig("ngram", 4, ngram_size=3)):
+    for spec, rows, ref in ((SpecConfig("draft_target", 4, draft_model="self"), requests, plain),
+                            (SpecConfig("draft_target", 4, draft_model="noisy"), requests, plain),
+                            (SpecConfig("ngram", 4, ngram_size=3), copied, plain_copied)):
         t0 = time.perf_counter()
-        result = engine.generate(requests, spec, 4)
-        differ = [c.id for c, ref in zip(result.completions, plain.completions) if c.token_ids != ref.token_ids]
+        result = engine.generate(rows, spec, 4)
+        differ = [c.id for c, r in zip(result.completions, ref.completions) if c.token_ids != r.token_ids]
         errors = [c.error for c in result.completions if c.error]
-        out[spec.label] = {"equal": not differ and not errors, "differ": differ, "errors": errors,
-                           "acceptance_rate": result.acceptance_rate, "mean_accepted_len": result.mean_accepted_len,
-                           "seconds": round(time.perf_counter() - t0, 3)}
+        drafted = sum(c.draft_tokens for c in result.completions)
+        if not drafted:
+            errors.append(f"{spec.label} proposed no draft token: equality was not exercised")
+        name = f"{spec.label}:{spec.draft_model}" if spec.draft_model else spec.label
+        out[name] = {"equal": not differ and not errors, "differ": differ, "errors": errors,
+                           "draft_tokens": drafted, "acceptance_rate": result.acceptance_rate,
+                           "mean_accepted_len": result.mean_accepted_len, "seconds": round(time.perf_counter() - t0, 3)}
     return out  # the models go with this frame; main() then returns their memory
 
 

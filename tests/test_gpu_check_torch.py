@@ -22,7 +22,11 @@ def test_torch_check_runs_end_to_end_on_cpu_with_the_tiny_shape(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
     tiny = report["shapes"]["tiny"]
-    assert tiny["check"]["draft_target:k=4"]["equal"] and tiny["check"]["ngram:k=4"]["equal"]
+    checks = tiny["check"]
+    assert all(checks[k]["equal"] for k in ("draft_target:k=4:self", "draft_target:k=4:noisy", "ngram:k=4"))
+    assert checks["draft_target:k=4:self"]["acceptance_rate"] == 1.0
+    assert 0.0 < checks["draft_target:k=4:noisy"]["acceptance_rate"] < 1.0  # rejections inside drafts: the KV cut back
+    assert checks["ngram:k=4"]["draft_tokens"] > 0  # the lookup proposed: equality was exercised
     assert sorted(tiny["profile"]["ms_by_batch"], key=int) == ["1", "2", "4", "8", "16", "32", "64"]
     assert all(len(row) == 9 for row in tiny["profile"]["ms_by_batch"].values())
     assert (tmp_path / "profile.md").read_text().startswith("# torch engine on")
@@ -33,3 +37,10 @@ def test_cpu_figures_never_land_in_bench_results():
     assert done.returncode == 2 and "not GPU figures" in done.stderr
     done = run("--shape", "tiny", "--device", "cpu", "--out", str(ROOT / "bench" / "results" / "x.json"))
     assert done.returncode == 2 and not (ROOT / "bench" / "results" / "x.json").exists()
+
+
+def test_a_check_whose_drafter_proposed_nothing_fails(tmp_path):
+    """One token per row: no decode step, no draft; equal outputs then prove nothing, and the check says so."""
+    done = run("--shape", "tiny", "--device", "cpu", "--out", str(tmp_path / "p.json"), "--reps", "1", "--max-tokens", "1",
+               "--context", "32")
+    assert done.returncode == 1 and "proposed no draft token" in done.stdout
