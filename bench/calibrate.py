@@ -69,7 +69,7 @@ from engine import (  # noqa: E402
 )
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration, plain_rows, predict_arms  # noqa: E402
-from batchspec.calibrate.pricing import Anchor, none_plans  # noqa: E402
+from batchspec.calibrate.pricing import Anchor, anchor_of_steps, arm_price_s, none_plans  # noqa: E402
 from batchspec.config.candidates import default_candidates_path, load_candidates  # noqa: E402
 from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SpecConfig, Timing  # noqa: E402
 from batchspec.errors import BatchspecError  # noqa: E402
@@ -106,9 +106,11 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
     rows = len(requests)
     ran = None
     before = worker.settled.get(workload) if worker is not None else None  # the key's last setting on the worker
+    ran_steps = None
     if in_flight:
         ran = run_shard(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, worker=worker)
         decision = ran.decision
+        ran_steps = (list(getattr(engine, "last_steps", [])), ran.stats.verify_s)  # the shard's own generate call
     else:
         decision = decide(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, None, worker)
     oracle_arms = [("none", NO_SPEC, batch_size)] + [(a.label, a, batch_size) for a in arms]
@@ -137,6 +139,8 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
                                 "rows_by_setting": {label: sum(r.label == label for r in ran.row_specs)
                                                     for label in sorted({r.label for r in ran.row_specs})}}}
     whole, scale = _whole_shard(engine, requests, measured, chunk, arms, worker, batch_size, decision)
+    if worker is not None and worker.profile.points:
+        flight["prices"] = _prices(measured, worker, ran_steps)
     vs_oracle = chosen["goodput"] / best["goodput"] if best["goodput"] else None
     vs_plain = chosen["goodput"] / plain["goodput"] if plain["goodput"] else None
     decided = {"decision_vs_oracle": vs_oracle, "decision_vs_plain": vs_plain}
@@ -179,6 +183,46 @@ def _as_ran(measured: dict, labels: Sequence[str], chunk: int) -> float | None:
             seconds += share * part.timing.decode_s
             tokens += share * part.decode_tokens
     return tokens / seconds if seconds > 0 else None
+
+
+def _prices(measured: dict, worker: WorkerCalibration, ran: tuple[list, float] | None) -> dict:
+    """What decomposes a prediction's error into its parts, per arm of the oracle: the target's
+    forwards as measured (verify time: the forward and the accept rule, as the profile times them)
+    over the profile's price of the very steps the arm ran (each at its rows, context and width),
+    and the bookkeeping and the drafting per row and step. Plain decoding's ratio is the anchor's
+    scale for this shard; an arm whose ratio differs from it is priced off by the width curve; the
+    anchor the shard's decision used (the worker's, after it) is beside them, and so is the
+    pipeline's own run of the shard. (First GPU run, H200: predictions high by 12-50% at batch 4 and
+    8 with these parts unrecorded.)"""
+    out: dict = {}
+    unit = Anchor(1.0, 0.0)
+    plain = measured["none"]
+    plain_steps = [s for part in plain.steps for s in part]
+    anchor = anchor_of_steps(plain.timing, plain_steps, worker.profile) if plain_steps else None
+    for label, arm in measured.items():
+        steps = [s for part in arm.steps for s in part]
+        price = arm_price_s(steps, NO_SPEC, unit, worker.profile)  # the target's forwards alone
+        t = arm.timing
+        row_steps = sum(s.rows for s in steps)
+        # the steps priced as a prediction prices them: forwards from the profile, plain decoding's
+        # bookkeeping per row and step (predict_decode_s: the anchor's scale cancels in a speedup)
+        priced = price + (anchor.other * row_steps if anchor else 0.0)
+        out[label] = {"forward_over_price": t.verify_s / price if price > 0 else None,
+                      "decode_over_its_price": (t.verify_s + t.other_s) / priced if priced > 0 else None,
+                      "other_us_per_row_step": 1e6 * t.other_s / row_steps if row_steps else None,
+                      "draft_us_per_row_step": 1e6 * t.draft_s / row_steps if row_steps else None,
+                      "steps": len(steps), "row_steps": row_steps}
+    if ran is not None and ran[0] and ran[1]:
+        price = arm_price_s(ran[0], NO_SPEC, unit, worker.profile)
+        out["in_flight"] = {"forward_over_price": ran[1] / price if price > 0 else None, "steps": len(ran[0])}
+    base = out["none"]["decode_over_its_price"]
+    for label in measured:  # over plain decoding's: how far the model misprices the arm against plain decoding
+        mine = out[label]["decode_over_its_price"]  # given the steps it ran (> 1: its predicted speedup runs high)
+        out[label]["cost_vs_plain_over_model"] = mine / base if mine and base else None
+    out["plain_anchor"] = {"scale": anchor.scale, "other_us_per_row_step": 1e6 * anchor.other} if anchor else None
+    used = worker.anchor
+    out["worker_anchor"] = {"scale": used.scale, "other_us_per_row_step": 1e6 * used.other} if used else None
+    return out
 
 
 def _whole_shard(engine, requests, measured: dict, chunk: int, arms: Sequence[SpecConfig],
@@ -322,6 +366,28 @@ def flight_table(shards: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def price_table(shards: Sequence[dict]) -> str:
+    """Per shard, each arm's target forwards measured over the profile's price of the steps it ran
+    (`_prices`), the pipeline's run of the shard likewise, the anchors' scales (the shard's plain
+    run's and the one the decision used), the bookkeeping per row and step, and each arm's steps
+    priced as a prediction prices them: measured over that price."""
+    shards = [r for r in shards if r.get("prices")]
+    if not shards:
+        return ""
+    labels = [k for k in shards[0]["prices"] if k not in ("in_flight", "worker_anchor", "plain_anchor")]
+    lines = ["| shard | " + " | ".join(labels) + " | in flight | anchor scale: the shard's plain run, the decision's "
+             "| bookkeeping, µs per row-step | each arm's cost against plain's, measured over the model's (its steps as they ran) |",
+             "|---|" + "---|" * (len(labels) + 4)]
+    for r in shards:
+        p = r["prices"]
+        anchors = [(p.get(k) or {}).get("scale") for k in ("plain_anchor", "worker_anchor")]
+        lines.append(f"| {r['shard']} | " + " | ".join(fmt(p[k]["forward_over_price"]) for k in labels)
+                     + f" | {fmt((p.get('in_flight') or {}).get('forward_over_price'))} | {', '.join(fmt(a) for a in anchors)} | "
+                     + ", ".join(fmt(p[k]["other_us_per_row_step"], ".0f") for k in labels) + " | "
+                     + ", ".join(fmt(p[k].get("cost_vs_plain_over_model")) for k in labels) + " |")
+    return "\n".join(lines)
+
+
 def _pct(x: float | None) -> str:
     return f"{fmt(100 * x if x is not None else None, '.1f')}%"
 
@@ -403,6 +469,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         shards[-1]["key_first_shard"] = first
         print(shard_table(shards[-1:]), flush=True)
         print(prediction_table(shards[-1:]), flush=True)
+        print(price_table(shards[-1:]), flush=True)
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     data = {"benchmark": "calibrate", "input": args.input, "key": args.key if args.input else None, "in_flight": args.in_flight, "later_shard": args.later_shard, "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
             "rows_per_shard": rows, "max_tokens": max_tokens, "batch_size": args.batch_size,
@@ -413,6 +480,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     "prediction_within_10pct": all(a["error"] is not None and abs(a["error"]) <= 0.10
                                                    for r in shards for a in r["predicted_vs_measured"])}}
     table = shard_table(shards) + "\n\n" + prediction_table(shards)
+    if price_table(shards):
+        table += "\n\nThe target's forwards measured over the profile's price of the steps each arm ran:\n\n" + price_table(shards)
     if args.in_flight:
         table += "\n\n" + flight_table(shards)
     md = (f"# Calibration benchmark\n\n`{command('bench/calibrate.py', argv)}`, {info['date_utc']}: "

@@ -171,6 +171,42 @@ def test_the_settings_a_shard_ran_are_priced_chunk_by_chunk_on_the_interleaved_r
     assert got == pytest.approx((40 * 0.5 + 40 * 0.5 + 40) / (0.5 * 4.0 + 0.5 * 2.0 + 8.0))
 
 
+def test_prices_split_an_arms_cost_from_plain_decodings_anchor():
+    """A profile that prices a forward at 1 ms per row and token; plain decoding measured at 2x it
+    with 0.1 ms of bookkeeping per row and step; the arm's 3-token verifies at 1.5x their price with
+    0.3 ms a row-step. `_prices` gives each ratio, and each run's steps priced as a prediction
+    prices them (forwards from the profile, plain's bookkeeping), set against plain decoding's."""
+    import calibrate
+    from engine import Measured
+
+    from batchspec.calibrate import WorkerCalibration
+    from batchspec.engine.base import NO_SPEC, GenerateResult, SpecConfig, Step, StepCost, Timing
+    from batchspec.predict.cost import CostProfile
+
+    worker = WorkerCalibration()
+    worker.profile = CostProfile([StepCost("target", "m", b, c, w, 0.001 * b * w)
+                                  for b in (1, 2) for c in (10, 1000) for w in (1, 2, 3)])
+    arm = SpecConfig("ngram", 2)
+    plain_steps, arm_steps = [Step(2, 100, 1, 2)] * 10, [Step(2, 100, 3, 4)] * 5
+    none, ran = Measured("none", NO_SPEC, 2), Measured(arm.label, arm, 2)
+    none.add(GenerateResult([], Timing(verify_s=10 * 2 * 0.002, other_s=20 * 0.0001)))
+    none.steps.append(plain_steps)
+    ran.add(GenerateResult([], Timing(verify_s=5 * 1.5 * 0.006, other_s=10 * 0.0003, draft_s=0.01)))
+    ran.steps.append(arm_steps)
+    got = calibrate._prices({"none": none, arm.label: ran}, worker, None)
+    assert got["none"]["forward_over_price"] == pytest.approx(2.0)
+    assert got["plain_anchor"]["other_us_per_row_step"] == pytest.approx(100)
+    assert got[arm.label]["forward_over_price"] == pytest.approx(1.5)
+    assert got[arm.label]["other_us_per_row_step"] == pytest.approx(300) and got[arm.label]["draft_us_per_row_step"] == pytest.approx(1000)
+    # priced as a prediction prices it: forwards from the profile plus plain's bookkeeping per row-step
+    assert got["none"]["decode_over_its_price"] == pytest.approx((0.04 + 0.002) / (0.02 + 0.002))
+    assert got[arm.label]["decode_over_its_price"] == pytest.approx((0.045 + 0.003) / (0.03 + 0.001))
+    # against plain's: the arm costs 1.548 / 1.909 of what the model says, relative to plain decoding
+    assert got[arm.label]["cost_vs_plain_over_model"] == pytest.approx((0.048 / 0.031) / (0.042 / 0.022))
+    assert got["none"]["cost_vs_plain_over_model"] == pytest.approx(1.0)
+    assert got["worker_anchor"] is None  # no decision anchored this worker
+
+
 def test_switch_bench_runs_the_changing_shard_against_plain(models, tmp_path):
     import switch
 

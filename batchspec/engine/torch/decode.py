@@ -166,6 +166,8 @@ class Decoder:
         draft_lists = drafts.tokens if drafts else [[] for _ in rows]
         context = batch.slots
         logits = batch.forward(self.model, [[r.context[-1]] + d for r, d in zip(rows, draft_lists)], self.pad_id)
+        if self.device.type == "cuda":  # the forward runs on after its launch returns: without this its time
+            torch.cuda.synchronize(self.device)  # lands in other_s (the accept rule's .tolist() waits for it)
         t = clock.add("verify_s", t)
 
         K = logits.shape[1] - 1

@@ -25,6 +25,7 @@ from batchspec.engine.base import (
     Progress,
     Request,
     SpecConfig,
+    Step,
     StepCost,
     Timing,
 )
@@ -55,6 +56,7 @@ class TorchEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids, default=0)
         self._draft_loader = draft_loader  # name -> (model, tokenizer)
         self._drafts: dict[str, object] = {}
+        self.last_steps: list[Step] = []  # the decode steps of the last generate call, as it ran them (benches price them)
 
     @classmethod
     def load(cls, model: str, draft_model: str | None = None, dtype: str = "float32",
@@ -117,6 +119,7 @@ class TorchEngine:
                 completions[row.index] = self._finish(requests[row.index], row)
                 done.append(row.index)
         clock.timing.wall_s = time.perf_counter() - start
+        self.last_steps = clock.steps
         assert all(c is not None for c in completions)
         return GenerateResult(completions, clock.timing)  # type: ignore[arg-type]
 
