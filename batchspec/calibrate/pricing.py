@@ -86,7 +86,10 @@ def none_plans(rows: Sequence[PlainRow]) -> list[RowPlan]:
 class Anchor:
     """What ties the profile's prices to a measured plain run: its scale (measured decode time
     over the replay's price of the same rows, i.e. the machine's present speed) and the engine's
-    bookkeeping per row and step beyond the forward."""
+    bookkeeping per row and step beyond the forward. The scale multiplies the whole price, the
+    bookkeeping with the forwards, as it was taken (until 2026-12-04 `arm_price_s` and
+    `plain_price_s` scaled the forwards alone, and an anchor priced its own run off by
+    (scale - 1) x its bookkeeping)."""
 
     scale: float
     other: float
@@ -227,7 +230,7 @@ def as_plain(result: GenerateResult, steps: Sequence[Step], anchor: Anchor, prof
     decoding would have taken for what `steps` committed (`plain_price_s`), split as a plain run's is."""
     rows = [replace(c, draft_tokens=0, accepted_tokens=0, accepted_at=[], accepted_steps=[],
                     target_steps=max(0, c.output_tokens - 1)) for c in result.completions]
-    other = anchor.other * sum(s.committed for s in steps)
+    other = anchor.scale * anchor.other * sum(s.committed for s in steps)
     t = result.timing
     return GenerateResult(rows, Timing(prefill_s=t.prefill_s, verify_s=plain_price_s(steps, anchor, profile) - other,
                                        other_s=other, wall_s=t.wall_s))
@@ -236,8 +239,8 @@ def as_plain(result: GenerateResult, steps: Sequence[Step], anchor: Anchor, prof
 def plain_price_s(steps: Sequence[Step], anchor: Anchor, profile: CostProfile) -> float:
     """What plain decoding would have taken to commit the tokens `steps` committed, at their
     shapes: a step of r rows that committed c tokens stands for c / r plain steps of r rows."""
-    return sum(anchor.scale * profile.target_s(s.rows, s.context + 1, 1) * s.committed / s.rows
-               + anchor.other * s.committed for s in steps if s.rows)
+    return sum(anchor.scale * (profile.target_s(s.rows, s.context + 1, 1) * s.committed / s.rows + anchor.other * s.committed)
+               for s in steps if s.rows)
 
 
 def arm_price_s(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile: CostProfile,
@@ -248,7 +251,7 @@ def arm_price_s(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile
     (nor counted where this is compared: Timing.admit_s)."""
     total = 0.0
     for s in steps:
-        total += anchor.scale * profile.target_s(s.rows, s.context + 1, s.tokens) + anchor.other * s.rows
+        total += anchor.scale * (profile.target_s(s.rows, s.context + 1, s.tokens) + anchor.other * s.rows)
         if spec.method == "draft_target" and s.tokens > 1:
             model, ctx = spec.draft_model, s.context + 1
             total += anchor.scale * (profile.draft_s(model, s.rows, ctx, 2) + (s.tokens - 2) * profile.draft_s(model, s.rows, ctx))

@@ -11,7 +11,7 @@ from batchspec.calibrate import CalibrationSettings, WorkerCalibration
 from batchspec.calibrate.pricing import Anchor
 from batchspec.calibrate.confirm import confirmed_speedup
 from batchspec.calibrate.inflight import InFlight
-from batchspec.calibrate.pricing import anchor_of_steps, as_plain, plain_price_s
+from batchspec.calibrate.pricing import anchor_of_steps, arm_price_s, as_plain, plain_price_s
 from batchspec.engine.base import (
     NO_SPEC,
     Completion,
@@ -193,6 +193,17 @@ def test_the_anchor_prices_exactly_the_steps_that_ran():
     assert plain_price_s(spec_steps, anchor, profile) == pytest.approx(anchor.scale * 0.04 * 10 / 4)
 
 
+def test_an_anchor_prices_the_run_it_was_taken_from_at_its_measured_time():
+    """The scale multiplies the bookkeeping too, as anchor_of_steps takes it: plain decoding's own
+    steps, priced at the anchor taken from them, cost what the run measured."""
+    profile = CostProfile([StepCost("target", "m", b, c, w, 0.01 * b * w) for b in (1, 4) for c in (10, 100) for w in (1, 3)])
+    steps = [Step(4, 20, 1, 4), Step(4, 21, 1, 4), Step(2, 22, 1, 2)]
+    timing = Timing(verify_s=0.2, other_s=0.03)
+    anchor = anchor_of_steps(timing, steps, profile)
+    assert plain_price_s(steps, anchor, profile) == pytest.approx(timing.decode_s)
+    assert arm_price_s(steps, NO_SPEC, anchor, profile) == pytest.approx(timing.decode_s)
+
+
 def test_a_run_under_an_arm_is_priced_as_plain_decoding():
     """A sample decoded under an arm, as plain decoding would have run it: the same tokens, no
     drafts, a target step per decode token, and plain decoding's price for what its steps
@@ -208,8 +219,8 @@ def test_a_run_under_an_arm_is_priced_as_plain_decoding():
     c = plain.completions[0]
     assert c.token_ids == ran.completions[0].token_ids and (c.draft_tokens, c.accepted_tokens, c.target_steps) == (0, 0, 8)
     assert plain.timing.decode_s == pytest.approx(plain_price_s(steps, ngram, profile))
-    assert plain.timing.decode_s == pytest.approx(1.25 * 0.04 * 16 / 4 + 0.001 * 16)
-    assert plain.timing.other_s == pytest.approx(0.001 * 16) and plain.timing.draft_s == 0.0
+    assert plain.timing.decode_s == pytest.approx(1.25 * (0.04 * 16 / 4 + 0.001 * 16))
+    assert plain.timing.other_s == pytest.approx(1.25 * 0.001 * 16) and plain.timing.draft_s == 0.0
     assert plain.timing.prefill_s == 0.5
 
 
