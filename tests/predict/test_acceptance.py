@@ -162,3 +162,19 @@ def test_the_replay_runs_the_draft_steps_the_engine_runs(plain, word_models, bat
         assert got.draft_s == forwards.count(("draft", 2)), k
         two_wide += got.draft_s
     assert two_wide > 0  # the close draft has all its drafts accepted somewhere
+
+
+def test_a_plain_row_keeps_its_ids_in_four_bytes_each_and_replays_the_same():
+    """A worker keeps many keys' last rows (KeyHistory): ids as 4-byte ints, not Python int lists.
+    The replay reads them as it read lists."""
+    prompt, output = [5, 60000, 7, 5, 60000] * 40, [7, 5, 60000, 7]
+    row = PlainRow(prompt, output, 8)
+    assert row.prompt_ids.itemsize == 4 and list(row.prompt_ids) == prompt and list(row.output_ids) == output
+    assert PlainRow(row.prompt_ids, row.output_ids, 8).prompt_ids is row.prompt_ids  # not copied again
+    as_lists = PlainRow([], [], 8)
+    object.__setattr__(as_lists, "prompt_ids", prompt)  # a row as it was kept before: lists
+    object.__setattr__(as_lists, "output_ids", output)
+    by_k = ngram_acceptance([row], [2, 4], 3)
+    before = ngram_acceptance([as_lists], [2, 4], 3)
+    assert all(by_k[k].steps == before[k].steps and by_k[k].proposed == before[k].proposed for k in (2, 4))
+    assert sum(by_k[4].proposed[0]) > 0  # the lookup found the repeated phrase
