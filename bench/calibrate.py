@@ -480,8 +480,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     "prediction_within_10pct": all(a["error"] is not None and abs(a["error"]) <= 0.10
                                                    for r in shards for a in r["predicted_vs_measured"])}}
     table = shard_table(shards) + "\n\n" + prediction_table(shards)
-    if price_table(shards):
-        table += "\n\nThe target's forwards measured over the profile's price of the steps each arm ran:\n\n" + price_table(shards)
+    prices = price_table(shards)
+    if prices:
+        table += "\n\nThe target's forwards measured over the profile's price of the steps each arm ran:\n\n" + prices
     if args.in_flight:
         table += "\n\n" + flight_table(shards)
     md = (f"# Calibration benchmark\n\n`{command('bench/calibrate.py', argv)}`, {info['date_utc']}: "

@@ -212,8 +212,10 @@ class Batch:
             self.positions = torch.zeros(len(tokens), dtype=torch.long, device=self.device)
         width = max(len(t) for t in tokens)
         ids = torch.tensor([t + [pad_id] * (width - len(t)) for t in tokens], device=self.device)
-        extra, last = {}, [len(t) - 1 for t in tokens]
-        kept = sorted(set(last))
+        extra: dict = {}
+        if last_only:  # a prefill's: each row's last position (a decode step keeps every position)
+            last = [len(t) - 1 for t in tokens]
+            kept = sorted(set(last))
         if last_only and _takes_logits_to_keep(model):
             # An int (the last position) where every row ends there, else the positions any row
             # ends at, for every row (a 1D tensor): forms every transformers 5.x takes. A 2D
