@@ -10,8 +10,8 @@ A step costs what the tokens it computes in all (rows x tokens per row) cost: pi
 through every measured batch's width curve nearest the step's context, each point at its rows x
 tokens and times a context factor (the width-1 cost at the real context over that at the
 curve's); `CostProfile._cost` says why tokens and not rows.
-`predict_decode_s` replays a sample's schedule as the engine runs it (continuous batching, shortest
-prompt first, every step as wide as its widest row) with each row's counterfactual steps
+`predict_decode_s` replays a sample's schedule as the engine runs it (continuous batching, the engine's
+admission order, every step as wide as its widest row) with each row's counterfactual steps
 (batchspec.predict.acceptance) and prices every step. Plain decoding is priced by the same
 replay, so a predicted speedup is a ratio of two predictions of one model.
 """
@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from batchspec.engine.base import StepCost
+from batchspec.engine.base import StepCost, admission_order
 
 CONTEXT_REACH = 2.0  # a width curve prices shards whose middle context is within this factor of its own
 CONTEXT_FLAT = 0.25  # ... or within its square, where a plain step costs within this fraction of the curve's
@@ -307,8 +307,9 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
     row that rejects drafts keeps the slots another row of its batch accepted, so speculation
     lengthens the cache attention reads faster than the rows' contexts grow (until compaction).
 
-    Rows are admitted shortest prompt first, as the engine admits them (decode.Decoder.run), so
-    the replay batches together the rows the engine does.
+    Rows are admitted in the engine's order (`admission_order`: shortest prompt first within
+    windows of the input, decode.Decoder.run), so the replay batches together the rows the
+    engine does.
 
     A draft model runs k steps to propose k drafts; the first feeds each row what its cache has
     not seen: the target's last token, and also the row's last draft where the target accepted
@@ -317,7 +318,7 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
 
     `other_per_row_step` is the engine's bookkeeping per row and step beyond the forward and the
     accept rule (from the measured plain run); `lookup_per_row_step` an n-gram lookup's cost."""
-    queue = sorted(range(len(rows)), key=lambda i: rows[i].prompt_len)
+    queue = admission_order([r.prompt_len for r in rows], batch_size)
     active: list[list[int | float]] = []  # [row index, next step, context, tokens the draft's cache lags by]
     verify = draft = other = 0.0
     steps = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchspec.engine.base import StepCost
+from batchspec.engine.base import ADMIT_WINDOW, StepCost, admission_order
 from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s, profile_grid
 
 
@@ -110,6 +110,31 @@ def test_replay_admits_the_shortest_prompts_first_as_the_engine_does():
     # 5.5 x (0.5 + 5.0 x 991 / 1000) / 5.5. In list order the long row would share the first step
     # (10.91 at context 1001) and a short one run alone (0.505): 11.415
     assert got.verify_s == pytest.approx(1.01 + 5.455)
+
+
+def test_admission_sorts_within_windows_of_the_input_and_puts_first_rows_first():
+    """The engine and the replay admit by one rule: the rows named first (shortest first), then
+    the rest in windows of ADMIT_WINDOW x batch rows, in input order, each shortest first."""
+    lengths = [50, 40, 30, 20, 10, 5, 60, 1, 2, 3]
+    # batch 1: windows of 8 over the rows not named first; row 9 named first
+    order = admission_order(lengths, 1, first=[9])
+    rest = [i for i in range(10) if i != 9]
+    assert order == [9, *sorted(rest[:ADMIT_WINDOW], key=lambda i: lengths[i]), rest[ADMIT_WINDOW]]
+    assert order == [9, 7, 5, 4, 3, 2, 1, 0, 6, 8]  # row 8 (length 2) waits for its window
+    # a batch whose window holds every row: shortest prompt first overall, ties in input order
+    assert admission_order([3, 1, 3, 1], 4) == [1, 3, 0, 2]
+    assert sorted(admission_order(lengths, 2, first=[0, 0, 99])) == list(range(10))  # each row once
+
+
+def test_replay_keeps_a_later_windows_short_rows_after_the_first_windows_long_ones():
+    """At batch 1 the replay admits as the engine does: 8 long rows, then a short one, runs the
+    short one last, alone, at its own short context (the long rows' cache is gone by then)."""
+    p = profile_of([("target", "m", 1, 10, 1, 1.0), ("target", "m", 1, 1010, 1, 11.0)])
+    rows = [RowPlan(1000, 1, [0], [0])] * ADMIT_WINDOW + [RowPlan(10, 1, [0], [0])]
+    got = predict_decode_s(rows, 1, p)
+    # each long row at context 1001 (1 + 10 x 991 / 1000 = 10.91), the short one at 11 (1.01)
+    assert got.verify_s == pytest.approx(ADMIT_WINDOW * 10.91 + 1.01)
+    assert got.target_steps == ADMIT_WINDOW + 1
 
 
 def test_replay_prices_a_draft_models_two_token_catch_up_after_every_draft_was_accepted():

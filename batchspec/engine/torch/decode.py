@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from batchspec.engine.base import SamplingParams, SpecConfig, Step, Timing
+from batchspec.engine.base import SamplingParams, SpecConfig, Step, Timing, admission_order
 from batchspec.engine.sampling import (
     accept_reject,
     greedy_accept,
@@ -88,9 +88,10 @@ class Decoder:
             first: Collection[int] = (), control: Callable[[list[Row], int], SpecConfig | None] | None = None,
             ) -> Iterator[Row]:
         """Yield each row when it finishes; keeps at most batch_size rows in flight. Rows are
-        admitted shortest prompt first (completions keep request order), so rows prefilled
-        together have similar lengths and batched prefill pads little; the rows whose index is
-        in `first` go before all others (a calibration sample, decoded in the batch it stands for).
+        admitted in `admission_order` (completions keep request order): the rows whose index is
+        in `first` before all others (a calibration sample, decoded in the batch it stands for),
+        then shortest prompt first within windows of the input, so rows prefilled together have
+        similar lengths and batched prefill pads little, while a shard's workload keeps its place.
 
         `control(active rows, rows queued)`, called after every decode step once finished rows
         have been yielded, may return another setting: a fresh drafter admits the rows in flight
@@ -98,7 +99,8 @@ class Decoder:
         the rows queued, go on under it. The target's cache is untouched, so a switch changes
         no greedy token."""
         first = set(first)
-        queue = sorted(queue, key=lambda r: (r.index not in first, r.prompt_len))
+        order = admission_order([r.prompt_len for r in queue], batch_size, [i for i, r in enumerate(queue) if r.index in first])
+        queue = [queue[i] for i in order]
         active: list[Row] = []
         batch = Batch(self.device)
         drafter = self.new_drafter(spec)

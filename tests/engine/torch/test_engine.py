@@ -386,6 +386,17 @@ def test_the_rows_named_first_are_admitted_first_and_progress_shows_them(word_mo
     assert [i for i in dict.fromkeys(admitted) if i not in (4, 5)] == [0, 1, 2, 3]  # then shortest prompt first
 
 
+def test_rows_are_admitted_shortest_first_within_windows_of_the_input(word_models):
+    """At batch 1 a window is 8 rows: of 10 rows listed longest first, the first 8 go shortest
+    first, and the 2 after them (shorter than all 8) only then: a shard's later rows stay later
+    (its workload's order), whatever their length."""
+    requests = word_requests(10, max_tokens=lambda i: 3)[::-1]  # prompt lengths fall with the index
+    control = Cycle([SpecConfig()])
+    word_engine(word_models).generate(requests, SpecConfig(), 1, control=control)
+    finished = [i for p in control.seen for i in p.done]  # at batch 1 in the order admitted
+    assert finished == [7, 6, 5, 4, 3, 2, 1, 0, 9, 8]
+
+
 @pytest.mark.parametrize("method", ["draft_target", "ngram"])
 def test_sampled_output_follows_the_target_distribution_across_settings_changed_in_flight(method):
     """The chi-square test above, with the rows' setting changed after every step: plain
