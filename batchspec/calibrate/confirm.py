@@ -28,26 +28,48 @@ def confirmed_speedup(predicted: float, ratio: float, window: float) -> tuple[fl
 
 class Confirming:
     """Where the confirmation began (`mark`: steps, timing, rows done), the tokens it waits for
-    (`confirm_tokens`, counted in `confirm_seen`), and whether it measures plain decoding
-    (`plain_side`: the sample itself ran the arm)."""
+    (`confirm_tokens`, counted in `confirm_seen`), whether it measures plain decoding
+    (`plain_side`: the sample itself ran the arm), and whether plain decoding runs first to price
+    the arm against (`plain_first`: the sample ran another arm) and the anchor it gave (`fresh`)."""
 
     mark = None
     confirm_tokens = 0.0
     confirm_seen = (0, 0)
     plain_side = False
+    plain_first = False
+    fresh = None
+    mean = 0.0
 
-    def _begin_confirm(self, p: Progress, mean: float, plain_side: bool) -> SpecConfig:
+    def _begin_confirm(self, p: Progress, mean: float, plain_side: bool, plain_first: bool = False) -> SpecConfig:
         """From the decision on, the verdict's top arm runs until it has committed as many tokens
         as max(batch, CONFIRM_MIN_ROWS) rows of `mean` tokens hold; where the sample ran the arm
         (`plain_side`), plain decoding runs a batch's rows' worth of steps instead (at batch 1,
-        4 rows of a paying 32-row code shard ran plainly: 0.91x the oracle)."""
+        4 rows of a paying 32-row code shard ran plainly: 0.91x the oracle). Where the sample ran
+        another arm (`plain_first`), no plain step of this shard prices the arm: plain decoding
+        runs a batch's rows' worth first, its steps the anchor (`_reanchor`), then the arm."""
         self.phase, self.mark = "confirm", (len(p.steps), p.timing, len(self.order))
         self.confirm_seen = (len(p.steps), 0)
-        self.plain_side = plain_side
-        if plain_side:
+        self.plain_side, self.plain_first, self.fresh, self.mean = plain_side, plain_first and not plain_side, None, mean
+        if plain_side or self.plain_first:
             self.confirm_tokens = self.batch_size * mean
             return self._run(NO_SPEC)
         self.confirm_tokens = max(self.batch_size, CONFIRM_MIN_ROWS) * mean
+        return self._run(self.verdict.top_spec)
+
+    def _anchored_first(self, p: Progress, final: bool) -> SpecConfig | None:
+        """The end of `plain_first`'s plain stretch: its steps anchor the profile now, and the arm
+        runs from here as a confirmation does (its tokens counted afresh)."""
+        steps, delta = p.steps[self.mark[0]:], p.timing - self.mark[1]
+        self.plain_first = False
+        if not steps or delta.decode_s <= 0 or final:
+            why = "the shard ended" if final else "plain decoding ran no decode step"
+            self.reason += f"; not confirmed: {why} before {self.verdict.top_spec.label} could be measured against it"
+            self.phase, self.since = "watch", len(self.order)
+            return self._run(self.verdict.chosen)
+        self.fresh = self.worker.anchor = self._reanchor(delta, steps)  # plain decoding, now
+        self.mark = (len(p.steps), p.timing, len(self.order))
+        self.confirm_seen = (len(p.steps), 0)
+        self.confirm_tokens = max(self.batch_size, CONFIRM_MIN_ROWS) * self.mean
         return self._run(self.verdict.top_spec)
 
     def _confirmed_enough(self, p: Progress) -> bool:
@@ -64,9 +86,13 @@ class Confirming:
         arm again and priced plain decoding at the worker's anchor, another shard's: a later prose
         shard at batch 1 confirmed k=2 at 0.77x (its steps 1.31x the price) where the whole shard
         measured it at 1.16x."""
+        if self.plain_first:
+            return self._anchored_first(p, final)
         self._stretch(p)
         v = self.verdict
         anchor, where = v.anchor, "in the shard's batch"
+        if self.fresh is not None:
+            anchor, where = self.fresh, "in the shard's batch, set against plain decoding's steps just before them"
         steps, delta = p.steps[self.mark[0]:], p.timing - self.mark[1]
         self.phase, self.since = "watch", len(self.order)
         rows = len(self.order) - self.mark[2]

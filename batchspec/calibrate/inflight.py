@@ -271,7 +271,7 @@ class InFlight(ArmSteps, Confirming):
         self.since = len(self.order)
         if v.wanted and left:
             return self._begin_confirm(p, mean, plain_side=start.method != "none" and v.top_spec.label == start.label
-                                       and bool(steps))
+                                       and bool(steps), plain_first=start.method != "none")
         if v.wanted:
             self.reason += "; not confirmed: no other rows of the shard to confirm on"
         self.phase = "watch"

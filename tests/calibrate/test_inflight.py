@@ -523,6 +523,42 @@ def test_a_later_shard_whose_sample_ran_the_arm_confirms_it_against_plain_decodi
     assert [c.token_ids for c in ran.completions] == [c.token_ids for c in tiny_engine.generate(rows, NO_SPEC, 4).completions]
 
 
+def test_a_later_shard_whose_sample_ran_another_arm_prices_the_arm_against_plain_decoding_just_before(tiny_engine, monkeypatch):
+    """Where the sample ran the key's last arm and the confirmation is for another, no plain step
+    of this shard prices it (before 2026-12-04 the worker's anchor did, another shard's: on held-out
+    extract rows at batch 1 k=2 was confirmed at 1.29x on a moment 23% faster than the anchor's and
+    measured 0.98x on the whole shard). Plain decoding now runs a batch's worth first (InFlight.plain_first),
+    its steps the anchor (the worker's too), then the arm is measured against it. No token changes."""
+    from batchspec.calibrate import inflight
+
+    a, b = SpecConfig("draft_target", 3, draft_model="self"), SpecConfig("draft_target", 2, draft_model="self")
+    worker = flat_profile(4)
+    run_shard(tiny_engine, ShardInput("s0", "k", word_rows(16)),
+              [a], True, 4, CalibrationSettings(max_tokens=24, sample_size=4, confirm=False), worker=worker)
+    assert worker.settled["k"] == a
+    real = inflight.predict_sample
+
+    def top_b(*args, **kwargs):  # the prediction's top arm is b, and a confirmation is wanted
+        v = real(*args, **kwargs)
+        v.top = next(x for x in v.arms if x.label == b.label)
+        v.top_spec, v.wanted = b, True
+        return v
+
+    monkeypatch.setattr(inflight, "predict_sample", top_b)
+    rows = [Request(f"n{i}", r.prompt + " w3 w5", params=r.params) for i, r in enumerate(word_rows(24))]
+    nxt = InFlight(tiny_engine, rows, [a, b], 4, CalibrationSettings(max_tokens=24, sample_size=4), worker, key="k")
+    assert nxt.start == a
+    old = worker.anchor
+    ran = tiny_engine.generate(rows, nxt.start, 4, control=nxt)
+    d, specs = nxt.close(ran)
+    assert not nxt.plain_side and nxt.fresh is not None and worker.anchor is nxt.fresh and nxt.fresh is not old
+    assert d.confirmed and next(x for x in d.arms if x.label == b.label).measured
+    assert "set against plain decoding's steps just before them" in d.reason
+    after = {specs[i].label for i in nxt.order[len(nxt.first):]}
+    assert "none" in after and b.label in after  # the rows that measured plain decoding, then the arm's
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in tiny_engine.generate(rows, NO_SPEC, 4).completions]
+
+
 def test_a_keys_later_shard_samples_one_drift_checks_worth(tiny_engine):
     """Where the key's last window of rows on the worker is there to predict on (at least as many
     rows as the sample), a later shard's sample is one drift check's worth of rows (a batch, at
