@@ -47,8 +47,8 @@ class Confirming:
         4 rows of a paying 32-row code shard ran plainly: 0.91x the oracle). Where the sample ran
         another arm (`plain_first`), no plain step of this shard prices the arm: plain decoding
         runs a batch's rows' worth first, its steps the anchor (`_reanchor`), then the arm."""
-        self.phase, self.mark = "confirm", (len(p.steps), p.timing, len(self.order))
-        self.confirm_seen = (len(p.steps), 0)
+        self.phase = "confirm"
+        self._mark(p)
         self.plain_side, self.plain_first, self.fresh, self.mean = plain_side, plain_first and not plain_side, None, mean
         if plain_side or self.plain_first:
             self.confirm_tokens = self.batch_size * mean
@@ -67,10 +67,14 @@ class Confirming:
             self.phase, self.since = "watch", len(self.order)
             return self._run(self.verdict.chosen)
         self.fresh = self.worker.anchor = self._reanchor(delta, steps)  # plain decoding, now
-        self.mark = (len(p.steps), p.timing, len(self.order))
-        self.confirm_seen = (len(p.steps), 0)
+        self._mark(p)
         self.confirm_tokens = max(self.batch_size, CONFIRM_MIN_ROWS) * self.mean
         return self._run(self.verdict.top_spec)
+
+    def _mark(self, p: Progress) -> None:
+        """What is measured starts here: steps, timing and rows done now; no token counted yet."""
+        self.mark = (len(p.steps), p.timing, len(self.order))
+        self.confirm_seen = (len(p.steps), 0)
 
     def _confirmed_enough(self, p: Progress) -> bool:
         seen, tokens = self.confirm_seen

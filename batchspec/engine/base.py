@@ -224,11 +224,10 @@ def admission_order(lengths: Sequence[int], batch_size: int, first: Sequence[int
     interleaved, and the watch switched on late or on a mixture (1.13x plain over three repeats
     at f6a3dae; see README). A window of the drift watch's size keeps the file's order at the
     scale the watch judges."""
-    head = [i for i in first if 0 <= i < len(lengths)]
-    taken = set(head)
-    rest = [i for i in range(len(lengths)) if i not in taken]
+    head = {i for i in first if 0 <= i < len(lengths)}
+    rest = [i for i in range(len(lengths)) if i not in head]
     window = max(1, ADMIT_WINDOW * max(1, batch_size))
-    out = sorted(set(head), key=lambda i: (lengths[i], i))
+    out = sorted(head, key=lambda i: (lengths[i], i))
     for begin in range(0, len(rest), window):
         out += sorted(rest[begin : begin + window], key=lambda i: lengths[i])
     return out
