@@ -107,7 +107,7 @@ def refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], tempe
         if why is not None:
             return time.perf_counter() - began, (why, arms)
     if cannot_pay is not None:
-        curve = [p for p in targets if p[0] == batch and p[1] == (lo + hi) // 2]
+        curve = [p for p in targets if p[0] == batch and (p[1] == (lo + hi) // 2 or p[1] == lo and p[2] > 1)]  # with its context factor's
         if curve or drafts:
             _measure(engine, profile, (curve, drafts), temperature)  # the draft's points too: an arm's price needs them
         why, arms = cannot_pay(profile)

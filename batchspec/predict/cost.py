@@ -41,13 +41,16 @@ def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
     computes in all (`CostProfile._cost`), and the half batch puts points between 1 and the
     batch size where nothing else does: on `make run`'s prose rows, where 4 to 6 of 8 rows are
     in flight, n-gram k=2's prediction was 11-48% optimistic without them and −3% to +18% with
-    them (bench/step_prices.py --input examples/prompts.parquet). A draft model's steps feed
+    them (bench/step_prices.py --input examples/prompts.parquet). The widest verify is timed at
+    `lo` too: a verify's cost moves with context more than a plain step's does (below). A draft model's steps feed
     one token per row, but the first of a step feeds two to a row whose every draft the target
     accepted (the last draft was never fed: drafters.ModelDrafter.commit), so its curve has
     widths 1 and 2."""
     mid = (lo + hi) // 2
     widths = sorted({w for w in (1, 3, 5, 9, 17) if w < max_width} | {max_width})  # cost is near linear in width: 2 is interpolated
     target = {(batch_size, mid, w) for w in widths} | {(batch_size, c, 1) for c in (lo, hi)}
+    if max_width > 1:
+        target.add((batch_size, lo, max_width))  # how a verify's cost moves with context (`CostProfile._along`)
     if batch_size > 1:
         target |= {(1, mid, 1), (1, mid, max_width)}
     if batch_size > 2:
@@ -129,11 +132,17 @@ class CostProfile:
     @staticmethod
     def _curve(pts: Sequence[StepCost], context: int) -> list[StepCost]:
         """The points of the context nearest `context` (by ratio) among those measured at more than
-        one width (all, where none was), narrowest first; [] without points."""
+        one width (all, where none was), narrowest first; [] without points. A context measured
+        at only some of another's widths, up to the same widest, is not a curve: its points set
+        the context factor of wide steps (`_along`)."""
         by_context: dict[int, list[StepCost]] = {}
         for p in pts:
             by_context.setdefault(p.context, []).append(p)
-        curves = {c: ps for c, ps in by_context.items() if len(ps) > 1} or by_context
+        widths = {c: {p.tokens for p in ps} for c, ps in by_context.items()}
+        # a context timed at some of another's widths up to the same widest (`profile_grid`'s
+        # widest verify at lo) tells how a width's cost moves with context; it is no curve
+        factor_only = {c for c, ws in widths.items() if any(ws < o and max(ws) == max(o) for o in widths.values())}
+        curves = {c: ps for c, ps in by_context.items() if len(ps) > 1 and c not in factor_only} or by_context
         if not curves:
             return []
         home = min(curves, key=lambda c: (abs(math.log(max(c, 1) / max(context, 1))), c))
@@ -208,16 +217,33 @@ class CostProfile:
         """(tokens per row, seconds) along the width curve of `pts` (one batch size) nearest
         `context`, rising, each times the context factor: the width-1 cost at `context` over that
         at the curve's own, on the least-squares line through the narrowest point of every
-        context measured in `factor_pts` (default `pts`), never falling (`_line`)."""
+        context measured in `factor_pts` (default `pts`), never falling (`_line`); for the wider
+        points, the same through the curve's widest width where `factor_pts` timed it at more
+        than one context. A verify's cost can move with context more than a plain step's: on a
+        CPU a single new token per row takes another attention path (kv.Batch._attention_inputs),
+        and at batch 8 on SmolLM2 (float32, 2 threads) a step at 300 slots cost 0.88x one at 600
+        for one token per row and 0.78-0.83x for 2 to 9. Moved by the plain steps' line, a verify
+        at 297-387 slots, below a curve at 581, was priced 6-12% dear against a plain step (the
+        median over six profiles, each against probes of those shapes; by the widest verify's
+        line 0.98-1.02: bench/verify_context.py), and every speedup predicted there came out low;
+        a probe of a loop step's own shape costs what the step does (bench/probe_fidelity.py). At
+        batch 4 and 1 the two lines agree within 2%."""
         curve = cls._curve(pts, context)
         home = curve[0].context
         narrow: dict[int, float] = {}
         for p in sorted(factor_pts or pts, key=lambda p: (p.context, -p.tokens)):
             narrow[p.context] = p.seconds  # the narrowest point of each context
-        line = _line(list(narrow), list(narrow.values()))
-        base = line(home)  # the curve's own context may lie between those of `factor_pts`
-        factor = line(context) / base if base > 0 else 1.0
-        return [(p.tokens, s * factor) for p, s in zip(curve, _rising([p.seconds for p in curve]))]
+        widest = {p.context: p.seconds for p in factor_pts or pts if p.tokens == curve[-1].tokens > curve[0].tokens}
+
+        def factor(points: dict[int, float]) -> float:
+            line = _line(list(points), list(points.values()))
+            base = line(home)  # the curve's own context may lie between those of `factor_pts`
+            return line(context) / base if base > 0 else 1.0
+
+        plain = factor(narrow)
+        wide = factor(widest) if len(widest) > 1 else plain
+        return list(zip([p.tokens for p in curve], _rising([p.seconds * (plain if p.tokens == curve[0].tokens else wide)
+                                                            for p in curve])))
 
     @classmethod
     def _at_batch(cls, pts: Sequence[StepCost], context: int, tokens: int) -> float:

@@ -71,8 +71,11 @@ def test_a_second_width_curve_prices_the_contexts_nearer_it():
     assert p.target_s(8, 800, 5) == pytest.approx(2.0)  # one curve, flat past its one context
     p = profile_of(near + [("target", "m", 8, 800, 1, 3.0), ("target", "m", 8, 800, 5, 9.0)])
     assert p.target_s(8, 800, 5) == pytest.approx(9.0) and p.target_s(8, 100, 5) == pytest.approx(2.0)
-    assert p.target_s(8, 700, 5) == pytest.approx(9.0 * (1.0 + 2.0 * 600 / 700) / 3.0)  # nearer 800: its curve, x the context factor
-    assert p.target_s(8, 200, 5) == pytest.approx(2.0 * (1.0 + 2.0 * 100 / 700))  # nearer 100
+    # nearer 800: its curve, x the context factor, a wide step's on the line through the widest
+    # points (2.0 at 100, 9.0 at 800: 8.0 at 700), a plain step's through the plain ones
+    assert p.target_s(8, 700, 5) == pytest.approx(9.0 * 8.0 / 9.0)
+    assert p.target_s(8, 700, 1) == pytest.approx(3.0 * (1.0 + 2.0 * 600 / 700) / 3.0)
+    assert p.target_s(8, 200, 5) == pytest.approx(2.0 * 3.0 / 2.0)  # nearer 100
     assert p.covers(8, 600, 1000, 5) and p.covers(8, 50, 150, 5) and not p.covers(8, 1700, 1900, 5)
 
 
@@ -180,6 +183,28 @@ def test_the_context_factor_is_a_line_fitted_through_the_plain_steps_timed():
     assert wide.target_s(8, 250, 5) == pytest.approx(164.7, rel=0.05)  # timed out to 274: about flat, as measured
     falling = profile_of(curve + [("target", "m", 8, 300, 1, 60.0)])
     assert falling.target_s(8, 300, 5) == pytest.approx(164.7) and falling.target_s(8, 30, 5) == pytest.approx(164.7)
+
+
+def test_a_verify_moves_with_context_by_the_widest_verify_timed_at_two_contexts():
+    """The grid times the widest verify at the shard's lo too, and a wider step's context factor
+    follows the line through it, a plain step's the plain steps': on a CPU at batch 8 a verify at
+    half the curve's context costs 0.78-0.83x, a plain step 0.88x, and by the plain steps' line
+    verifies below the curve's context were priced 6-12% dear against plain decoding
+    (bench/verify_context.py). The pair at lo is no width curve."""
+    target, _ = profile_grid(8, 100, 300, 9)
+    assert (8, 100, 9) in target and (8, 300, 9) not in target and (8, 100, 5) not in target
+    assert {w for b, c, w in profile_grid(8, 100, 300, 1)[0] if c == 100} == {1}  # no verify: nothing wider to time
+    plain = [("target", "m", 8, c, 1, s) for c, s in ((100, 1.0), (200, 1.2), (300, 1.4))]
+    curve = [("target", "m", 8, 200, w, s) for w, s in ((3, 2.0), (5, 2.6), (9, 3.0))]
+    p = profile_of(plain + curve + [("target", "m", 8, 100, 9, 2.0)])
+    assert p.width_curve(8, 100, 300) == [(8, 200, 1), (8, 200, 3), (8, 200, 5), (8, 200, 9)]
+    assert p.covers(8, 100, 300, 9)
+    assert p.target_s(8, 100, 9) == pytest.approx(2.0)  # as timed
+    assert p.target_s(8, 100, 5) == pytest.approx(2.6 * 2.0 / 3.0)  # the widest's line: 2.0 at 100, 3.0 at 200
+    assert p.target_s(8, 100, 1) == pytest.approx(1.0) and p.target_s(8, 300, 1) == pytest.approx(1.4)
+    assert p.target_s(8, 300, 5) == pytest.approx(2.6 * 4.0 / 3.0)  # the line goes on past 200
+    before = profile_of(plain + curve)  # no verify timed at another context: the plain step's factor
+    assert before.target_s(8, 100, 9) == pytest.approx(3.0 / 1.2)
 
 
 def test_a_retimed_point_is_priced_at_the_mean_of_its_last_timings():
