@@ -87,9 +87,10 @@ def refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], tempe
     """Measure `grid` (from `grid_needed`) on the engine: a context probe first where that is
     what it is, then, if the profile still does not cover `shape` (`shape_of`), the whole grid for
     it, less the points the profile holds. Of a whole grid the production batch's width curve
-    goes first: where `cannot_pay(profile)` then says why no arm can pay (the arms priced on it),
+    goes first, with its widest verify at the shortest context (how a verify's price moves with
+    context): where `cannot_pay(profile)` then says why no arm can pay (the arms priced on it),
     the rest is not measured (on `make run`'s edit shard, where a verify of k + 1 tokens at batch
-    8 costs nearly k + 1 plain steps, 4 of the grid's 10 points; a draft model's points go with
+    8 costs nearly k + 1 plain steps, 5 of the grid's 11 points; a draft model's points go with
     the curve). A curve cut short earlier that reaches this shard is asked first, with nothing
     measured. Returns the seconds spent and (why, arms) where it stopped there, else None."""
     began = time.perf_counter()
