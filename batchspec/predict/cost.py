@@ -42,15 +42,18 @@ def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
     batch size where nothing else does: on `make run`'s prose rows, where 4 to 6 of 8 rows are
     in flight, n-gram k=2's prediction was 11-48% optimistic without them and −3% to +18% with
     them (bench/step_prices.py --input examples/prompts.parquet). The widest verify is timed at
-    `lo` too: a verify's cost moves with context more than a plain step's does (below). A draft model's steps feed
+    `lo` too: a verify's cost can move with context more than a plain step's (`CostProfile._along`);
+    not where the curve holds no width between 1 and the widest (k <= 2), where that pair would be
+    a second width curve as full as the first, pricing the steps nearer it, which a re-time of the
+    shard's curve (calibrate.profiling.retime_curve) would leave as first timed. A draft model's steps feed
     one token per row, but the first of a step feeds two to a row whose every draft the target
     accepted (the last draft was never fed: drafters.ModelDrafter.commit), so its curve has
     widths 1 and 2."""
     mid = (lo + hi) // 2
     widths = sorted({w for w in (1, 3, 5, 9, 17) if w < max_width} | {max_width})  # cost is near linear in width: 2 is interpolated
     target = {(batch_size, mid, w) for w in widths} | {(batch_size, c, 1) for c in (lo, hi)}
-    if max_width > 1:
-        target.add((batch_size, lo, max_width))  # how a verify's cost moves with context (`CostProfile._along`)
+    if len(widths) > 2:  # how a verify's cost moves with context (`CostProfile._along`)
+        target.add((batch_size, lo, max_width))
     if batch_size > 1:
         target |= {(1, mid, 1), (1, mid, max_width)}
     if batch_size > 2:

@@ -193,7 +193,9 @@ def test_a_verify_moves_with_context_by_the_widest_verify_timed_at_two_contexts(
     (bench/verify_context.py). The pair at lo is no width curve."""
     target, _ = profile_grid(8, 100, 300, 9)
     assert (8, 100, 9) in target and (8, 300, 9) not in target and (8, 100, 5) not in target
-    assert {w for b, c, w in profile_grid(8, 100, 300, 1)[0] if c == 100} == {1}  # no verify: nothing wider to time
+    # no width between 1 and the widest: the pair at lo would be a second curve, priced nearer, re-timed never
+    assert all({w for b, c, w in profile_grid(8, 100, 300, m)[0] if c == 100} == {1} for m in (1, 2, 3))
+    assert {w for b, c, w in profile_grid(8, 100, 300, 4)[0] if c == 100} == {1, 4}
     plain = [("target", "m", 8, c, 1, s) for c, s in ((100, 1.0), (200, 1.2), (300, 1.4))]
     curve = [("target", "m", 8, 200, w, s) for w, s in ((3, 2.0), (5, 2.6), (9, 3.0))]
     p = profile_of(plain + curve + [("target", "m", 8, 100, 9, 2.0)])
