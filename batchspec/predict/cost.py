@@ -236,7 +236,8 @@ class CostProfile:
         narrow: dict[int, float] = {}
         for p in sorted(factor_pts or pts, key=lambda p: (p.context, -p.tokens)):
             narrow[p.context] = p.seconds  # the narrowest point of each context
-        widest = {p.context: p.seconds for p in factor_pts or pts if p.tokens == curve[-1].tokens > curve[0].tokens}
+        narrowest, widest = curve[0].tokens, curve[-1].tokens
+        wide_points = {p.context: p.seconds for p in factor_pts or pts if widest > narrowest and p.tokens == widest}
 
         def factor(points: dict[int, float]) -> float:
             line = _line(list(points), list(points.values()))
@@ -244,9 +245,9 @@ class CostProfile:
             return line(context) / base if base > 0 else 1.0
 
         plain = factor(narrow)
-        wide = factor(widest) if len(widest) > 1 else plain
-        return list(zip([p.tokens for p in curve], _rising([p.seconds * (plain if p.tokens == curve[0].tokens else wide)
-                                                            for p in curve])))
+        wide = factor(wide_points) if len(wide_points) > 1 else plain
+        moved = [p.seconds * (plain if p.tokens == narrowest else wide) for p in curve]
+        return list(zip([p.tokens for p in curve], _rising(moved)))
 
     @classmethod
     def _at_batch(cls, pts: Sequence[StepCost], context: int, tokens: int) -> float:
