@@ -28,6 +28,7 @@ from batchspec.engine.base import StepCost, admission_order
 CONTEXT_REACH = 2.0  # a width curve prices shards whose middle context is within this factor of its own
 CONTEXT_FLAT = 0.25  # ... or within its square, where a plain step costs within this fraction of the curve's
 TIMINGS_KEPT = 4  # a re-timed point's price: the mean of its last this many timings (CostProfile.retime)
+PRICES_KEPT = 100_000  # prices a profile remembers (`CostProfile._cost`) before it starts again: a few MB
 
 
 def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
@@ -73,6 +74,10 @@ class CostProfile:
     # covered for no shard, so the next one at that batch prices on the curve again or measures the rest
     cut: set = field(default_factory=set)
     timings: dict = field(default_factory=dict)  # point key -> its last TIMINGS_KEPT timings, where re-timed
+    # prices asked of these points (`_cost`): a replay prices every step of every arm, and a drift
+    # check every few rows prices a window again; the points (their list and its length) key it
+    _prices: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _priced_on: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = (),
                cut_too: bool = False) -> bool:
@@ -154,6 +159,7 @@ class CostProfile:
     def merge(self, points: Sequence[StepCost], seconds: float) -> None:
         new = {p.key for p in points}
         self.points = [p for p in self.points if p.key not in new] + list(points)
+        self._prices, self._priced_on = {}, ()
         self.measured_s += seconds
         for key in new:
             self.timings.pop(key, None)
@@ -199,7 +205,18 @@ class CostProfile:
         production batch, as until 2026-12-01; at context 400 7.3% against 7.2%, a tie; Qwen2.5-
         Coder-1.5B at batch 4, context 200, 12.9% against 16.4% (bench/shapes.py). Not modelled
         apart: the cache each row reads, which grows with rows, not tokens (the likely reason for
-        the tie at 400; a GPU at long contexts may show more of it)."""
+        the tie at 400; a GPU at long contexts may show more of it). A price is a function of the
+        points alone: each is worked out once while they stand (`_priced`)."""
+        key = (kind, model, batch, context, tokens)
+        on = (id(self.points), len(self.points))
+        if self._priced_on != on or len(self._prices) >= PRICES_KEPT:
+            self._prices, self._priced_on = {}, on
+        price = self._prices.get(key)
+        if price is None:
+            price = self._prices[key] = self._priced(*key)
+        return price
+
+    def _priced(self, kind: str, model: str | None, batch: int, context: int, tokens: int) -> float:
         pts = [p for p in self.points if p.kind == kind and (model is None or p.model == model)]
         assert pts, f"no {kind} cost measured"
         batches = sorted({p.batch for p in pts})

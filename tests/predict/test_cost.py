@@ -234,3 +234,22 @@ def test_a_retimed_point_is_priced_at_the_mean_of_its_last_timings():
     profile.merge([StepCost("target", "m", 8, 100, 1, 0.2)], 0.0)
     profile.retime([StepCost("target", "m", 8, 100, 1, 0.4)], 0.0)
     assert at(profile, 1) == pytest.approx(0.3)  # the merge's 0.2 and 0.4: the older timings forgotten
+
+
+def test_a_price_is_worked_out_once_while_the_points_stand():
+    """CostProfile._cost keeps each price it works out (a drift check prices every arm over its
+    window every few rows); a merge, a re-time or a point added in place prices afresh."""
+    profile = profile_of([("target", "m", 8, 100, 1, 1.0), ("target", "m", 8, 100, 5, 2.0), ("target", "m", 8, 300, 1, 1.5)])
+    worked = []
+    priced = profile._priced
+    profile._priced = lambda *key: worked.append(key) or priced(*key)
+    first = profile.target_s(8, 200, 5)
+    assert profile.target_s(8, 200, 5) == first == pytest.approx(2.5) and len(worked) == 1
+    profile.retime([StepCost("target", "m", 8, 100, 5, 4.0)], 0.0)  # priced at (2.0 + 4.0) / 2
+    assert profile.target_s(8, 200, 5) == pytest.approx(3.0 * 1.25) and len(worked) == 2
+    profile.points.append(StepCost("target", "m", 8, 200, 1, 2.5))  # the plain line through 1.0, 2.5, 1.5
+    fresh = CostProfile(list(profile.points))
+    assert profile.target_s(8, 200, 1) == fresh.target_s(8, 200, 1) == pytest.approx(1.0 * (5 / 3) / (5 / 3 - 0.25))
+    assert len(worked) == 3
+    profile.merge([StepCost("target", "m", 8, 100, 5, 2.0)], 0.0)
+    assert profile.target_s(8, 100, 5) == pytest.approx(2.0) and len(worked) == 4

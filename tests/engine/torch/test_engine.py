@@ -229,6 +229,23 @@ def test_chat_messages_go_through_the_chat_template(smol_engine):
     assert (a.prompt_tokens, a.token_ids) == (b.prompt_tokens, b.token_ids)
 
 
+def test_a_prompts_ids_are_kept_for_the_request_that_asked(smol_engine, monkeypatch):
+    """TorchEngine.encode keeps the ids of the requests it encoded (calibration asks again at
+    every drift check): the same request is not templated twice, a caller's change to the list
+    it got does not reach the next, and another request object is encoded afresh."""
+    chat = Request("chat", messages=({"role": "user", "content": "Say hi"},))
+    first = smol_engine.encode(chat)
+    calls = []
+    templated = smol_engine._encode
+    monkeypatch.setattr(smol_engine, "_encode", lambda r: calls.append(r.id) or templated(r))
+    again = smol_engine.encode(chat)
+    assert again == first and calls == []
+    again.append(0)
+    assert smol_engine.encode(chat) == first
+    other = Request("chat", messages=({"role": "user", "content": "Say bye"},))
+    assert smol_engine.encode(other) != first and calls == ["chat"]
+
+
 def test_stop_strings_cut_the_text(smol_engine):
     free = smol_engine.generate([Request("a", "Hello there", params=SamplingParams(max_tokens=12))], SpecConfig(), 1)
     text = free.completions[0].text
