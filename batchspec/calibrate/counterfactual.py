@@ -93,6 +93,15 @@ class WorkerCalibration:
     decoded_s: float = 0.0  # decode seconds of the shards this worker ran (calibrate.inflight adds each)
     retimed_s: float = 0.0  # seconds spent re-timing width curves (profiling.retime_curve) ...
     retime_s: dict = field(default_factory=dict)  # ... and per batch size, the last re-time's
+    checks: int = 0  # drift checks in flight on this worker (calibrate.inflight: `checked`) ...
+    checks_s: float = 0.0  # ... and the seconds they took
+
+    def checked(self, seconds: float) -> None:
+        self.checks, self.checks_s = self.checks + 1, self.checks_s + seconds
+
+    def check_s(self) -> float | None:
+        """What a drift check costs on this worker, the mean of its checks; None before the first."""
+        return self.checks_s / self.checks if self.checks else None
 
     def retime_budget(self) -> float:
         """Seconds a width curve's re-time may take now: profiling.RETIME_SHARE of the decode time

@@ -37,6 +37,7 @@ class CalibrationSettings:
     in_flight: bool = True  # calibrate inside the shard's own batch where the engine can switch in flight (calibrate.inflight)
     drift_ratio: float = field(default=0.5, metadata={"min": 0, "max": 1})  # fall back to "none" when acceptance drops below this x calibrated
     drift_chunk: int = field(default=0, metadata={"min": 0})  # rows per drift check; 0 = 8 x batch size
+    drift_share: float = field(default=0.01, metadata={"above": 0, "max": 1})  # the most of a shard's decode time drift checks in flight may take; 1: no limit
     max_builds_per_worker: int = field(default=6, metadata={"min": 2})  # engines whose arms are builds (TensorRT-LLM): builds calibration may cause per worker (none and one arm at least)
     prediction_error: float = field(default=0.10, metadata={"min": 0})  # assumed error of a predicted speedup until confirmations measure it
 

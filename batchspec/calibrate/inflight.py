@@ -39,6 +39,11 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              worth finished (drift_chunk, or 8 x batch; at least 16), sample rows included; on a
              key's later shard the key's last rows on the worker fill that window while the
              shard's own rows do not (drift.history_rows), as they fill the sample's prediction.
+             A check waits, too, until the shard has decoded for its cost over `drift_share` since
+             the last (`_affords`: a check's cost is what the worker's checks took, on the mean):
+             a check prices every arm over its window in Python, a few to tens of milliseconds
+             whatever the engine, and on a fast step it was most of the decode (a 6M-parameter
+             model at batch 8, 3.7 ms a step: 0.13-0.45 s of checks in a 64-row shard's 0.7 s).
              The sample is one batch, and a check per chunk of new rows came too late to mend it
              (bench/calibrate.py --in-flight, 2026-12-02: at batch 8 a 64-row edit shard chose
              none from 8 rows predicting 0.94x for an arm that measured 1.14x, and was never
@@ -141,6 +146,7 @@ class InFlight(ArmSteps, Confirming):
         self.made_by: dict[int, SpecConfig] = {}  # request index -> the setting its last step ran under
         self.order: list[int] = []  # request indices in the order they finished
         self.since = 0  # rows done at the last drift check
+        self.checked_at = 0.0  # the call's decode seconds at the last drift check (`_affords`)
         self.calibrated: float | None = None  # the running arm's acceptance rate, the drift fallback's yardstick
         self.last: Progress | None = None
         self.watched = Timing()  # the call's timing at the last drift check (or change of setting) ...
@@ -166,9 +172,13 @@ class InFlight(ArmSteps, Confirming):
             new = self._decide(p)
         elif self.phase == "confirm" and self._confirmed_enough(p):
             new = self._confirm(p)
-        elif self.phase == "watch" and len(self.order) - self.since >= self._every() and (p.queued or p.in_flight):
+        elif self.phase == "watch" and len(self.order) - self.since >= self._every() and (p.queued or p.in_flight) \
+                and self._affords(p):
             new = self._watch(p)
-            self.watch_s += self.clock() - began
+            took = self.clock() - began
+            self.watch_s += took
+            self.worker.checked(took)
+            self.checked_at = p.timing.decode_s
             self.current = new or p.spec
             return new
         self.spent_s += self.clock() - began
@@ -191,6 +201,13 @@ class InFlight(ArmSteps, Confirming):
         if self.settings.sample_size or history is None or len(history.rows) < rows:
             return rows
         return min(rows, self._every())
+
+    def _affords(self, p: Progress) -> bool:
+        """Whether a drift check's cost, the mean of the worker's checks so far, is within
+        `drift_share` of the decode time since the last check (or since the call began); a share
+        of 1 checks after every batch's worth of rows, whatever a check costs."""
+        cost, share = self.worker.check_s(), self.settings.drift_share
+        return cost is None or share >= 1 or cost <= share * (p.timing.decode_s - self.checked_at)
 
     def _start(self) -> SpecConfig:
         """The setting the sample decodes under: the key's last on this worker (`settled`) where that

@@ -379,7 +379,7 @@ def test_a_keys_next_shard_predicts_on_its_sample_and_the_keys_last_rows(tiny_en
     from batchspec.calibrate.pricing import HISTORY_ROWS, _counterfactual, plain_rows
 
     arm = SpecConfig("ngram", 3)
-    settings = CalibrationSettings(max_tokens=24, sample_size=4, drift_chunk=8, confirm=False)
+    settings = CalibrationSettings(max_tokens=24, sample_size=4, drift_chunk=8, confirm=False, drift_share=1.0)
     worker = flat_profile(4)
     first = run_shard(tiny_engine, ShardInput("s0", "k", word_rows(32)), [arm], True, 4, settings, worker=worker)
     assert "the key's last" not in first.decision.reason
@@ -644,3 +644,20 @@ def test_a_keys_later_shard_gives_its_drift_checks_the_keys_last_rows(tiny_engin
     later = InFlight(tiny_engine, word_rows(16), [arm], 4, settings, worker, key="k")
     later.close(tiny_engine.generate(word_rows(16), later.start, 4, control=later))
     assert later.watch.history is history and later.watch.window == later._window() == 8
+
+
+def test_drift_checks_keep_within_their_share_of_the_decode_time(tiny_engine):
+    """A drift check waits until the shard has decoded for the worker's mean check cost over
+    `drift_share` since the last one (InFlight._affords); a share of 1 checks after every batch's
+    worth of rows whatever it costs. A worker whose checks took an hour on the mean checks no more
+    at 1%; its checks are counted and timed where they run."""
+    arm = SpecConfig("ngram", 3)
+    rows = word_rows(32)
+    for share, more in ((0.01, False), (1.0, True)):
+        worker = flat_profile(4)
+        worker.checks, worker.checks_s = 1, 3600.0
+        settings = CalibrationSettings(max_tokens=24, sample_size=4, drift_chunk=8, confirm=False, drift_share=share)
+        run_shard(tiny_engine, ShardInput("s0", "k", rows), [arm], True, 4, settings, worker=worker)
+        assert (worker.checks > 1) is more
+        if more:
+            assert worker.checks_s > 3600.0 and worker.check_s() < 3600.0
