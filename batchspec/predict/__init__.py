@@ -9,7 +9,7 @@ them (the engine measures; these replay and price).
                  arms that must be measured by running (TensorRT-LLM's Eagle3 and MTP)
 
 Data flows down: batchspec.calibrate calls these; these call only the engine's own functions
-(`drafters.ngram_lookup`, `sampling.probs_from_logits`) and the records in batchspec.stats.
+(`drafters.NgramIndex`, `sampling.probs_from_logits`) and the records in batchspec.stats.
 """
 
 from batchspec.predict.acceptance import (  # noqa: F401

@@ -5,7 +5,7 @@ A row decoded under "none" gives its prompt ids and output ids. Under greedy dec
 commits exactly those output tokens (the engine is lossless); only how many tokens each target
 step commits differs. So the accepted length of every step follows from the plain row:
 - n-gram lookup: at output position t the drafter sees prompt + output[:t] and proposes what
-  followed the latest earlier match (`drafters.ngram_lookup`, the engine's own function). Its
+  followed the latest earlier match (`drafters.NgramIndex`, the engine's own drafter's). Its
   proposal at draft length k is the first k tokens of its proposal at any longer length, so
   one lookup per position serves every k.
 - draft model: the draft's greedy proposal j at a step starting at t only matters if proposals
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from batchspec.engine.sampling import probs_from_logits
-from batchspec.engine.torch.drafters import ngram_lookup
+from batchspec.engine.torch.drafters import NgramIndex
 
 
 @dataclass(frozen=True)
@@ -106,15 +106,25 @@ class Acceptance:
 def ngram_runs(row: PlainRow, max_ngram: int, k_max: int) -> tuple[list[int], list[int]]:
     """(run, offered) per output position t >= 1: how many leading tokens of the n-gram proposal
     made at t equal output[t:], and how many tokens it offered (the lookup may find fewer)."""
-    tokens = np.asarray(list(row.prompt_ids) + list(row.output_ids))
-    base = len(row.prompt_ids)
-    out = row.output_ids
+    out = list(row.output_ids)
     runs, offered = [0], [0]
-    for t in range(1, len(out)):
-        proposal = ngram_lookup(tokens[: base + t], max_ngram, k_max)
+    for t, proposal in enumerate(_ngram_proposals(row, max_ngram, k_max), 1):
         runs.append(_agree(proposal, out[t:]))
         offered.append(len(proposal))
     return runs, offered
+
+
+def _ngram_proposals(row: PlainRow, max_ngram: int, k_max: int):
+    """The n-gram lookup's proposal at every output position t >= 1 of a plain row, over its
+    prompt and output[:t] (`NgramIndex`: what `ngram_lookup` says, the sequence indexed once)."""
+    out = list(row.output_ids)
+    if len(out) < 2:
+        return
+    index = NgramIndex(max_ngram, [*row.prompt_ids, out[0]])
+    for t in range(1, len(out)):
+        if t > 1:
+            index.extend(out[t - 1 : t])
+        yield index.propose(k_max)
 
 
 def greedy_runs(proposals: Sequence[int], output: Sequence[int]) -> list[int]:
@@ -245,11 +255,10 @@ def _acceptance(method: str, rows: Sequence[PlainRow], draft_lens: Sequence[int]
 
 def _ngram_accept_probs(row: PlainRow, p: torch.Tensor, max_ngram: int, k_max: int) -> np.ndarray:
     """accept[t, j] = p at position t+j of the j-th token n-gram lookup proposes at t (path context)."""
-    tokens = np.asarray(list(row.prompt_ids) + list(row.output_ids))
-    base, n = len(row.prompt_ids), len(row.output_ids)
+    n = len(row.output_ids)
     accept = np.zeros((max(n, 1), k_max))
-    for t in range(1, n):
-        for j, d in enumerate(ngram_lookup(tokens[: base + t], max_ngram, k_max)):
+    for t, proposal in enumerate(_ngram_proposals(row, max_ngram, k_max), 1):
+        for j, d in enumerate(proposal):
             if t + j < n:
                 accept[t, j] = float(p[t + j, d])
     return accept

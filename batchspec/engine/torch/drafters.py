@@ -42,15 +42,72 @@ def ngram_lookup(tokens: np.ndarray, max_ngram: int, k: int) -> list[int]:
     return []
 
 
+class NgramIndex:
+    """A growing sequence with the latest earlier start of each of its n-grams (n = 1 ..
+    max_ngram): `propose(k)` is `ngram_lookup` over the sequence, without scanning it. A lookup
+    scans the whole context with numpy at every step, 40 us a row at 500 tokens and 130-240 us at
+    4,500 (2026-12-04, this CPU), where a batch-8 step of a small model on a GPU is 2-3 ms a row;
+    the index costs a dict entry per token and n when a token is added, and a dict lookup per n
+    to propose. (TensorRT-LLM's NGram keeps such a pool per request too, updated as tokens are
+    accepted: tensorrt_llm/_torch/speculative/ngram.py, NGramPoolManager.)"""
+
+    __slots__ = ("max_ngram", "tokens", "latest", "owner")
+
+    def __init__(self, max_ngram: int, tokens=(), owner: object = None) -> None:
+        self.max_ngram = max_ngram
+        self.tokens: list[int] = []
+        self.latest: list[dict[tuple, int]] = [{} for _ in range(max_ngram + 1)]  # n -> n-gram -> its latest start
+        self.owner = owner  # the row whose context this follows (NgramDrafter)
+        self.extend(tokens)
+
+    def extend(self, new) -> None:
+        """Append `new`; each n-gram that now lies wholly before the last token becomes findable,
+        as ngram_lookup searches `tokens[:-1]`."""
+        tokens, latest, top = self.tokens, self.latest, self.max_ngram
+        for token in new:
+            tokens.append(int(token))
+            last = len(tokens) - 1
+            for n in range(1, top + 1):
+                start = last - n
+                if start < 0:
+                    break
+                latest[n][tuple(tokens[start:last])] = start
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier match of the last n tokens, n from
+        max_ngram down: what `ngram_lookup(tokens, max_ngram, k)` returns."""
+        tokens = self.tokens
+        if k <= 0:
+            return []
+        for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
+            start = self.latest[n].get(tuple(tokens[-n:]))
+            if start is not None:
+                return tokens[start + n : start + n + k]
+        return []
+
+
 class NgramDrafter:
+    """Each row's context in an `NgramIndex`, built at the row's first proposal and extended by
+    what the row committed since (its draft time; nothing at admission, as before the index)."""
+
     def __init__(self, max_ngram: int) -> None:
         self.max_ngram = max_ngram
+        self.index: dict[int, NgramIndex] = {}  # id(row) -> the index following its context
 
     def admit(self, rows: list, device: torch.device) -> None:
         pass
 
     def propose(self, rows: list, budgets: list[int], vocab: int) -> Drafts:
-        return Drafts([ngram_lookup(np.asarray(r.context), self.max_ngram, k) for r, k in zip(rows, budgets)], None)
+        held, self.index = self.index, {}
+        out = []
+        for r, k in zip(rows, budgets):
+            index = held.get(id(r))
+            if index is None or index.owner is not r or len(index.tokens) > len(r.context):
+                index = NgramIndex(self.max_ngram, owner=r)
+            index.extend(r.context[len(index.tokens):])
+            self.index[id(r)] = index
+            out.append(index.propose(k))
+        return Drafts(out, None)
 
     def commit(self, num_accepted: torch.Tensor, drafts: Drafts, next_tokens: list[int]) -> None:
         pass

@@ -424,3 +424,38 @@ def test_sampled_output_follows_the_target_distribution_across_settings_changed_
     result = engine.generate(requests, SpecConfig(), 4000, control=control)
     assert result.draft_tokens > 0.5 * n and len({p.spec.label for p in control.seen}) == 2
     assert joint_pvalue(result, target, prompt, V) > 1e-3
+
+
+def test_the_ngram_index_proposes_what_the_lookup_finds_at_every_position():
+    """NgramIndex (the drafter's and the counterfactual's) against ngram_lookup, the scan it
+    replaces, at every prefix of random sequences over small vocabularies (many repeats), every
+    n-gram size and draft length; and NgramDrafter follows rows that commit several tokens a step,
+    leave and join, as the decode loop's rows do."""
+    import numpy as np
+
+    from batchspec.engine.torch.drafters import NgramDrafter, NgramIndex, ngram_lookup
+
+    rng = np.random.default_rng(7)
+    for vocab in (2, 3, 5, 50):
+        seq = rng.integers(0, vocab, 120).tolist()
+        for max_ngram in (1, 2, 3, 4):
+            index = NgramIndex(max_ngram, seq[:1])
+            for end in range(2, len(seq) + 1):
+                index.extend(seq[end - 1 : end])
+                for k in (0, 1, 3, 8):
+                    assert index.propose(k) == ngram_lookup(np.asarray(seq[:end]), max_ngram, k), (vocab, max_ngram, end, k)
+
+    class Row:
+        def __init__(self, context):
+            self.context = context
+
+    drafter = NgramDrafter(2)
+    rows = [Row(rng.integers(0, 4, 30).tolist()) for _ in range(3)]
+    for step in range(12):
+        budgets = [4, 2, 6][: len(rows)]
+        got = drafter.propose(rows, budgets, 4).tokens
+        assert got == [ngram_lookup(np.asarray(r.context), 2, k) for r, k in zip(rows, budgets)]
+        for r in rows:
+            r.context += rng.integers(0, 4, int(rng.integers(1, 4))).tolist()
+        if step == 5:
+            rows = [rows[2], Row(rng.integers(0, 4, 10).tolist()), rows[0]]  # one left, one joined, reordered
