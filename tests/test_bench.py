@@ -395,3 +395,23 @@ def test_acceptance_spread_bench_predicts_a_shard_from_its_sample_and_the_keys_o
     assert data["runs"][0]["within_10pct"] == 1.0  # the sample is the whole block
     assert data["runs"][1] == {**data["runs"][2], "history": 4}  # 8 asked, the 4 rows before the block there are
 
+
+
+def test_fast_model_writes_a_model_the_engine_loads_with_smollm2s_tokenizer(smol_tokenizer, tmp_path):
+    """bench/fast_model.py: a random Llama of SmolLM2's config shrunk, with its tokenizer and chat
+    template, seeded (the same weights twice), that the torch engine loads from the folder and
+    decodes greedily with the same prompt ids as SmolLM2."""
+    import fast_model
+
+    from batchspec.engine.base import Request, SamplingParams, SpecConfig
+    from batchspec.engine.torch.engine import TorchEngine
+
+    params = fast_model.write(tmp_path / "a", hidden=16, layers=1)
+    assert params == fast_model.write(tmp_path / "b", hidden=16, layers=1)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    engine = TorchEngine.load(str(tmp_path / "a"))
+    chat = Request("c", messages=({"role": "user", "content": "Say hi"},), params=SamplingParams(max_tokens=6))
+    assert engine.encode(chat) == list(smol_tokenizer.apply_chat_template(list(chat.messages), add_generation_prompt=True,
+                                                                          tokenize=True, return_dict=True)["input_ids"])
+    a, b = (engine.generate([chat], SpecConfig(), 1).completions[0] for _ in range(2))
+    assert a.error is None and a.output_tokens == 6 and a.token_ids == b.token_ids
