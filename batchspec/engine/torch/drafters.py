@@ -47,8 +47,9 @@ class NgramIndex:
     max_ngram): `propose(k)` is `ngram_lookup` over the sequence, without scanning it. A lookup
     scans the whole context with numpy at every step, 40 us a row at 500 tokens and 130-240 us at
     4,500 (2026-12-04, this CPU), where a batch-8 step of a small model on a GPU is 2-3 ms a row;
-    the index costs a dict entry per token and n when a token is added, and a dict lookup per n
-    to propose. (TensorRT-LLM's NGram keeps such a pool per request too, updated as tokens are
+    the index costs a dict entry per token and n when a token is added (about 120 bytes: 1 MB
+    for a row of 4,500 tokens at the default n of 2), and a dict lookup per n to propose.
+    (TensorRT-LLM's NGram keeps such a pool per request too, updated as tokens are
     accepted: tensorrt_llm/_torch/speculative/ngram.py, NGramPoolManager.)"""
 
     __slots__ = ("max_ngram", "tokens", "latest", "owner")

@@ -141,9 +141,13 @@ class TorchEngine:
         if held is not None and held[0]() is request:
             return held[1].tolist()
         ids = self._encode(request)
+        try:
+            ref = weakref.ref(request)
+        except TypeError:  # an object that takes no weak reference is not kept
+            return ids
         if len(self._encoded) >= ENCODED_KEPT:
             del self._encoded[next(iter(self._encoded))]
-        self._encoded[id(request)] = (weakref.ref(request), array.array("i", ids))
+        self._encoded[id(request)] = (ref, array.array("i", ids))
         return ids
 
     def _encode(self, request: Request) -> list[int]:
