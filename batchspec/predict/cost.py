@@ -77,6 +77,7 @@ class CostProfile:
     # prices asked of these points (`_cost`): a replay prices every step of every arm, and a drift
     # check every few rows prices a window again; the points (their list and its length) key it
     _prices: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _layouts: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # (kind, model) -> `_layout`
     _priced_on: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def covers(self, batch_size: int, lo: int, hi: int, max_width: int, draft_models: Sequence[str] = (),
@@ -143,6 +144,11 @@ class CostProfile:
         one width (all, where none was), narrowest first; [] without points. A context measured
         at only some of another's widths, up to the same widest, is not a curve: its points set
         the context factor of wide steps (`_along`)."""
+        return CostProfile._nearest(CostProfile._curves(pts), context)
+
+    @staticmethod
+    def _curves(pts: Sequence[StepCost]) -> dict[int, list[StepCost]]:
+        """The contexts `_curve` chooses among, each with its points narrowest first."""
         by_context: dict[int, list[StepCost]] = {}
         for p in pts:
             by_context.setdefault(p.context, []).append(p)
@@ -151,15 +157,19 @@ class CostProfile:
         # widest verify at lo) tells how a width's cost moves with context; it is no curve
         factor_only = {c for c, ws in widths.items() if any(ws < o and max(ws) == max(o) for o in widths.values())}
         curves = {c: ps for c, ps in by_context.items() if len(ps) > 1 and c not in factor_only} or by_context
+        return {c: sorted(ps, key=lambda p: p.tokens) for c, ps in curves.items()}
+
+    @staticmethod
+    def _nearest(curves: dict[int, list[StepCost]], context: int) -> list[StepCost]:
+        """The curve whose context is nearest `context` by ratio (the lower on a tie); [] without one."""
         if not curves:
             return []
-        home = min(curves, key=lambda c: (abs(math.log(max(c, 1) / max(context, 1))), c))
-        return sorted(curves[home], key=lambda p: p.tokens)
+        return curves[min(curves, key=lambda c: (abs(math.log(max(c, 1) / max(context, 1))), c))]
 
     def merge(self, points: Sequence[StepCost], seconds: float) -> None:
         new = {p.key for p in points}
         self.points = [p for p in self.points if p.key not in new] + list(points)
-        self._prices, self._priced_on = {}, ()
+        self._prices, self._layouts, self._priced_on = {}, {}, ()
         self.measured_s += seconds
         for key in new:
             self.timings.pop(key, None)
@@ -210,13 +220,32 @@ class CostProfile:
         key = (kind, model, batch, context, tokens)
         on = (id(self.points), len(self.points))
         if self._priced_on != on or len(self._prices) >= PRICES_KEPT:
-            self._prices, self._priced_on = {}, on
+            self._prices, self._layouts, self._priced_on = {}, {}, on
         price = self._prices.get(key)
         if price is None:
             price = self._prices[key] = self._priced(*key)
         return price
 
     def _priced(self, kind: str, model: str | None, batch: int, context: int, tokens: int) -> float:
+        layout = self._layouts.get((kind, model))
+        if layout is None:
+            layout = self._layouts[(kind, model)] = self._layout(kind, model)
+        narrow, per_batch = layout
+        by_tokens: dict[int, list[float]] = {}
+        for b, curves, moves in per_batch:
+            curve = self._nearest(curves, context)
+            home = curve[0].context
+            if home not in moves:
+                moves[home] = _Moved(curve, narrow)
+            for width, seconds in moves[home].at(context):
+                by_tokens.setdefault(b * width, []).append(seconds)
+        ns = sorted(by_tokens)
+        return _lerp(ns, _rising([sum(by_tokens[n]) / len(by_tokens[n]) for n in ns]), batch * tokens)
+
+    def _layout(self, kind: str, model: str | None) -> tuple[list[StepCost], list[tuple[int, dict, dict]]]:
+        """What `_priced` reads of the points whatever the context: the points that set the
+        context factor, and per batch size its curves (`_curves`) and each curve's moves
+        (`_Moved`, filled as contexts ask for them)."""
         pts = [p for p in self.points if p.kind == kind and (model is None or p.model == model)]
         assert pts, f"no {kind} cost measured"
         batches = sorted({p.batch for p in pts})
@@ -224,12 +253,7 @@ class CostProfile:
         # production batch: lo, middle and hi; batch 1 only at the middle)
         ref = max(batches, key=lambda b: (len({p.context for p in pts if p.batch == b}), b))
         narrow = [p for p in pts if p.batch == ref]
-        by_tokens: dict[int, list[float]] = {}
-        for b in batches:
-            for width, seconds in self._along([p for p in pts if p.batch == b], context, narrow):
-                by_tokens.setdefault(b * width, []).append(seconds)
-        ns = sorted(by_tokens)
-        return _lerp(ns, _rising([sum(by_tokens[n]) / len(by_tokens[n]) for n in ns]), batch * tokens)
+        return narrow, [(b, self._curves([p for p in pts if p.batch == b]), {}) for b in batches]
 
     @classmethod
     def _along(cls, pts: Sequence[StepCost], context: int,
@@ -248,23 +272,7 @@ class CostProfile:
         line 0.98-1.02: bench/verify_context.py), and every speedup predicted there came out low;
         a probe of a loop step's own shape costs what the step does (bench/probe_fidelity.py). At
         batch 4 and 1 the two lines agree within 2%."""
-        curve = cls._curve(pts, context)
-        home = curve[0].context
-        narrow: dict[int, float] = {}
-        for p in sorted(factor_pts or pts, key=lambda p: (p.context, -p.tokens)):
-            narrow[p.context] = p.seconds  # the narrowest point of each context
-        narrowest, widest = curve[0].tokens, curve[-1].tokens
-        wide_points = {p.context: p.seconds for p in factor_pts or pts if widest > narrowest and p.tokens == widest}
-
-        def factor(points: dict[int, float]) -> float:
-            line = _line(list(points), list(points.values()))
-            base = line(home)  # the curve's own context may lie between those of `factor_pts`
-            return line(context) / base if base > 0 else 1.0
-
-        plain = factor(narrow)
-        wide = factor(wide_points) if len(wide_points) > 1 else plain
-        moved = [p.seconds * (plain if p.tokens == narrowest else wide) for p in curve]
-        return list(zip([p.tokens for p in curve], _rising(moved)))
+        return _Moved(cls._curve(pts, context), factor_pts or pts).at(context)
 
     @classmethod
     def _at_batch(cls, pts: Sequence[StepCost], context: int, tokens: int) -> float:
@@ -274,6 +282,40 @@ class CostProfile:
 
     def to_struct(self) -> list[dict]:
         return [p.to_struct() for p in self.points]
+
+
+class _Moved:
+    """A width curve and the lines that move it to another context (`CostProfile._along`): the
+    line through the narrowest point of every context of `factor_pts` moves the curve's narrowest
+    width, the line through its widest width's points there (where they lie at more than one
+    context) the wider ones, each as its value at the context over its value at the curve's own."""
+
+    __slots__ = ("tokens", "seconds", "narrowest", "plain", "wide")
+
+    def __init__(self, curve: Sequence[StepCost], factor_pts: Sequence[StepCost]) -> None:
+        home = curve[0].context
+        narrow: dict[int, float] = {}
+        for p in sorted(factor_pts, key=lambda p: (p.context, -p.tokens)):
+            narrow[p.context] = p.seconds  # the narrowest point of each context
+        self.tokens, self.seconds = [p.tokens for p in curve], [p.seconds for p in curve]
+        self.narrowest, widest = curve[0].tokens, curve[-1].tokens
+        wide_points = {p.context: p.seconds for p in factor_pts if widest > self.narrowest and p.tokens == widest}
+        self.plain = _factor(narrow, home)
+        self.wide = _factor(wide_points, home) if len(wide_points) > 1 else self.plain
+
+    def at(self, context: int) -> list[tuple[int, float]]:
+        """(tokens per row, seconds) along the curve moved to `context`, rising."""
+        plain, wide = self.plain(context), self.wide(context)
+        moved = [s * (plain if t == self.narrowest else wide) for t, s in zip(self.tokens, self.seconds)]
+        return list(zip(self.tokens, _rising(moved)))
+
+
+def _factor(points: dict[int, float], home: int):
+    """context -> the least-squares line through `points` (context -> seconds, `_line`) there, over
+    its value at `home` (1.0 where that is 0)."""
+    line = _line(list(points), list(points.values()))
+    base = line(home)  # the curve's own context may lie between those of the points
+    return (lambda context: line(context) / base) if base > 0 else (lambda context: 1.0)
 
 
 def _rising(ys: Sequence[float]) -> list[float]:

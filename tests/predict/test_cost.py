@@ -253,3 +253,20 @@ def test_a_price_is_worked_out_once_while_the_points_stand():
     assert len(worked) == 3
     profile.merge([StepCost("target", "m", 8, 100, 5, 2.0)], 0.0)
     assert profile.target_s(8, 100, 5) == pytest.approx(2.0) and len(worked) == 4
+
+
+def test_a_warm_profile_prices_as_a_cold_one_whatever_it_priced_before():
+    """_priced keeps what it reads of the points whatever the context (the curves of each batch
+    size, each curve's lines, `_Moved`): a profile that has priced many steps, at contexts nearer
+    one curve and then the other, prices every step as a profile that priced nothing before."""
+    import random
+
+    rng = random.Random(3)
+    target, _ = profile_grid(8, 120, 700, 9, [])
+    points = [StepCost("target", "m", b, c, w, rng.uniform(0.5, 2.0) * 0.001 * b * w * (1 + c / 400))
+              for b, c, w in target]
+    points += [StepCost("target", "m", 8, 2400, w, 0.004 * w) for w in (1, 5, 9)]  # a second curve, far off
+    warm = CostProfile(list(points))
+    asks = [(rng.randint(1, 8), rng.randint(1, 5000), rng.choice([1, 2, 3, 5, 9])) for _ in range(400)]
+    for ask in asks:
+        assert warm.target_s(*ask) == CostProfile(list(points)).target_s(*ask), ask
