@@ -42,13 +42,17 @@ def ngram_lookup(tokens: np.ndarray, max_ngram: int, k: int) -> list[int]:
     return []
 
 
+KEY_BITS = 32  # bits per token in an n-gram's key (`NgramIndex`)
+
+
 class NgramIndex:
     """A growing sequence with the latest earlier start of each of its n-grams (n = 1 ..
     max_ngram): `propose(k)` is `ngram_lookup` over the sequence, without scanning it. A lookup
     scans the whole context with numpy at every step, 40 us a row at 500 tokens and 130-240 us at
     4,500 (2026-12-04, this CPU), where a batch-8 step of a small model on a GPU is 2-3 ms a row;
-    the index costs a dict entry per token and n when a token is added (about 120 bytes: 1 MB
-    for a row of 4,500 tokens at the default n of 2), and a dict lookup per n to propose.
+    the index costs a dict entry per token and n when a token is added, keyed by the n-gram's
+    tokens packed into one int (KEY_BITS each: exact for any vocabulary under 2^32), and a dict
+    lookup per n to propose.
     (TensorRT-LLM's NGram keeps such a pool per request too, updated as tokens are
     accepted: tensorrt_llm/_torch/speculative/ngram.py, NGramPoolManager.)"""
 
@@ -57,7 +61,7 @@ class NgramIndex:
     def __init__(self, max_ngram: int, tokens=(), owner: object = None) -> None:
         self.max_ngram = max_ngram
         self.tokens: list[int] = []
-        self.latest: list[dict[tuple, int]] = [{} for _ in range(max_ngram + 1)]  # n -> n-gram -> its latest start
+        self.latest: list[dict[int, int]] = [{} for _ in range(max_ngram + 1)]  # n -> n-gram (its key) -> its latest start
         self.owner = owner  # the row whose context this follows (NgramDrafter)
         self.extend(tokens)
 
@@ -67,12 +71,13 @@ class NgramIndex:
         tokens, latest, top = self.tokens, self.latest, self.max_ngram
         for token in new:
             tokens.append(int(token))
-            last = len(tokens) - 1
+            last, key = len(tokens) - 1, 0
             for n in range(1, top + 1):
                 start = last - n
                 if start < 0:
                     break
-                latest[n][tuple(tokens[start:last])] = start
+                key |= tokens[start] << (KEY_BITS * (n - 1))  # tokens[start:last], the latest in the low bits
+                latest[n][key] = start
 
     def propose(self, k: int) -> list[int]:
         """Up to k tokens that followed the latest earlier match of the last n tokens, n from
@@ -80,8 +85,13 @@ class NgramIndex:
         tokens = self.tokens
         if k <= 0:
             return []
-        for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
-            start = self.latest[n].get(tuple(tokens[-n:]))
+        top = min(self.max_ngram, len(tokens) - 1)
+        keys, key = [0] * (top + 1), 0
+        for n in range(1, top + 1):  # the last n tokens as `extend` keys them
+            key |= tokens[-n] << (KEY_BITS * (n - 1))
+            keys[n] = key
+        for n in range(top, 0, -1):
+            start = self.latest[n].get(keys[n])
             if start is not None:
                 return tokens[start + n : start + n + k]
         return []

@@ -436,8 +436,9 @@ def test_the_ngram_index_proposes_what_the_lookup_finds_at_every_position():
     from batchspec.engine.torch.drafters import NgramDrafter, NgramIndex, ngram_lookup
 
     rng = np.random.default_rng(7)
-    for vocab in (2, 3, 5, 50):
-        seq = rng.integers(0, vocab, 120).tolist()
+    large = [0, 65_535, 65_536, 2**20 + 3, 2**31 - 1, 2**32 - 1]  # ids that fill an n-gram key's bits
+    for seq in [rng.integers(0, vocab, 120).tolist() for vocab in (2, 3, 5, 50)] + [rng.choice(large, 120).tolist()]:
+        vocab = max(seq) + 1
         for max_ngram in (1, 2, 3, 4):
             index = NgramIndex(max_ngram, seq[:1])
             for end in range(2, len(seq) + 1):
