@@ -73,7 +73,7 @@ from batchspec.calibrate.pricing import Anchor, anchor_of_steps, arm_price_s, no
 from batchspec.config.candidates import default_candidates_path, load_candidates  # noqa: E402
 from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SpecConfig, Timing  # noqa: E402
 from batchspec.errors import BatchspecError  # noqa: E402
-from batchspec.predict.cost import predict_decode_s  # noqa: E402
+from batchspec.predict.replay import predict_decode_s  # noqa: E402
 from batchspec.shard import ShardInput, decide, run_shard  # noqa: E402
 
 

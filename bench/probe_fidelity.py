@@ -40,7 +40,8 @@ from batchspec.calibrate.pricing import plain_rows  # noqa: E402
 from batchspec.calibrate.profiling import shape_of  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
 from batchspec.engine.torch import kv, measure  # noqa: E402
-from batchspec.predict.cost import CostProfile, profile_grid, slots_reach  # noqa: E402
+from batchspec.predict.cost import CostProfile, profile_grid  # noqa: E402
+from batchspec.predict.replay import slots_reach  # noqa: E402
 
 
 class Shadowed:

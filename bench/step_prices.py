@@ -38,7 +38,8 @@ from batchspec.calibrate.pricing import Anchor, _counterfactual, none_plans, pla
 from batchspec.calibrate.profiling import shape_of  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
 from batchspec.engine.torch import kv, measure  # noqa: E402
-from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s, profile_grid  # noqa: E402
+from batchspec.predict.cost import CostProfile, profile_grid  # noqa: E402
+from batchspec.predict.replay import RowPlan, predict_decode_s  # noqa: E402
 
 
 class Forwards:

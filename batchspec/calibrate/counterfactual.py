@@ -60,7 +60,8 @@ from batchspec.calibrate.pricing import Anchor, KeyHistory, _counterfactual, non
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig
 from batchspec.errors import one_line
 from batchspec.predict.acceptance import PlainRow
-from batchspec.predict.cost import CostProfile, predict_decode_s
+from batchspec.predict.cost import CostProfile
+from batchspec.predict.replay import predict_decode_s
 from batchspec.stats import ArmResult
 
 CONFIRM_MIN_ROWS = 4  # at batch 1 a single row is too few to measure an arm on

@@ -26,7 +26,8 @@ from batchspec.engine.base import (
     mean_accepted_len,
 )
 from batchspec.predict.acceptance import Acceptance, PlainRow, draft_acceptance, ngram_acceptance
-from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s
+from batchspec.predict.cost import CostProfile
+from batchspec.predict.replay import RowPlan, predict_decode_s
 from batchspec.stats import ArmResult
 
 

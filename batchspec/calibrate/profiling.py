@@ -12,7 +12,8 @@ from typing import Callable, Sequence
 
 from batchspec.engine.base import GenerateResult, SpecConfig
 from batchspec.predict.acceptance import PlainRow
-from batchspec.predict.cost import CostProfile, profile_grid, slots_reach
+from batchspec.predict.cost import CostProfile, profile_grid
+from batchspec.predict.replay import slots_reach
 
 
 def shape_of(rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int,

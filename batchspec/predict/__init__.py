@@ -3,8 +3,8 @@ them (the engine measures; these replay and price).
 
     acceptance   counterfactual acceptance: from a row decoded under "none", the accepted length of
                  every step each arm would have taken, every draft length at once (exact for greedy)
-    cost         the worker's cost profile (step costs the engine measured) and the replay of a
-                 sample's schedule that prices an arm from it
+    cost         the worker's cost profile: step costs the engine measured, priced at any shape
+    replay       the replay of a sample's schedule that prices an arm from the profile
     probe        goodput at other draft lengths from one measured probe (Leviathan et al.), for
                  arms that must be measured by running (TensorRT-LLM's Eagle3 and MTP)
 
@@ -22,7 +22,8 @@ from batchspec.predict.acceptance import (  # noqa: F401
     ngram_runs,
     walk,
 )
-from batchspec.predict.cost import CostProfile, Predicted, RowPlan, predict_decode_s, profile_grid  # noqa: F401
+from batchspec.predict.cost import CostProfile, profile_grid  # noqa: F401
+from batchspec.predict.replay import Predicted, RowPlan, predict_decode_s  # noqa: F401
 from batchspec.predict.probe import (  # noqa: F401
     acceptance_from_mean_len,
     expected_tokens_per_step,

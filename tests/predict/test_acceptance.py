@@ -121,11 +121,12 @@ def test_sampling_estimate_stays_within_the_draft_length(plain, word_models):
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 def test_the_replay_runs_the_draft_steps_the_engine_runs(plain, word_models, batch_size, monkeypatch):
-    """The schedule batchspec.predict.cost replays from the counterfactual is the engine's: as many
+    """The schedule batchspec.predict.replay replays from the counterfactual is the engine's: as many
     target forwards, and the same draft steps that feed two tokens (a row's catch-up after all its
     drafts were accepted), counted here by pricing only those."""
     from batchspec.engine.torch import kv
-    from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s
+    from batchspec.predict.cost import CostProfile
+    from batchspec.predict.replay import RowPlan, predict_decode_s
 
     engine, requests, result, rows = plain
     logits = engine.teacher_forced_logits(pairs(rows), draft_model="close")

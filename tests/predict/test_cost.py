@@ -1,11 +1,12 @@
-"""The cost profile and the schedule replay (batchspec.predict.cost) on constructed costs."""
+"""The cost profile (batchspec.predict.cost) and the schedule replay (batchspec.predict.replay) on constructed costs."""
 
 from __future__ import annotations
 
 import pytest
 
 from batchspec.engine.base import ADMIT_WINDOW, StepCost, admission_order
-from batchspec.predict.cost import CostProfile, RowPlan, predict_decode_s, profile_grid
+from batchspec.predict.cost import CostProfile, profile_grid
+from batchspec.predict.replay import RowPlan, predict_decode_s
 
 
 def profile_of(points: list[tuple]) -> CostProfile:
