@@ -109,7 +109,7 @@ def ngram_runs(row: PlainRow, max_ngram: int, k_max: int) -> tuple[list[int], li
     out = list(row.output_ids)
     runs, offered = [0], [0]
     for t, proposal in enumerate(_ngram_proposals(row, max_ngram, k_max), 1):
-        runs.append(_agree(proposal, out[t:]))
+        runs.append(_agree(proposal, out[t : t + k_max]))  # a proposal holds at most k_max tokens
         offered.append(len(proposal))
     return runs, offered
 
@@ -118,12 +118,9 @@ def _ngram_proposals(row: PlainRow, max_ngram: int, k_max: int):
     """The n-gram lookup's proposal at every output position t >= 1 of a plain row, over its
     prompt and output[:t] (`NgramIndex`: what `ngram_lookup` says, the sequence indexed once)."""
     out = list(row.output_ids)
-    if len(out) < 2:
-        return
-    index = NgramIndex(max_ngram, [*row.prompt_ids, out[0]])
+    index = NgramIndex(max_ngram, row.prompt_ids)
     for t in range(1, len(out)):
-        if t > 1:
-            index.extend(out[t - 1 : t])
+        index.extend(out[t - 1 : t])
         yield index.propose(k_max)
 
 
