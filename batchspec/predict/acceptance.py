@@ -116,7 +116,7 @@ def ngram_runs(row: PlainRow, max_ngram: int, k_max: int) -> tuple[list[int], li
 
 def _ngram_proposals(row: PlainRow, max_ngram: int, k_max: int):
     """The n-gram lookup's proposal at every output position t >= 1 of a plain row, over its
-    prompt and output[:t] (`NgramIndex`: what `ngram_lookup` says, the sequence indexed once)."""
+    prompt and output[:t] (`NgramIndex`, the engine drafter's: the sequence indexed once)."""
     out = list(row.output_ids)
     index = NgramIndex(max_ngram, row.prompt_ids)
     for t in range(1, len(out)):

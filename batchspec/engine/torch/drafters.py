@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from batchspec.engine.sampling import probs_from_logits, sample_from
@@ -29,32 +28,19 @@ class Drafts:
     probs: torch.Tensor | None  # [B, K, V] drafter distribution, None for deterministic drafters
 
 
-def ngram_lookup(tokens: np.ndarray, max_ngram: int, k: int) -> list[int]:
-    """Propose up to k tokens that followed the latest earlier match of the last n tokens."""
-    if k <= 0:
-        return []
-    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
-        hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return tokens[start : start + k].tolist()
-    return []
-
-
 KEY_BITS = 32  # bits per token in an n-gram's key (`NgramIndex`)
 
 
 class NgramIndex:
     """A growing sequence with the latest earlier start of each of its n-grams (n = 1 ..
-    max_ngram): `propose(k)` is `ngram_lookup` over the sequence, without scanning it. A lookup
-    scans the whole context with numpy at every step, 40 us a row at 500 tokens and 130-240 us at
-    4,500 (2026-12-04, this CPU), where a batch-8 step of a small model on a GPU is 2-3 ms a row;
-    the index costs a dict entry per token and n when a token is added, keyed by the n-gram's
-    tokens packed into one int (KEY_BITS each: exact for any vocabulary under 2^32), and a dict
-    lookup per n to propose.
-    (TensorRT-LLM's NGram keeps such a pool per request too, updated as tokens are
-    accepted: tensorrt_llm/_torch/speculative/ngram.py, NGramPoolManager.)"""
+    max_ngram): `propose(k)` finds what a scan of the whole sequence would, without the scan. The
+    drafter scanned the context with numpy at every step until 2026-12-04 (the scan is the tests'
+    reference now): 40 us a row at 500 tokens and 130-240 us at 4,500 on this CPU, where a
+    batch-8 step of a small model on a GPU is 2-3 ms a row. The index costs a dict entry per token
+    and n when a token is added, keyed by the n-gram's tokens packed into one int (KEY_BITS each:
+    exact for any vocabulary under 2^32), and a dict lookup per n to propose. (TensorRT-LLM's
+    NGram keeps such a pool per request too, updated as tokens are accepted:
+    tensorrt_llm/_torch/speculative/ngram.py, NGramPoolManager.)"""
 
     __slots__ = ("max_ngram", "tokens", "latest", "owner")
 
@@ -66,8 +52,8 @@ class NgramIndex:
         self.extend(tokens)
 
     def extend(self, new) -> None:
-        """Append `new`; each n-gram that now lies wholly before the last token becomes findable,
-        as ngram_lookup searches `tokens[:-1]`."""
+        """Append `new`; each n-gram that now lies wholly before the last token becomes findable
+        (`propose` matches within the sequence less its last token)."""
         tokens, latest, top = self.tokens, self.latest, self.max_ngram
         for token in new:
             tokens.append(int(token))
@@ -80,8 +66,8 @@ class NgramIndex:
                 latest[n][key] = start
 
     def propose(self, k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier match of the last n tokens, n from
-        max_ngram down: what `ngram_lookup(tokens, max_ngram, k)` returns."""
+        """Up to k tokens that followed the latest earlier match of the last n tokens (in the
+        sequence less its last token), n from max_ngram down."""
         tokens = self.tokens
         if k <= 0:
             return []

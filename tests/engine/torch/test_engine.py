@@ -119,16 +119,32 @@ def test_ngram_counts_on_a_constructed_case():
     assert c.accepted_at == [1, 1, 1]  # positions 0-2 accepted once (step 1), position 3 never
 
 
-def test_ngram_lookup_prefers_the_longest_latest_match():
+def ngram_lookup(tokens, max_ngram: int, k: int) -> list[int]:
+    """The reference the n-gram index is held to: the scan the drafter ran until 2026-12-04. Up to
+    k tokens that followed the latest earlier match of the last n tokens, n from max_ngram down."""
     import numpy as np
 
-    from batchspec.engine.torch.drafters import ngram_lookup
+    tokens = np.asarray(tokens)
+    if k <= 0:
+        return []
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
+        hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return tokens[start : start + k].tolist()
+    return []
 
-    tokens = np.array([1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3])
-    assert ngram_lookup(tokens, 3, 2) == [5, 6]  # "2 3" latest earlier match is followed by 5 6
-    assert ngram_lookup(np.array([1, 2, 3, 1, 2]), 2, 4) == [3, 1, 2]
-    assert ngram_lookup(np.array([1, 2, 3]), 3, 4) == []
-    assert ngram_lookup(tokens, 3, 0) == []
+
+def test_ngram_lookup_prefers_the_longest_latest_match():
+    from batchspec.engine.torch.drafters import NgramIndex
+
+    tokens = [1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3]
+    cases = [(tokens, 3, 2, [5, 6]),  # "2 3" latest earlier match is followed by 5 6
+             ([1, 2, 3, 1, 2], 2, 4, [3, 1, 2]), ([1, 2, 3], 3, 4, []), (tokens, 3, 0, [])]
+    for seq, max_ngram, k, want in cases:
+        assert ngram_lookup(seq, max_ngram, k) == want
+        assert NgramIndex(max_ngram, seq).propose(k) == want
 
 
 # -- sampling follows the target's distribution ----------------------------------------------------
@@ -433,7 +449,7 @@ def test_the_ngram_index_proposes_what_the_lookup_finds_at_every_position():
     leave and join, as the decode loop's rows do."""
     import numpy as np
 
-    from batchspec.engine.torch.drafters import NgramDrafter, NgramIndex, ngram_lookup
+    from batchspec.engine.torch.drafters import NgramDrafter, NgramIndex
 
     rng = np.random.default_rng(7)
     large = [0, 65_535, 65_536, 2**20 + 3, 2**31 - 1, 2**32 - 1]  # ids that fill an n-gram key's bits
