@@ -115,6 +115,8 @@ class Confirming:
         window = plain_s / arm_s
         priced = arm_price_s(steps, v.top_spec, anchor, self.worker.profile, v.lookup_s)
         ratio = (delta.decode_s - delta.admit_s) / priced if priced > 0 else 1.0  # measured over priced
+        if priced > 0:  # the arm's steps are priced at what they measure on this worker from now on
+            self.worker.profile.arm_measured(v.top_spec.method, v.top_spec.draft_model, ratio)
         predicted = v.top.predicted_speedup
         speedup, which = confirmed_speedup(predicted, ratio, window)
         tokens = sum(s.committed for s in steps)

@@ -304,10 +304,23 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     if top is not None and settings.confirm and first and not wanted:
         reason += (f"; not confirmed: {top[0].label} predicted below the margin by more than its error "
                    f"({error:.0%}); under none the drift watch predicts every arm again as rows finish")
-    reason += _estimated(results)
+    reason += _estimated(results) + _arm_scales(worker.profile, arms)
     top_spec = next(s for s in arms if s.label == top[0].label) if top is not None else None
     return Verdict(results, chosen, reason, anchor, top[0] if top else None, top_spec, wanted, first, error, profile_s,
                    counter[1])
+
+
+def _arm_scales(profile: CostProfile, arms: Sequence[SpecConfig]) -> str:
+    """The reason's clause where an arm's steps are priced at what they measured on this worker."""
+    scales = {}
+    for a in arms:
+        scale = profile.arm_scale(a.method, a.draft_model)
+        if scale != 1.0:
+            scales[a.method if a.method != "draft_target" else f"{a.method} ({a.draft_model})"] = scale
+    if not scales:
+        return ""
+    each = ", ".join(f"{m} {s:.2f}x" for m, s in scales.items())
+    return f"; speculative steps priced at what confirmations measured them at on this worker: {each} the profile's price"
 
 
 def _estimated(arms: Sequence[ArmResult]) -> str:
@@ -357,6 +370,8 @@ def _confirm(engine, others: Sequence[Request], spec: SpecConfig, arm: ArmResult
     on_rows = arm.predicted_speedup
     if all(r.greedy for r in done):
         on_rows = predict_arms(engine, done, [spec], anchor, profile, batch_size)[0].predicted_speedup or on_rows
+        if on_rows:  # on the same rows and plain price, predicted over measured is the arm's steps' over their price
+            profile.arm_measured(spec.method, spec.draft_model, on_rows / measured)
     return measured, on_rows, ran
 
 

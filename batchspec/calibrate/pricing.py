@@ -248,8 +248,9 @@ def arm_price_s(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile
                 lookup_s: float = 0.0) -> float:
     """The profile's price of `steps` as they ran under `spec`, anchored: each verify at its width,
     a draft model's draft steps (the first as wide as its catch-up can be: two tokens), an n-gram
-    lookup per row (`lookup_s`), the bookkeeping per row. A draft model's prefills are not priced
-    (nor counted where this is compared: Timing.admit_s)."""
+    lookup per row (`lookup_s`), the bookkeeping per row, all at what the method's steps measured
+    over such prices on this worker (`CostProfile.arm_scale`). A draft model's prefills are not
+    priced (nor counted where this is compared: Timing.admit_s)."""
     total = 0.0
     for s in steps:
         total += anchor.scale * (profile.target_s(s.rows, s.context + 1, s.tokens) + anchor.other * s.rows)
@@ -258,7 +259,7 @@ def arm_price_s(steps: Sequence[Step], spec: SpecConfig, anchor: Anchor, profile
             total += anchor.scale * (profile.draft_s(model, s.rows, ctx, 2) + (s.tokens - 2) * profile.draft_s(model, s.rows, ctx))
         elif spec.method == "ngram":
             total += lookup_s * s.rows
-    return total
+    return total * profile.arm_scale(spec.method, spec.draft_model)
 
 
 HISTORY_ROWS = 64  # a key's last rows on a worker that its next shard predicts on (KeyHistory), at least a drift window

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -26,6 +27,12 @@ CONTEXT_REACH = 2.0  # a width curve prices shards whose middle context is withi
 CONTEXT_FLAT = 0.25  # ... or within its square, where a plain step costs within this fraction of the curve's
 TIMINGS_KEPT = 4  # a re-timed point's price: the mean of its last this many timings (CostProfile.retime)
 PRICES_KEPT = 100_000  # prices a profile remembers (`CostProfile._cost`) before it starts again: a few MB
+ARM_KEPT = 4  # a speculative method's last measured-over-priced ratios (CostProfile.arm_measured); its steps priced at their median
+
+
+def arm_key(method: str, draft_model: str | None = None) -> str:
+    """A speculative method's key among `CostProfile.arm_ratios`: a draft model's steps are its own."""
+    return f"{method}:{draft_model}" if method == "draft_target" else method
 
 
 def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
@@ -71,6 +78,9 @@ class CostProfile:
     # covered for no shard, so the next one at that batch prices on the curve again or measures the rest
     cut: set = field(default_factory=set)
     timings: dict = field(default_factory=dict)  # point key -> its last TIMINGS_KEPT timings, where re-timed
+    # per speculative method (`arm_key`): its steps' measured time over the forwards' price of them,
+    # its last ARM_KEPT confirmations' (`arm_measured`); an arm's steps are priced at their median
+    arm_ratios: dict = field(default_factory=dict)
     # prices asked of these points (`_cost`): a replay prices every step of every arm, and a drift
     # check every few rows prices a window again; the points (their list and its length) key it
     _prices: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -162,6 +172,31 @@ class CostProfile:
         if not curves:
             return []
         return curves[min(curves, key=lambda c: (abs(math.log(max(c, 1) / max(context, 1))), c))]
+
+    def arm_scale(self, method: str, draft_model: str | None = None) -> float:
+        """What a step of `method` costs on this worker over what the points price it at: the
+        median of the ratios its confirmations measured (`arm_measured`), 1.0 before the first
+        and for plain decoding.
+
+        The points time the target's forwards and the accept rule on their logits; a speculative
+        step also drafts, keeps some of its slots and not others, and commits several tokens a
+        row, Python work per step that plain decoding's bookkeeping (the anchor's) does not hold.
+        Where a step is slow it hardly counts; where it is fast it does: on a 3.7 ms batch-8 step
+        (bench/fast_model.py, held-out rows, 2026-12-05) n-gram steps ran 1.10-1.26x their
+        price against plain decoding's, 90-115 µs of bookkeeping a row-step to its 44, and every
+        arm's speedup was predicted 15-32% high; on the H200 (stop 40) predictions ran 12-50%
+        high at batch 4 and 8. A ratio measured is the whole step's, as the engine ran it."""
+        kept = self.arm_ratios.get(arm_key(method, draft_model)) if method != "none" else None
+        return statistics.median(kept) if kept else 1.0
+
+    def arm_measured(self, method: str, draft_model: str | None, ratio: float) -> None:
+        """A confirmation measured `method`'s steps at `ratio` times their price as this profile
+        prices them now (`arm_scale` included): kept as a ratio to the points' price, the last
+        ARM_KEPT of them."""
+        if method == "none" or not (ratio > 0 and math.isfinite(ratio)):
+            return
+        key = arm_key(method, draft_model)
+        self.arm_ratios[key] = [*self.arm_ratios.get(key, ())[-(ARM_KEPT - 1):], ratio * self.arm_scale(method, draft_model)]
 
     def merge(self, points: Sequence[StepCost], seconds: float) -> None:
         new = {p.key for p in points}

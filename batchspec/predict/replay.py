@@ -69,7 +69,9 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
     wide whenever one row of the batch accepted all.
 
     `other_per_row_step` is the engine's bookkeeping per row and step beyond the forward and the
-    accept rule (from the measured plain run); `lookup_per_row_step` an n-gram lookup's cost."""
+    accept rule (from the measured plain run); `lookup_per_row_step` an n-gram lookup's cost. A
+    speculative arm's price is then taken at what its steps measured on this worker over such
+    prices (`CostProfile.arm_scale`: 1.0 until a confirmation measured one)."""
     queue = admission_order([r.prompt_len for r in rows], batch_size)
     active: list[list[int | float]] = []  # [row index, next step, context, tokens the draft's cache lags by]
     verify = draft = other = 0.0
@@ -111,5 +113,7 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
             slots = 0  # the engine starts a fresh batch
         elif slots > slots_reach(longest):
             slots = longest  # kv.Batch.compact squeezes the holes out
+    scale = profile.arm_scale(method, draft_model)  # a speculative step's own measured cost on this worker
+    verify, draft, other = scale * verify, scale * draft, scale * other
     tokens = float(sum(r.decode_tokens for r in rows))
     return Predicted(verify + draft + other, verify, draft, other, steps, tokens)

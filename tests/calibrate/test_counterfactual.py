@@ -36,6 +36,11 @@ def test_counterfactual_calibration_predicts_every_arm_from_one_plain_run(tiny_e
     assert plain == sample and len(confirm) == 4 and not set(confirm) & sample
     assert set(confirm.values()) == {best.label} and best.decode_tokens > 0
     assert 0 <= d.overhead_s <= d.calibration_s
+    # predicted over measured on the rows it ran (greedy: the arm's own counterfactual on them) is
+    # what the method's steps cost over their price: the worker prices them so from now on
+    on_rows = float(d.reason.split("predicted ")[-1].split("x on those rows")[0])
+    spec = next(a for a in arms if a.label == best.label)
+    assert abs(worker.profile.arm_scale(spec.method, spec.draft_model) - on_rows / best.speedup) <= 0.0051 / best.speedup
 
     # the next shard of the key on this worker: profile reused; confirmed only near the margin
     assert worker.errors["k"]  # the confirmation measured the prediction's error, the key's

@@ -57,6 +57,10 @@ def test_a_shard_calibrates_inside_its_own_batch(tiny_engine):
     assert best.measured and best.speedup and f"confirmed (first shard of its key on this worker): {best.label} " \
         f"at {best.speedup:.2f}x plain decoding: its " in d.reason
     assert any(s.label == best.label for s in shard.row_specs)  # rows finished under it
+    # what its steps took over their price is how the worker prices the method's steps from now on
+    took = float(d.reason.split("x the profile's price")[0].rsplit(" took ", 1)[1])
+    spec = next(a for a in SELF if a.label == best.label)
+    assert worker.profile.arm_ratios and abs(worker.profile.arm_scale(spec.method, spec.draft_model) - took) <= 0.005
     assert d.profile_s > 0 and worker.profile.points and st.profile_s == d.profile_s
     # what calibration costs is the control's own time, all of it not kept as output
     assert 0 < st.calibration_s == st.calibration_overhead_s < st.wall_s
@@ -66,6 +70,7 @@ def test_a_shard_calibrates_inside_its_own_batch(tiny_engine):
     again = run_shard(tiny_engine, ShardInput("s1", "k", rows), SELF, True, 4,
                       CalibrationSettings(max_tokens=24, sample_size=8, margin=9.0), worker=worker)
     assert again.decision.profile_s == 0.0 and not again.decision.confirmed
+    assert "speculative steps priced at what confirmations measured them at on this worker: " in again.decision.reason
     assert again.stats.spec_method == "none"  # no arm commits 10 tokens a round: none can beat 10x
     assert all(again.row_specs[i] == settled for i in sample) and worker.settled["k"] is NO_SPEC
     assert [c.token_ids for c in again.completions] == [c.token_ids for c in plain.completions]
@@ -202,6 +207,12 @@ def test_an_anchor_prices_the_run_it_was_taken_from_at_its_measured_time():
     anchor = anchor_of_steps(timing, steps, profile)
     assert plain_price_s(steps, anchor, profile) == pytest.approx(timing.decode_s)
     assert arm_price_s(steps, NO_SPEC, anchor, profile) == pytest.approx(timing.decode_s)
+    # an arm's steps at what its confirmations measured them at on this worker, plain decoding's as they were
+    k2 = SpecConfig("ngram", 2)
+    unscaled = arm_price_s([Step(4, 30, 3, 10)], k2, anchor, profile, 0.001)
+    profile.arm_measured("ngram", None, 1.3)
+    assert arm_price_s([Step(4, 30, 3, 10)], k2, anchor, profile, 0.001) == pytest.approx(1.3 * unscaled)
+    assert plain_price_s(steps, anchor, profile) == pytest.approx(timing.decode_s)
 
 
 def test_a_run_under_an_arm_is_priced_as_plain_decoding():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batchspec.engine.base import ADMIT_WINDOW, StepCost, admission_order
-from batchspec.predict.cost import CostProfile, profile_grid
+from batchspec.predict.cost import ARM_KEPT, CostProfile, profile_grid
 from batchspec.predict.replay import RowPlan, predict_decode_s
 
 
@@ -89,6 +89,38 @@ def test_replay_prices_each_step_as_wide_as_its_widest_row():
     spec = [RowPlan(10, 3, [2, 0], [2, 0]), RowPlan(10, 1, [0], [2])]  # step 1 is 3 wide, step 2 has one row left, 1 wide
     got = predict_decode_s(spec, 2, p, "ngram", lookup_per_row_step=0.01)
     assert got.verify_s == pytest.approx(2.0 + 0.5) and got.draft_s == pytest.approx(0.01 * 3)
+
+
+def test_an_arms_steps_are_priced_at_what_its_confirmations_measured():
+    """A speculative method's steps cost on a worker what its confirmations measured them at over
+    the points' price (their median, the last ARM_KEPT); plain decoding is priced by the points alone."""
+    p = profile_of([("target", "m", 2, 10, 1, 1.0), ("target", "m", 2, 10, 3, 2.0),
+                    ("target", "m", 1, 10, 1, 0.5), ("target", "m", 1, 10, 3, 1.0)])
+    plain = [RowPlan(10, 3, [0, 0, 0], [0, 0, 0]), RowPlan(10, 1, [0], [0])]
+    spec = [RowPlan(10, 3, [2, 0], [2, 0]), RowPlan(10, 1, [0], [2])]
+    before, none = predict_decode_s(spec, 2, p, "ngram", None, 0.1, 0.01), predict_decode_s(plain, 2, p, other_per_row_step=0.1)
+    assert p.arm_scale("ngram") == 1.0
+    p.arm_measured("ngram", None, 1.25)
+    assert p.arm_scale("ngram") == 1.25
+    after = predict_decode_s(spec, 2, p, "ngram", None, 0.1, 0.01)
+    for part in ("decode_s", "verify_s", "draft_s", "other_s"):  # the whole step, as measured
+        assert getattr(after, part) == pytest.approx(1.25 * getattr(before, part))
+    assert predict_decode_s(plain, 2, p, other_per_row_step=0.1) == none  # plain decoding: the points' price
+    # a ratio is measured against the price as it stands (scale included) and kept against the points'
+    p.arm_measured("ngram", None, 1.0)  # as priced now: 1.25 again
+    p.arm_measured("ngram", None, 2.0)  # 2.5
+    assert p.arm_ratios["ngram"] == pytest.approx([1.25, 1.25, 2.5]) and p.arm_scale("ngram") == pytest.approx(1.25)
+    for ratio in (0.0, -1.0, float("nan"), float("inf")):  # nothing measured: nothing kept
+        p.arm_measured("ngram", None, ratio)
+    p.arm_measured("none", None, 3.0)
+    assert len(p.arm_ratios["ngram"]) == 3 and p.arm_scale("none") == 1.0 and "none" not in p.arm_ratios
+    for _ in range(ARM_KEPT):
+        p.arm_measured("ngram", None, 0.5 / p.arm_scale("ngram"))  # 0.5 each, ARM_KEPT times
+    assert p.arm_ratios["ngram"] == pytest.approx([0.5] * ARM_KEPT)  # the oldest dropped out
+    # a draft model's steps are its own, apart from n-gram lookup's and another draft model's
+    p.arm_measured("draft_target", "small", 1.5)
+    assert p.arm_scale("draft_target", "small") == 1.5 and p.arm_scale("draft_target", "other") == 1.0
+    assert p.arm_scale("ngram") == pytest.approx(0.5)
 
 
 def test_replay_prices_a_step_at_the_cache_length_holes_included():
