@@ -236,7 +236,10 @@ def _whole_shard(engine, requests, measured: dict, chunk: int, arms: Sequence[Sp
     run back to back): their median is the cost model's bias, their spread the noise of one
     chunk's measurement. And the plain run's measured decode time over the profile's price of it
     (the anchor's scale: how far the profile's probes are from real plain decoding, the
-    machine's drift included)."""
+    machine's drift included). Also per arm (`one_call`, in the JSON) the whole shard's
+    acceptance priced as one generate call of all its rows, as the pipeline runs a shard: beside
+    the sample's prediction it is the sample's error alone, beside the chunked price the
+    schedule's (fast model, held-out, batch 8, 2026-12-05: the chunks priced 2-4% lower, every arm)."""
     if worker is None or not worker.profile.points:
         return {}, None
     broken = {a.label for a in decision.arms if a.error}  # arms calibration found the engine cannot run
@@ -260,7 +263,9 @@ def _whole_shard(engine, requests, measured: dict, chunk: int, arms: Sequence[Sp
             ran, base = measured[arm.label].parts[i].goodput, plain.parts[i].goodput
             if ran > 0 and base > 0:
                 errors[arm.label].append(arm.predicted_speedup / (ran / base) - 1)
-    return ({label: {"speedup": none_s / s if s > 0 else None, "chunk_errors": errors[label]} for label, s in priced.items()},
+    one_call = {a.label: a.predicted_speedup for a in predict_arms(engine, rows, usable, anchor, worker.profile, batch_size)}
+    return ({label: {"speedup": none_s / s if s > 0 else None, "chunk_errors": errors[label],
+                     "one_call": one_call.get(label)} for label, s in priced.items()},
             anchor.scale)
 
 
@@ -308,6 +313,7 @@ def _predicted_vs_measured(decision, summaries: dict, whole: dict[str, dict] | N
                     "measured_interval": spread.get(arm.label),
                     "error": predicted / measured - 1 if predicted and measured else None,
                     "predicted_from_whole_shard": from_shard,
+                    "predicted_from_whole_shard_one_call": mine.get("one_call"),
                     "error_from_whole_shard": from_shard / measured - 1 if from_shard and measured else None,
                     "chunk_errors": chunk_errors,
                     "chunk_error_median": statistics.median(chunk_errors) if chunk_errors else None,
