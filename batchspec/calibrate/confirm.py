@@ -115,10 +115,11 @@ class Confirming:
         window = plain_s / arm_s
         priced = arm_price_s(steps, v.top_spec, anchor, self.worker.profile, v.lookup_s)
         ratio = (delta.decode_s - delta.admit_s) / priced if priced > 0 else 1.0  # measured over priced
-        if priced > 0:  # the arm's steps are priced at what they measure on this worker from now on
-            self.worker.profile.arm_measured(v.top_spec.method, v.top_spec.draft_model, ratio)
         predicted = v.top.predicted_speedup
         speedup, which = confirmed_speedup(predicted, ratio, window)
+        # the arm's steps are priced at what they measure on this worker from now on (the
+        # prediction's error is kept as it was made: the next shards allow for the profile's own)
+        now = self.worker.profile.arm_measured(v.top_spec.method, v.top_spec.draft_model, ratio) if priced > 0 else 1.0
         tokens = sum(s.committed for s in steps)
         v.top.speedup, v.top.measured, v.top.decode_tokens, v.top.tokens_per_s = speedup, True, tokens, tokens / arm_s
         self.confirmed = True
@@ -130,5 +131,6 @@ class Confirming:
         if chosen is NO_SPEC:  # the rows are kept, but the arm took longer than plain decoding would have
             self.lost_s = max(0.0, arm_s - plain_s)
             if predicted and hasattr(self.watch, "discount"):  # the window's price overrated it as the sample's did
-                self.watch.discount[v.top_spec.label] = speedup / predicted
+                # (against the prediction as the profile now prices it: the ratio is in both)
+                self.watch.discount[v.top_spec.label] = speedup / (predicted * now)
         return self._run(chosen)

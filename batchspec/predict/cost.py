@@ -189,14 +189,18 @@ class CostProfile:
         kept = self.arm_ratios.get(arm_key(method, draft_model)) if method != "none" else None
         return statistics.median(kept) if kept else 1.0
 
-    def arm_measured(self, method: str, draft_model: str | None, ratio: float) -> None:
+    def arm_measured(self, method: str, draft_model: str | None, ratio: float) -> float:
         """A confirmation measured `method`'s steps at `ratio` times their price as this profile
         prices them now (`arm_scale` included): kept as a ratio to the points' price, the last
-        ARM_KEPT of them."""
+        ARM_KEPT of them. Returns the method's scale before over its scale now: what a prediction
+        made before is multiplied by to stand as the profile now prices it (the drift watch's
+        discount of a confirmed-losing arm is taken against that, or the ratio would count twice)."""
+        before = self.arm_scale(method, draft_model)
         if method == "none" or not (ratio > 0 and math.isfinite(ratio)):
-            return
+            return 1.0
         key = arm_key(method, draft_model)
-        self.arm_ratios[key] = [*self.arm_ratios.get(key, ())[-(ARM_KEPT - 1):], ratio * self.arm_scale(method, draft_model)]
+        self.arm_ratios[key] = [*self.arm_ratios.get(key, ())[-(ARM_KEPT - 1):], ratio * before]
+        return before / self.arm_scale(method, draft_model)
 
     def merge(self, points: Sequence[StepCost], seconds: float) -> None:
         new = {p.key for p in points}

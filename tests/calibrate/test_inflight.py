@@ -126,8 +126,11 @@ def test_a_confirmed_loss_sends_the_shard_back_to_plain_decoding_and_counts_as_o
     assert any(s == far for s in specs)  # the arm ran ...
     assert all(specs[i] is NO_SPEC for i in control.order[-8:])  # ... and the rows that finished last ran plainly
     assert control.lost_s > 0 and d.calibration_s == d.overhead_s >= control.lost_s
-    # the drift window prices the arm as the confirmation measured it against the sample's prediction
-    assert control.watch.discount == {far.label: pytest.approx(arm.speedup / arm.predicted_speedup)}
+    # the drift window prices the arm as the confirmation measured it against the sample's prediction,
+    # as the profile now prices the arm: the ratio its steps measured (kept, its first) is in both
+    scale = control.worker.profile.arm_scale(far.method, far.draft_model)
+    assert scale != 1.0 and control.worker.profile.arm_ratios == {f"draft_target:{far.draft_model}": [scale]}
+    assert control.watch.discount == {far.label: pytest.approx(arm.speedup / (arm.predicted_speedup / scale))}
 
 
 def test_a_confirmation_in_flight_decides_by_the_lower_of_the_corrected_prediction_and_its_own_steps():

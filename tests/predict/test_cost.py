@@ -107,12 +107,16 @@ def test_an_arms_steps_are_priced_at_what_its_confirmations_measured():
         assert getattr(after, part) == pytest.approx(1.25 * getattr(before, part))
     assert predict_decode_s(plain, 2, p, other_per_row_step=0.1) == none  # plain decoding: the points' price
     # a ratio is measured against the price as it stands (scale included) and kept against the points'
-    p.arm_measured("ngram", None, 1.0)  # as priced now: 1.25 again
-    p.arm_measured("ngram", None, 2.0)  # 2.5
+    assert p.arm_measured("ngram", None, 1.0) == 1.0  # as priced now: 1.25 again, and the scale stays
+    assert p.arm_measured("ngram", None, 2.0) == 1.0  # 2.5: the median of 1.25, 1.25 and 2.5 stays
     assert p.arm_ratios["ngram"] == pytest.approx([1.25, 1.25, 2.5]) and p.arm_scale("ngram") == pytest.approx(1.25)
+    # a prediction made before a ratio moved the scale, as the profile prices it after
+    q = profile_of([("target", "m", 2, 10, 1, 1.0)])
+    assert q.arm_measured("ngram", None, 1.6) == pytest.approx(1.0 / 1.6)
+    assert q.arm_measured("ngram", None, 0.5) == pytest.approx(1.6 / 1.2)  # 0.8: the median of 1.6 and 0.8 is 1.2
     for ratio in (0.0, -1.0, float("nan"), float("inf")):  # nothing measured: nothing kept
-        p.arm_measured("ngram", None, ratio)
-    p.arm_measured("none", None, 3.0)
+        assert p.arm_measured("ngram", None, ratio) == 1.0
+    assert p.arm_measured("none", None, 3.0) == 1.0
     assert len(p.arm_ratios["ngram"]) == 3 and p.arm_scale("none") == 1.0 and "none" not in p.arm_ratios
     for _ in range(ARM_KEPT):
         p.arm_measured("ngram", None, 0.5 / p.arm_scale("ngram"))  # 0.5 each, ARM_KEPT times
