@@ -91,7 +91,7 @@ def candidate_arms(draft_model: str | None) -> list[SpecConfig]:
 
 def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: int, arms: Sequence[SpecConfig],
                 settings: CalibrationSettings, worker: WorkerCalibration | None = None, in_flight: bool = False,
-                requests: Sequence[Request] | None = None) -> dict:
+                requests: Sequence[Request] | None = None, oracle_chunk: int | None = None) -> dict:
     """Calibrate the shard (the pipeline's own `decide`), then run every arm on the whole shard,
     interleaved. The calibrated choice's figure is its arm's from that interleaved run, so noise
     on this shared machine hits it, the oracle and plain alike; its end-to-end figure adds the
@@ -114,7 +114,7 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
     else:
         decision = decide(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, None, worker)
     oracle_arms = [("none", NO_SPEC, batch_size)] + [(a.label, a, batch_size) for a in arms]
-    chunk = max(2 * batch_size, 8)
+    chunk = oracle_chunk or max(2 * batch_size, 8)
     measured = interleaved(engine, requests, oracle_arms, chunk=chunk)
     summaries = {label: m.summary() for label, m in measured.items()}
     best = max(summaries.values(), key=lambda a: a["goodput"])
@@ -420,6 +420,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--later-shard", action="store_true", help="with --in-flight: run a shard of each key first "
                         "(other rows of its workload, not benched), so the benched shard is the key's next on the worker, "
                         "its sample decoded under the setting the first ended under")
+    parser.add_argument("--earlier", type=int, default=1, metavar="N",
+                        help="with --later-shard: how many of the key's shards run before the benched one (default 1; "
+                        "with --input, N x --rows rows of the key after the benched rows): a long job's steady state, "
+                        "where the key's and the worker's last confirmations were made on the prices as they now stand")
+    parser.add_argument("--oracle-chunk", type=int, default=None, metavar="ROWS",
+                        help="rows per generate call of the oracle's interleaved runs (default 2 x batch size, at least 8): "
+                        "--rows runs each arm on the shard as one call, as the pipeline does, but with no chunks to redraw "
+                        "(each chunk's call drains its batch: on the fast model, held-out, batch 8, n-gram k=2 measured "
+                        "0.86-0.90x plain in 16-row calls and 0.89-0.95x in one 128-row call, 2026-12-05)")
     parser.add_argument("--ended-under", default=None, metavar="ARM",
                         help="with --later-shard: the setting each key's first shard is taken to have ended under "
                         "(e.g. ngram:k=2), whatever it chose: a later shard started under that arm")
@@ -434,6 +443,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print(f"machine: {info}", flush=True)
     arms = candidate_arms(args.draft_model)
     forced = next((a for a in arms if a.label == args.ended_under), None)
+    if args.earlier < 1:
+        parser.error("--earlier takes 1 or more shards")
+    if args.oracle_chunk is not None and args.oracle_chunk < 1:
+        parser.error("--oracle-chunk takes 1 or more rows")
     if args.ended_under and (forced is None or not args.later_shard):
         parser.error(f"--ended-under needs --later-shard and one of {', '.join(a.label for a in arms)}")
     shard_rows: dict[str, tuple[list[Request], list[Request]]] = {}  # key -> (benched rows, its first shard's)
@@ -445,11 +458,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if bad:
             print(f"{args.input}: {len(bad)} rows cannot run and are left out (first: {bad[0]})", flush=True)
         keys = args.workloads.split(",") if args.workloads else list(groups)
-        need = rows * (2 if args.later_shard else 1)
+        need = rows * (1 + args.earlier if args.later_shard else 1)
         short = [f"{k} ({len(groups.get(k, []))})" for k in keys if len(groups.get(k, [])) < need]
         if short:
             parser.error(f"{args.input}: each shard needs {need} rows of its --key value"
-                         f"{' (--later-shard: two shards)' if args.later_shard else ''}; too few: {', '.join(short)}")
+                         f"{f' (--later-shard: {1 + args.earlier} shards)' if args.later_shard else ''}; too few: {', '.join(short)}")
         shard_rows = {k: (groups[k][:rows], groups[k][rows:need]) for k in keys}
     else:
         keys = (args.workloads or ",".join(workloads.WORKLOADS)).split(",")
@@ -458,26 +471,31 @@ def main(argv: Sequence[str] | None = None) -> dict:
     worker = WorkerCalibration()
     shards = []
     for workload in keys:
-        first = None
+        earlier_shards: list[dict] = []
         mine, before = shard_rows.get(workload, (None, None))
-        if args.later_shard:
-            before = before or workloads.requests(workload, rows, max_tokens, seed=1)
-            earlier = run_shard(engine, ShardInput(f"{workload}-first", workload, before),
+        for n in range(args.earlier if args.later_shard else 0):
+            mine_before = before[n * rows : (n + 1) * rows] if before else workloads.requests(workload, rows, max_tokens, seed=1 + n)
+            earlier = run_shard(engine, ShardInput(f"{workload}-earlier{n}", workload, mine_before),
                                 arms, True, args.batch_size, settings, worker=worker)
             if forced is not None:
                 worker.settled[workload] = forced
-            first = {"chosen": earlier.decision.chosen.label, "ended_under": worker.settled.get(workload, NO_SPEC).label,  # unset: not run in flight
-                     "wall_s": earlier.stats.wall_s, "ended_under_forced": forced is not None}
-            print(f"{workload}: the key's first shard chose {first['chosen']}, ended under {first['ended_under']} "
-                  f"({first['wall_s']:.1f} s)", flush=True)
+            earlier_shards.append({"chosen": earlier.decision.chosen.label, "ended_under": worker.settled.get(workload, NO_SPEC).label,  # unset: not run in flight
+                     "wall_s": earlier.stats.wall_s, "ended_under_forced": forced is not None, "earlier": n + 1,
+                     "confirmed": earlier.decision.confirmed, "reason": earlier.decision.reason,
+                     "calibration_share": earlier.stats.calibration_overhead_s / earlier.stats.wall_s if earlier.stats.wall_s else None})
+            first = earlier_shards[-1]
+            print(f"{workload}: the key's shard {n + 1} of {args.earlier} before the benched one chose {first['chosen']}, "
+                  f"ended under {first['ended_under']} ({first['wall_s']:.1f} s, confirmed: {first['confirmed']}, "
+                  f"calibration overhead {first['calibration_share']:.1%})", flush=True)
         shards.append(bench_shard(engine, workload, rows, max_tokens, args.batch_size, arms, settings, worker, args.in_flight,
-                                  mine))
-        shards[-1]["key_first_shard"] = first
+                                  mine, args.oracle_chunk))
+        shards[-1]["key_first_shard"] = earlier_shards[-1] if earlier_shards else None  # the last before it
+        shards[-1]["key_earlier_shards"] = earlier_shards
         print(shard_table(shards[-1:]), flush=True)
         print(prediction_table(shards[-1:]), flush=True)
         print(price_table(shards[-1:]), flush=True)
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-    data = {"benchmark": "calibrate", "input": args.input, "key": args.key if args.input else None, "in_flight": args.in_flight, "later_shard": args.later_shard, "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
+    data = {"benchmark": "calibrate", "input": args.input, "key": args.key if args.input else None, "in_flight": args.in_flight, "later_shard": args.later_shard, "earlier": args.earlier if args.later_shard else 0, "oracle_chunk": args.oracle_chunk or max(2 * args.batch_size, 8), "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
             "rows_per_shard": rows, "max_tokens": max_tokens, "batch_size": args.batch_size,
             "arms": [a.label for a in arms], "machine": info, "shards": shards,
             "met": {"vs_oracle": all((r["vs_oracle"] or 0) >= 0.95 for r in shards),
@@ -496,8 +514,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
           f"{rows} prompts per shard, max_tokens {max_tokens}, arms none + {', '.join(a.label for a in arms)}; "
           + (f"shards from `{args.input}`, one per value of its `{args.key}` column; " if args.input else "") +
           f"{machine_line(info)}. "
-          + ("Each benched shard is its key's second on this worker: a first shard of other rows of the workload "
-             "ran before it (not benched), and the benched shard's sample decoded under the setting that one ended under"
+          + (f"Each benched shard is its key's {'second' if args.earlier == 1 else f'shard {args.earlier + 1}'} on this worker: "
+             f"{'a first shard' if args.earlier == 1 else f'{args.earlier} shards'} of other rows of the workload "
+             "ran before it (not benched), and the benched shard's sample decoded under the setting the last ended under"
              + (f" (taken to be {forced.label} whatever it chose: --ended-under)" if forced is not None else "") + ". "
              if args.later_shard else "") +
           f"tok/s = goodput (output tokens / decode seconds).\n\n{table}")

@@ -141,6 +141,32 @@ def test_calibrate_bench_shards_a_prompt_parquet_it_did_not_write_by_a_column(mo
     assert [s["shard"] for s in saved["shards"]] == ["rewrite", "continue"]  # file order
     assert all(s["rows"] == 4 and sum(s["in_flight"]["rows_by_setting"].values()) == 4 for s in saved["shards"])
     assert all(s["key_first_shard"]["wall_s"] > 0 for s in saved["shards"])
+    # a long job's steady state: the key's shards before the benched one, each recorded; the
+    # oracle's calls as many rows as asked (the shard as one call)
+    for argv in (["--earlier", "0"], ["--oracle-chunk", "0"]):
+        with pytest.raises(SystemExit):
+            calibrate.main(["--model", "not-a-model", "--input", str(path), "--rows", "3", "--in-flight", "--later-shard",
+                            *argv, "--out", str(tmp_path)])
+    calibrate.main(["--model", target, "--input", str(path), "--rows", "3", "--max-tokens", "4", "--batch-size", "2",
+                    "--threads", "1", "--in-flight", "--later-shard", "--earlier", "2", "--oracle-chunk", "3",
+                    "--workloads", "rewrite", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "calibrate.json").read_text())
+    (shard,) = saved["shards"]
+    assert saved["earlier"] == 2 and saved["oracle_chunk"] == 3 and len(shard["key_earlier_shards"]) == 2
+    assert shard["key_first_shard"] == shard["key_earlier_shards"][-1] and all(e["reason"] for e in shard["key_earlier_shards"])
+    assert all(len(a["chunk_errors"]) <= 1 for a in shard["predicted_vs_measured"])  # one call: one chunk at most
+    assert "its key's shard 3 on this worker: 2 shards of other rows" in (tmp_path / "calibrate.md").read_text()
+
+    import oracle_chunks
+
+    with pytest.raises(SystemExit):
+        oracle_chunks.main(["--input", str(path), "--key-value", "rewrite", "--rows", "99", "--out", str(tmp_path)])
+    out = oracle_chunks.main(["--input", str(path), "--key-value", "rewrite", "--model", target, "--rows", "4",
+                              "--max-tokens", "4", "--batch-size", "2", "--k", "2", "--chunks", "2,4", "--repeats", "1", "--threads", "1",
+                              "--out", str(tmp_path)])
+    assert [(r["chunk"], sorted(r["speedup"])) for r in out["runs"]] == [(2, ["ngram:k=2"]), (4, ["ngram:k=2"])]
+    assert all(r["speedup"]["ngram:k=2"] > 0 and r["plain_tok_s"] > 0 for r in out["runs"])
+    assert "| 4 |" in (tmp_path / "oracle_chunks.md").read_text()
 
     import workloads
 
