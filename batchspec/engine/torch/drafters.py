@@ -29,6 +29,7 @@ class Drafts:
 
 
 KEY_BITS = 32  # bits per token in an n-gram's key (`NgramIndex`)
+BULK = 16  # tokens added at once from which `NgramIndex.extend` indexes n by n (`_bulk`)
 
 
 class NgramIndex:
@@ -53,7 +54,12 @@ class NgramIndex:
 
     def extend(self, new) -> None:
         """Append `new`; each n-gram that now lies wholly before the last token becomes findable
-        (`propose` matches within the sequence less its last token)."""
+        (`propose` matches within the sequence less its last token). Many tokens at once (a
+        prompt: the counterfactual indexes one per row, the drafter one per row it admits) go
+        n by n (`_bulk`)."""
+        if len(new) >= BULK:
+            self._bulk(new)
+            return
         tokens, latest, top = self.tokens, self.latest, self.max_ngram
         for token in new:
             tokens.append(int(token))
@@ -64,6 +70,25 @@ class NgramIndex:
                     break
                 key |= tokens[start] << (KEY_BITS * (n - 1))  # tokens[start:last], the latest in the low bits
                 latest[n][key] = start
+
+    def _bulk(self, new) -> None:
+        """`extend`'s result, computed per n over the whole run of n-grams that become findable:
+        their keys by list comprehensions, and one dict update each, in order, so the latest
+        start wins as token by token. A 450-token prompt took 204 µs token by token on this CPU
+        (two thirds of a row's whole counterfactual at 24 output tokens)."""
+        tokens = self.tokens
+        first = len(tokens)  # an n-gram starting at s is findable once s + n <= len(tokens) - 1
+        tokens.extend(map(int, new))
+        end = len(tokens) - 1
+        for n in range(1, self.max_ngram + 1):
+            lo = max(0, first - n)  # the first start not findable before
+            count = end - n - lo + 1
+            if count <= 0:
+                break
+            keys = tokens[lo : lo + count]
+            for i in range(1, n):  # tokens[s] in the high bits, tokens[s + n - 1] in the low, as `extend` keys them
+                keys = [key << KEY_BITS | t for key, t in zip(keys, tokens[lo + i : lo + i + count])]
+            self.latest[n].update(zip(keys, range(lo, lo + count)))
 
     def propose(self, k: int) -> list[int]:
         """Up to k tokens that followed the latest earlier match of the last n tokens (in the

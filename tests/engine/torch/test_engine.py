@@ -462,6 +462,22 @@ def test_the_ngram_index_proposes_what_the_lookup_finds_at_every_position():
                 for k in (0, 1, 3, 8):
                     assert index.propose(k) == ngram_lookup(np.asarray(seq[:end]), max_ngram, k), (vocab, max_ngram, end, k)
 
+    # many tokens at once (a prompt) are indexed n by n: the same index as token by token,
+    # whatever the runs the sequence comes in
+    for seq in [rng.integers(0, vocab, 300).tolist() for vocab in (2, 7, 1000)] + [rng.choice(large, 300).tolist()]:
+        for max_ngram in (1, 2, 3, 4):
+            one_by_one = NgramIndex(max_ngram)
+            for token in seq:
+                one_by_one.extend([token])
+            for cuts in ([300], [17, 283], [1, 15, 16, 40, 228], sorted(rng.choice(range(1, 300), 6, replace=False).tolist())):
+                index, begin = NgramIndex(max_ngram), 0
+                for end in [*cuts, 300]:
+                    index.extend(np.asarray(seq[begin:end]))  # numpy ids too, as a tensor's .tolist() is not
+                    begin = end
+                assert index.tokens == one_by_one.tokens and index.latest == one_by_one.latest, (max_ngram, cuts)
+                assert all(type(t) is int for t in index.tokens)
+                assert [index.propose(k) for k in (1, 4)] == [ngram_lookup(np.asarray(seq), max_ngram, k) for k in (1, 4)]
+
     class Row:
         def __init__(self, context):
             self.context = context
