@@ -178,14 +178,16 @@ class CostProfile:
         median of the ratios its confirmations measured (`arm_measured`), 1.0 before the first
         and for plain decoding.
 
-        The points time the target's forwards and the accept rule on their logits; a speculative
-        step also drafts, keeps some of its slots and not others, and commits several tokens a
-        row, Python work per step that plain decoding's bookkeeping (the anchor's) does not hold.
-        Where a step is slow it hardly counts; where it is fast it does: on a 3.7 ms batch-8 step
-        (bench/fast_model.py, held-out rows, 2026-12-05) n-gram steps ran 1.10-1.26x their
-        price against plain decoding's, 90-115 µs of bookkeeping a row-step to its 44, and every
-        arm's speedup was predicted 15-32% high; on the H200 (stop 40) predictions ran 12-50%
-        high at batch 4 and 8. A ratio measured is the whole step's, as the engine ran it."""
+        The points time the target's forwards and the accept rule on probes; a speculative step
+        also drafts, keeps some of its slots and not others, and commits several tokens a row,
+        Python work per step that plain decoding's bookkeeping (the anchor's) does not hold, and
+        the width curve can price a verify off against a plain step. Where a step is slow this
+        hardly counts; where it is fast it does: on a 3.7 ms batch-8 step (bench/fast_model.py,
+        held-out rows, 2026-12-05) n-gram steps ran 1.10-1.26x their price against plain
+        decoding's, and every arm's speedup was predicted 15-32% high (its width curve priced a
+        verify 4-14% low against a plain step: bench/verify_context.py). A ratio measured is the
+        whole step's, as the engine ran it. (On the H200, stop 40, predictions ran 12-50% high
+        at batch 4 and 8; whether this corrects that is untested: no GPU since.)"""
         kept = self.arm_ratios.get(arm_key(method, draft_model)) if method != "none" else None
         return statistics.median(kept) if kept else 1.0
 

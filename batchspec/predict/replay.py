@@ -74,14 +74,14 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
     prices (`CostProfile.arm_scale`: 1.0 until a confirmation measured one)."""
     queue = admission_order([r.prompt_len for r in rows], batch_size)
     active: list[list[int | float]] = []  # [row index, next step, context, tokens the draft's cache lags by]
-    verify = draft = other = 0.0
+    verify = draft = other = prefills = 0.0
     steps = 0
     slots = 0  # the batch's cache length, holes included (kv.Batch), which attention reads
     while queue or active:
         while queue and len(active) < batch_size:
             i = queue.pop(0)
             if method == "draft_target":
-                draft += profile.draft_prefill_s(draft_model, rows[i].prompt_len)
+                prefills += profile.draft_prefill_s(draft_model, rows[i].prompt_len)
             if rows[i].steps:
                 active.append([i, 0, rows[i].prompt_len + 1, 1])  # the draft prefilled the prompt, not the first token
                 slots = max(slots, rows[i].prompt_len)  # a new row's cache is padded to the batch's, or the batch's to it
@@ -114,6 +114,6 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
         elif slots > slots_reach(longest):
             slots = longest  # kv.Batch.compact squeezes the holes out
     scale = profile.arm_scale(method, draft_model)  # a speculative step's own measured cost on this worker
-    verify, draft, other = scale * verify, scale * draft, scale * other
+    verify, draft, other = scale * verify, scale * draft + prefills, scale * other  # (a confirmation times no prefill)
     tokens = float(sum(r.decode_tokens for r in rows))
     return Predicted(verify + draft + other, verify, draft, other, steps, tokens)

@@ -121,10 +121,18 @@ def test_an_arms_steps_are_priced_at_what_its_confirmations_measured():
     for _ in range(ARM_KEPT):
         p.arm_measured("ngram", None, 0.5 / p.arm_scale("ngram"))  # 0.5 each, ARM_KEPT times
     assert p.arm_ratios["ngram"] == pytest.approx([0.5] * ARM_KEPT)  # the oldest dropped out
-    # a draft model's steps are its own, apart from n-gram lookup's and another draft model's
+    # a draft model's steps are its own, apart from n-gram lookup's and another draft model's; its
+    # prefill of each row is not a step (a confirmation times none) and keeps the points' price
+    p.merge([StepCost("draft", "small", b, 10, w, 0.1) for b in (1, 2) for w in (1, 2)]
+            + [StepCost("draft_prefill", "small", 1, 0, 10, 0.2)], 0.0)
+    plain_draft = predict_decode_s(spec, 2, p, "draft_target", "small", 0.1)
     p.arm_measured("draft_target", "small", 1.5)
     assert p.arm_scale("draft_target", "small") == 1.5 and p.arm_scale("draft_target", "other") == 1.0
     assert p.arm_scale("ngram") == pytest.approx(0.5)
+    scaled = predict_decode_s(spec, 2, p, "draft_target", "small", 0.1)
+    prefills = 2 * p.draft_prefill_s("small", 10)
+    assert prefills > 0 and scaled.draft_s == pytest.approx(1.5 * (plain_draft.draft_s - prefills) + prefills)
+    assert scaled.verify_s == pytest.approx(1.5 * plain_draft.verify_s)
 
 
 def test_replay_prices_a_step_at_the_cache_length_holes_included():
