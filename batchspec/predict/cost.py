@@ -268,22 +268,28 @@ class CostProfile:
         layout = self._layouts.get((kind, model))
         if layout is None:
             layout = self._layouts[(kind, model)] = self._layout(kind, model)
-        narrow, per_batch = layout
-        by_tokens: dict[int, list[float]] = {}
-        for b, curves, moves in per_batch:
-            curve = self._nearest(curves, context)
-            home = curve[0].context
-            if home not in moves:
-                moves[home] = _Moved(curve, narrow)
-            for width, seconds in moves[home].at(context):
-                by_tokens.setdefault(b * width, []).append(seconds)
-        ns = sorted(by_tokens)
-        return _lerp(ns, _rising([sum(by_tokens[n]) / len(by_tokens[n]) for n in ns]), batch * tokens)
+        narrow, per_batch, at_context = layout
+        line = at_context.get(context)
+        if line is None:  # what a context's prices are read from, whatever the batch and width asked
+            by_tokens: dict[int, list[float]] = {}
+            for b, curves, moves in per_batch:
+                curve = self._nearest(curves, context)
+                home = curve[0].context
+                if home not in moves:
+                    moves[home] = _Moved(curve, narrow)
+                for width, seconds in moves[home].at(context):
+                    by_tokens.setdefault(b * width, []).append(seconds)
+            ns = sorted(by_tokens)
+            line = at_context[context] = (ns, _rising([sum(by_tokens[n]) / len(by_tokens[n]) for n in ns]))
+        return _lerp(*line, batch * tokens)
 
-    def _layout(self, kind: str, model: str | None) -> tuple[list[StepCost], list[tuple[int, dict, dict]]]:
+    def _layout(self, kind: str, model: str | None) -> tuple[list[StepCost], list[tuple[int, dict, dict]], dict]:
         """What `_priced` reads of the points whatever the context: the points that set the
         context factor, and per batch size its curves (`_curves`) and each curve's moves
-        (`_Moved`, filled as contexts ask for them)."""
+        (`_Moved`, filled as contexts ask for them); and, filled as contexts ask for them, each
+        context's (tokens in all, seconds) line that every batch and width there is priced on (a
+        replay's steps each bring a new context, and each arm's replay passes the others'; on
+        a fast model's decision a price not yet worked out took 14 µs, most of it this line)."""
         pts = [p for p in self.points if p.kind == kind and (model is None or p.model == model)]
         assert pts, f"no {kind} cost measured"
         batches = sorted({p.batch for p in pts})
@@ -291,7 +297,7 @@ class CostProfile:
         # production batch: lo, middle and hi; batch 1 only at the middle)
         ref = max(batches, key=lambda b: (len({p.context for p in pts if p.batch == b}), b))
         narrow = [p for p in pts if p.batch == ref]
-        return narrow, [(b, self._curves([p for p in pts if p.batch == b]), {}) for b in batches]
+        return narrow, [(b, self._curves([p for p in pts if p.batch == b]), {}) for b in batches], {}
 
     @classmethod
     def _along(cls, pts: Sequence[StepCost], context: int,
