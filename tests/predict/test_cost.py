@@ -302,7 +302,7 @@ def test_a_price_is_worked_out_once_while_the_points_stand():
 
 def test_a_warm_profile_prices_as_a_cold_one_whatever_it_priced_before():
     """_priced keeps what it reads of the points whatever the context (the curves of each batch
-    size, each curve's lines, `_Moved`): a profile that has priced many steps, at contexts nearer
+    size, each curve's lines, `_Moved`) and each context's line whatever the batch and width: a profile that has priced many steps, at contexts nearer
     one curve and then the other, prices every step as a profile that priced nothing before."""
     import random
 
@@ -313,5 +313,7 @@ def test_a_warm_profile_prices_as_a_cold_one_whatever_it_priced_before():
     points += [StepCost("target", "m", 8, 2400, w, 0.004 * w) for w in (1, 5, 9)]  # a second curve, far off
     warm = CostProfile(list(points))
     asks = [(rng.randint(1, 8), rng.randint(1, 5000), rng.choice([1, 2, 3, 5, 9])) for _ in range(400)]
+    # ... and a few contexts again at every batch and width (each context's line is kept, whatever asked it first)
+    asks += [(b, c, w) for c in rng.sample([c for _, c, _ in asks], 5) + [120, 700, 2400] for b in range(1, 9) for w in (1, 2, 4, 9)]
     for ask in asks:
         assert warm.target_s(*ask) == CostProfile(list(points)).target_s(*ask), ask
