@@ -89,6 +89,12 @@ def candidate_arms(draft_model: str | None) -> list[SpecConfig]:
     return arms
 
 
+def oracle_chunk_rows(batch_size: int, asked: int | None = None) -> int:
+    """Rows per generate call of the oracle's interleaved runs: `asked` (--oracle-chunk), else two
+    batches' worth, at least 8."""
+    return asked or max(2 * batch_size, 8)
+
+
 def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: int, arms: Sequence[SpecConfig],
                 settings: CalibrationSettings, worker: WorkerCalibration | None = None, in_flight: bool = False,
                 requests: Sequence[Request] | None = None, oracle_chunk: int | None = None) -> dict:
@@ -114,7 +120,7 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
     else:
         decision = decide(engine, ShardInput(workload, workload, requests), arms, True, batch_size, settings, None, worker)
     oracle_arms = [("none", NO_SPEC, batch_size)] + [(a.label, a, batch_size) for a in arms]
-    chunk = oracle_chunk or max(2 * batch_size, 8)
+    chunk = oracle_chunk_rows(batch_size, oracle_chunk)
     measured = interleaved(engine, requests, oracle_arms, chunk=chunk)
     summaries = {label: m.summary() for label, m in measured.items()}
     best = max(summaries.values(), key=lambda a: a["goodput"])
@@ -495,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(prediction_table(shards[-1:]), flush=True)
         print(price_table(shards[-1:]), flush=True)
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-    data = {"benchmark": "calibrate", "input": args.input, "key": args.key if args.input else None, "in_flight": args.in_flight, "later_shard": args.later_shard, "earlier": args.earlier if args.later_shard else 0, "oracle_chunk": args.oracle_chunk or max(2 * args.batch_size, 8), "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
+    data = {"benchmark": "calibrate", "input": args.input, "key": args.key if args.input else None, "in_flight": args.in_flight, "later_shard": args.later_shard, "earlier": args.earlier if args.later_shard else 0, "oracle_chunk": oracle_chunk_rows(args.batch_size, args.oracle_chunk), "quick": args.quick, "model": args.model, "draft_model": args.draft_model,
             "rows_per_shard": rows, "max_tokens": max_tokens, "batch_size": args.batch_size,
             "arms": [a.label for a in arms], "machine": info, "shards": shards,
             "met": {"vs_oracle": all((r["vs_oracle"] or 0) >= 0.95 for r in shards),

@@ -60,7 +60,7 @@ from batchspec.calibrate.pricing import Anchor, KeyHistory, _counterfactual, non
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig
 from batchspec.errors import one_line
 from batchspec.predict.acceptance import PlainRow
-from batchspec.predict.cost import CostProfile
+from batchspec.predict.cost import CostProfile, arm_key
 from batchspec.predict.replay import predict_decode_s
 from batchspec.stats import ArmResult
 
@@ -312,11 +312,8 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
 
 def _arm_scales(profile: CostProfile, arms: Sequence[SpecConfig]) -> str:
     """The reason's clause where an arm's steps are priced at what they measured on this worker."""
-    scales = {}
-    for a in arms:
-        scale = profile.arm_scale(a.method, a.draft_model)
-        if scale != 1.0:
-            scales[a.method if a.method != "draft_target" else f"{a.method} ({a.draft_model})"] = scale
+    scales = {arm_key(a.method, a.draft_model): profile.arm_scale(a.method, a.draft_model) for a in arms}
+    scales = {key: scale for key, scale in scales.items() if scale != 1.0}
     if not scales:
         return ""
     each = ", ".join(f"{m} {s:.2f}x" for m, s in scales.items())
