@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from batchspec.engine.sampling import probs_from_logits
+from batchspec.engine.sampling import argmax, probs_from_logits
 from batchspec.engine.torch.drafters import NgramIndex
 
 
@@ -218,7 +218,7 @@ def draft_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], draft_
 
     def row_model(r: int, row: PlainRow, p: torch.Tensor | None) -> tuple:
         if p is None:
-            return greedy_runs(draft_logits[r].argmax(-1).tolist(), row.output_ids), None
+            return greedy_runs(argmax(draft_logits[r]).tolist(), row.output_ids), None
         overlap = torch.minimum(p, _probs(draft_logits[r], row)).sum(-1).numpy()
         n = len(row.output_ids)
         accept = np.zeros((max(n, 1), k_max))

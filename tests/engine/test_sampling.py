@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from batchspec.engine.sampling import accept_reject, greedy_accept, probs_from_logits, sample_from
+from batchspec.engine.sampling import ARGMAX_BLOCKS, accept_reject, argmax, greedy_accept, probs_from_logits, sample_from
 
 
 def one_hot(tokens: list[list[int]], vocab: int) -> torch.Tensor:
@@ -113,3 +113,34 @@ def test_greedy_accept_on_logits_equals_the_rule_on_one_hot_probabilities():
         expected = accept_reject(drafts, None, num, probs, torch.rand(B, K, generator=gen), torch.rand(B, generator=gen))
         got = greedy_accept(drafts, num, logits)
         assert [t.tolist() for t in got] == [t.tolist() for t in expected]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_argmax_is_torchs_index_for_index(dtype):
+    """The blocked argmax every greedy token goes through picks torch.argmax's index: the first of
+    equal maxima (ties within a block and across blocks), NaN as the largest, all -inf, signed
+    zeros, views that are not contiguous, vocabularies no block divides (torch's own then)."""
+    gen = torch.Generator().manual_seed(1)
+    blocked = 0
+    for trial in range(240):
+        v = (49152, 1024, 4 * ARGMAX_BLOCKS[-1], 1000, 151936 // 8)[trial % 5]
+        shape = ((3, v), (2, 5, v), (v,))[trial % 3]
+        x = torch.randn(*shape, generator=gen).to(dtype)
+        case = trial % 7
+        if case == 1:
+            x = (x * 2).round()  # many ties
+        elif case == 2:
+            x = torch.full(shape, float("-inf"), dtype=dtype)
+        elif case == 3:
+            x.view(-1)[torch.randint(0, x.numel(), (4,), generator=gen)] = float("nan")
+        elif case == 4:
+            x = torch.zeros(shape, dtype=dtype)
+            x.view(-1)[torch.randint(0, x.numel(), (7,), generator=gen)] = -0.0
+        elif case == 5:  # the maximum repeated in a later block than its first occurrence
+            x.view(-1, v)[:, 3] = 100.0
+            x.view(-1, v)[:, v - 2] = 100.0
+        elif case == 6 and x.dim() > 1:
+            x = torch.randn(v, *shape[:-1], generator=gen).to(dtype).movedim(0, -1)  # not contiguous
+        blocked += any(v % b == 0 and v >= 4 * b for b in ARGMAX_BLOCKS)
+        assert torch.equal(argmax(x), x.argmax(-1)), (shape, dtype, case)
+    assert blocked == 240 * 3 // 5  # three vocabularies of the five take the blocked path

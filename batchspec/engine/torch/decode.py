@@ -26,6 +26,7 @@ import torch
 from batchspec.engine.base import SamplingParams, SpecConfig, Step, Timing, admission_order
 from batchspec.engine.sampling import (
     accept_reject,
+    argmax,
     greedy_accept,
     probs_from_logits,
     sample_from,
@@ -150,7 +151,7 @@ class Decoder:
         t = time.perf_counter()
         batch, last = prefill(self.model, [r.context for r in rows], self.pad_id, self.device, prefill_waste(self.device))
         if all(r.params.greedy for r in rows):
-            first = last.float().argmax(-1).tolist()
+            first = argmax(last).tolist()
         else:
             probs = probs_from_logits(last, *self.sampling_tensors(rows))
             first = sample_from(probs, torch.stack([r.uniform() for r in rows]).to(self.device)).tolist()

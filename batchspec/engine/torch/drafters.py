@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchspec.engine.sampling import probs_from_logits, sample_from
+from batchspec.engine.sampling import argmax, probs_from_logits, sample_from
 from batchspec.engine.torch.kv import Batch, prefill, prefill_waste
 
 
@@ -172,7 +172,7 @@ class ModelDrafter:
         for i in range(K):
             logits = fit_vocab(self.model_logits(feed), vocab)  # [B, V]
             if greedy:
-                picked = logits.float().argmax(-1).tolist()
+                picked = argmax(logits).tolist()
             else:
                 q = probs_from_logits(logits, temps, top_ps)
                 picked = sample_from(q, torch.stack([r.uniform() for r in rows]).to(device)).tolist()

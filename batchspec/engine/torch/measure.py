@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from batchspec.engine.base import StepCost
-from batchspec.engine.sampling import greedy_accept, probs_from_logits
+from batchspec.engine.sampling import argmax, greedy_accept, probs_from_logits
 from batchspec.engine.torch.drafters import fit_vocab
 from batchspec.engine.torch.kv import Batch
 
@@ -111,7 +111,7 @@ def time_forward(batch: Batch, model, kind: str, tokens: list[int], b: int, temp
         n = flat.shape[0]
         probs_from_logits(flat, torch.full((n,), temperature, device=device), torch.ones(n, device=device))
     else:
-        logits.argmax(-1).tolist()
+        argmax(logits).tolist()
     seconds = time.perf_counter() - t
     batch.keep(torch.zeros(b, dtype=torch.long, device=device))  # the probe's slots are cut off
     return seconds
