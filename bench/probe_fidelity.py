@@ -12,8 +12,12 @@ same rows and, after every target forward of the loop (prefills left out), times
 and sets the loop's forward against both, and the probe against the profile's price of the step
 (`CostProfile.target_s` at its rows, slots + 1 and width; the profile timed once, after a plain
 run, as a worker's is), and, from the same profile less the widest verify timed at the context's
-low end, the price with a verify's context factor taken from plain steps, as before 2026-12-04. The forward alone is timed in all three (no accept rule): the ratios are
-like against like.
+low end, the price with a verify's context factor taken from plain steps, as before 2026-12-04.
+Each of the three is a forward and the greedy accept rule on its logits (`accept_s`), as every
+point of the profile is timed (`measure.time_forward`): the ratios are like against like. (Until
+2026-12-05 the forward alone was timed here and set against prices that hold the accept rule: on
+a model whose head is most of a step, bench/fast_model.py's, the rule is 15-30% of a step and
+more of a wide one, and "probe / price" read low by that much.) The JSON keeps the rule's share.
 
     python bench/probe_fidelity.py --input /tmp/held7.parquet --workload continue --rows 32 --batch-size 8
 """
@@ -39,14 +43,16 @@ import torch  # noqa: E402
 from batchspec.calibrate.pricing import plain_rows  # noqa: E402
 from batchspec.calibrate.profiling import shape_of  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
+from batchspec.engine.sampling import greedy_accept  # noqa: E402
 from batchspec.engine.torch import kv, measure  # noqa: E402
 from batchspec.predict.cost import CostProfile, profile_grid  # noqa: E402
 from batchspec.predict.replay import slots_reach  # noqa: E402
 
 
 class Shadowed:
-    """While open, every target decode forward is timed, repeated at once on the live batch, and
-    set against a probe of its shape; `log` holds (rows, width, slots, loop s, repeat s, probe s)."""
+    """While open, every target decode forward is timed with the accept rule on its logits
+    (`accept_s`), repeated so at once on the live batch, and set against a probe of its shape;
+    `log` holds (rows, width, slots, loop s, repeat s, probe s, the accept rule's s in the loop's)."""
 
     def __init__(self, engine, widest: int) -> None:
         self.engine, self.log = engine, []
@@ -62,13 +68,14 @@ class Shadowed:
             n, width, slots = len(tokens), max(len(t) for t in tokens), batch.slots
             began = time.perf_counter()
             out = forward(batch, model, tokens, pad_id, last_only)
-            loop_s = time.perf_counter() - began
+            forward_s = time.perf_counter() - began
+            rule_s = accept_s(out, tokens)  # what decode's step does next with them, timed apart
             began = time.perf_counter()  # the same forward again, its slots then cut off
-            forward(batch, model, tokens, pad_id, last_only)
-            repeat_s = time.perf_counter() - began
+            again = forward(batch, model, tokens, pad_id, last_only)
+            repeat_s = time.perf_counter() - began + accept_s(again, tokens)
             batch.keep(torch.zeros(n, dtype=torch.long, device=batch.device))
             batch._appended = width  # the loop's keep() refers to its own forward
-            log.append((n, width, slots, loop_s, repeat_s, self.probe(n, slots, width)))
+            log.append((n, width, slots, forward_s + rule_s, repeat_s, self.probe(n, slots, width), rule_s))
             return out
 
         kv.Batch.forward = timed
@@ -92,11 +99,25 @@ def seed_row(engine, length: int) -> tuple[kv.Batch, list[int]]:
     return seed, filler
 
 
+def accept_s(logits: torch.Tensor, tokens: Sequence[Sequence[int]]) -> float:
+    """Seconds of the greedy accept rule on a step's `logits` [B, T, V], each row's tokens after its
+    first taken as its drafts, as decode's greedy step runs the rule and `measure.time_forward`
+    times it into every point of the profile."""
+    began = time.perf_counter()
+    k = logits.shape[1] - 1
+    drafts = torch.tensor([list(t[1:]) + [0] * (k + 1 - len(t)) for t in tokens], dtype=torch.long,
+                          device=logits.device).view(len(tokens), k)
+    accepted, nxt = greedy_accept(drafts, torch.tensor([len(t) - 1 for t in tokens], device=logits.device), logits)
+    accepted.tolist(), nxt.tolist()
+    return time.perf_counter() - began
+
+
 def probe_s(engine, seed: kv.Batch, filler: list[int], n: int, slots: int, width: int, tries: int = 1,
             forward=None) -> float:
-    """The median seconds of `tries` forwards of `width` tokens on `n` rows at `slots` slots, built as
-    the profile builds its probes (a fork of `seed`, one hole where n > 1); the fork's first
-    forward, which grows its buffers, is not timed. `forward`: kv.Batch.forward unpatched."""
+    """The median seconds of `tries` forwards of `width` tokens on `n` rows at `slots` slots and the
+    accept rule on their logits (`accept_s`), built as the profile builds its probes (a fork of
+    `seed`, one hole where n > 1); the fork's first forward, which grows its buffers, is not timed.
+    `forward`: kv.Batch.forward unpatched."""
     forward = forward or kv.Batch.forward
     batch = seed.fork(torch.zeros(n, dtype=torch.long, device=engine.device), slots)
     if n > 1:
@@ -105,9 +126,10 @@ def probe_s(engine, seed: kv.Batch, filler: list[int], n: int, slots: int, width
     with torch.inference_mode():
         for i in range(tries + 1):
             began = time.perf_counter()
-            forward(batch, engine.model, tokens, engine.pad_id)
+            logits = forward(batch, engine.model, tokens, engine.pad_id)
+            spent = time.perf_counter() - began + accept_s(logits, tokens)
             if i:
-                seconds.append(time.perf_counter() - began)
+                seconds.append(spent)
             batch.keep(torch.zeros(n, dtype=torch.long, device=engine.device))
     return statistics.median(seconds)
 
@@ -143,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lo, max_width = shape[1], shape[3]
     plain_factor = CostProfile()
     plain_factor.merge([p for p in profile.points if (p.kind, p.batch, p.context, p.tokens) != ("target", b, lo, max_width)], 0.0)
-    cells: dict = collections.defaultdict(list)  # (arm, rows, width) -> [(loop, repeat, probe, price)]
+    cells: dict = collections.defaultdict(list)  # (arm, rows, width) -> [(loop, repeat, probe, price, price before, rule)]
     widest = slots_reach(max(len(r.prompt_ids) for r in rows) + args.max_tokens) + max(a.draft_len for a in arms) + 1  # the most slots a step reads
     shadow = Shadowed(engine, widest)
     for _ in range(args.rounds):
@@ -151,14 +173,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
             with shadow, torch.inference_mode():
                 shadow.log.clear()
                 engine.generate(requests, arm, b)
-            for n, width, slots, loop_s, repeat_s, probe_s in shadow.log:
+            for n, width, slots, loop_s, repeat_s, probe_s, rule_s in shadow.log:
                 cells[(arm.label, n, width)].append((loop_s, repeat_s, probe_s, profile.target_s(n, slots + 1, width),
-                                                     plain_factor.target_s(n, slots + 1, width)))
+                                                     plain_factor.target_s(n, slots + 1, width), rule_s))
     report = []
     order = {a.label: i for i, a in enumerate(arms)}
     for (label, n, width), xs in sorted(cells.items(), key=lambda c: (order[c[0][0]], c[0][1:])):
-        loop, repeat, probe, price, before = (sum(x[i] for x in xs) for i in range(5))
+        loop, repeat, probe, price, before, rule = (sum(x[i] for x in xs) for i in range(6))
         report.append({"arm": label, "rows": n, "width": width, "forwards": len(xs), "loop_ms": 1000 * loop / len(xs),
+                       "accept_rule_share_of_loop": rule / loop,
                        "loop_over_repeat": loop / repeat, "loop_over_probe": loop / probe, "probe_over_price": probe / price,
                        "probe_over_price_plain_factor": probe / before, "loop_over_price": loop / price,
                        "loop_over_probe_per_forward_median": statistics.median(x[0] / x[2] for x in xs)})
@@ -168,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         by_arm[arm.label] = {i: sum(x[j] for x in mine) / sum(x[k] for x in mine)
                              for i, j, k in (("loop_over_repeat", 0, 1), ("loop_over_probe", 0, 2),
                                              ("probe_over_price", 2, 3), ("loop_over_price", 0, 3),
-                                             ("probe_over_price_plain_factor", 2, 4))}
+                                             ("probe_over_price_plain_factor", 2, 4), ("accept_rule_share_of_loop", 5, 0))}
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     data = {"benchmark": "probe_fidelity", "model": args.model, "input": args.input, "workload": args.workload,
             "rows": args.rows, "max_tokens": args.max_tokens, "batch_size": b, "rounds": args.rounds, "machine": info,
@@ -185,10 +208,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 def arm_table(by_arm: dict) -> str:
     lines = ["| arm | loop / its repeat | loop / probe of its shape | probe / the profile's price | loop / price "
-             "| probe / price, verifies at the plain step's context factor |", "|---|---|---|---|---|---|"]
+             "| probe / price, verifies at the plain step's context factor | the accept rule's share of the loop's |",
+             "|---|---|---|---|---|---|---|"]
     for label, r in by_arm.items():
         lines.append(f"| {label} | {r['loop_over_repeat']:.3f} | {r['loop_over_probe']:.3f} | {r['probe_over_price']:.3f} "
-                     f"| {r['loop_over_price']:.3f} | {r['probe_over_price_plain_factor']:.3f} |")
+                     f"| {r['loop_over_price']:.3f} | {r['probe_over_price_plain_factor']:.3f} | {r['accept_rule_share_of_loop']:.1%} |")
     return "\n".join(lines)
 
 

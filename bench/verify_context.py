@@ -6,7 +6,8 @@ range, whose top is the most slots a step may read). The cost profile moves each
 curve to a step's context by a context factor. This bench times the worker's profile
 (`profile_grid` over a shard's rows, as calibration does) `--rounds` times, and after each,
 probes of the production batch at a few slot counts and widths (the median of three forwards,
-built as the profile builds its probes), and sets each width's price over a plain step's price
+each with the accept rule on its logits, built and timed as the profile's points are:
+probe_fidelity.probe_s; until 2026-12-05 the forward alone, against prices that hold the rule), and sets each width's price over a plain step's price
 against the probes' same ratio, under two rules on the same profile:
 - "verify line": the wide points move by the line through the widest verify timed at the middle
   and at the low end of the context range (the grid since 2026-12-04);
