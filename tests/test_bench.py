@@ -441,3 +441,29 @@ def test_fast_model_writes_a_model_the_engine_loads_with_smollm2s_tokenizer(smol
                                                                           tokenize=True, return_dict=True)["input_ids"])
     a, b = (engine.generate([chat], SpecConfig(), 1).completions[0] for _ in range(2))
     assert a.error is None and a.output_tokens == 6 and a.token_ids == b.token_ids
+
+
+def test_argmax_bench_sets_torchs_pick_beside_the_engines_with_the_same_tokens(models, tmp_path):
+    """bench/argmax.py: the pick alone over each shape, and whole decodes with either pick in
+    every place the engine picks, alternating; greedy, so the tokens must be the same both ways,
+    and the engine's own pick is back in place afterwards."""
+    import argmax
+    import peer_prompts
+
+    from batchspec.engine import sampling
+    from batchspec.engine.torch import decode
+
+    target, _ = models
+    say = [{"role": "user", "content": "Continue the list: alpha, beta, gamma, delta, alpha, beta,"}]
+    path = tmp_path / "held.parquet"
+    peer_prompts.write_parquet([peer_prompts.HeldOut(f"c-{i}", "continue", "here", tuple(say), (1, 2, 3)) for i in range(5)],
+                               str(path))
+    with pytest.raises(SystemExit):
+        argmax.main(["--model", target, "--input", str(path), "--workload", "nothing", "--out", str(tmp_path)])
+    out = argmax.main(["--model", target, "--input", str(path), "--workload", "continue", "--rows", "5", "--max-tokens", "5",
+                       "--batch-size", "2", "--k", "2", "--rounds", "2", "--reps", "2", "--threads", "1", "--out", str(tmp_path)])
+    assert [d["arm"] for d in out["decodes"]] == ["none", "ngram:k=2"]
+    assert all(d["same_tokens"] and len(d["torch_s"]) == len(d["blocked_s"]) == 2 for d in out["decodes"])
+    assert len(out["picks"]) == 10 and all(p["equal"] and p["torch_ms"] > 0 for p in out["picks"])
+    assert sampling.argmax is decode.argmax and sampling.argmax is not argmax.torch_argmax
+    assert "| ngram:k=2 |" in (tmp_path / "argmax.md").read_text()
