@@ -232,6 +232,7 @@ class Verdict:
     error: float = 0.0  # the prediction's error the rule allows for
     profile_s: float = 0.0
     lookup_s: float = 0.0  # an n-gram lookup's cost per row and step, as the counterfactual timed it
+    turned_by: float = 1.0  # the arm scale (`CostProfile.arm_scale`) without which the rule would choose otherwise
 
 
 def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest: float | None, longest: int,
@@ -300,14 +301,30 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     error = worker.prediction_error(key, settings.prediction_error)
     first = key not in worker.confirmed_keys
     near = top is not None and abs(top[1] - (1 + settings.margin)) <= error * top[1]
-    wanted = top is not None and settings.confirm and (first and chosen is not NO_SPEC or near)
+    top_spec = next(s for s in arms if s.label == top[0].label) if top is not None else None
+    turned_by = _turned_by(worker.profile, top_spec, top[1], settings.margin) if top is not None else 1.0
+    wanted = top is not None and settings.confirm and (first and chosen is not NO_SPEC or near or turned_by != 1.0)
     if top is not None and settings.confirm and first and not wanted:
         reason += (f"; not confirmed: {top[0].label} predicted below the margin by more than its error "
                    f"({error:.0%}); under none the drift watch predicts every arm again as rows finish")
     reason += _estimated(results) + _arm_scales(worker.profile, arms)
-    top_spec = next(s for s in arms if s.label == top[0].label) if top is not None else None
     return Verdict(results, chosen, reason, anchor, top[0] if top else None, top_spec, wanted, first, error, profile_s,
-                   counter[1])
+                   counter[1], turned_by)
+
+
+def _turned_by(profile: CostProfile, spec: SpecConfig, speedup: float, margin: float) -> float:
+    """The scale of `spec`'s steps on this worker (`CostProfile.arm_scale`) where the rule's choice
+    turns on it: the arm predicted at `speedup` pays and at the points' price would not, or the
+    reverse; else 1.0. Such a choice is confirmed, whatever its error: the scale comes from a few
+    confirmations of some 20 steps each, and one timed in a fast moment of a shared machine can
+    stand for the method on this worker until ARM_KEPT more are taken. (On bench/fast_model.py's
+    model, 2026-12-05, a key's first confirmation took 0.73x the profile's price, the machine
+    faster than at the sample it was priced against; the key's four later shards then predicted
+    n-gram at 1.20-1.28x, chose it unconfirmed, and the benched one ran at 0.79x plain.) At the
+    points' price the speedup is `speedup` times the scale: exact for n-gram, whose every part of
+    a step is scaled; a draft model's prefills are not, so there it is an approximation."""
+    scale = profile.arm_scale(spec.method, spec.draft_model)
+    return scale if pays(speedup, margin) != pays(speedup * scale, margin) else 1.0
 
 
 def _arm_scales(profile: CostProfile, arms: Sequence[SpecConfig]) -> str:
@@ -339,8 +356,13 @@ def settle(verdict: Verdict, measured: float, predicted: float | None, worker: W
     if predicted:
         worker.record_error(key, abs(predicted / measured - 1))
     chosen = spec if pays(measured, settings.margin) else NO_SPEC
-    why = "first shard of its key on this worker" if verdict.first else \
-        f"prediction within its error ({verdict.error:.0%}) of the margin"
+    if verdict.first:
+        why = "first shard of its key on this worker"
+    elif verdict.turned_by != 1.0:
+        why = (f"the choice turns on the {spec.label} steps' measured cost on this worker, {verdict.turned_by:.2f}x the "
+               f"profile's price")
+    else:
+        why = f"prediction within its error ({verdict.error:.0%}) of the margin"
     return chosen, f"; confirmed ({why}): {spec.label} {what} -> {chosen.label}"
 
 

@@ -393,3 +393,33 @@ def test_a_keys_prediction_error_is_its_own_and_the_workers_recent_not_the_large
     noisy = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, settings, worker=worker, key="noisy")
     assert noisy.confirmed and noisy.arms[1].measured and "prediction within its error" in noisy.reason
     assert len(worker.errors["noisy"]) == 2 and worker.errors["k"] == [0.0]  # the measurement is the key's
+
+
+def test_a_choice_that_turns_on_the_arm_scale_is_confirmed(tiny_engine):
+    """The arm scale (a method's steps measured over their price, from a few short confirmations)
+    may lift an arm over the margin, or drop it under: such a choice is measured, whatever the
+    key's error; one the scale does not turn is not."""
+    from batchspec.calibrate.counterfactual import _turned_by
+    from batchspec.predict.cost import CostProfile
+
+    ngram = SpecConfig("ngram", 2)
+    scaled = CostProfile(arm_ratios={"ngram": [0.5]})
+    assert _turned_by(scaled, ngram, 1.2, 0.05) == 0.5  # 1.2x pays; at the points' price, 0.6x
+    assert _turned_by(scaled, ngram, 3.0, 0.05) == 1.0  # pays either way
+    assert _turned_by(scaled, ngram, 0.5, 0.05) == 1.0  # pays neither way
+    assert _turned_by(CostProfile(arm_ratios={"ngram": [2.0]}), ngram, 0.9, 0.05) == 2.0  # would pay at the points' price
+    assert _turned_by(CostProfile(), ngram, 1.2, 0.05) == 1.0
+
+    arms = [ngram]
+    worker = WorkerCalibration(errors={"k": [0.0]}, recent=[0.0], confirmed_keys={"k"})  # no error: nothing is near
+    plain = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, CalibrationSettings(max_tokens=16, sample_size=8),
+                                     worker=worker, key="k")
+    unscaled = plain.arms[1].predicted_speedup
+    assert not plain.confirmed and unscaled > 0
+    # its steps priced at a tenth: the prediction ten times as high, over a margin three times the
+    # one at the points' price (a tiny model's timings move between calls, not threefold)
+    worker.profile.arm_ratios["ngram"] = [0.1]
+    settings = CalibrationSettings(max_tokens=16, sample_size=8, margin=3 * unscaled - 1)
+    lifted = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, settings, worker=worker, key="k")
+    assert lifted.arms[1].measured and lifted.confirmed
+    assert "confirmed (the choice turns on the ngram:k=2 steps' measured cost on this worker, 0.10x" in lifted.reason
