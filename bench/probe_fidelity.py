@@ -43,7 +43,6 @@ import torch  # noqa: E402
 from batchspec.calibrate.pricing import plain_rows  # noqa: E402
 from batchspec.calibrate.profiling import shape_of  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
-from batchspec.engine.sampling import greedy_accept  # noqa: E402
 from batchspec.engine.torch import kv, measure  # noqa: E402
 from batchspec.predict.cost import CostProfile, profile_grid  # noqa: E402
 from batchspec.predict.replay import slots_reach  # noqa: E402
@@ -101,14 +100,9 @@ def seed_row(engine, length: int) -> tuple[kv.Batch, list[int]]:
 
 def accept_s(logits: torch.Tensor, tokens: Sequence[Sequence[int]]) -> float:
     """Seconds of the greedy accept rule on a step's `logits` [B, T, V], each row's tokens after its
-    first taken as its drafts, as decode's greedy step runs the rule and `measure.time_forward`
-    times it into every point of the profile."""
+    first taken as its drafts: `measure.greedy_rule`, which every point of the profile times."""
     began = time.perf_counter()
-    k = logits.shape[1] - 1
-    drafts = torch.tensor([list(t[1:]) + [0] * (k + 1 - len(t)) for t in tokens], dtype=torch.long,
-                          device=logits.device).view(len(tokens), k)
-    accepted, nxt = greedy_accept(drafts, torch.tensor([len(t) - 1 for t in tokens], device=logits.device), logits)
-    accepted.tolist(), nxt.tolist()
+    measure.greedy_rule(logits, tokens)
     return time.perf_counter() - began
 
 

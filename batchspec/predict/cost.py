@@ -184,8 +184,9 @@ class CostProfile:
         the width curve can price a verify off against a plain step. Where a step is slow this
         hardly counts; where it is fast it does: on a 3.7 ms batch-8 step (bench/fast_model.py,
         held-out rows, 2026-12-05) n-gram steps ran 1.10-1.26x their price against plain
-        decoding's, and every arm's speedup was predicted 15-32% high (its width curve priced a
-        verify 4-14% low against a plain step: bench/verify_context.py). A ratio measured is the
+        decoding's, and every arm's speedup was predicted 15-32% high (the profile prices a wide
+        verify low against a plain step as the decode loop runs them, though a probe timed apart
+        from a decode costs what its point does: bench/probe_fidelity.py). A ratio measured is the
         whole step's, as the engine ran it. (On the H200, stop 40, predictions ran 12-50% high
         at batch 4 and 8; whether this corrects that is untested: no GPU since.)"""
         kept = self.arm_ratios.get(arm_key(method, draft_model)) if method != "none" else None

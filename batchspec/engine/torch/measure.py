@@ -102,10 +102,7 @@ def time_forward(batch: Batch, model, kind: str, tokens: list[int], b: int, temp
     t = time.perf_counter()
     logits = batch.forward(model, [tokens] * b, pad_id, last_only=kind != "target")
     if kind == "target" and temperature <= 0:  # decode's greedy step, every draft counted as proposed
-        k = len(tokens) - 1
-        drafts = torch.tensor([tokens[1:]] * b, dtype=torch.long, device=device).view(b, k)
-        accepted, nxt = greedy_accept(drafts, torch.full((b,), k, device=device), logits)
-        accepted.tolist(), nxt.tolist()
+        greedy_rule(logits, [tokens] * b)
     elif kind == "target":
         flat = logits.reshape(-1, logits.shape[-1])
         n = flat.shape[0]
@@ -115,6 +112,18 @@ def time_forward(batch: Batch, model, kind: str, tokens: list[int], b: int, temp
     seconds = time.perf_counter() - t
     batch.keep(torch.zeros(b, dtype=torch.long, device=device))  # the probe's slots are cut off
     return seconds
+
+
+def greedy_rule(logits: torch.Tensor, tokens: Sequence[Sequence[int]]) -> None:
+    """Decode's greedy step on a forward's `logits` [B, T, V]: the accept rule (sampling.greedy_accept)
+    with each row's tokens after its first as its drafts (fewer than T - 1: padded, not proposed),
+    and its tokens out. What every profile point times after its forward (`time_forward`), and
+    what a bench that sets a probe against those points must time too."""
+    k = logits.shape[1] - 1
+    drafts = torch.tensor([list(t[1:]) + [0] * (k + 1 - len(t)) for t in tokens], dtype=torch.long,
+                          device=logits.device).view(len(tokens), k)
+    accepted, nxt = greedy_accept(drafts, torch.tensor([len(t) - 1 for t in tokens], device=logits.device), logits)
+    accepted.tolist(), nxt.tolist()
 
 
 def teacher_forced_logits(model, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], vocab: int, pad_id: int,
