@@ -3,6 +3,11 @@ where calibration wants a measurement, the arm it chose runs on from the decisio
 committed a few sample rows' worth of tokens its steps are set against plain decoding's price of
 the same tokens (`confirmed_speedup`), and counterfactual.settle decides.
 
+Plain decoding's price is measured on both sides of the arm's steps where it can be: the
+sample's (or `plain_first`'s) plain steps before them and a batch's rows' worth after them
+(`plain_after`), and the faster of the two prices it (`sandwiched`): about twenty steps take a
+tenth of a second on a fast model, and a shared machine's speed moves by a quarter on that scale.
+
 `Confirming` is `InFlight`'s part that keeps the confirmation's bookkeeping (where it began, what it
 waits for, which side it measures); it reads the control's state (`verdict`, `worker`, `key`,
 `settings`, `order`, `watch`, `batch_size`, `_run`, `_stretch`, `_reanchor`), sets its phase's
@@ -12,8 +17,8 @@ outcome (`phase`, `since`, `reason`, `confirmed`, `lost_s`), and nothing else us
 from __future__ import annotations
 
 from batchspec.calibrate.counterfactual import CONFIRM_MIN_ROWS, settle
-from batchspec.calibrate.pricing import arm_price_s, plain_price_s
-from batchspec.engine.base import NO_SPEC, Progress, SpecConfig
+from batchspec.calibrate.pricing import Anchor, arm_price_s, plain_price_s
+from batchspec.engine.base import NO_SPEC, Progress, SpecConfig, Step, Timing
 
 
 def confirmed_speedup(predicted: float, ratio: float, window: float) -> tuple[float, str]:
@@ -26,19 +31,39 @@ def confirmed_speedup(predicted: float, ratio: float, window: float) -> tuple[fl
     return corrected, f"the sample's {predicted:.2f}x corrected (those steps alone measured {window:.2f}x)"
 
 
+def sandwiched(steps: list[Step], anchors: list[Anchor], profile) -> tuple[Anchor, float, list[float]]:
+    """The anchor that prices plain decoding of the arm's `steps` where plain decoding was measured
+    on both sides of them: the one that prices it the lower (the machine at its faster), with that
+    price and each anchor's. A shared machine's interference slows a stretch, never speeds it, so
+    the faster plain stretch is the nearer measure of plain decoding beside the arm's; an arm that
+    beat plain decoding only against a slowed stretch is not taken for one that pays. On the Xeon at
+    f3e5e99 (bench/calibrate.py, fast model, batch 8) a later continue shard's sample anchored plain
+    decoding at 1.46x the profile's price, the arm's 19 steps ran at 1.22x, the window measured
+    1.15x, and the shard ran its remaining 120 rows at 0.78x plain under the arm."""
+    prices = [plain_price_s(steps, a, profile) for a in anchors]
+    i = min(range(len(anchors)), key=prices.__getitem__)
+    return anchors[i], prices[i], prices
+
+
 class Confirming:
     """Where the confirmation began (`mark`: steps, timing, rows done), the tokens it waits for
     (`confirm_tokens`, counted in `confirm_seen`), whether it measures plain decoding
-    (`plain_side`: the sample itself ran the arm), and whether plain decoding runs first to price
-    the arm against (`plain_first`: the sample ran another arm) and the anchor it gave (`fresh`)."""
+    (`plain_side`: the sample itself ran the arm), whether plain decoding runs first to price
+    the arm against (`plain_first`: the sample ran another arm) and the anchor it gave (`fresh`),
+    and whether plain decoding runs after the arm's steps (`plain_after`, the arm's measured
+    `window` kept until it ends). `plain_s` is the decode time of the plain stretches the
+    confirmation added: if the arm pays, what they ran beyond its time is calibration's cost."""
 
     mark = None
     confirm_tokens = 0.0
     confirm_seen = (0, 0)
     plain_side = False
     plain_first = False
+    plain_after = False
+    window = None
     fresh = None
     mean = 0.0
+    plain_s = 0.0
 
     def _begin_confirm(self, p: Progress, mean: float, plain_side: bool, plain_first: bool = False) -> SpecConfig:
         """From the decision on, the verdict's top arm runs until it has committed as many tokens
@@ -50,6 +75,7 @@ class Confirming:
         self.phase = "confirm"
         self._mark(p)
         self.plain_side, self.plain_first, self.fresh, self.mean = plain_side, plain_first and not plain_side, None, mean
+        self.plain_after, self.window, self.plain_s = False, None, 0.0
         if plain_side or self.plain_first:
             self.confirm_tokens = self.batch_size * mean
             return self._run(NO_SPEC)
@@ -66,6 +92,7 @@ class Confirming:
             self.reason += f"; not confirmed: {why} before {self.verdict.top_spec.label} could be measured against it"
             self.phase, self.since = "watch", len(self.order)
             return self._run(self.verdict.chosen)
+        self.plain_s += delta.decode_s
         self.fresh = self.worker.anchor = self._reanchor(delta, steps)  # plain decoding, now
         self._mark(p)
         self.confirm_tokens = max(self.batch_size, CONFIRM_MIN_ROWS) * self.mean
@@ -83,54 +110,106 @@ class Confirming:
         return tokens >= self.confirm_tokens
 
     def _confirm(self, p: Progress, final: bool = False) -> SpecConfig | None:
-        """The confirmation's measurement: the arm's steps since the decision, against plain
-        decoding priced at the sample's anchor; or, where the sample itself ran the arm (a key's
-        later shard, `plain_side`), the sample's steps against plain decoding's steps since the
-        decision, whose anchor is this moment's. Before that (until 2026-12-03) such a shard ran the
-        arm again and priced plain decoding at the worker's anchor, another shard's: a later prose
-        shard at batch 1 confirmed k=2 at 0.77x (its steps 1.31x the price) where the whole shard
-        measured it at 1.16x."""
+        """The end of a stretch of the confirmation. After `plain_first`'s, the arm runs
+        (`_anchored_first`). After the arm's, plain decoding runs a batch's rows' worth of steps
+        (`plain_after`), unless the shard ended or has no row left to run them on: the arm is
+        measured when they end (`_measure`), against plain decoding before and after it. Where
+        the sample itself ran the arm (a key's later shard, `plain_side`), the sample's steps are
+        set against plain decoding's steps since the decision, whose anchor is this moment's.
+        Before that (until 2026-12-03) such a shard ran the arm again and priced plain decoding at
+        the worker's anchor, another shard's: a later prose shard at batch 1 confirmed k=2 at 0.77x
+        (its steps 1.31x the price) where the whole shard measured it at 1.16x."""
         if self.plain_first:
             return self._anchored_first(p, final)
+        if self.plain_after:
+            return self._after(p, final)
         self._stretch(p)
         v = self.verdict
-        anchor, where = v.anchor, "in the shard's batch"
-        if self.fresh is not None:
-            anchor, where = self.fresh, "in the shard's batch, set against plain decoding's steps just before them"
         steps, delta = p.steps[self.mark[0]:], p.timing - self.mark[1]
-        self.phase, self.since = "watch", len(self.order)
         rows = len(self.order) - self.mark[2]
         if self.plain_side:
+            self.phase, self.since = "watch", len(self.order)
             if not steps or delta.decode_s <= 0:
                 self.reason += "; not confirmed: plain decoding ran no decode step to measure against"
                 return self._run(v.chosen)
+            self.plain_s += delta.decode_s
             anchor = self.worker.anchor = self._reanchor(delta, steps)  # plain decoding, now
             where = f"decoding the sample, set against plain decoding's {len(steps)} steps after it ({rows} rows finished)"
-            steps, delta, rows = p.steps[: self.mark[0]], self.mark[1], self.mark[2]
+            return self._measure(p.steps[: self.mark[0]], self.mark[1], self.mark[2], [anchor], where, final, True)
+        before, where = v.anchor, "in the shard's batch"
+        if self.fresh is not None:
+            before, where = self.fresh, "in the shard's batch, set against plain decoding's steps just before them"
+        if final or not (p.queued or p.in_flight):
+            self.phase, self.since = "watch", len(self.order)
+            why = "the shard ended" if final else "no row was left"
+            return self._measure(steps, delta, rows, [before], where, final, False, why)
+        self.window = (steps, delta, rows, before, where)
+        self.plain_after = True
+        self._mark(p)
+        self.confirm_tokens = self.batch_size * self.mean
+        return self._run(NO_SPEC)
+
+    def _after(self, p: Progress, final: bool) -> SpecConfig | None:
+        """The end of `plain_after`'s plain stretch: its steps anchor the profile now, and the arm's
+        window is measured against plain decoding before it and after it (`sandwiched`)."""
+        self.plain_after = False
+        self.phase, self.since = "watch", len(self.order)
+        steps, delta, rows, before, where = self.window
+        after, took = p.steps[self.mark[0]:], p.timing - self.mark[1]
+        if not after or took.decode_s <= 0:
+            return self._measure(steps, delta, rows, [before], where, final, False,
+                                 "plain decoding after it ran no decode step")
+        self.plain_s += took.decode_s
+        now = self.worker.anchor = self._reanchor(took, after)  # plain decoding, now
+        return self._measure(steps, delta, rows, [before, now], where, final, True, after=len(after))
+
+    def _measure(self, steps: list[Step], delta: Timing, rows: int, anchors: list[Anchor], where: str, final: bool,
+                 keep: bool, alone: str = "", after: int = 0) -> SpecConfig:
+        """The arm's `steps` (taking `delta`, `rows` finished among them) against plain decoding
+        priced at the faster of `anchors` (`sandwiched`: the sample's or `plain_first`'s steps
+        before them and `after` steps after them, where there are two); settle decides. The arm's measured-over-
+        priced ratio is kept for the worker's profile (`keep`) only where plain decoding was
+        measured after the steps (`alone` says why not): a window set against the sample's anchor
+        alone can be a slowed sample's, not the arm's."""
+        v = self.verdict
         arm_s = delta.decode_s
-        plain_s = plain_price_s(steps, anchor, self.worker.profile)
-        if not steps or arm_s <= 0 or plain_s <= 0:
+        if not steps or arm_s <= 0:
             self.reason += f"; not confirmed: {v.top_spec.label} ran no decode step to measure"
             return self._run(v.chosen)
+        profile = self.worker.profile
+        anchor, plain_s, prices = sandwiched(steps, anchors, profile)
+        if plain_s <= 0:
+            self.reason += f"; not confirmed: {v.top_spec.label} ran no decode step to measure"
+            return self._run(v.chosen)
+        if anchor is not anchors[-1] and hasattr(self.watch, "anchor"):  # the drift window prices as this did
+            self.watch.anchor = self.worker.anchor = anchor
         window = plain_s / arm_s
-        priced = arm_price_s(steps, v.top_spec, anchor, self.worker.profile, v.lookup_s)
+        priced = arm_price_s(steps, v.top_spec, anchor, profile, v.lookup_s)
         ratio = (delta.decode_s - delta.admit_s) / priced if priced > 0 else 1.0  # measured over priced
         predicted = v.top.predicted_speedup
         speedup, which = confirmed_speedup(predicted, ratio, window)
         # the arm's steps are priced at what they measure on this worker from now on (the
         # prediction's error is kept as it was made: the next shards allow for the profile's own)
-        now = self.worker.profile.arm_measured(v.top_spec.method, v.top_spec.draft_model, ratio) if priced > 0 else 1.0
+        now = profile.arm_measured(v.top_spec.method, v.top_spec.draft_model, ratio) if priced > 0 and keep else \
+            profile.arm_scale(v.top_spec.method, v.top_spec.draft_model)
         tokens = sum(s.committed for s in steps)
         v.top.speedup, v.top.measured, v.top.decode_tokens, v.top.tokens_per_s = speedup, True, tokens, tokens / arm_s
         self.confirmed = True
+        both = ""
+        if len(prices) == 2:
+            both = (f"; plain decoding's steps before them price them at {prices[0] / arm_s:.2f}x, its {after} steps "
+                    f"after them at {prices[1] / arm_s:.2f}x: the faster counts")
         chosen, why = settle(v, speedup, predicted, self.worker, self.key, self.settings,
                              f"at {speedup:.2f}x plain decoding: its {len(steps)} steps {where} ({tokens} "
-                             f"tokens, {rows} rows finished{', the shard ended' if final else ''}) took {ratio:.2f}x the "
-                             f"profile's price; {which}")
+                             f"tokens, {rows} rows finished{', the shard ended' if final else ''}) took "
+                             f"{ratio:.2f}x the profile's price{both}; {which}"
+                             + (f"; not measured after them ({alone}): the ratio not kept" if alone else ""))
         self.reason += why
         if chosen is NO_SPEC:  # the rows are kept, but the arm took longer than plain decoding would have
             self.lost_s = max(0.0, arm_s - plain_s)
             if predicted and hasattr(self.watch, "discount"):  # the window's price overrated it as the sample's did
                 # (against the prediction as the profile now prices it: the ratio is in both)
                 self.watch.discount[v.top_spec.label] = speedup / (predicted * now)
+        elif speedup > 1.0:  # the plain stretches it ran to measure against took longer than the arm would have
+            self.lost_s = self.plain_s * (1.0 - 1.0 / speedup)
         return self._run(chosen)

@@ -33,7 +33,12 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              steps measured 1.20x for an arm that ran the shard at 1.0x; on a 128-row code shard
              (bench/inflight.py --source workloads) the corrected prediction said 1.20x where
              22 steps measured 0.72x, and the shard under the arm took 1.09x the wall time of the same
-             shard calibrated apart, which chose none.
+             shard calibrated apart, which chose none. Plain decoding's price of those steps is
+             measured on both sides of them: the sample's steps before (or a batch's rows' worth
+             of plain steps, where the sample ran another arm) and a batch's rows' worth after,
+             the faster counting (confirm.sandwiched): on a fast model the arm's window is about
+             20 steps, a tenth of a second, and against a sample that ran slow a losing arm
+             measured 1.15x and ran the rest of its shard at 0.78x plain (the Xeon, 2026-12-05).
     watch    the drift checks (drift.Drift.after_chunk) set what the next rows run under, both
              ways, after every batch's worth of finished rows (at least 4), on the last chunk's
              worth finished (drift_chunk, or 8 x batch; at least 16), sample rows included; on a
