@@ -467,3 +467,21 @@ def test_argmax_bench_sets_torchs_pick_beside_the_engines_with_the_same_tokens(m
     assert len(out["picks"]) == 10 and all(p["equal"] and p["torch_ms"] > 0 for p in out["picks"])
     assert sampling.argmax is decode.argmax and sampling.argmax is not argmax.torch_argmax
     assert "| ngram:k=2 |" in (tmp_path / "argmax.md").read_text()
+
+
+def test_interfere_runs_the_command_beside_bursts_and_keeps_its_status(capsys):
+    """bench/interfere.py: the command runs while a process spins in bursts, its exit status is
+    the script's, the bursts are counted, and no burner outlives the command; no command is an
+    error."""
+    import multiprocessing
+
+    import interfere
+
+    script = "import time; time.sleep(1.5); raise SystemExit(3)"
+    assert interfere.main(["--burst-ms", "10", "--every-ms", "20", "--", sys.executable, "-c", script]) == 3
+    said = capsys.readouterr().err
+    bursts = int(said.split("interfere: ")[1].split(" bursts")[0])
+    assert bursts >= 1 and "of the wall per process" in said
+    assert not multiprocessing.active_children()
+    with pytest.raises(SystemExit):
+        interfere.main(["--burst-ms", "10"])
