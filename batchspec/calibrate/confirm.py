@@ -20,6 +20,14 @@ from batchspec.calibrate.counterfactual import CONFIRM_MIN_ROWS, settle
 from batchspec.calibrate.pricing import Anchor, arm_price_s, plain_price_s
 from batchspec.engine.base import NO_SPEC, Progress, SpecConfig, Step, Timing
 
+# Plain decoding's two prices of a window (before it, after it) further apart than this: the
+# machine moved while it was measured, and the window can lower the sample's prediction, not raise
+# it (`Confirming._measure`). Quiet, the two stood 0-9% apart on a fast model (every confirmation
+# of six runs of bench/calibrate.py on a 3.7 ms step, 2026-12-05) and 3% on `make run`'s edit
+# shard; beside bursts of CPU work (bench/interfere.py) 0-4%, or 44%, 3.0x and 3.2x where a burst
+# hit one side.
+DISTURBED = 0.25
+
 
 def confirmed_speedup(predicted: float, ratio: float, window: float) -> tuple[float, str]:
     """What a confirmation in flight decides by: the lower of the sample's `predicted` speedup
@@ -167,10 +175,14 @@ class Confirming:
                  keep: bool, alone: str = "", after: int = 0) -> SpecConfig:
         """The arm's `steps` (taking `delta`, `rows` finished among them) against plain decoding
         priced at the faster of `anchors` (`sandwiched`: the sample's or `plain_first`'s steps
-        before them and `after` steps after them, where there are two); settle decides. The arm's measured-over-
-        priced ratio is kept for the worker's profile (`keep`) only where plain decoding was
-        measured after the steps (`alone` says why not): a window set against the sample's anchor
-        alone can be a slowed sample's, not the arm's."""
+        before them and `after` steps after them, where there are two); settle decides. The
+        arm's measured-over-priced ratio is kept for the worker's profile (`keep`) only where
+        plain decoding was measured after the steps (`alone` says why not): a window set against
+        the sample's anchor alone can be a slowed sample's, not the arm's. Where the two stand more than
+        DISTURBED apart the machine moved during the measurement: the window may still show the
+        arm losing, but what it decides by is at most the sample's prediction, and neither its
+        ratio nor the prediction's error against it is kept. Beside bursts of CPU work a window whose plain steps were slowed on both sides
+        (2.74x and 3.95x its own) measured a losing arm at 2.74x, and the shard ran it at 0.95x."""
         v = self.verdict
         arm_s = delta.decode_s
         if not steps or arm_s <= 0:
@@ -188,6 +200,14 @@ class Confirming:
         ratio = (delta.decode_s - delta.admit_s) / priced if priced > 0 else 1.0  # measured over priced
         predicted = v.top.predicted_speedup
         speedup, which = confirmed_speedup(predicted, ratio, window)
+        apart = max(prices) / min(prices) - 1 if min(prices) > 0 else 0.0
+        disturbed = apart > DISTURBED
+        if disturbed:
+            keep = False
+            if predicted and predicted < speedup:
+                speedup, which = predicted, f"{which}; the sample's {predicted:.2f}x decides"
+            which = (f"plain decoding's two prices {apart:.0%} apart, more than {DISTURBED:.0%}: the machine moved "
+                     f"while the window was measured, so it can lower the sample's prediction, not raise it; {which}")
         # the arm's steps are priced at what they measure on this worker from now on (the
         # prediction's error is kept as it was made: the next shards allow for the profile's own)
         now = profile.arm_measured(v.top_spec.method, v.top_spec.draft_model, ratio) if priced > 0 and keep else \
@@ -199,7 +219,7 @@ class Confirming:
         if len(prices) == 2:
             both = (f"; plain decoding's steps before them price them at {prices[0] / arm_s:.2f}x, its {after} steps "
                     f"after them at {prices[1] / arm_s:.2f}x: the faster counts")
-        chosen, why = settle(v, speedup, predicted, self.worker, self.key, self.settings,
+        chosen, why = settle(v, speedup, None if disturbed else predicted, self.worker, self.key, self.settings,
                              f"at {speedup:.2f}x plain decoding: its {len(steps)} steps {where} ({tokens} "
                              f"tokens, {rows} rows finished{', the shard ended' if final else ''}) took "
                              f"{ratio:.2f}x the profile's price{both}; {which}"

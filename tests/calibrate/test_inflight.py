@@ -184,6 +184,38 @@ def test_an_arm_that_beat_only_a_slowed_sample_is_measured_against_plain_decodin
     assert [c.token_ids for c in ran.completions] == [c.token_ids for c in tiny_engine.generate(rows, NO_SPEC, 4).completions]
 
 
+def test_a_window_whose_plain_prices_disagree_can_lower_the_prediction_not_raise_it(tiny_engine, monkeypatch):
+    """Beside bursts of CPU work a window's plain steps were slowed on both sides and its own
+    were not: against the faster side a losing arm still measured 2.74x. Here the sample's
+    anchor is made 10x slower than it measured and the one after the window 5x: the faster side
+    alone would have the never-right draft pay; the two stand 2x apart, more than DISTURBED, so
+    the sample's prediction decides (it loses), and neither the arm's ratio nor an error is kept."""
+    from batchspec.calibrate import confirm, inflight
+
+    real, reanchor = inflight.predict_sample, inflight.InFlight._reanchor
+
+    def slowed(*args, **kwargs):
+        v = real(*args, **kwargs)
+        v.anchor = Anchor(10 * v.anchor.scale, v.anchor.other)
+        return v
+
+    def slowed_after(self, delta, steps):
+        fresh = reanchor(self, delta, steps)
+        return Anchor(5 * fresh.scale, fresh.other)
+
+    monkeypatch.setattr(inflight, "predict_sample", slowed)
+    monkeypatch.setattr(inflight.InFlight, "_reanchor", slowed_after)
+    rows, far, control, ran, d, specs = far_shard(tiny_engine)
+    said = d.reason.split("plain decoding's steps before them price them at ")[1].split("x: the faster counts")[0]
+    before, after = float(said.split("x, its ")[0]), float(said.rsplit(" at ", 1)[1])
+    assert before / after - 1 > confirm.DISTURBED and after > 1.0  # the faster side alone: the arm pays
+    assert "apart, more than 25%: the machine moved while the window was measured" in d.reason
+    arm = d.arms[1]
+    assert arm.predicted_speedup < 1.0 and arm.speedup <= arm.predicted_speedup and d.chosen is NO_SPEC
+    assert control.worker.profile.arm_ratios == {} and control.worker.errors.get("k", []) == []
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in tiny_engine.generate(rows, NO_SPEC, 4).completions]
+
+
 def test_a_confirmation_in_flight_decides_by_the_lower_of_the_corrected_prediction_and_its_own_steps():
     """The 128-row code shard's case: the sample's 1.30x corrected to 1.20x by the cost model's
     error, while the arm's own 22 steps measured 0.72x: the steps decide, and the arm loses."""
