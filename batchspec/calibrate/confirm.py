@@ -4,7 +4,7 @@ committed a few sample rows' worth of tokens its steps are set against plain dec
 the same tokens (`confirmed_speedup`), and counterfactual.settle decides.
 
 Plain decoding's price is measured on both sides of the arm's steps where it can be: the
-sample's (or `plain_first`'s) plain steps before them and a batch's rows' worth after them
+sample's (or `plain_first`'s) plain steps before them and as many plain steps after them
 (`plain_after`), and the faster of the two prices it (`sandwiched`): about twenty steps take a
 tenth of a second on a fast model, and a shared machine's speed moves by a quarter on that scale.
 
@@ -119,9 +119,11 @@ class Confirming:
 
     def _confirm(self, p: Progress, final: bool = False) -> SpecConfig | None:
         """The end of a stretch of the confirmation. After `plain_first`'s, the arm runs
-        (`_anchored_first`). After the arm's, plain decoding runs a batch's rows' worth of steps
-        (`plain_after`), unless the shard ended or has no row left to run them on: the arm is
-        measured when they end (`_measure`), against plain decoding before and after it. Where
+        (`_anchored_first`). After the arm's, plain decoding runs as many steps as the arm's
+        window did (`plain_after`: as many tokens as its steps held rows; a batch's rows' worth,
+        which it first ran, is as many steps as a row has tokens, 512 on long outputs), unless
+        the shard ended or has no row left to run them on: the arm is measured when they end
+        (`_measure`), against plain decoding before and after it. Where
         the sample itself ran the arm (a key's later shard, `plain_side`), the sample's steps are
         set against plain decoding's steps since the decision, whose anchor is this moment's.
         Before that (until 2026-12-03) such a shard ran the arm again and priced plain decoding at
@@ -154,7 +156,7 @@ class Confirming:
         self.window = (steps, delta, rows, before, where)
         self.plain_after = True
         self._mark(p)
-        self.confirm_tokens = self.batch_size * self.mean
+        self.confirm_tokens = sum(s.rows for s in steps)  # one token a row in flight per plain step
         return self._run(NO_SPEC)
 
     def _after(self, p: Progress, final: bool) -> SpecConfig | None:

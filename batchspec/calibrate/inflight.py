@@ -35,7 +35,7 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              22 steps measured 0.72x, and the shard under the arm took 1.09x the wall time of the same
              shard calibrated apart, which chose none. Plain decoding's price of those steps is
              measured on both sides of them: the sample's steps before (or a batch's rows' worth
-             of plain steps, where the sample ran another arm) and a batch's rows' worth after,
+             of plain steps, where the sample ran another arm) and as many steps after,
              the faster counting (confirm.sandwiched): on a fast model the arm's window is about
              20 steps, a tenth of a second, and against a sample that ran slow a losing arm
              measured 1.15x and ran the rest of its shard at 0.78x plain (the Xeon, 2026-12-05).

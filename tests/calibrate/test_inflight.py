@@ -177,6 +177,9 @@ def test_an_arm_that_beat_only_a_slowed_sample_is_measured_against_plain_decodin
     said = d.reason.split("plain decoding's steps before them price them at ")[1].split("x: the faster counts")[0]
     before, after = float(said.split("x, its ")[0]), float(said.rsplit(" at ", 1)[1])
     assert before > 1.0 > after  # the slowed side would have paid
+    ran_steps = int(d.reason.split("draft_target:k=4 at ")[1].split(" its ")[1].split(" steps")[0])
+    after_steps = int(said.split("x, its ")[1].split(" steps")[0])
+    assert ran_steps <= after_steps <= ran_steps + 4  # plain decoding after the window: as many steps as it ran
     assert d.confirmed and d.arms[1].speedup <= after + 0.005 and d.chosen is NO_SPEC
     done = [specs[i] for i in control.order]
     assert far in done and NO_SPEC in done[done.index(far):]  # the arm's rows, then plain decoding's
