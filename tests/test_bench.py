@@ -485,3 +485,25 @@ def test_interfere_runs_the_command_beside_bursts_and_keeps_its_status(capsys):
     assert not multiprocessing.active_children()
     with pytest.raises(SystemExit):
         interfere.main(["--burst-ms", "10"])
+
+
+def test_confirm_window_bench_sets_the_steps_after_a_switch_beside_the_arms_later_ones(models, tmp_path):
+    """bench/confirm_window.py: the shard switched from plain decoding to the arm after its
+    sample, the whole shard under the arm, and plainly; each part's steps at the batch size, their
+    price ratio and cache length; the window is the first arm steps after the switch."""
+    import confirm_window
+    import peer_prompts
+
+    target, _ = models
+    say = [{"role": "user", "content": "Continue the list: alpha, beta, gamma, delta, alpha, beta,"}]
+    path = tmp_path / "held.parquet"
+    peer_prompts.write_parquet([peer_prompts.HeldOut(f"c-{i}", "continue", "here", tuple(say), (1, 2, 3)) for i in range(12)],
+                               str(path))
+    out = confirm_window.main(["--model", target, "--input", str(path), "--workload", "continue", "--rows", "12",
+                               "--max-tokens", "8", "--batch-size", "2", "--sample", "2", "--window", "3", "--rounds", "1",
+                               "--threads", "1", "--out", str(tmp_path)])
+    r = out["rounds"][0]
+    assert set(r) == set(confirm_window.PARTS) and out["sample"] == 2
+    assert r["window"]["steps"] == 3 and r["later"]["steps"] > 0 and r["sample"]["steps"] > 0
+    assert all(r[p]["over_price"] > 0 and r[p]["slots"] > 0 for p in ("window", "arm", "plain"))
+    assert "| 1 | window | 3 |" in (tmp_path / "confirm_window.md").read_text()
