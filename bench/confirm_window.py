@@ -45,18 +45,22 @@ PARTS = ("sample", "window", "later", "arm", "plain")
 
 class Logged:
     """An in-flight control that logs every step (setting, rows, width, cache length, decode
-    seconds since the last step) and switches to `arm` once `after` rows have finished."""
+    seconds since the last step, and of them the forward's and the bookkeeping's) and switches
+    to `arm` once `after` rows have finished."""
 
     def __init__(self, first: Sequence[int], arm: SpecConfig | None, after: int):
         self.first, self.arm, self.after = list(first), arm, after
-        self.log: list[tuple[str, int, int, int, float]] = []
-        self.last, self.done, self.switched = 0.0, 0, False
+        self.log: list[tuple[str, int, int, int, float, float, float]] = []
+        self.last, self.done, self.switched = (0.0, 0.0, 0.0), 0, False
 
     def __call__(self, p):
-        seconds, self.last = p.timing.decode_s - self.last, p.timing.decode_s
+        t = p.timing
+        now = (t.decode_s, t.verify_s, t.other_s)
+        seconds, verify, other = (a - b for a, b in zip(now, self.last))
+        self.last = now
         if p.steps:
             s = p.steps[-1]
-            self.log.append((p.spec.label, s.rows, s.tokens, s.context, seconds))
+            self.log.append((p.spec.label, s.rows, s.tokens, s.context, seconds, verify, other))
         self.done += len(p.done)
         if self.arm is not None and not self.switched and self.done >= self.after:
             self.switched = True
@@ -74,11 +78,12 @@ def parts_of(switched: list, arm: list, plain: list, label: str, batch: int, win
 
 def summary(steps: list, profile: CostProfile) -> dict:
     if not steps:
-        return {"steps": 0, "ms": None, "over_price": None, "slots": None}
-    priced = sum(profile.target_s(rows, context + 1, width) for _, rows, width, context, _ in steps)
-    measured = sum(x[4] for x in steps)
+        return {"steps": 0, "ms": None, "over_price": None, "forward_over_price": None, "other_ms": None, "slots": None}
+    priced = sum(profile.target_s(rows, context + 1, width) for _, rows, width, context, *_ in steps)
+    measured, forward = sum(x[4] for x in steps), sum(x[5] for x in steps)
     return {"steps": len(steps), "ms": 1e3 * measured / len(steps), "over_price": measured / priced if priced > 0 else None,
-            "slots": statistics.mean(x[3] for x in steps)}
+            "forward_over_price": forward / priced if priced > 0 else None,
+            "other_ms": 1e3 * sum(x[6] for x in steps) / len(steps), "slots": statistics.mean(x[3] for x in steps)}
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -133,15 +138,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 def rounds_table(rounds: Sequence[dict]) -> str:
-    lines = ["| round | part | steps | ms a step | over price | mean slots | over price against plain's |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| round | part | steps | ms a step | over price | the forward alone over price | bookkeeping ms a step | "
+             "mean slots | over price against plain's |", "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rounds):
         for part in PARTS:
             s = r[part]
             base = r["sample"] if part == "window" else r["plain"]
             rel = s["over_price"] / base["over_price"] if s["over_price"] and base["over_price"] else None
             lines.append(f"| {i + 1} | {part} | {s['steps']} | {_f(s['ms'], '.2f')} | {_f(s['over_price'], '.3f')} | "
-                         f"{_f(s['slots'], '.0f')} | {_f(rel, '.3f')} |")
+                         f"{_f(s['forward_over_price'], '.3f')} | {_f(s['other_ms'], '.2f')} | {_f(s['slots'], '.0f')} | "
+                         f"{_f(rel, '.3f')} |")
     return "\n".join(lines)
 
 
