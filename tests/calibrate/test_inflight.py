@@ -219,6 +219,22 @@ def test_a_window_whose_plain_prices_disagree_can_lower_the_prediction_not_raise
     assert [c.token_ids for c in ran.completions] == [c.token_ids for c in tiny_engine.generate(rows, NO_SPEC, 4).completions]
 
 
+def test_where_the_arm_pays_what_the_plain_stretch_after_its_window_gave_up_counts_as_overhead(tiny_engine, monkeypatch):
+    """The plain steps a confirmation runs after the arm's window keep their rows, but where the
+    arm pays they took longer than it would have: plain_s x (1 - 1 / speedup) counts as the
+    shard's calibration overhead. (The measurement is scripted at 2x: a real paying arm on this
+    CPU would make the test hang on the machine's speed.)"""
+    from batchspec.calibrate import confirm
+
+    monkeypatch.setattr(confirm, "confirmed_speedup", lambda predicted, ratio, window: (2.0, "scripted at 2.00x"))
+    rows, far, control, ran, d, specs = far_shard(tiny_engine)
+    assert d.chosen == far and "scripted at 2.00x" in d.reason and control.plain_s > 0
+    assert control.lost_s == pytest.approx(control.plain_s / 2) and d.overhead_s >= control.lost_s
+    done = [specs[i] for i in control.order]
+    assert NO_SPEC in done[done.index(far):]  # the plain stretch after the window, its rows kept
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in tiny_engine.generate(rows, NO_SPEC, 4).completions]
+
+
 def test_a_confirmation_in_flight_decides_by_the_lower_of_the_corrected_prediction_and_its_own_steps():
     """The 128-row code shard's case: the sample's 1.30x corrected to 1.20x by the cost model's
     error, while the arm's own 22 steps measured 0.72x: the steps decide, and the arm loses."""
