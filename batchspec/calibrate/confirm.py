@@ -138,21 +138,20 @@ class Confirming:
         steps, delta = p.steps[self.mark[0]:], p.timing - self.mark[1]
         rows = len(self.order) - self.mark[2]
         if self.plain_side:
-            self.phase, self.since = "watch", len(self.order)
             if not steps or delta.decode_s <= 0:
+                self.phase, self.since = "watch", len(self.order)
                 self.reason += "; not confirmed: plain decoding ran no decode step to measure against"
                 return self._run(v.chosen)
             self.plain_s += delta.decode_s
             anchor = self.worker.anchor = self._reanchor(delta, steps)  # plain decoding, now
             where = f"decoding the sample, set against plain decoding's {len(steps)} steps after it ({rows} rows finished)"
-            return self._measure(p.steps[: self.mark[0]], self.mark[1], self.mark[2], [anchor], where, final, True)
+            return self._measure(p.steps[: self.mark[0]], self.mark[1], self.mark[2], [anchor], where, final)
         before, where = v.anchor, "in the shard's batch"
         if self.fresh is not None:
             before, where = self.fresh, "in the shard's batch, set against plain decoding's steps just before them"
         if final or not (p.queued or p.in_flight):
-            self.phase, self.since = "watch", len(self.order)
             why = "the shard ended" if final else "no row was left"
-            return self._measure(steps, delta, rows, [before], where, final, False, why)
+            return self._measure(steps, delta, rows, [before], where, final, alone=why)
         self.window = (steps, delta, rows, before, where)
         self.plain_after = True
         self._mark(p)
@@ -163,36 +162,34 @@ class Confirming:
         """The end of `plain_after`'s plain stretch: its steps anchor the profile now, and the arm's
         window is measured against plain decoding before it and after it (`sandwiched`)."""
         self.plain_after = False
-        self.phase, self.since = "watch", len(self.order)
         steps, delta, rows, before, where = self.window
         after, took = p.steps[self.mark[0]:], p.timing - self.mark[1]
         if not after or took.decode_s <= 0:
-            return self._measure(steps, delta, rows, [before], where, final, False,
-                                 "plain decoding after it ran no decode step")
+            return self._measure(steps, delta, rows, [before], where, final,
+                                 alone="plain decoding after it ran no decode step")
         self.plain_s += took.decode_s
         now = self.worker.anchor = self._reanchor(took, after)  # plain decoding, now
-        return self._measure(steps, delta, rows, [before, now], where, final, True, after=len(after))
+        return self._measure(steps, delta, rows, [before, now], where, final, after=len(after))
 
     def _measure(self, steps: list[Step], delta: Timing, rows: int, anchors: list[Anchor], where: str, final: bool,
-                 keep: bool, alone: str = "", after: int = 0) -> SpecConfig:
+                 alone: str = "", after: int = 0) -> SpecConfig:
         """The arm's `steps` (taking `delta`, `rows` finished among them) against plain decoding
         priced at the faster of `anchors` (`sandwiched`: the sample's or `plain_first`'s steps
-        before them and `after` steps after them, where there are two); settle decides. The
-        arm's measured-over-priced ratio is kept for the worker's profile (`keep`) only where
-        plain decoding was measured after the steps (`alone` says why not): a window set against
-        the sample's anchor alone can be a slowed sample's, not the arm's. Where the two stand more than
-        DISTURBED apart the machine moved during the measurement: the window may still show the
-        arm losing, but what it decides by is at most the sample's prediction, and neither its
-        ratio nor the prediction's error against it is kept. Beside bursts of CPU work a window whose plain steps were slowed on both sides
-        (2.74x and 3.95x its own) measured a losing arm at 2.74x, and the shard ran it at 0.95x."""
+        before them and `after` steps after them, where there are two); settle decides, and the
+        watch phase begins. The arm's measured-over-priced ratio is kept for the worker's
+        profile only where plain decoding was measured after the steps (`alone` says why not): a
+        window set against the sample's anchor alone can be a slowed sample's, not the arm's.
+        Where the two stand more than DISTURBED apart the machine moved during the measurement:
+        the window may still show the arm losing, but what it decides by is at most the sample's
+        prediction, and neither its ratio nor the prediction's error against it is kept. Beside
+        bursts of CPU work a window whose plain steps were slowed on both sides (2.74x and 3.95x
+        its own) measured a losing arm at 2.74x, and the shard ran it at 0.95x."""
+        self.phase, self.since = "watch", len(self.order)
         v = self.verdict
         arm_s = delta.decode_s
-        if not steps or arm_s <= 0:
-            self.reason += f"; not confirmed: {v.top_spec.label} ran no decode step to measure"
-            return self._run(v.chosen)
         profile = self.worker.profile
         anchor, plain_s, prices = sandwiched(steps, anchors, profile)
-        if plain_s <= 0:
+        if not steps or arm_s <= 0 or plain_s <= 0:
             self.reason += f"; not confirmed: {v.top_spec.label} ran no decode step to measure"
             return self._run(v.chosen)
         if anchor is not anchors[-1] and hasattr(self.watch, "anchor"):  # the drift window prices as this did
@@ -204,8 +201,8 @@ class Confirming:
         speedup, which = confirmed_speedup(predicted, ratio, window)
         apart = max(prices) / min(prices) - 1 if min(prices) > 0 else 0.0
         disturbed = apart > DISTURBED
+        keep = not alone and not disturbed
         if disturbed:
-            keep = False
             if predicted and predicted < speedup:
                 speedup, which = predicted, f"{which}; the sample's {predicted:.2f}x decides"
             which = (f"plain decoding's two prices {apart:.0%} apart, more than {DISTURBED:.0%}: the machine moved "
