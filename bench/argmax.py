@@ -27,7 +27,7 @@ from typing import Iterator, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads  # noqa: E402
-from engine import command, machine_line, ngram_arm, result_options, start, write  # noqa: E402
+from engine import command, machine_line, ngram_arm, result_options, start, workload_options, write  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -83,12 +83,7 @@ def picks(vocab: int, reps: int) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--input", required=True, help="a prompt Parquet with a task column, e.g. the held-out set")
-    parser.add_argument("--workload", default="summarize")
-    parser.add_argument("--rows", type=int, default=128)
-    parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--batch-size", type=int, default=8)
+    workload_options(parser, "summarize", 128)
     parser.add_argument("--k", default="2,8", help="n-gram draft lengths to run beside plain decoding")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=30, help="timings of each pick over each shape")

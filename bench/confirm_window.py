@@ -31,7 +31,7 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads  # noqa: E402
-from engine import command, machine_line, result_options, start, write  # noqa: E402
+from engine import command, machine_line, result_options, start, workload_options, write  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -88,12 +88,7 @@ def summary(steps: list, profile: CostProfile) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--input", required=True, help="a prompt Parquet with a task column, e.g. the held-out set")
-    parser.add_argument("--workload", default="summarize", help="the task whose first --rows rows run")
-    parser.add_argument("--rows", type=int, default=128)
-    parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--batch-size", type=int, default=8)
+    workload_options(parser, "summarize", 128)
     parser.add_argument("--k", type=int, default=2, help="the n-gram arm's draft length")
     parser.add_argument("--sample", type=int, default=8, help="rows decoded plainly first (evenly spaced)")
     parser.add_argument("--window", type=int, default=20, help="arm steps after the switch that stand for a confirmation")

@@ -199,6 +199,17 @@ def write(out: Path, name: str, data: dict, markdown: str, table: str = "") -> N
     print(f"{table}\n-> {out / name}.json", flush=True)
 
 
+def workload_options(parser, workload: str, rows: int) -> None:
+    """The options of a bench that runs one task's first rows of a prompt Parquet (the held-out
+    set): --model, --input, --workload, --rows, --max-tokens, --batch-size."""
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--input", required=True, help="a prompt Parquet with a task column, e.g. the held-out set")
+    parser.add_argument("--workload", default=workload, help="the task whose first --rows rows run")
+    parser.add_argument("--rows", type=int, default=rows)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--batch-size", type=int, default=8)
+
+
 def result_options(parser, name: str) -> None:
     """The options of a bench that writes one named result: --dtype, --threads, --out, --name."""
     parser.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"])

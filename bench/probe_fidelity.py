@@ -36,7 +36,7 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads  # noqa: E402
-from engine import command, machine_line, result_options, start, write  # noqa: E402
+from engine import command, machine_line, result_options, start, workload_options, write  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -130,12 +130,7 @@ def probe_s(engine, seed: kv.Batch, filler: list[int], n: int, slots: int, width
 
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--input", required=True, help="a prompt Parquet with a task column, e.g. the held-out set")
-    parser.add_argument("--workload", default="continue", help="the task whose first --rows rows run")
-    parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--batch-size", type=int, default=8)
+    workload_options(parser, "continue", 32)
     parser.add_argument("--k", default="2,4,8", help="n-gram draft lengths to run beside plain decoding")
     parser.add_argument("--rounds", type=int, default=2)
     result_options(parser, "probe_fidelity")

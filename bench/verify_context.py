@@ -31,7 +31,7 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads  # noqa: E402
-from engine import command, machine_line, result_options, start, write  # noqa: E402
+from engine import command, machine_line, result_options, start, workload_options, write  # noqa: E402
 from probe_fidelity import probe_s, seed_row  # noqa: E402
 
 import torch  # noqa: E402
@@ -44,12 +44,7 @@ from batchspec.predict.cost import CostProfile, profile_grid  # noqa: E402
 
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--input", required=True, help="a prompt Parquet with a task column, e.g. the held-out set")
-    parser.add_argument("--workload", default="continue")
-    parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--batch-size", type=int, default=8)
+    workload_options(parser, "continue", 32)
     parser.add_argument("--k", type=int, default=8, help="the longest draft: the widest verify is k + 1")
     parser.add_argument("--rounds", type=int, default=6)
     result_options(parser, "verify_context")
