@@ -17,6 +17,19 @@ sys.path.insert(0, str(BENCH))
 def models(tiny_model_dir, tiny_draft_dir):
     return str(tiny_model_dir), str(tiny_draft_dir)
 
+SAY = [{"role": "user", "content": "Continue the list: alpha, beta, gamma, delta, alpha, beta,"}]  # held_parquet's request
+
+
+def held_parquet(tmp_path: Path, rows: int, tasks: tuple[str, ...] = ("continue",)) -> Path:
+    """A held-out prompt Parquet (bench/peer_prompts.py's layout) of `rows` copy-heavy chat
+    requests per task, tasks interleaved: held.parquet under `tmp_path`."""
+    import peer_prompts
+
+    path = tmp_path / "held.parquet"
+    peer_prompts.write_parquet([peer_prompts.HeldOut(f"{task}-{i}", task, "here", tuple(SAY), (1, 2, 3))
+                                for i in range(rows) for task in tasks], str(path))
+    return path
+
 
 def test_workloads_are_varied_chat_requests():
     import workloads
@@ -112,16 +125,11 @@ def test_calibrate_bench_shards_a_prompt_parquet_it_did_not_write_by_a_column(mo
     left out and counted, and a file that cannot make the shards asked for is refused in one line
     before a model loads."""
     import calibrate
-    import peer_prompts
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     target, _ = models
-    say = [{"role": "user", "content": "Continue the list: alpha, beta, gamma, delta, alpha, beta,"}]
-    held = [peer_prompts.HeldOut(f"{task}-{i}", task, "here", tuple(say), (1, 2, 3))
-            for i in range(9) for task in ("rewrite", "continue")]
-    path = tmp_path / "held.parquet"
-    peer_prompts.write_parquet(held, str(path))
+    path = held_parquet(tmp_path, 9, ("rewrite", "continue"))
     table = pq.read_table(path)
     broken = pa.table({"id": ["bad-0"], "task": ["rewrite"], "source": ["here"],
                        "messages": pa.array([None], table.schema.field("messages").type), "prompt_tokens": [0]})
@@ -172,7 +180,7 @@ def test_calibrate_bench_shards_a_prompt_parquet_it_did_not_write_by_a_column(mo
 
     groups, bad = workloads.from_input(str(path), "task", 7)
     assert [len(g) for g in groups.values()] == [9, 9] and bad == ["bad-0: prompt and messages are both null"]
-    assert groups["rewrite"][0].messages == tuple(say) and groups["rewrite"][0].params.max_tokens == 7
+    assert groups["rewrite"][0].messages == tuple(SAY) and groups["rewrite"][0].params.max_tokens == 7
     assert [r.id for r in groups["continue"][:2]] == ["continue-0", "continue-1"]
 
 
@@ -393,13 +401,9 @@ def test_acceptance_spread_bench_predicts_a_shard_from_its_sample_and_the_keys_o
     sample that is the whole shard (batch 4, 4 rows) with no history predicts it exactly; a file
     without two shards' rows of any key is refused in one line before a model loads."""
     import acceptance_spread
-    import peer_prompts
 
     target, _ = models
-    path = tmp_path / "held.parquet"
-    say = [{"role": "user", "content": "Continue the list: alpha, beta, gamma, delta, alpha, beta,"}]
-    peer_prompts.write_parquet([peer_prompts.HeldOut(f"{task}-{i}", task, "here", tuple(say), (1, 2, 3))
-                                for i in range(9) for task in ("rewrite", "continue")], str(path))
+    path = held_parquet(tmp_path, 9, ("rewrite", "continue"))
     with pytest.raises(SystemExit):
         acceptance_spread.main(["--model", "not-a-model", "--input", str(path), "--shard-rows", "5", "--out", str(tmp_path)])
     assert "a key needs two shards of 5 rows" in capsys.readouterr().err
@@ -448,16 +452,12 @@ def test_argmax_bench_sets_torchs_pick_beside_the_engines_with_the_same_tokens(m
     every place the engine picks, alternating; greedy, so the tokens must be the same both ways,
     and the engine's own pick is back in place afterwards."""
     import argmax
-    import peer_prompts
 
     from batchspec.engine import sampling
     from batchspec.engine.torch import decode
 
     target, _ = models
-    say = [{"role": "user", "content": "Continue the list: alpha, beta, gamma, delta, alpha, beta,"}]
-    path = tmp_path / "held.parquet"
-    peer_prompts.write_parquet([peer_prompts.HeldOut(f"c-{i}", "continue", "here", tuple(say), (1, 2, 3)) for i in range(5)],
-                               str(path))
+    path = held_parquet(tmp_path, 5)
     with pytest.raises(SystemExit):
         argmax.main(["--model", target, "--input", str(path), "--workload", "nothing", "--out", str(tmp_path)])
     out = argmax.main(["--model", target, "--input", str(path), "--workload", "continue", "--rows", "5", "--max-tokens", "5",
@@ -492,13 +492,9 @@ def test_confirm_window_bench_sets_the_steps_after_a_switch_beside_the_arms_late
     sample, the whole shard under the arm, and plainly; each part's steps at the batch size, their
     price ratio and cache length; the window is the first arm steps after the switch."""
     import confirm_window
-    import peer_prompts
 
     target, _ = models
-    say = [{"role": "user", "content": "Continue the list: alpha, beta, gamma, delta, alpha, beta,"}]
-    path = tmp_path / "held.parquet"
-    peer_prompts.write_parquet([peer_prompts.HeldOut(f"c-{i}", "continue", "here", tuple(say), (1, 2, 3)) for i in range(12)],
-                               str(path))
+    path = held_parquet(tmp_path, 12)
     out = confirm_window.main(["--model", target, "--input", str(path), "--workload", "continue", "--rows", "12",
                                "--max-tokens", "8", "--batch-size", "2", "--sample", "2", "--window", "3", "--rounds", "1",
                                "--threads", "1", "--out", str(tmp_path)])

@@ -156,6 +156,27 @@ def test_plain_decoding_before_and_after_the_arms_steps_prices_them_at_the_faste
     assert sandwiched(steps, [slowed], profile)[0] is slowed
 
 
+def slow_sample(monkeypatch, factor: float) -> None:
+    """Every sample's anchor `factor` times slower than it measured (a slowed sample's)."""
+    from batchspec.calibrate import inflight
+
+    real = inflight.predict_sample
+
+    def slowed(*args, **kwargs):
+        v = real(*args, **kwargs)
+        v.anchor = Anchor(factor * v.anchor.scale, v.anchor.other)
+        return v
+
+    monkeypatch.setattr(inflight, "predict_sample", slowed)
+
+
+def window_prices(reason: str) -> tuple[float, float, int]:
+    """A confirmation's two plain prices of its window (before, after, over the window's time) and
+    the plain steps after it, as its reason gives them."""
+    said = reason.split("plain decoding's steps before them price them at ")[1].split("x: the faster counts")[0]
+    return float(said.split("x, its ")[0]), float(said.rsplit(" at ", 1)[1]), int(said.split("x, its ")[1].split(" steps")[0])
+
+
 def test_an_arm_that_beat_only_a_slowed_sample_is_measured_against_plain_decoding_after_it(tiny_engine, monkeypatch):
     """The Xeon's later continue shard (f3e5e99): the sample's plain steps ran slow (1.46x the
     price), the arm's ran fast, and 19 steps set against the sample alone measured a losing arm
@@ -163,22 +184,11 @@ def test_an_arm_that_beat_only_a_slowed_sample_is_measured_against_plain_decodin
     alone a draft that is almost never right would pay; plain decoding after the arm's steps
     prices them at the machine's speed, the faster counts, and the arm loses. Plain decoding's
     rows after the arm's are kept, no token changes, and the worker's anchor is the later one."""
-    from batchspec.calibrate import inflight
-
-    real = inflight.predict_sample
-
-    def slowed(*args, **kwargs):
-        v = real(*args, **kwargs)
-        v.anchor = Anchor(10 * v.anchor.scale, v.anchor.other)
-        return v
-
-    monkeypatch.setattr(inflight, "predict_sample", slowed)
+    slow_sample(monkeypatch, 10)
     rows, far, control, ran, d, specs = far_shard(tiny_engine)
-    said = d.reason.split("plain decoding's steps before them price them at ")[1].split("x: the faster counts")[0]
-    before, after = float(said.split("x, its ")[0]), float(said.rsplit(" at ", 1)[1])
+    before, after, after_steps = window_prices(d.reason)
     assert before > 1.0 > after  # the slowed side would have paid
     ran_steps = int(d.reason.split("draft_target:k=4 at ")[1].split(" its ")[1].split(" steps")[0])
-    after_steps = int(said.split("x, its ")[1].split(" steps")[0])
     assert ran_steps <= after_steps <= ran_steps + 4  # plain decoding after the window: as many steps as it ran
     assert d.confirmed and d.arms[1].speedup <= after + 0.005 and d.chosen is NO_SPEC
     done = [specs[i] for i in control.order]
@@ -195,22 +205,16 @@ def test_a_window_whose_plain_prices_disagree_can_lower_the_prediction_not_raise
     the sample's prediction decides (it loses), and neither the arm's ratio nor an error is kept."""
     from batchspec.calibrate import confirm, inflight
 
-    real, reanchor = inflight.predict_sample, inflight.InFlight._reanchor
-
-    def slowed(*args, **kwargs):
-        v = real(*args, **kwargs)
-        v.anchor = Anchor(10 * v.anchor.scale, v.anchor.other)
-        return v
+    reanchor = inflight.InFlight._reanchor
 
     def slowed_after(self, delta, steps):
         fresh = reanchor(self, delta, steps)
         return Anchor(5 * fresh.scale, fresh.other)
 
-    monkeypatch.setattr(inflight, "predict_sample", slowed)
+    slow_sample(monkeypatch, 10)
     monkeypatch.setattr(inflight.InFlight, "_reanchor", slowed_after)
     rows, far, control, ran, d, specs = far_shard(tiny_engine)
-    said = d.reason.split("plain decoding's steps before them price them at ")[1].split("x: the faster counts")[0]
-    before, after = float(said.split("x, its ")[0]), float(said.rsplit(" at ", 1)[1])
+    before, after, _ = window_prices(d.reason)
     assert before / after - 1 > confirm.DISTURBED and after > 1.0  # the faster side alone: the arm pays
     assert "apart, more than 25%: the machine moved while the window was measured" in d.reason
     arm = d.arms[1]
