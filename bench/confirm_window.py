@@ -35,6 +35,7 @@ from engine import command, machine_line, result_options, start, workload_option
 
 import torch  # noqa: E402
 
+from batchspec.calibrate.decision import sample_indices  # noqa: E402
 from batchspec.calibrate.pricing import plain_rows  # noqa: E402
 from batchspec.calibrate.profiling import shape_of  # noqa: E402
 from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
@@ -102,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if not requests:
         parser.exit(2, f"no {args.workload} rows in {args.input}\n")
     arm = SpecConfig("ngram", args.k)
-    first = sorted({round(i * len(requests) / args.sample) for i in range(min(args.sample, len(requests)))})
+    first = sample_indices(len(requests), args.sample)  # as calibration picks its sample
     with torch.inference_mode():
         engine.generate(requests[:b], NO_SPEC, b)  # warm
         plain = engine.generate(requests, NO_SPEC, b)
