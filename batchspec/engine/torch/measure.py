@@ -19,6 +19,7 @@ from batchspec.engine.torch.kv import Batch
 
 
 REPS, AGREE = 3, 0.2  # a profile point's tries: at most REPS rounds, two enough where they agree within AGREE
+SEED = 32  # tokens the target prefills for a profile's probes, repeated to the widest context (kv.Batch.repeated)
 
 
 def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
@@ -29,7 +30,11 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
     forward has warmed the model: its first after loading runs slow). Each model prefills one row once, at
     the widest context asked of it, and every point's cache is a copy of that row cut to the
     point's context and copied to its batch size (attention cost depends on shapes, not values),
-    so a profile costs one prefill per model and a few forwards. The fastest try counts: two
+    so a profile costs one prefill per model and a few forwards. The target's row is `SEED`
+    tokens prefilled and repeated to the widest context: its prefill is no point of the profile,
+    and at 248 tokens it took 0.2 s of `make run`'s 2-3 s profile (a draft's is timed: a point).
+    Each copy has room for its widest probe, as a decoding batch's cache has between doublings
+    (kv.Batch.fork). The fastest try counts: two
     tries of every point (round-robin over widths, so a change of load hits every width alike),
     and up to `reps` while some point's tries differ by more than `agree`; one forward per model
     warms it first, not counted.
@@ -50,17 +55,20 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
             seed = Batch(device)
             if kind == "draft":  # its prefill is a point: warm the model first
                 Batch(device).forward(model, [filler[:8]], engine.pad_id, last_only=True)
+            prefilled = widest if kind == "draft" else min(widest, SEED)
             t = time.perf_counter()
-            seed.forward(model, [filler], engine.pad_id, last_only=True)
+            seed.forward(model, [filler[:prefilled]], engine.pad_id, last_only=True)
             if kind == "draft":
                 points.append(StepCost("draft_prefill", name, 1, 0, widest, time.perf_counter() - t))
-            seed.keep(torch.tensor([widest], device=device))
+            seed.keep(torch.tensor([prefilled], device=device))
+            if prefilled < widest:
+                seed = seed.repeated(widest)
             warm = True  # a model's first forwards after loading run slow: one warm-up, not counted
             for (b, c), group in itertools.groupby(per_model, key=lambda p: p[2:4]):
-                batch = seed.fork(torch.zeros(b, dtype=torch.long, device=device), c)
+                widths = [w for *_, w in group]
+                batch = seed.fork(torch.zeros(b, dtype=torch.long, device=device), c, room=max(widths))
                 if b > 1:
                     _open_hole(batch)
-                widths = [w for *_, w in group]
                 if warm:
                     time_forward(batch, model, kind, filler[:1], b, temperature, engine.pad_id)
                     warm = False

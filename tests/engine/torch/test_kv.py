@@ -81,15 +81,20 @@ def test_prefill_asks_for_last_logits_in_forms_every_transformers_5_takes(word_m
     assert seen[0].tolist() == [2, 3] and seen[1] == 1
 
 
+def _one_row(model, tokens: list[int]) -> Batch:
+    """A batch of one row prefilled with `tokens`, all kept: the seed a profile's probes fork."""
+    seed = Batch(torch.device("cpu"))
+    seed.forward(model, [tokens])
+    seed.keep(torch.tensor([len(tokens)]))
+    return seed
+
+
 def test_a_fork_is_the_rows_cut_to_a_shorter_context_and_leaves_its_seed_alone(word_models):
     """Profile probes start from one prefilled row: a fork to 3 rows of its first 4 slots must
     compute what a fresh prefill of those 4 tokens would, and the seed must not change."""
     target, _, _ = word_models
-    cpu = torch.device("cpu")
     with torch.inference_mode():
-        seed = Batch(cpu)
-        seed.forward(target, [[1, 2, 3, 4, 5, 6, 7]])
-        seed.keep(torch.tensor([7]))
+        seed = _one_row(target, [1, 2, 3, 4, 5, 6, 7])
         forked = seed.fork(torch.zeros(3, dtype=torch.long), 4)
         assert forked.size == 3 and forked.slots == 4 and forked.positions.tolist() == [4, 4, 4] and forked.dense
         got = forked.forward(target, [[9, 10]] * 3)
@@ -98,6 +103,35 @@ def test_a_fork_is_the_rows_cut_to_a_shorter_context_and_leaves_its_seed_alone(w
             torch.testing.assert_close(row, fresh, rtol=1e-5, atol=1e-5)
         assert seed.size == 1 and seed.slots == 7 and seed.positions.tolist() == [7]
         assert seed.cache.layers[0].length == 7 and seed.cache.layers[0].keys.shape[2] == 7
+
+
+def test_a_fork_with_room_appends_into_its_buffers_and_computes_what_one_without_does(word_models):
+    """A profile probe forks with room for its widest forward, as a decoding batch's cache has
+    room between doublings: the forward must not regrow the buffers, and must compute the same."""
+    target, _, _ = word_models
+    with torch.inference_mode():
+        seed = _one_row(target, [1, 2, 3, 4, 5, 6, 7])
+        tight, roomy = seed.fork(torch.zeros(2, dtype=torch.long), 5), seed.fork(torch.zeros(2, dtype=torch.long), 5, room=3)
+        buffer = roomy.cache.layers[0].k_buf.data_ptr()
+        assert roomy.cache.layers[0].k_buf.shape[2] >= 8 and tight.cache.layers[0].k_buf.shape[2] == 5
+        torch.testing.assert_close(roomy.forward(target, [[9, 10, 11]] * 2), tight.forward(target, [[9, 10, 11]] * 2))
+        assert roomy.cache.layers[0].k_buf.data_ptr() == buffer
+        assert tight.cache.layers[0].k_buf.shape[2] > 5  # regrown: the copy a probe without room would time
+
+
+def test_a_repeated_batch_has_the_asked_slots_filled_with_the_rows_own_and_decodes_from_there(word_models):
+    """A profile's seed row is a short prefill repeated to the widest context: the shape of a
+    prefilled row of that length, with the short row's keys and values over and over."""
+    target, _, _ = word_models
+    with torch.inference_mode():
+        seed = _one_row(target, [1, 2, 3])
+        long = seed.repeated(8)
+        assert long.size == 1 and long.slots == 8 and long.positions.tolist() == [8] and long.dense
+        keys = long.cache.layers[0].keys
+        assert keys.shape[2] == 8 and all(torch.equal(keys[:, :, i], seed.cache.layers[0].keys[:, :, i % 3]) for i in range(8))
+        assert seed.slots == 3  # the seed is left as it was
+        forked = long.fork(torch.zeros(4, dtype=torch.long), 6, room=2)
+        assert forked.forward(target, [[4, 5]] * 4).shape[:2] == (4, 2) and forked.slots == 8
 
 
 @pytest.mark.parametrize(("finished", "keep"), [
