@@ -34,6 +34,7 @@ from batchspec.engine.base import (
 from batchspec.engine.torch import measure
 from batchspec.engine.torch.decode import Clock, Decoder, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
+from batchspec.engine.torch.kv import Batch
 from batchspec.engine.torch.load import check_same_tokenizer, load_pretrained
 from batchspec.errors import ConfigError, ModelError, one_line
 
@@ -61,6 +62,7 @@ class TorchEngine:
         self._drafts: dict[str, object] = {}
         self._encoded: dict[int, tuple[weakref.ref, array.array]] = {}  # id(request) -> (the request, its prompt's ids): `encode`
         self.last_steps: list[Step] = []  # the decode steps of the last generate call, as it ran them (benches price them)
+        self.probe_seeds: dict[str, Batch] = {}  # model -> the one short row its cost probes fork from (measure.profile)
 
     @classmethod
     def load(cls, model: str, draft_model: str | None = None, dtype: str = "float32",

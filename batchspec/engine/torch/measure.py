@@ -33,6 +33,9 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
     so a profile costs one prefill per model and a few forwards. The target's row is `SEED`
     tokens prefilled and repeated to the widest context: its prefill is no point of the profile,
     and at 248 tokens it took 0.2 s of `make run`'s 2-3 s profile (a draft's is timed: a point).
+    The engine keeps that row (`probe_seeds`), so a later profile of the target (a context probe,
+    a re-timed width curve) prefills nothing and needs no warm-up: of a one-point context probe's
+    four forwards (`make run`'s prose shard, 0.22 s) two were those.
     Each copy has room for its widest probe, as a decoding batch's cache has between doublings
     (kv.Batch.fork). The fastest try counts: two
     tries of every point (round-robin over widths, so a change of load hits every width alike),
@@ -52,18 +55,22 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
             model = engine.model if kind == "target" else engine._draft(name)
             widest = max(c for *_, c, _ in per_model)
             filler = [(17 + 31 * i) % engine.vocab for i in range(widest)]
-            seed = Batch(device)
-            if kind == "draft":  # its prefill is a point: warm the model first
-                Batch(device).forward(model, [filler[:8]], engine.pad_id, last_only=True)
-            prefilled = widest if kind == "draft" else min(widest, SEED)
-            t = time.perf_counter()
-            seed.forward(model, [filler[:prefilled]], engine.pad_id, last_only=True)
-            if kind == "draft":
-                points.append(StepCost("draft_prefill", name, 1, 0, widest, time.perf_counter() - t))
-            seed.keep(torch.tensor([prefilled], device=device))
-            if prefilled < widest:
+            seed = engine.probe_seeds.get(name) if kind == "target" else None
+            warm = seed is None  # a model's first forwards after loading run slow: one warm-up, not counted
+            if seed is None:
+                seed = Batch(device)
+                if kind == "draft":  # its prefill is a point: warm the model first
+                    Batch(device).forward(model, [filler[:8]], engine.pad_id, last_only=True)
+                prefilled = widest if kind == "draft" else min(widest, SEED)
+                t = time.perf_counter()
+                seed.forward(model, [filler[:prefilled]], engine.pad_id, last_only=True)
+                if kind == "draft":
+                    points.append(StepCost("draft_prefill", name, 1, 0, widest, time.perf_counter() - t))
+                seed.keep(torch.tensor([prefilled], device=device))
+                if kind == "target":
+                    engine.probe_seeds[name] = seed
+            if seed.slots < widest:
                 seed = seed.repeated(widest)
-            warm = True  # a model's first forwards after loading run slow: one warm-up, not counted
             for (b, c), group in itertools.groupby(per_model, key=lambda p: p[2:4]):
                 widths = [w for *_, w in group]
                 batch = seed.fork(torch.zeros(b, dtype=torch.long, device=device), c, room=max(widths))

@@ -366,7 +366,26 @@ def test_a_greedy_profile_times_the_argmax_the_greedy_engine_takes_not_probabili
     tiny_engine.profile([(4, 6, 1), (4, 6, 5)], reps=2, temperature=0.0)
     assert calls == []
     tiny_engine.profile([(4, 6, 5)], reps=2, temperature=0.8)
-    assert calls and {shape[0] for shape in calls} == {4, 4 * 5}  # the warm-up's one token, then every position of every row
+    assert calls and {shape[0] for shape in calls} == {4 * 5}  # every position of every row (the model is warm: no warm-up)
+
+
+def test_a_later_profile_forks_the_row_the_first_prefilled_and_needs_no_warm_up(tiny_engine, monkeypatch):
+    """The target's probes fork one short prefilled row, repeated to the widest context
+    (kv.Batch.repeated). The engine keeps it: a later profile (a context probe, a re-timed curve)
+    runs only its timed tries, not a prefill and a warm-up besides, even where it reaches further."""
+    from batchspec.engine.torch import kv, measure
+
+    tiny_engine.probe_seeds.clear()
+    forwards = []
+    real = kv.Batch.forward
+    monkeypatch.setattr(kv.Batch, "forward", lambda self, model, tokens, *a, **k: forwards.append((len(tokens), len(tokens[0])))
+                        or real(self, model, tokens, *a, **k))
+    measure.profile(tiny_engine, [(4, 10, 1)], reps=2, agree=100.0)
+    assert forwards == [(1, 10), (4, 1), (4, 1), (4, 1)]  # its prefill, the warm-up, two tries
+    forwards.clear()
+    points = measure.profile(tiny_engine, [(4, 40, 1), (4, 40, 3)], reps=2, agree=100.0)
+    assert forwards == [(4, 1), (4, 3), (4, 1), (4, 3)]  # two tries of each width, round-robin
+    assert [(p.context, p.tokens) for p in points] == [(40, 1), (40, 3)] and all(p.seconds > 0 for p in points)
 
 
 # -- a setting changed in flight (generate's control=) ------------------------------------------------
