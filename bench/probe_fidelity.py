@@ -110,10 +110,10 @@ def probe_s(engine, seed: kv.Batch, filler: list[int], n: int, slots: int, width
             forward=None) -> float:
     """The median seconds of `tries` forwards of `width` tokens on `n` rows at `slots` slots and the
     accept rule on their logits (`accept_s`), built as the profile builds its probes (a fork of
-    `seed`, one hole where n > 1); the fork's first forward, which grows its buffers, is not timed.
+    `seed` with room for `width` more slots, one hole where n > 1); a first forward is not timed.
     `forward`: kv.Batch.forward unpatched."""
     forward = forward or kv.Batch.forward
-    batch = seed.fork(torch.zeros(n, dtype=torch.long, device=engine.device), slots)
+    batch = seed.fork(torch.zeros(n, dtype=torch.long, device=engine.device), slots, room=width)
     if n > 1:
         measure._open_hole(batch)
     tokens, seconds = [filler[:width]] * n, []
