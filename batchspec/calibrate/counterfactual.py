@@ -46,6 +46,7 @@ from batchspec.calibrate.decision import (
     pays,
     pick_sample,
     predicted_speedups,
+    stays,
 )
 from batchspec.calibrate.profiling import (
     RETIME_SHARE,
@@ -238,7 +239,8 @@ class Verdict:
 def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest: float | None, longest: int,
                    arms: Sequence[SpecConfig], batch_size: int, settings: CalibrationSettings,
                    worker: WorkerCalibration, key: str | None, stream: int,
-                   anchor_of: Callable[[CostProfile], Anchor], history: KeyHistory | None = None) -> Verdict:
+                   anchor_of: Callable[[CostProfile], Anchor], history: KeyHistory | None = None,
+                   running: SpecConfig = NO_SPEC) -> Verdict:
     """Steps 2-4 of this module's list on a plain run of the sample, `plain` (its rows as `rows`;
     `rest`: the plain decode seconds the shard has left, estimated (`rest_s`; None: no bound);
     `longest`: the shard's longest max_tokens): every arm's counterfactual acceptance, the profile measured
@@ -246,7 +248,9 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     ties the prices to the measured run) as a generate call of `stream` rows runs, the rule's
     choice, and whether to confirm it. One code path for both ways a sample is decoded (alone,
     here; inside the shard's batch, calibrate.inflight). `history`: the key's last rows on this
-    worker, predicted on after the sample's (their counterfactual from its cache)."""
+    worker, predicted on after the sample's (their counterfactual from its cache). `running`: the
+    arm the sample decoded under (a key's later shard in flight), which another arm replaces only
+    where predicted faster by the margin (`decision.stays`), as the drift watch would."""
     base = ArmResult("none", 0)
     base.add(plain)
     broken = _broken_arms(engine, arms)
@@ -298,6 +302,11 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     results = [base] + (priced(worker.profile, anchor) if arms else []) + list(broken.values())
     chosen, reason = choose_predicted(results, arms, settings.margin)
     top = best(predicted_speedups(results))
+    kept = stays(results, running, chosen, settings.margin)
+    if kept is not None:
+        reason += (f"; {running.label}, which the sample decoded under, predicted {kept[1]:.2f}x: {chosen.label} is not "
+                   f"faster by the {settings.margin:.0%} margin, so {running.label} stays")
+        chosen, top = running, kept
     error = worker.prediction_error(key, settings.prediction_error)
     first = key not in worker.confirmed_keys
     near = top is not None and abs(top[1] - (1 + settings.margin)) <= error * top[1]

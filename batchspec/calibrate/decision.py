@@ -137,6 +137,32 @@ def choose_predicted(results: Sequence[ArmResult], arms: Sequence[SpecConfig], m
     return _choose(predicted_speedups(results), arms, margin, "predicted")
 
 
+def takes_over(speedup: float, running: float, margin: float) -> bool:
+    """Whether an arm predicted at `speedup` replaces the running arm, predicted at `running` on
+    the same rows: only where it is faster by the margin, as speculation replaces plain decoding
+    only where it beats it by the margin. The drift watch's rule for a running arm
+    (calibrate.drift.while_speculating), and the decision's where a key's later shard decoded its
+    sample under the key's last arm (`stays`)."""
+    return speedup > running * (1 + margin)
+
+
+def stays(results: Sequence[ArmResult], running: SpecConfig, chosen: SpecConfig,
+          margin: float) -> tuple[ArmResult, float] | None:
+    """The running arm and its predicted speedup where it stays: the rule chose another arm
+    (`chosen`) that does not `takes_over` from it, and the running arm still pays. None where the
+    choice stands. (On held-out rewrite rows at batch 4, a later shard's sample ran the key's last
+    k=6 and predicted k=4 at 1.19x, k=6 at 1.16x, where the whole shard ran them at 1.32x and
+    1.39x: k=4 took over, the drift watch put k=6 back at row 38, and the shard made 0.94x the
+    oracle; bench/calibrate.py, 2026-12-05.)"""
+    if running.method == "none" or chosen.method == "none" or chosen.label == running.label:
+        return None
+    scored = dict((a.label, (a, s)) for a, s in predicted_speedups(results))
+    if running.label not in scored or chosen.label not in scored:
+        return None
+    mine, theirs = scored[running.label], scored[chosen.label][1]
+    return mine if pays(mine[1], margin) and not takes_over(theirs, mine[1], margin) else None
+
+
 def _choose(scored: Sequence[tuple[ArmResult, float]], arms: Sequence[SpecConfig], margin: float,
             how: str) -> tuple[SpecConfig, str]:
     """The best arm's setting if it pays, else "none"; and why, saying whether speedups were

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from batchspec.calibrate.counterfactual import WorkerCalibration
-from batchspec.calibrate.decision import best, choose_predicted, predicted_speedups
+from batchspec.calibrate.decision import best, choose_predicted, predicted_speedups, takes_over
 from batchspec.calibrate.pricing import (
     HISTORY_ROWS,
     Anchor,
@@ -106,7 +106,7 @@ def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResu
         chosen, _ = choose_predicted(results, arms, margin)
         return chosen, by_label.get(chosen.label)
     top = best(predicted_speedups(results))
-    if top is not None and top[0].label != spec.label and top[1] > running * (1 + margin):
+    if top is not None and top[0].label != spec.label and takes_over(top[1], running, margin):
         return next(a for a in arms if a.label == top[0].label), top[0]
     return spec, by_label[spec.label]
 

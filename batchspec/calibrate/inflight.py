@@ -265,7 +265,7 @@ class InFlight(ArmSteps, Confirming):
             else (0.0, 0)
         v = self.verdict = predict_sample(self.engine, rows, plain, rest, longest, self.arms,
                                           self.batch_size, self.settings, self.worker, self.key, stream, anchor_of,
-                                          history)
+                                          history, running=start)
         under = ""
         if retimed[1]:
             v.profile_s += retimed[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchspec.calibrate.decision import choose, choose_predicted
+from batchspec.calibrate.decision import choose, choose_predicted, stays, takes_over
 from batchspec.engine.base import NO_SPEC, SpecConfig
 from batchspec.stats import ArmResult
 
@@ -75,3 +75,22 @@ def test_predicted_speedups_follow_the_same_rule_as_measured_ones(speedups, marg
 def test_nothing_predicted_means_none_and_says_so():
     spec, reason = choose_predicted([ArmResult("none", 0), predicted(4, None)], NGRAM, 0.05)
     assert spec is NO_SPEC and reason == "no speculative arm could be predicted"
+
+
+@pytest.mark.parametrize("speedups,running,label", [
+    ({4: 1.19, 6: 1.16}, 6, "ngram:k=6"),  # k=4 is faster, not by the margin: the running arm stays
+    ({4: 1.25, 6: 1.16}, 6, "ngram:k=4"),  # faster by more than the margin: it takes over
+    ({4: 1.06, 6: 1.04}, 6, "ngram:k=4"),  # the running arm no longer pays: the rule's choice stands
+    ({4: 1.19, 6: 1.16}, None, "ngram:k=4"),  # nothing running (the sample decoded plainly)
+    ({2: 1.10, 6: 1.05}, 2, "ngram:k=2"),  # the rule chose the running arm itself
+])
+def test_an_arm_the_sample_ran_under_gives_way_only_to_one_faster_by_the_margin(speedups, running, label):
+    """A key's later shard decodes its sample under the key's last arm. Another arm replaces it
+    only where predicted faster by the margin, the drift watch's rule for a running arm
+    (`takes_over`), and only while the running arm still pays; else the rule's choice stands."""
+    results = [ArmResult("none", 0)] + [predicted(k, s) for k, s in speedups.items()]
+    chosen, _ = choose_predicted(results, NGRAM, 0.05)
+    ran = SpecConfig("ngram", running) if running else NO_SPEC
+    kept = stays(results, ran, chosen, 0.05)
+    assert (kept[0].label if kept else chosen.label) == label
+    assert takes_over(1.25, 1.16, 0.05) and not takes_over(1.19, 1.16, 0.05) and not takes_over(1.21, 1.16, 0.05)

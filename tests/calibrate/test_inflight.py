@@ -618,6 +618,16 @@ def test_a_probe_in_flight_changes_no_token(tiny_engine):
     assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain.completions]
 
 
+def later_shard(tiny_engine, arm: SpecConfig) -> tuple[WorkerCalibration, list[Request]]:
+    """A worker whose key "k" ended its first shard under `arm` (decided without a confirmation),
+    and 24 rows for the key's next shard on it."""
+    worker = flat_profile(4)
+    run_shard(tiny_engine, ShardInput("s0", "k", word_rows(16)),
+              [arm], True, 4, CalibrationSettings(max_tokens=24, sample_size=4, confirm=False), worker=worker)
+    assert worker.settled["k"] == arm
+    return worker, [Request(f"n{i}", r.prompt + " w3 w5", params=r.params) for i, r in enumerate(word_rows(24))]
+
+
 def test_a_later_shard_whose_sample_ran_the_arm_confirms_it_against_plain_decoding_now(tiny_engine):
     """A key's later shard decodes its sample under the arm its last shard ended under; where a
     confirmation is wanted for that same arm, the sample's steps are the arm's measurement, and the
@@ -625,12 +635,9 @@ def test_a_later_shard_whose_sample_ran_the_arm_confirms_it_against_plain_decodi
     anchor is this moment's, not another shard's. The measurement is recorded, the worker's anchor
     is the new one, and no token changes."""
     arm = SpecConfig("draft_target", 3, draft_model="self")
-    worker = flat_profile(4)
-    first = run_shard(tiny_engine, ShardInput("s0", "k", word_rows(16)),
-                      [arm], True, 4, CalibrationSettings(max_tokens=24, sample_size=4, confirm=False), worker=worker)
-    assert worker.settled["k"] == arm and "k" not in worker.confirmed_keys
+    worker, rows = later_shard(tiny_engine, arm)
+    assert "k" not in worker.confirmed_keys
     old = worker.anchor
-    rows = [Request(f"n{i}", r.prompt + " w3 w5", params=r.params) for i, r in enumerate(word_rows(24))]
     nxt = InFlight(tiny_engine, rows, [arm], 4, CalibrationSettings(max_tokens=24, sample_size=4), worker, key="k")
     assert nxt.start == arm
     ran = tiny_engine.generate(rows, nxt.start, 4, control=nxt)
@@ -652,10 +659,7 @@ def test_a_later_shard_whose_sample_ran_another_arm_prices_the_arm_against_plain
     from batchspec.calibrate import inflight
 
     a, b = SpecConfig("draft_target", 3, draft_model="self"), SpecConfig("draft_target", 2, draft_model="self")
-    worker = flat_profile(4)
-    run_shard(tiny_engine, ShardInput("s0", "k", word_rows(16)),
-              [a], True, 4, CalibrationSettings(max_tokens=24, sample_size=4, confirm=False), worker=worker)
-    assert worker.settled["k"] == a
+    worker, rows = later_shard(tiny_engine, a)
     real = inflight.predict_sample
 
     def top_b(*args, **kwargs):  # the prediction's top arm is b, and a confirmation is wanted
@@ -665,7 +669,6 @@ def test_a_later_shard_whose_sample_ran_another_arm_prices_the_arm_against_plain
         return v
 
     monkeypatch.setattr(inflight, "predict_sample", top_b)
-    rows = [Request(f"n{i}", r.prompt + " w3 w5", params=r.params) for i, r in enumerate(word_rows(24))]
     nxt = InFlight(tiny_engine, rows, [a, b], 4, CalibrationSettings(max_tokens=24, sample_size=4), worker, key="k")
     assert nxt.start == a
     old = worker.anchor
@@ -677,6 +680,34 @@ def test_a_later_shard_whose_sample_ran_another_arm_prices_the_arm_against_plain
     assert "plain decoding's steps before them price them at " in d.reason  # and those after them (`sandwiched`)
     after = {specs[i].label for i in nxt.order[len(nxt.first):]}
     assert "none" in after and b.label in after  # the rows that measured plain decoding, then the arm's
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in tiny_engine.generate(rows, NO_SPEC, 4).completions]
+
+
+@pytest.mark.parametrize(("rival", "stays"), [(1.33, True), (1.50, False)])
+def test_a_later_shards_sample_arm_gives_way_only_to_an_arm_faster_by_the_margin(tiny_engine, monkeypatch, rival, stays):
+    """A key's later shard decodes its sample under the key's last arm; the prediction puts
+    another arm ahead of it. As the drift watch rules for a running arm, the other takes over
+    only where predicted faster by the margin (1.33x against 1.30x: the sample's arm stays; 1.50x:
+    it takes over). No token changes either way."""
+    from batchspec.calibrate import counterfactual
+
+    a, b = SpecConfig("draft_target", 3, draft_model="self"), SpecConfig("draft_target", 2, draft_model="self")
+    worker, rows = later_shard(tiny_engine, a)
+    real = counterfactual.predict_arms
+
+    def scripted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        for r in out:
+            r.predicted_speedup = {a.label: 1.30, b.label: rival}[r.label]
+        return out
+
+    monkeypatch.setattr(counterfactual, "predict_arms", scripted)
+    nxt = InFlight(tiny_engine, rows, [a, b], 4, CalibrationSettings(max_tokens=24, sample_size=4, margin=0.05), worker, key="k")
+    assert nxt.start == a
+    ran = tiny_engine.generate(rows, nxt.start, 4, control=nxt)
+    d, _ = nxt.close(ran)
+    assert nxt.verdict.chosen == (a if stays else b) and nxt.verdict.top_spec == nxt.verdict.chosen
+    assert (f"{b.label} is not faster by the 5% margin, so {a.label} stays" in d.reason) == stays
     assert [c.token_ids for c in ran.completions] == [c.token_ids for c in tiny_engine.generate(rows, NO_SPEC, 4).completions]
 
 
