@@ -26,8 +26,7 @@ from typing import Iterator, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import workloads  # noqa: E402
-from engine import command, machine_line, ngram_arm, result_options, start, workload_options, write  # noqa: E402
+from engine import command, machine_line, ngram_arm, result_options, start_workload, workload_options, write  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -92,10 +91,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.rounds < 1 or args.rows < 1:
         parser.error("--rounds and --rows must be at least 1")
 
-    info, engine = start(args, args.model)
-    requests = workloads.from_parquet(args.input, args.workload, args.rows, args.max_tokens)
-    if not requests:
-        parser.error(f"no {args.workload!r} rows in {args.input}")
+    info, engine, requests = start_workload(args, parser)
     arms = [NO_SPEC] + [ngram_arm(int(k)) for k in args.k.split(",")]
     shapes = picks(engine.vocab, args.reps)
     runs: dict = {(a.label, way): [] for a in arms for way in ("torch", "blocked")}

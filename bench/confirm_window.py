@@ -30,8 +30,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import workloads  # noqa: E402
-from engine import command, machine_line, result_options, start, workload_options, write  # noqa: E402
+from engine import command, machine_line, result_options, start_workload, warm_plain, workload_options, write  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -97,16 +96,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result_options(parser, "confirm_window")
     args = parser.parse_args(argv)
 
-    info, engine = start(args, args.model)
+    info, engine, requests = start_workload(args, parser)
     b = args.batch_size
-    requests = workloads.from_parquet(args.input, args.workload, args.rows, args.max_tokens)
-    if not requests:
-        parser.exit(2, f"no {args.workload} rows in {args.input}\n")
     arm = SpecConfig("ngram", args.k)
     first = sample_indices(len(requests), args.sample)  # as calibration picks its sample
-    with torch.inference_mode():
-        engine.generate(requests[:b], NO_SPEC, b)  # warm
-        plain = engine.generate(requests, NO_SPEC, b)
+    plain = warm_plain(engine, requests, b)
     profile = CostProfile()
     profile.merge(engine.profile(*profile_grid(*shape_of(plain_rows(engine, requests, plain), [arm], b, args.max_tokens))), 0.0)
     rounds = []

@@ -225,6 +225,25 @@ def start(args, model: str, draft_model: str | None = None) -> tuple[dict, objec
     return info, load_engine(model, args.dtype, draft_model)
 
 
+def start_workload(args, parser) -> tuple[dict, object, list[Request]]:
+    """`start` for `workload_options`' args, and the task's first --rows rows of --input (none:
+    the parser exits 2 saying so)."""
+    info, engine = start(args, args.model)
+    requests = workloads.from_parquet(args.input, args.workload, args.rows, args.max_tokens)
+    if not requests:
+        parser.error(f"no {args.workload!r} rows in {args.input}")
+    return info, engine, requests
+
+
+def warm_plain(engine, requests: Sequence[Request], batch_size: int) -> GenerateResult:
+    """The rows' plain run at `batch_size`, after a batch of them warmed the engine."""
+    import torch
+
+    with torch.inference_mode():
+        engine.generate(requests[:batch_size], NO_SPEC, batch_size)  # warm
+        return engine.generate(requests, NO_SPEC, batch_size)
+
+
 def load_engine(model: str, dtype: str, draft_model: str | None = None, device: str = "cpu"):
     from batchspec.engine.torch.engine import TorchEngine
 

@@ -35,8 +35,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import workloads  # noqa: E402
-from engine import command, machine_line, result_options, start, workload_options, write  # noqa: E402
+from engine import command, machine_line, result_options, start_workload, warm_plain, workload_options, write  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -136,13 +135,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result_options(parser, "probe_fidelity")
     args = parser.parse_args(argv)
 
-    info, engine = start(args, args.model)
+    info, engine, requests = start_workload(args, parser)
     b = args.batch_size
-    requests = workloads.from_parquet(args.input, args.workload, args.rows, args.max_tokens)
     arms = [NO_SPEC] + [SpecConfig("ngram", int(k)) for k in args.k.split(",")]
-    with torch.inference_mode():
-        engine.generate(requests[:b], NO_SPEC, b)  # warm
-        plain = engine.generate(requests, NO_SPEC, b)
+    plain = warm_plain(engine, requests, b)
     rows = plain_rows(engine, requests, plain)
     shape = shape_of(rows, arms[1:], b, args.max_tokens)
     profile = CostProfile()

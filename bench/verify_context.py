@@ -30,15 +30,14 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import workloads  # noqa: E402
-from engine import command, machine_line, result_options, start, workload_options, write  # noqa: E402
+from engine import command, machine_line, result_options, start_workload, warm_plain, workload_options, write  # noqa: E402
 from probe_fidelity import probe_s, seed_row  # noqa: E402
 
 import torch  # noqa: E402
 
 from batchspec.calibrate.pricing import plain_rows  # noqa: E402
 from batchspec.calibrate.profiling import shape_of  # noqa: E402
-from batchspec.engine.base import NO_SPEC, SpecConfig  # noqa: E402
+from batchspec.engine.base import SpecConfig  # noqa: E402
 from batchspec.predict.cost import CostProfile, profile_grid  # noqa: E402
 
 
@@ -50,12 +49,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result_options(parser, "verify_context")
     args = parser.parse_args(argv)
 
-    info, engine = start(args, args.model)
+    info, engine, requests = start_workload(args, parser)
     b = args.batch_size
-    requests = workloads.from_parquet(args.input, args.workload, args.rows, args.max_tokens)
-    with torch.inference_mode():
-        engine.generate(requests[:b], NO_SPEC, b)  # warm
-        plain = engine.generate(requests, NO_SPEC, b)
+    plain = warm_plain(engine, requests, b)
     shape = shape_of(plain_rows(engine, requests, plain), [SpecConfig("ngram", args.k)], b, args.max_tokens)
     grid = profile_grid(*shape)
     lo, hi, widest = shape[1], shape[2], shape[3]
