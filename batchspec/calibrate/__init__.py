@@ -19,6 +19,8 @@ there, one rule and one record:
                     from the worker's cost profile, tied to a measured run (`Anchor`)
     profiling       when and what a worker profiles for it, stopping at the width curve where
                     no arm can pay on it
+    worker          what calibration keeps for a worker's life (`WorkerCalibration`): its
+                    profile, its keys' last settings, rows and prediction errors
     drift           the same prediction on the rows a shard finishes (in flight: a window of the
                     last ones, every batch of rows), both ways: `switch_on` under "none",
                     `while_speculating` while speculating
@@ -32,11 +34,7 @@ flows down: shard -> calibrate -> predict -> engine.
 """
 
 from batchspec.calibrate.builds import BuildCost, arms_are_builds, build_cost, plan_builds  # noqa: F401
-from batchspec.calibrate.counterfactual import (  # noqa: F401
-    WorkerCalibration,
-    calibrate_counterfactual,
-    counterfactual_ready,
-)
+from batchspec.calibrate.counterfactual import calibrate_counterfactual, counterfactual_ready  # noqa: F401
 from batchspec.calibrate.decision import (  # noqa: F401
     CalibrationSettings,
     Decision,
@@ -49,3 +47,4 @@ from batchspec.calibrate.decision import (  # noqa: F401
 from batchspec.calibrate.drift import switch_on, while_speculating  # noqa: F401
 from batchspec.calibrate.measured import calibrate  # noqa: F401
 from batchspec.calibrate.pricing import plain_rows, predict_arms  # noqa: F401
+from batchspec.calibrate.worker import WorkerCalibration  # noqa: F401

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from batchspec.calibrate.counterfactual import WorkerCalibration
+from batchspec.calibrate.worker import WorkerCalibration
 from batchspec.calibrate.decision import best, choose_predicted, predicted_speedups, takes_over
 from batchspec.calibrate.pricing import (
     HISTORY_ROWS,

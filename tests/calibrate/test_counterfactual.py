@@ -353,7 +353,7 @@ def test_the_profile_stops_at_the_width_curve_where_no_arm_can_pay_on_it(tiny_en
 def test_a_worker_keeps_the_last_rows_of_its_most_recent_keys_only():
     """WorkerCalibration.remember: a key's history replaces its last, and past HISTORY_KEYS keys the
     one seen longest ago goes (a job keyed by thousands of values does not hold thousands of windows)."""
-    from batchspec.calibrate.counterfactual import HISTORY_KEYS
+    from batchspec.calibrate.worker import HISTORY_KEYS
 
     worker = WorkerCalibration()
     for i in range(HISTORY_KEYS + 3):
@@ -370,7 +370,7 @@ def test_a_keys_prediction_error_is_its_own_and_the_workers_recent_not_the_large
     and the worker's last ERRORS_KEPT (any key's: the machine's drift); a worker with none, the
     setting's default. The largest error the worker had ever measured once made every key's
     prediction count as near the margin for good (stop 32, batch 1: every later shard confirmed)."""
-    from batchspec.calibrate.counterfactual import ERRORS_KEPT
+    from batchspec.calibrate.worker import ERRORS_KEPT
 
     worker = WorkerCalibration()
     assert worker.prediction_error("k", 0.1) == 0.1

@@ -27,10 +27,11 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
     """Time one target forward of `engine` for each (batch, context, tokens per row) in `target`,
     the accept rule's work on its logits included (`time_forward`), and one draft forward for each (draft model, batch,
     context, tokens per row) in `drafts` (plus each draft model's prefill of one row, timed after a
-    forward has warmed the model: its first after loading runs slow). Each model prefills one row once, at
-    the widest context asked of it, and every point's cache is a copy of that row cut to the
-    point's context and copied to its batch size (attention cost depends on shapes, not values),
-    so a profile costs one prefill per model and a few forwards. The target's row is `SEED`
+    forward has warmed the model: its first after loading runs slow). Each model has one seed row
+    as long as the widest context asked of it, and every point's cache is a copy of that row cut
+    to the point's context and copied to its batch size (attention cost depends on shapes, not
+    values), so a profile costs at most one prefill per model and a few forwards. A draft
+    model's row is its prefill at that context. The target's row is `SEED`
     tokens prefilled and repeated to the widest context: its prefill is no point of the profile,
     and at 248 tokens it took 0.2 s of `make run`'s 2-3 s profile (a draft's is timed: a point).
     The engine keeps that row (`probe_seeds`), so a later profile of the target (a context probe,
