@@ -20,7 +20,9 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              window where that is more: `_remember`, pricing.KeyHistory, their counterfactual
              already computed by its drift checks): the sample is one batch, and on the 128-row code shard at batch 8 its 8 rows
              put n-gram k=8 at 1.32x where the whole shard measured 0.76x; in four runs the sample's
-             prediction of every arm was 1.3-2.4x the same price on the whole shard's acceptance.
+             prediction of every arm was 1.3-2.4x the same price on the whole shard's acceptance
+             (part of that, found on 2026-12-05, was how a sample was streamed: eight copies of
+             a row in one batch, `pricing.streamed`).
     confirm  where calibration wants a measurement (a key's first shard choosing an arm, or a
              prediction within its error of the margin) the best arm runs on from there. Once
              it has committed as many tokens as max(batch, 4) sample rows hold, two figures are

@@ -151,12 +151,12 @@ def streamed(plans: Sequence[RowPlan], stream: int) -> list[RowPlan]:
     within a window: `predict_decode_s`) puts them in one batch, and that batch's rows draft and
     accept at the same steps as one: an n-gram arm's steps where that row finds no match run
     plain, where in a batch of distinct rows some row almost always proposes and every step is a
-    verify. That priced speculation far cheaper than shards ran it: on held-out continue and
-    extract rows at batch 8 (prices held fixed, 60 random 8-row samples of a 128-row shard), the
-    median sample predicted every n-gram arm 14-46% above the same prices on the whole shard's
-    rows, and 0-18 of 60 samples came within 10% of it; paired so, -4% and 30-55 of 60
-    (2026-12-05, Xeon 167). Each batch then holds rows of one prompt length and many rows'
-    steps, as the shard's batches hold rows of close lengths and distinct outputs."""
+    verify. That priced speculation far cheaper than shards ran it: with the prices held fixed
+    (bench/acceptance_spread.py, random 64-row held-out shards, 2026-12-05), a one-batch sample
+    alone put 12% of n-gram arms within 10% of the same prices on the whole shard at batch 8 and
+    24% at batch 4 (median errors 29% and 23%); paired so, 65% and 44% (7.1%
+    and 11.5%). Each batch then holds rows of one prompt length and many rows' steps, as the
+    shard's batches hold rows of close lengths and distinct outputs."""
     n = len(plans)
     if stream <= n:
         return list(plans)

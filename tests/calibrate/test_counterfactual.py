@@ -298,10 +298,10 @@ def test_a_streamed_sample_batches_distinct_rows_as_the_shard_does_not_copies_of
     Streamed to 64 rows, the copies of one row have one prompt length, and the engine's admission
     order (shortest first within a window) would put eight copies of a row in one batch, whose
     steps are verifies only while that row proposes: the stream would price speculation far
-    cheaper than the shard runs it (held-out continue and extract, batch 8, 8-row samples: +14%
-    to +46% on the median of 60 random samples, 2026-12-05). Each turn of the stream pairs the
-    sample's prompt lengths with other rows' outputs, so a batch holds every row's steps, as the
-    sample's own batch does."""
+    cheaper than the shard runs it (bench/acceptance_spread.py, held-out 64-row shards at batch 8,
+    2026-12-05: 12% of arms within 10% on the sample alone, 65% paired). Each turn of the stream
+    pairs the sample's prompt lengths with other rows' outputs, so a batch holds every row's
+    steps, as the sample's own batch does."""
     from batchspec.calibrate.pricing import Anchor, predict_arms
     from batchspec.engine.base import StepCost
     from batchspec.predict.acceptance import Acceptance, PlainRow
