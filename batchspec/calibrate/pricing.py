@@ -154,11 +154,11 @@ def streamed(plans: Sequence[RowPlan], stream: int) -> list[RowPlan]:
     verify. That priced speculation far cheaper than shards ran it: with the prices held fixed
     (bench/acceptance_spread.py, random 64-row held-out shards, 2026-12-05), a one-batch sample
     alone put 12% of n-gram arms within 10% of the same prices on the whole shard at batch 8 and
-    24% at batch 4 (median errors 29% and 23%); paired so, 65% and 44% (7.1%
-    and 11.5%). Each batch then holds rows of one prompt length and many rows' steps, as the
-    shard's batches hold rows of close lengths and distinct outputs."""
+    24% at batch 4 (median errors 29% and 23%); paired so, 65% and 44% (7.1% and 11.5%). Each
+    batch then holds rows of one prompt length and many rows' steps, as the shard's batches hold
+    rows of close lengths and distinct outputs."""
     n = len(plans)
-    if stream <= n:
+    if stream <= n or not n:
         return list(plans)
     return [RowPlan(plans[i].prompt_len, plans[j].decode_tokens, plans[j].steps, plans[j].proposed)
             for t in range(-(-stream // n)) for i in range(n) for j in ((i + t) % n,)][:stream]

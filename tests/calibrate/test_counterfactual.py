@@ -319,6 +319,9 @@ def test_a_streamed_sample_batches_distinct_rows_as_the_shard_does_not_copies_of
 
     assert speedup(0) == pytest.approx(1.0)  # 16 plain steps against 8 verifies at twice the price
     assert speedup(64) == pytest.approx(speedup(0))  # copies of one row together would say 16 / 12 = 1.33x
+    from batchspec.calibrate.pricing import streamed
+
+    assert streamed([], 64) == []  # no rows: nothing to take again
 
 
 class Priced:
