@@ -121,16 +121,12 @@ def predict_arms(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], a
     if not arms:
         return []
     acceptance, lookup_s = counterfactual or _counterfactual(engine, rows, arms)
-
-    def run(plans: list[RowPlan]) -> list[RowPlan]:
-        return streamed(plans, stream)
-
-    none = predict_decode_s(run(none_plans(rows)), batch_size, profile, other_per_row_step=anchor.other)
+    none = predict_decode_s(streamed(none_plans(rows), stream), batch_size, profile, other_per_row_step=anchor.other)
     results = []
     for arm in arms:
         acc = acceptance[arm.label]
         plans = [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, s, p) for r, s, p in zip(rows, acc.steps, acc.proposed)]
-        priced = predict_decode_s(run(plans), batch_size, profile, arm.method, arm.draft_model, anchor.other, lookup_s)
+        priced = predict_decode_s(streamed(plans, stream), batch_size, profile, arm.method, arm.draft_model, anchor.other, lookup_s)
         results.append(ArmResult(
             arm.method, arm.draft_len,
             predicted_tokens_per_s=priced.decode_tokens / (anchor.scale * priced.decode_s) if priced.decode_s > 0 else None,
@@ -160,8 +156,8 @@ def streamed(plans: Sequence[RowPlan], stream: int) -> list[RowPlan]:
     n = len(plans)
     if stream <= n or not n:
         return list(plans)
-    return [RowPlan(plans[i].prompt_len, plans[j].decode_tokens, plans[j].steps, plans[j].proposed)
-            for t in range(-(-stream // n)) for i in range(n) for j in ((i + t) % n,)][:stream]
+    return [replace(plans[(i + t) % n], prompt_len=plans[i].prompt_len)
+            for t in range(-(-stream // n)) for i in range(n)][:stream]
 
 
 def _counterfactual(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], group: int = 4) -> tuple[dict, float]:

@@ -302,7 +302,7 @@ def test_a_streamed_sample_batches_distinct_rows_as_the_shard_does_not_copies_of
     2026-12-05: 12% of arms within 10% on the sample alone, 65% paired). Each turn of the stream
     pairs the sample's prompt lengths with other rows' outputs, so a batch holds every row's
     steps, as the sample's own batch does."""
-    from batchspec.calibrate.pricing import Anchor, predict_arms
+    from batchspec.calibrate.pricing import Anchor, predict_arms, streamed
     from batchspec.engine.base import StepCost
     from batchspec.predict.acceptance import Acceptance, PlainRow
     from batchspec.predict.cost import CostProfile
@@ -319,8 +319,6 @@ def test_a_streamed_sample_batches_distinct_rows_as_the_shard_does_not_copies_of
 
     assert speedup(0) == pytest.approx(1.0)  # 16 plain steps against 8 verifies at twice the price
     assert speedup(64) == pytest.approx(speedup(0))  # copies of one row together would say 16 / 12 = 1.33x
-    from batchspec.calibrate.pricing import streamed
-
     assert streamed([], 64) == []  # no rows: nothing to take again
 
 
