@@ -197,6 +197,7 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         profile_s=decision.profile_s,
         drift_switch_row=drift.switch_row,
         drift_switch_arm=drift.switch_arm,
+        drift_switch_predicted=drift.switch_predicted,
         cost_profile=decision.profile,
     )
     return ShardResult(completions, row_specs, stats, decision)

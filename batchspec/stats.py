@@ -281,6 +281,7 @@ class ShardStats:
     profile_s: float = 0.0  # seconds this shard spent measuring the worker's cost profile (0: reused)
     drift_switch_row: int | None = None  # row index where the shard first switched to an arm (from "none" or another arm), if it did
     drift_switch_arm: str | None = None  # the arm it switched to
+    drift_switch_predicted: float | None = None  # that arm's predicted speedup over plain decoding on the rows that switched it
     cost_profile: list[StepCost] = field(default_factory=list)  # the worker's measured step costs used
     node_id: str | None = None  # the Ray node whose worker ran the shard (None: written by the driver)
 

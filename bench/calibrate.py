@@ -139,6 +139,7 @@ def bench_shard(engine, workload: str, rows: int, max_tokens: int, batch_size: i
                                 "output_tokens": st.output_tokens, "decode_s": st.decode_s,
                                 "goodput_vs_plain": goodput / plain["goodput"] if goodput and plain["goodput"] else None,
                                 "switch_row": st.drift_switch_row, "switch_arm": st.drift_switch_arm,
+                                "switch_predicted": st.drift_switch_predicted,
                                 "fallback_row": st.drift_fallback_row, "confirmed": st.calibration_confirmed,
                                 "sample_under": before.label if before is not None and
                                 "the sample decoded in the shard's batch under " in decision.reason else "none",

@@ -58,7 +58,8 @@ def run_calibrated(engine, requests: Sequence[Request], arms, batch_size: int, s
     half = len(requests) // 2
     return {"wall_s": wall, "output_tokens": st.output_tokens, "decision": st.spec_method if not st.draft_len else f"{st.spec_method}:k={st.draft_len}",
             "reason": st.decision_reason, "calibration_s": st.calibration_s, "profile_s": st.profile_s,
-            "switch_row": st.drift_switch_row, "switch_arm": st.drift_switch_arm, "fallback_row": st.drift_fallback_row,
+            "switch_row": st.drift_switch_row, "switch_arm": st.drift_switch_arm,
+            "switch_predicted": st.drift_switch_predicted, "fallback_row": st.drift_fallback_row,
             "prose_rows_speculated": sum(label != "none" for label in labels[:half]),
             "edit_rows_speculated": sum(label != "none" for label in labels[half:]),
             "row_settings": labels, "token_ids": [c.token_ids for c in shard.completions]}

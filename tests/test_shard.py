@@ -203,6 +203,40 @@ def test_an_arm_measured_losing_is_not_switched_on_again_by_the_price_that_overr
     assert watch(rows, plain) == (None, None)
 
 
+
+def test_a_scale_below_one_learnt_elsewhere_does_not_switch_an_unmeasured_arm_on(tiny_engine):
+    """drift.switch_on prices an arm this shard did not measure at the points' price where the
+    worker's arm scale for its method is below 1 (a few 20-step confirmations, of another shard or
+    draft length, that ran cheaper than priced): a window that pays only at the scaled price does
+    not switch it on; a scale above 1 is taken in as it prices; a window that pays at both
+    switches, and the shard's drift record keeps the row, the arm and its prediction."""
+    from batchspec.calibrate.drift import Drift, DriftWatch, _predict_chunk
+    from batchspec.predict.cost import arm_key
+    from tests.calibrate.test_inflight import flat_profile
+
+    arm = SpecConfig("draft_target", 2, draft_model="self")
+    rows = word_rows(8)
+    plain = tiny_engine.generate(rows, NO_SPEC, 2)
+    worker = flat_profile(2)
+
+    def priced() -> float:
+        return _predict_chunk(tiny_engine, rows, plain, [arm], worker, 2)[0].predicted_speedup
+
+    at_points = priced()
+    missed = at_points * 1.02 - 1  # a margin the points' price just misses
+    assert DriftWatch(tiny_engine, [arm], worker, 2, missed)(rows, plain) == (None, None)
+    worker.profile.arm_ratios[arm_key(arm.method, arm.draft_model)] = [0.9]
+    assert priced() == pytest.approx(at_points / 0.9) and priced() > 1 + missed  # the scaled price pays ...
+    assert DriftWatch(tiny_engine, [arm], worker, 2, missed)(rows, plain) == (None, None)  # ... not switched on
+    met = at_points * 0.98 - 1
+    watch = DriftWatch(tiny_engine, [arm], worker, 2, met)
+    drift = Drift()
+    assert drift.after_chunk(40, NO_SPEC, None, rows, plain, watch, 0.5)[0] == arm
+    assert (drift.switch_row, drift.switch_arm) == (40, arm.label)
+    assert drift.switch_predicted == pytest.approx(at_points)  # switched at the points' price
+    worker.profile.arm_ratios[arm_key(arm.method, arm.draft_model)] = [1.1]  # dearer than the points: as priced
+    assert DriftWatch(tiny_engine, [arm], worker, 2, met)(rows, plain) == (None, None)
+
 def test_a_later_shards_drift_window_takes_in_the_keys_last_rows_until_its_own_fill_it(tiny_engine):
     """In flight on a key's later shard (DriftWatch.history, .window) a drift check predicts on the
     shard's rows finished so far after the key's latest rows on the worker, as many as fill the

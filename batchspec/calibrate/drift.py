@@ -63,13 +63,25 @@ def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms
     this shard (calibrate.inflight: a confirmation or a probe that sent it to plain decoding): its
     prediction is scaled by it, so an arm measured losing is not switched on again by the price
     that overrated it (a 128-row edit shard at batch 8: k=2 confirmed at 0.79x against 1.07x
-    predicted, switched on again by the window 14 rows later)."""
+    predicted, switched on again by the window 14 rows later).
+
+    An arm without a discount (not measured on this shard) is priced for switching on at the
+    higher of its price and the points' (`CostProfile.arm_scale` no lower than 1): a scale below 1
+    comes from a few confirmations of some 20 steps each, of another shard or another draft
+    length, and no confirmation follows a switch. Where
+    the sample's choice turns on that scale, calibration confirms it (counterfactual._turned_by);
+    here the switch waits for a window that pays at both. (Held-out continue, batch 8, 2026-12-05:
+    k=2's confirmation measured its steps at 0.95x their price, every n-gram arm took that scale,
+    and at row 99 the window switched k=4 on, which ran the last 29 rows at 0.90x plain; at the
+    points' price, replayed with a profile timed apart, no window put k=4 above 0.97x; with the
+    0.95 scale, 1.02x.)"""
     results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, **how)
     if results is None:
         return None, None
-    if discount:
-        results = [replace(a, predicted_speedup=a.predicted_speedup * discount[a.label])
-                   if a.label in discount and a.predicted_speedup is not None else a for a in results]
+    discount = discount or {}
+    scale = {a.label: min(1.0, worker.profile.arm_scale(a.method, a.draft_model)) for a in arms}
+    results = [replace(a, predicted_speedup=a.predicted_speedup * discount.get(a.label, scale[a.label]))
+               if a.predicted_speedup is not None else a for a in results]
     spec, _ = choose_predicted(results, arms, margin)
     if spec is NO_SPEC:
         return None, None
@@ -129,6 +141,7 @@ class DriftWatch:
     ratio: float | None = None  # the running arm's steps lately: measured over priced (set in flight)
     discount: dict = field(default_factory=dict)  # arm label -> measured over predicted (switch_on)
     running: float | None = None  # the last check's predicted speedup of the arm it kept running
+    predicted: float | None = None  # the last check's predicted speedup of the setting it chose (Drift.switch_predicted)
     history: KeyHistory | None = None  # a key's later shard in flight: its last rows on the worker ...
     window: int = 0  # ... filling a window of this many rows (KeyHistory.beside)
     cache: RowCounterfactuals = field(init=False)
@@ -144,6 +157,7 @@ class DriftWatch:
         """Under "none": the arm to switch to (or None) and its predicted acceptance rate, the fallback's yardstick."""
         spec, arm = switch_on(self.engine, part, result, self.arms, self.worker, self.batch_size, self.margin,
                               self.discount, **self._how())
+        self.predicted = arm.predicted_speedup if arm is not None else None
         return spec, arm.acceptance_rate if arm is not None else None
 
     def speculating(self, part: Sequence[Request], result: GenerateResult,
@@ -153,10 +167,11 @@ class DriftWatch:
         acceptance rate; None when the counterfactual cannot tell (sampled rows)."""
         got = while_speculating(self.engine, part, result, spec, self.arms, self.worker, self.batch_size, self.margin,
                                 self.ratio, **self._how())
-        self.running = None
+        self.running = self.predicted = None
         if got is None:
             return None
         new, arm = got
+        self.predicted = arm.predicted_speedup if arm is not None else None
         if new == spec and arm is not None:
             self.running = arm.predicted_speedup
         return new, arm.acceptance_rate if arm is not None else None
@@ -170,6 +185,7 @@ class Drift:
     fallback_row: int | None = None  # speculating -> "none"
     switch_row: int | None = None  # "none" or another arm -> switch_arm
     switch_arm: str | None = None
+    switch_predicted: float | None = None  # switch_arm's predicted speedup over plain decoding where it switched
 
     def after_chunk(self, row: int, spec: SpecConfig, calibrated: float | None, part: Sequence[Request],
                     result: GenerateResult, watch, drift_ratio: float) -> tuple[SpecConfig, float | None]:
@@ -188,12 +204,12 @@ class Drift:
             got = (arm, predicted) if arm is not None else (spec, calibrated)
         else:
             return spec, calibrated
-        self.record(row, spec, got[0])
+        self.record(row, spec, got[0], getattr(watch, "predicted", None))
         return got
 
-    def record(self, row: int, old: SpecConfig, new: SpecConfig) -> None:
-        """The first row of each kind of change."""
+    def record(self, row: int, old: SpecConfig, new: SpecConfig, predicted: float | None = None) -> None:
+        """The first row of each kind of change (and a switch's `predicted` speedup)."""
         if new is NO_SPEC and old is not NO_SPEC:
             self.fallback_row = row if self.fallback_row is None else self.fallback_row
         elif new != old and self.switch_row is None:
-            self.switch_row, self.switch_arm = row, new.label
+            self.switch_row, self.switch_arm, self.switch_predicted = row, new.label, predicted
