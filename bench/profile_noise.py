@@ -9,7 +9,8 @@ estimator reads it from one profile, against the machine's mean ratio over all o
 try but each profile's first round, which pays the fresh cache's first touch):
 - `as calibration`: the fastest of the first two tries, or of three where a point's two differ by
   more than 20% (`measure.settled`, the rule the profile runs);
-- the fastest of all `--rounds`, their median, the mean of all but the first;
+- the first try alone (a profile of one try per point), the fastest of all `--rounds`, their
+  median, the mean of all but the first;
 - the mean of `n` profiles' own `as calibration` figures, timed at `n` moments (pooled over time).
 Per estimator and point: the median error of the ratio and its 10th-90th percentile over the
 profiles (or groups of `n`). The spread of `as calibration` is what a single profile's prices, and
@@ -48,6 +49,7 @@ def as_calibration(group: dict[int, list[float]]) -> dict[int, float]:
 
 
 ESTIMATORS: dict[str, Callable[[list[float]], float]] = {
+    "the first try alone": lambda ts: ts[0],
     "fastest of all rounds": min,
     "median of all rounds": statistics.median,
     "mean of all but the first round": lambda ts: statistics.mean(ts[1:]) if len(ts) > 1 else ts[0],
