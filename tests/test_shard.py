@@ -237,6 +237,33 @@ def test_a_scale_below_one_learnt_elsewhere_does_not_switch_an_unmeasured_arm_on
     worker.profile.arm_ratios[arm_key(arm.method, arm.draft_model)] = [1.1]  # dearer than the points: as priced
     assert DriftWatch(tiny_engine, [arm], worker, 2, met)(rows, plain) == (None, None)
 
+
+def test_where_the_running_arm_loses_another_takes_over_only_as_a_switch_on_would(tiny_engine):
+    """drift.while_speculating: the running arm predicted to lose hands the rows to plain decoding
+    or to another arm that pays by the margin; no confirmation follows that either, so the other
+    arm is priced as switch_on prices one (`_switching_on`): at the points' price where its
+    method's scale is below 1."""
+    from batchspec.calibrate.drift import _predict_chunk, while_speculating
+    from batchspec.predict.cost import arm_key
+    from tests.calibrate.test_inflight import flat_profile
+
+    running, other = SpecConfig("ngram", 2), SpecConfig("draft_target", 2, draft_model="self")
+    rows = word_rows(8)
+    plain = tiny_engine.generate(rows, NO_SPEC, 2)
+    worker = flat_profile(2)
+    worker.profile.arm_ratios[arm_key("ngram")] = [4.0]  # n-gram steps at four times their price: it loses
+    at_points = _predict_chunk(tiny_engine, rows, plain, [other], worker, 2)[0].predicted_speedup
+    assert at_points > 1.2
+
+    def after(margin: float) -> SpecConfig:
+        got = while_speculating(tiny_engine, rows, plain, running, [running, other], worker, 2, margin)
+        return got[0]
+
+    assert after(at_points * 0.98 - 1) == other  # pays at the points' price: takes over
+    worker.profile.arm_ratios[arm_key(other.method, other.draft_model)] = [0.9]
+    missed = at_points * 1.02 - 1  # the scaled price (at_points / 0.9) pays it, the points' price does not
+    assert after(missed) is NO_SPEC
+
 def test_a_later_shards_drift_window_takes_in_the_keys_last_rows_until_its_own_fill_it(tiny_engine):
     """In flight on a key's later shard (DriftWatch.history, .window) a drift check predicts on the
     shard's rows finished so far after the key's latest rows on the worker, as many as fill the

@@ -78,14 +78,22 @@ def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms
     results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, **how)
     if results is None:
         return None, None
-    discount = discount or {}
-    scale = {a.label: min(1.0, worker.profile.arm_scale(a.method, a.draft_model)) for a in arms}
-    results = [replace(a, predicted_speedup=a.predicted_speedup * discount.get(a.label, scale[a.label]))
-               if a.predicted_speedup is not None else a for a in results]
+    results = _switching_on(results, arms, worker, discount or {})
     spec, _ = choose_predicted(results, arms, margin)
     if spec is NO_SPEC:
         return None, None
     return spec, next(a for a in results if a.label == spec.label)
+
+
+def _switching_on(results: Sequence[ArmResult], arms: Sequence[SpecConfig], worker: WorkerCalibration,
+                  discount: dict) -> list[ArmResult]:
+    """Every arm's prediction as a switch on with no confirmation after it weighs it (`switch_on`,
+    and `while_speculating` where the running arm loses): an arm measured on this shard at its
+    prediction times its `discount`, any other at no more than the points' price
+    (`CostProfile.arm_scale` taken at no lower than 1)."""
+    scale = {a.label: min(1.0, worker.profile.arm_scale(a.method, a.draft_model)) for a in arms}
+    return [replace(a, predicted_speedup=a.predicted_speedup * discount.get(a.label, scale.get(a.label, 1.0)))
+            if a.predicted_speedup is not None else a for a in results]
 
 
 def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResult, spec: SpecConfig,
@@ -95,7 +103,8 @@ def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResu
     lossless, so their outputs are plain decoding's and every arm's counterfactual on them is
     exact, a chunk's worth of evidence where calibration had a sample's. Returns the setting for
     what follows and its prediction: plain decoding (or the best arm, if one pays by the margin)
-    when `spec` is predicted to lose to plain decoding; another arm when it is predicted faster
+    when `spec` is predicted to lose to plain decoding (that arm priced as `switch_on` prices one:
+    `_switching_on`); another arm when it is predicted faster
     than `spec` by the margin (a draft length the sample misjudged); else `spec`. None when the
     counterfactual cannot tell (sampled rows, no profile).
 
@@ -114,8 +123,8 @@ def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResu
     running = by_label[spec.label].predicted_speedup
     if running is None:
         return None
-    if max(running, running / ratio if ratio else running) < 1.0:
-        chosen, _ = choose_predicted(results, arms, margin)
+    if max(running, running / ratio if ratio else running) < 1.0:  # another arm takes over as a switch on would
+        chosen, _ = choose_predicted(_switching_on(results, arms, worker, {}), arms, margin)
         return chosen, by_label.get(chosen.label)
     top = best(predicted_speedups(results))
     if top is not None and top[0].label != spec.label and takes_over(top[1], running, margin):
