@@ -203,7 +203,6 @@ def test_an_arm_measured_losing_is_not_switched_on_again_by_the_price_that_overr
     assert watch(rows, plain) == (None, None)
 
 
-
 def test_a_scale_below_one_learnt_elsewhere_does_not_switch_an_unmeasured_arm_on(tiny_engine):
     """drift.switch_on prices an arm this shard did not measure at the points' price where the
     worker's arm scale for its method is below 1 (a few 20-step confirmations, of another shard or
