@@ -263,6 +263,7 @@ def test_where_the_running_arm_loses_another_takes_over_only_as_a_switch_on_woul
     missed = at_points * 1.02 - 1  # the scaled price (at_points / 0.9) pays it, the points' price does not
     assert after(missed) is NO_SPEC
 
+
 def test_a_later_shards_drift_window_takes_in_the_keys_last_rows_until_its_own_fill_it(tiny_engine):
     """In flight on a key's later shard (DriftWatch.history, .window) a drift check predicts on the
     shard's rows finished so far after the key's latest rows on the worker, as many as fill the

@@ -68,9 +68,9 @@ def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms
     An arm without a discount (not measured on this shard) is priced for switching on at the
     higher of its price and the points' (`CostProfile.arm_scale` no lower than 1): a scale below 1
     comes from a few confirmations of some 20 steps each, of another shard or another draft
-    length, and no confirmation follows a switch. Where
-    the sample's choice turns on that scale, calibration confirms it (counterfactual._turned_by);
-    here the switch waits for a window that pays at both. (Held-out continue, batch 8, 2026-12-05:
+    length, and no confirmation follows a switch. Where the sample's choice turns on that scale,
+    calibration confirms it (counterfactual._turned_by); here the switch waits for a window that
+    pays at both. (Held-out continue, batch 8, 2026-12-05:
     k=2's confirmation measured its steps at 0.95x their price, every n-gram arm took that scale,
     and at row 99 the window switched k=4 on, which ran the last 29 rows at 0.90x plain; at the
     points' price, replayed with a profile timed apart, no window put k=4 above 0.97x; with the
