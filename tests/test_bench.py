@@ -504,3 +504,39 @@ def test_confirm_window_bench_sets_the_steps_after_a_switch_beside_the_arms_late
     assert r["window"]["steps"] == 3 and r["later"]["steps"] > 0 and r["sample"]["steps"] > 0
     assert all(r[p]["over_price"] > 0 and r[p]["slots"] > 0 for p in ("window", "arm", "plain"))
     assert "| 1 | window | 3 |" in (tmp_path / "confirm_window.md").read_text()
+
+
+def test_first_shard_bench_runs_each_length_on_a_fresh_worker(models, tmp_path):
+    """bench/first_shard.py: one shard per key and output length, side by side, each on a fresh
+    worker (no profile carried from the shard before it), its shares of its own wall."""
+    import first_shard
+
+    target, _ = models
+    path = held_parquet(tmp_path, 12, ("continue", "extract"))
+    out = first_shard.main(["--model", target, "--input", str(path), "--rows", "12", "--max-tokens", "4,8",
+                            "--batch-size", "2", "--threads", "1", "--out", str(tmp_path)])
+    assert [(r["shard"], r["max_tokens"]) for r in out["shards"]] == [("continue", 4), ("continue", 8), ("extract", 4), ("extract", 8)]
+    for r in out["shards"]:
+        assert r["rows"] == 12 and 0 < r["output_tokens"] <= 12 * r["max_tokens"]
+        assert r["overhead_share"] == pytest.approx(r["calibration_overhead_s"] / r["wall_s"])
+        assert r["profile_share"] == pytest.approx(r["profile_s"] / r["wall_s"])
+        assert sum(r["rows_by_setting"].values()) == 12
+    assert "| extract | 8 |" in (tmp_path / "first_shard.md").read_text()
+
+
+def test_slot_bloat_bench_sets_one_call_beside_short_calls_and_times_a_compaction(models, tmp_path):
+    """bench/slot_bloat.py: each round decodes the rows in one call and in short calls, with the
+    slots a step read; the compaction squeezes a batch to its longest row and is set against a
+    plain step's price at both lengths."""
+    import slot_bloat
+
+    target, _ = models
+    path = held_parquet(tmp_path, 8)
+    out = slot_bloat.main(["--model", target, "--input", str(path), "--workload", "continue", "--rows", "8",
+                           "--max-tokens", "6", "--batch-size", "2", "--chunk", "2", "--rounds", "1",
+                           "--threads", "1", "--out", str(tmp_path)])
+    assert [r["chunk"] for r in out["runs"]] == [8, 2]
+    assert all(r["steps"] > 0 and r["mean_slots"] > 0 and r["goodput"] > 0 for r in out["runs"])
+    c = out["compaction"]
+    assert c["longest"] < c["slots"] and c["compact_s"] > 0 and c["step_s_at_slots"] > 0
+    assert "| 0 | 8 |" in (tmp_path / "slot_bloat.md").read_text()
