@@ -29,6 +29,7 @@ from calibrate import candidate_arms  # noqa: E402
 from engine import RESULTS, choose_threads, command, load_engine, machine, machine_line, write  # noqa: E402
 
 from batchspec.calibrate import CalibrationSettings, WorkerCalibration  # noqa: E402
+from batchspec.errors import BatchspecError  # noqa: E402
 from batchspec.shard import ShardInput, run_shard  # noqa: E402
 
 
@@ -94,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for n in lengths:
         try:
             groups, bad = workloads.from_input(args.input, args.key, n)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, BatchspecError) as exc:
             parser.error(str(exc).splitlines()[0])
         by_length[n] = groups
     keys = args.workloads.split(",") if args.workloads else list(by_length[lengths[0]])

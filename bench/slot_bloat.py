@@ -29,11 +29,11 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import command, machine_line, result_options, start_workload, workload_options, write  # noqa: E402
+from probe_fidelity import seed_row  # noqa: E402
 
 import torch  # noqa: E402
 
 from batchspec.engine.base import NO_SPEC  # noqa: E402
-from batchspec.engine.torch import kv  # noqa: E402
 
 
 def decode(engine, requests, chunk: int, batch_size: int) -> dict:
@@ -53,10 +53,8 @@ def decode(engine, requests, chunk: int, batch_size: int) -> dict:
 def compaction(engine, batch_size: int, slots: int, longest: int, tries: int = 5) -> dict:
     """Seconds of one `kv.Batch.compact` of `batch_size` rows from `slots` slots to `longest`
     (the fastest of `tries`, each on a fresh batch), and a plain step's price at both lengths."""
-    seed = kv.Batch(engine.device)
+    seed, _ = seed_row(engine, 64)
     with torch.inference_mode():
-        seed.forward(engine.model, [[(17 + 31 * i) % engine.vocab for i in range(64)]], engine.pad_id, last_only=True)
-        seed.keep(torch.tensor([64], device=engine.device))
         seconds = []
         for _ in range(tries):
             batch = seed.repeated(slots).fork(torch.zeros(batch_size, dtype=torch.long, device=engine.device), slots, room=1)
