@@ -136,9 +136,16 @@ def test_a_confirmed_loss_sends_the_shard_back_to_plain_decoding_and_counts_as_o
     assert all(specs[i] is NO_SPEC for i in control.order[-8:])  # ... and the rows that finished last ran plainly
     assert control.lost_s > 0 and d.calibration_s == d.overhead_s >= control.lost_s
     # the drift window prices the arm as the confirmation measured it against the sample's prediction,
-    # as the profile now prices the arm: the ratio its steps measured (kept, its first) is in both
+    # as the profile now prices the arm: the ratio its steps measured (kept, its first) is in both.
+    # Beside other test processes (CI runs them in parallel) plain decoding's steps before and after
+    # the window can stand more than DISTURBED apart: then the ratio is not kept (the case
+    # test_a_window_whose_plain_prices_disagree_can_lower_the_prediction_not_raise_it forces), and the
+    # arm's scale stays 1.0 in both places
     scale = control.worker.profile.arm_scale(far.method, far.draft_model)
-    assert scale != 1.0 and control.worker.profile.arm_ratios == {f"draft_target:{far.draft_model}": [scale]}
+    if "the machine moved while the window was measured" in d.reason:
+        assert scale == 1.0 and control.worker.profile.arm_ratios == {}
+    else:
+        assert scale != 1.0 and control.worker.profile.arm_ratios == {f"draft_target:{far.draft_model}": [scale]}
     assert control.watch.discount == {far.label: pytest.approx(arm.speedup / (arm.predicted_speedup / scale))}
 
 
