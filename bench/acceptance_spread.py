@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         shape = shape_of(every, ARMS, batch, longest)
         grid = grid_needed(profile, shape)
         if grid:
-            spent, _ = refresh_profile(engine, profile, grid, 0.0, shape)
+            spent, *_ = refresh_profile(engine, profile, grid, 0.0, shape)
             print(f"batch {batch}: profile measured in {spent:.0f} s", flush=True)
     rng = random.Random(args.seed)
     settings = CalibrationSettings()

@@ -50,7 +50,7 @@ def first_shard(engine, key: str, requests, arms, batch_size: int) -> dict:
             "overhead_share": d.overhead_s / wall if wall else None,
             "overhead_share_without_profile": (d.overhead_s - d.profile_s) / wall if wall else None,
             "profile_share": d.profile_s / wall if wall else None,
-            "calibration_time_share": d.calibration_s / wall if wall else None}
+            "calibration_time_share": d.calibration_s / wall if wall else None, "reason": d.reason}
 
 
 def table(rows: Sequence[dict]) -> str:

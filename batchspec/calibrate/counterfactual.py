@@ -48,7 +48,7 @@ from batchspec.calibrate.decision import (
     predicted_speedups,
     stays,
 )
-from batchspec.calibrate.profiling import cannot_repay, grid_needed, refresh_profile, rest_s, shape_of
+from batchspec.calibrate.profiling import PROFILE_SHARE, cannot_repay, grid_needed, profile_budget, refresh_profile, rest_s, shape_of
 from batchspec.calibrate.pricing import Anchor, KeyHistory, _counterfactual, none_plans, plain_rows, predict_arms
 from batchspec.calibrate.worker import WorkerCalibration
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Request, SpecConfig
@@ -198,12 +198,15 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
                 f"the rest of the profile (the context's ends, batch 1 and half the batch) not measured"
                 if top is not None else "no arm could be priced"), arms_now
 
-    profile_s, stop = refresh_profile(engine, worker.profile, grid, rows[0].temperature, shape, cannot_pay) \
-        if grid else (0.0, None)  # a grid implies arms
+    budget = profile_budget(plain, rest)
+    profile_s, stop, once = refresh_profile(engine, worker.profile, grid, rows[0].temperature, shape, cannot_pay,
+                                            budget) if grid else (0.0, None, 0)  # a grid implies arms
+    timed_once = (f"; {once} points of the cost profile timed once (a second try of each would have passed "
+                  f"{PROFILE_SHARE:.0%} of the shard's plain decode time, {budget:.1f} s)" if once else "")
     if stop is not None:
         why, arms_now = stop
-        return Verdict([base, *arms_now, *broken.values()], NO_SPEC, why + _estimated(arms_now), profile_s=profile_s,
-                       lookup_s=counter[1])
+        return Verdict([base, *arms_now, *broken.values()], NO_SPEC, why + timed_once + _estimated(arms_now),
+                       profile_s=profile_s, lookup_s=counter[1])
     anchor = anchor_of(worker.profile) if arms else Anchor(1.0, 0.0)
     results = [base] + (priced(worker.profile, anchor) if arms else []) + list(broken.values())
     chosen, reason = choose_predicted(results, arms, settings.margin)
@@ -222,7 +225,7 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
     if top is not None and settings.confirm and first and not wanted:
         reason += (f"; not confirmed: {top[0].label} predicted below the margin by more than its error "
                    f"({error:.0%}); under none the drift watch predicts every arm again as rows finish")
-    reason += _estimated(results) + _arm_scales(worker.profile, arms)
+    reason += timed_once + _estimated(results) + _arm_scales(worker.profile, arms)
     return Verdict(results, chosen, reason, anchor, top[0] if top else None, top_spec, wanted, first, error, profile_s,
                    counter[1], turned_by)
 

@@ -89,7 +89,7 @@ from batchspec.calibrate.confirm import Confirming
 from batchspec.calibrate.decision import CalibrationSettings, Decision, sample_indices
 from batchspec.calibrate.drift import Drift, DriftWatch
 from batchspec.calibrate.probe import ArmSteps
-from batchspec.calibrate.profiling import RETIME_SHARE, shape_of
+from batchspec.calibrate.profiling import PROFILE_SHARE, shape_of
 from batchspec.calibrate.pricing import (
     Anchor,
     KeyHistory,
@@ -272,7 +272,7 @@ class InFlight(ArmSteps, Confirming):
         if retimed[1]:
             v.profile_s += retimed[0]
             v.reason += (f"; the production batch's width curve timed again first ({retimed[1]} points, "
-                         f"{retimed[0]:.1f} s, within {RETIME_SHARE:.0%} of the worker's decode time): each point "
+                         f"{retimed[0]:.1f} s, within {PROFILE_SHARE:.0%} of the worker's decode time): each point "
                          f"priced at the mean of its last {TIMINGS_KEPT} timings")
         if start.method != "none":
             base = v.arms[0]  # plain decoding did not run: its figure is the profile's price
@@ -304,7 +304,7 @@ class InFlight(ArmSteps, Confirming):
     def _retime(self, rows: Sequence[PlainRow], history: KeyHistory | None, longest: int,
                 shard_s: float) -> tuple[float, int]:
         """The width curve that prices this shard, timed again where the worker's budget for it
-        allows (profiling.retime_curve) and its expected cost is within RETIME_SHARE of the shard's
+        allows (profiling.retime_curve) and its expected cost is within PROFILE_SHARE of the shard's
         own plain decode time (`shard_s`): a shard does not pay for its worker's others (at batch 8 on
         held-out 64-row shards a re-time took 2.7 s, 5.9% of the shard that ran it, within a worker
         budget of about 5 s; a shard of 1,000 rows takes it within 2%). Only on a key's later shard, whose decision rests on the

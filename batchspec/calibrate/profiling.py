@@ -8,6 +8,7 @@ profile and its prices are batchspec.predict.cost's; the engine times the points
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from batchspec.engine.base import GenerateResult, SpecConfig
@@ -60,8 +61,9 @@ def cannot_repay(plain: GenerateResult, rest: float | None, grid: tuple[list, li
     saving is bounded above: the rest of the shard's plain decode time (`rest`, `rest_s`)
     shrinks at most by the share of target steps the best arm would have saved on the sample (its
     counterfactual acceptance, exact for greedy rows; a verify step costs at least a plain one).
-    The cost is bounded below: two tries of every target probe at the production batch size,
-    each at least a plain step (the sample's mean). Only a loss certain on the sample's evidence
+    The cost is bounded below: one try of every target probe at the production batch size,
+    each at least a plain step (the sample's mean); a profile with a shard to repay it times
+    each point once before any second try (`refresh_profile`). Only a loss certain on the sample's evidence
     skips it (short outputs, tiny shards, drafts that would not be accepted); the next shard that
     could repay it measures the profile. (Before the bound used acceptance, it assumed every draft
     accepted, and `make run`'s code shard, whose rows mostly end after a token or two, paid a
@@ -73,7 +75,7 @@ def cannot_repay(plain: GenerateResult, rest: float | None, grid: tuple[list, li
     label, fewest = min(((label, a.target_steps) for label, a in acceptance.items()), key=lambda x: x[1])
     saved = max(0.0, 1 - fewest / plain_steps) if plain_steps else 0.0
     saving = rest * saved
-    forwards = 2 * sum(1 for b, *_ in grid[0] if b == batch_size)  # draft steps may cost less than a target's: not counted
+    forwards = sum(1 for b, *_ in grid[0] if b == batch_size)  # draft steps may cost less than a target's: not counted
     cost = forwards * plain.timing.decode_s / steps
     if saving >= cost:
         return None
@@ -83,8 +85,21 @@ def cannot_repay(plain: GenerateResult, rest: float | None, grid: tuple[list, li
             f"({forwards} forwards at the sample's step time); none, not profiled")
 
 
+PROFILE_SHARE = 0.02  # of a shard's plain decode time: what its profile's second tries (`refresh_profile`) and its
+                      # width curve's re-time (`retime_curve`) may take; of a worker's, what its re-times may take in all
+
+
+def profile_budget(plain: GenerateResult, rest: float | None) -> float | None:
+    """What a shard's profile may spend on second tries (`refresh_profile`): PROFILE_SHARE of
+    the shard's plain decode seconds, the sample's (`plain`) and the rest's (`rest_s`); None
+    where the sample was the whole shard (`rest` None): nothing bounds what a profile may cost
+    there (it serves the worker's later shards)."""
+    return PROFILE_SHARE * (plain.timing.decode_s + rest) if rest is not None else None
+
+
 def refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temperature: float, shape: tuple,
-                    cannot_pay: Callable[[CostProfile], tuple[str | None, list]] | None = None) -> tuple[float, tuple | None]:
+                    cannot_pay: Callable[[CostProfile], tuple[str | None, list]] | None = None,
+                    budget_s: float | None = None) -> tuple[float, tuple | None, int]:
     """Measure `grid` (from `grid_needed`) on the engine: a context probe first where that is
     what it is, then, if the profile still does not cover `shape` (`shape_of`), the whole grid for
     it, less the points the profile holds. Of a whole grid the production batch's width curve
@@ -93,43 +108,85 @@ def refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], tempe
     the rest is not measured (on `make run`'s edit shard, where a verify of k + 1 tokens at batch
     8 costs nearly k + 1 plain steps, 5 of the grid's 11 points; a draft model's points go with
     the curve). A curve cut short earlier that reaches this shard is asked first, with nothing
-    measured. Returns the seconds spent and (why, arms) where it stopped there, else None."""
+    measured.
+
+    Within a shard's `budget_s` (`profile_budget`), a whole grid's target points are timed once
+    each, and a second try of a point (its price the faster, as engine.profile's own tries) is
+    taken only where the budget left allows it (`_again`): the production batch's width curve
+    first, then its context's ends, then the smaller batches. Every point once is what prices
+    every arm; the second try guards a point against a disturbed moment, which a later shard's
+    re-time (`retime_curve`, the mean of the point's timings) guards it against too. On a
+    worker's first shard at batch 8 with 24-token outputs (128 held-out rows, 66 s) two tries of
+    every point were 2.1 s of forwards, 3.2-4.3% of the shard; one try of each was within 11% of
+    the fastest of three on a quiet machine (95% within 10%, 66 points). A draft model's points
+    keep two tries (their model is small; its seed is a prefill, a second pass would repeat it).
+    Without a budget every point has two tries, as before 2026-12-05. Returns the seconds spent,
+    (why, arms) where it stopped at the curve else None, and the points left at one try."""
     began = time.perf_counter()
     whole = profile_grid(*shape)
+    least = 1 if budget_s is not None else 2
     if (list(grid[0]), list(grid[1])) != (list(whole[0]), list(whole[1])):  # a context probe
         _measure(engine, profile, grid, temperature)
         if profile.covers(*shape):
-            return time.perf_counter() - began, None
+            return time.perf_counter() - began, None, 0
     held = {p.key[2:] for p in profile.points if p.kind == "target"}
     targets = [p for p in whole[0] if p not in held]
     batch, lo, hi = shape[:3]
     drafts = whole[1]
+    once: list[tuple[int, int, int]] = []  # target points timed once, in the order a second try goes
     if cannot_pay is not None and profile.covers(*shape, cut_too=True):  # a curve cut short that reaches this shard
         why, arms = cannot_pay(profile)
         if why is not None:
-            return time.perf_counter() - began, (why, arms)
+            return time.perf_counter() - began, (why, arms), 0
     if cannot_pay is not None:
         curve = [p for p in targets if p[0] == batch and (p[1] == (lo + hi) // 2 or p[1] == lo and p[2] > 1)]  # with its context factor's
         if curve or drafts:
-            _measure(engine, profile, (curve, drafts), temperature)  # the draft's points too: an arm's price needs them
+            _measure(engine, profile, (curve, drafts), temperature, least)  # the draft's points too: an arm's price needs them
+            once += curve if least == 1 else []
         why, arms = cannot_pay(profile)
+        if why is not None and once:  # the curve's second tries first, where they fit: they may turn the answer
+            once = _again(engine, profile, once, temperature, budget_s - (time.perf_counter() - began))
+            why, arms = cannot_pay(profile)
         if why is not None:
             profile.cut.add(batch)
-            return time.perf_counter() - began, (why, arms)
+            return time.perf_counter() - began, (why, arms), len(once)
         targets, drafts = [p for p in targets if p not in curve], []
-    _measure(engine, profile, (targets, drafts), temperature)
+    _measure(engine, profile, (targets, drafts), temperature, least)
     profile.cut.discard(batch)
-    return time.perf_counter() - began, None
+    if least == 1:
+        once = _again(engine, profile, once + targets, temperature, budget_s - (time.perf_counter() - began))
+    return time.perf_counter() - began, None, len(once)
 
 
-RETIME_SHARE = 0.02  # of a worker's decode time, the most its width curves' re-timing may take (`retime_curve`)
+def _again(engine, profile: CostProfile, points: Sequence[tuple[int, int, int]], temperature: float,
+           budget_s: float) -> list[tuple[int, int, int]]:
+    """A second try of target `points`, each timed once: a group (a batch size and a context) at a
+    time, the largest batch's first and its width curve (the group of most widths) first among
+    them, then in `points`' order, each where what its first try took fits what is left of
+    `budget_s`; each point priced at the faster of its tries. Returns the points left at one try."""
+    spent = 0.0  # what the second tries took: their wall time, at least their forwards' own seconds
+    first = {p.key[2:]: p.seconds for p in profile.points if p.kind == "target"}
+    groups: dict[tuple[int, int], list] = {}
+    for p in points:
+        groups.setdefault(p[:2], []).append(p)
+    left = []
+    for group in sorted(groups.values(), key=lambda g: (-g[0][0], -len(g))):  # stable: `points`' order on a tie
+        if spent + sum(first[p] for p in group) > budget_s:
+            left += group
+            continue
+        t = time.perf_counter()
+        tried = engine.profile(group, [], temperature=temperature, least=1)
+        took = max(time.perf_counter() - t, sum(q.seconds for q in tried))
+        spent += took
+        profile.merge([q if q.seconds < first[q.key[2:]] else replace(q, seconds=first[q.key[2:]]) for q in tried], took)
+    return left
 
 
 def retime_curve(engine, profile: CostProfile, shape: tuple, temperature: float, budget_s: float,
                  last_s: float | None = None) -> tuple[float, int]:
     """Time the production batch's width curve that prices a shard of `shape` (`shape_of`) again,
     as the profile timed it first (the fastest of two tries or more), where that fits `budget_s`
-    (the worker's RETIME_SHARE of its decode time, less what re-timing took so far): each point's
+    (the worker's PROFILE_SHARE of its decode time, less what re-timing took so far): each point's
     price becomes the mean of its last timings (`CostProfile.retime`). A re-time is expected to
     cost `last_s`, the last one's at this batch, else two and a half times the profile's price of
     its forwards. Returns the seconds spent and the points re-timed ((0.0, 0): not due, or no
@@ -149,6 +206,13 @@ def retime_curve(engine, profile: CostProfile, shape: tuple, temperature: float,
     return spent, len(points)
 
 
-def _measure(engine, profile: CostProfile, grid: tuple[list, list], temperature: float) -> None:
+def _measure(engine, profile: CostProfile, grid: tuple[list, list], temperature: float, least: int = 2) -> None:
+    """Time `grid` on the engine and merge it into `profile`: the target points the fastest of
+    `least` tries (`measure.profile`), a draft model's of two."""
     began = time.perf_counter()
-    profile.merge(engine.profile(*grid, temperature=temperature), time.perf_counter() - began)
+    if least == 2 or not grid[0]:
+        points = engine.profile(*grid, temperature=temperature)
+    else:
+        points = engine.profile(grid[0], [], temperature=temperature, least=least)
+        points += engine.profile([], grid[1], temperature=temperature) if grid[1] else []
+    profile.merge(points, time.perf_counter() - began)

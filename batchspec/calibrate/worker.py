@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batchspec.calibrate.pricing import Anchor, KeyHistory
-from batchspec.calibrate.profiling import RETIME_SHARE, retime_curve
+from batchspec.calibrate.profiling import PROFILE_SHARE, retime_curve
 from batchspec.predict.cost import CostProfile
 
 HISTORY_KEYS = 64  # shard keys whose last rows (and errors) a worker keeps (WorkerCalibration.remember)
@@ -50,17 +50,17 @@ class WorkerCalibration:
         return self.checks_s / self.checks if self.checks else None
 
     def retime_budget(self) -> float:
-        """Seconds a width curve's re-time may take now: profiling.RETIME_SHARE of the decode time
+        """Seconds a width curve's re-time may take now: profiling.PROFILE_SHARE of the decode time
         this worker's shards ran, less what re-timing took so far."""
-        return RETIME_SHARE * self.decoded_s - self.retimed_s
+        return PROFILE_SHARE * self.decoded_s - self.retimed_s
 
     def retime(self, engine, shape: tuple, temperature: float, shard_s: float) -> tuple[float, int]:
         """profiling.retime_curve on this worker's profile for a shard of `shape`, within the
-        worker's budget and RETIME_SHARE of the shard's own plain decode seconds (`shard_s`), its
+        worker's budget and PROFILE_SHARE of the shard's own plain decode seconds (`shard_s`), its
         cost expected to be the last re-time's at that batch size; what it took is kept."""
         batch = shape[0]
         spent, points = retime_curve(engine, self.profile, shape, temperature,
-                                     min(self.retime_budget(), RETIME_SHARE * shard_s), self.retime_s.get(batch))
+                                     min(self.retime_budget(), PROFILE_SHARE * shard_s), self.retime_s.get(batch))
         if points:
             self.retimed_s += spent
             self.retime_s[batch] = spent

@@ -266,6 +266,71 @@ def test_the_profile_is_measured_again_only_where_its_width_curve_is_far_from_th
     assert grid_needed(profile, shape_of(rows(100, 292), [SpecConfig("ngram", 8)], 8, 8)) == profile_grid(8, 100, 664, 9)
 
 
+def test_within_a_shards_budget_every_point_is_timed_once_and_again_only_where_the_budget_allows():
+    """profiling.refresh_profile with a budget (profile_budget: PROFILE_SHARE of the shard's plain
+    decode seconds): every target point of the grid is timed once, and a second try of a point
+    (its price the faster of the two) is taken a group at a time, the production batch's width
+    curve first, then its context's ends, then the smaller batches, each where what its first try
+    took fits what is left of the budget. Without one (the sample was the whole shard), two tries
+    of every point, as engine.profile takes them."""
+    from batchspec.calibrate.profiling import PROFILE_SHARE, profile_budget, refresh_profile
+    from batchspec.engine.base import GenerateResult, StepCost, Timing
+    from batchspec.predict.cost import CostProfile, profile_grid
+
+    class Tried:
+        """Forwards that cost 0.01 s per row and token; a point's second try is 10% faster where its
+        width is odd-indexed, 10% slower elsewhere. Records (points, least) per call."""
+
+        def __init__(self):
+            self.calls, self.seen = [], {}
+
+        def profile(self, target, drafts=(), temperature=0.0, least=2):
+            self.calls.append((list(target), least))
+            out = []
+            for b, c, w in target:
+                n = self.seen[(b, c, w)] = self.seen.get((b, c, w), 0) + 1
+                scale = 1.0 if n == 1 else (0.9 if w in (3, 9) else 1.1)
+                out.append(StepCost("target", "m", b, c, w, 0.01 * b * w * scale))
+            return out
+
+    shape = (8, 100, 300, 9, [])
+    grid = profile_grid(*shape)
+    points = grid[0]
+
+    def refreshed(budget):
+        engine, profile = Tried(), CostProfile()
+        spent, stop, once = refresh_profile(engine, profile, grid, 0.0, shape, lambda p: (None, []), budget)
+        assert stop is None and profile.covers(*shape)
+        return engine, profile, once
+
+    engine, profile, once = refreshed(None)  # no budget: two tries of each, in one call per part
+    assert once == 0 and {least for _, least in engine.calls} == {2} and sorted(engine.seen) == sorted(points)
+    assert all(n == 1 for n in engine.seen.values())
+
+    engine, profile, once = refreshed(float("inf"))  # every point once, then every point again
+    assert once == 0 and all(n == 2 for n in engine.seen.values()) and sorted(engine.seen) == sorted(points)
+    assert all(least == 1 for _, least in engine.calls)
+    price = {p.key[2:]: p.seconds for p in profile.points}
+    assert price[(8, 200, 9)] == pytest.approx(0.01 * 8 * 9 * 0.9)  # the second try was faster
+    assert price[(8, 200, 5)] == pytest.approx(0.01 * 8 * 5)  # the first was
+    again = [call for call, _ in engine.calls[2:]]  # after the curve's and the rest's first tries
+    assert again[0] == [(8, 200, 1), (8, 200, 3), (8, 200, 5), (8, 200, 9)]  # the curve first
+    assert [c[0][:2] for c in again] == [(8, 200), (8, 100), (8, 300), (4, 200), (1, 200)]
+
+    engine, profile, once = refreshed(0.0)  # no second try at all
+    assert once == len(points) and all(n == 1 for n in engine.seen.values())
+
+    curve_s = 0.01 * 8 * (1 + 3 + 5 + 9)  # the curve's first tries: 1.44 s
+    # the curve fits (its second tries took 1.39 s); the next group, its low end (0.8 s), does not,
+    # the one after, its high end (0.08 s), does; the smaller batches (0.4 s, 0.1 s) do not
+    engine, profile, once = refreshed(curve_s + 0.05)
+    tried = {p for p, n in engine.seen.items() if n == 2}
+    assert tried == {(8, 200, w) for w in (1, 3, 5, 9)} | {(8, 300, 1)} and once == len(points) - 5
+
+    plain = GenerateResult([], Timing(verify_s=3.0))  # the budget: PROFILE_SHARE of the shard's plain decode
+    assert profile_budget(plain, 57.0) == pytest.approx(PROFILE_SHARE * 60.0) and profile_budget(plain, None) is None
+
+
 def test_a_sample_is_priced_as_the_shard_runs_it_with_its_batch_kept_full():
     """A sample whose rows mostly end after their first token decodes one row at a time; the shard
     it stands for keeps its batch full while its queue lasts. Priced as a stream of the shard's
@@ -332,7 +397,7 @@ class Priced:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def profile(self, target, drafts=(), temperature=0.0):
+    def profile(self, target, drafts=(), temperature=0.0, least=2):
         from batchspec.engine.base import StepCost
 
         self.asked += list(target)

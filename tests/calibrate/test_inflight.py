@@ -750,13 +750,13 @@ def test_a_keys_later_shard_samples_one_drift_checks_worth(tiny_engine):
 
 
 def test_the_width_curve_is_timed_again_within_the_workers_budget(tiny_engine):
-    """Where the worker's budget for it (profiling.RETIME_SHARE of the decode time its shards ran,
-    less what re-timing took) and RETIME_SHARE of the shard's own decode time cover a re-time's
+    """Where the worker's budget for it (profiling.PROFILE_SHARE of the decode time its shards ran,
+    less what re-timing took) and PROFILE_SHARE of the shard's own decode time cover a re-time's
     expected cost, a key's later shard whose sample decodes plainly times the production batch's
     width curve again before it predicts, each point then priced at the mean of its timings, and
     says so; the seconds count as the shard's profile time. Without either nothing is timed, nor
     on a key's first shard; every shard's decode time adds to the worker's budget."""
-    from batchspec.calibrate.profiling import RETIME_SHARE
+    from batchspec.calibrate.profiling import PROFILE_SHARE
 
     arm = SpecConfig("ngram", 3)
     settings = CalibrationSettings(max_tokens=24, sample_size=4, drift_chunk=8, confirm=False)
@@ -764,7 +764,7 @@ def test_the_width_curve_is_timed_again_within_the_workers_budget(tiny_engine):
     for shard in ("s0", "s1"):
         d = run_shard(tiny_engine, ShardInput(shard, "k", word_rows(16)), [arm], True, 4, settings, worker=poor).decision
         assert "timed again" not in d.reason and not poor.profile.timings and poor.retimed_s == 0
-    assert poor.decoded_s > 0 and poor.retime_budget() == pytest.approx(RETIME_SHARE * poor.decoded_s)
+    assert poor.decoded_s > 0 and poor.retime_budget() == pytest.approx(PROFILE_SHARE * poor.decoded_s)
 
     rich = flat_profile(4)
     rich.decoded_s = 1000.0  # a budget of 20 s: a re-time of the flat profile's curve is expected to take 5 s

@@ -202,10 +202,11 @@ class TorchEngine:
     # -- what calibration needs besides generate (batchspec.predict replays and prices) ----------
 
     def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
-                temperature: float = 0.0, reps: int = measure.REPS) -> list[StepCost]:
+                temperature: float = 0.0, reps: int = measure.REPS, least: int = 2) -> list[StepCost]:
         """Time one target forward for each (batch, context, tokens per row) in `target` and one draft
-        forward for each (draft model, batch, context, tokens per row) in `drafts` (see measure.profile)."""
-        return measure.profile(self, target, drafts, temperature, reps)
+        forward for each (draft model, batch, context, tokens per row) in `drafts`, the fastest of
+        at least `least` tries (see measure.profile)."""
+        return measure.profile(self, target, drafts, temperature, reps, least=least)
 
     def teacher_forced_logits(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
                               draft_model: str | None = None, group: int = 8) -> list[torch.Tensor]:

@@ -23,7 +23,7 @@ SEED = 32  # tokens the target prefills for a profile's probes, repeated to the 
 
 
 def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
-            temperature: float = 0.0, reps: int = REPS, agree: float = AGREE) -> list[StepCost]:
+            temperature: float = 0.0, reps: int = REPS, agree: float = AGREE, least: int = 2) -> list[StepCost]:
     """Time one target forward of `engine` for each (batch, context, tokens per row) in `target`,
     the accept rule's work on its logits included (`time_forward`), and one draft forward for each (draft model, batch,
     context, tokens per row) in `drafts` (plus each draft model's prefill of one row, timed after a
@@ -38,10 +38,11 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
     a re-timed width curve) prefills nothing and needs no warm-up: of a one-point context probe's
     four forwards (`make run`'s prose shard, 0.22 s) two were those.
     Each copy has room for its widest probe, as a decoding batch's cache has between doublings
-    (kv.Batch.fork). The fastest try counts: two
+    (kv.Batch.fork). The fastest try counts: `least` (two)
     tries of every point (round-robin over widths, so a change of load hits every width alike),
     and up to `reps` while some point's tries differ by more than `agree`; one forward per model
-    warms it first, not counted.
+    warms it first, not counted. `least=1` times every point once: a profile within a shard's
+    budget (calibrate.profiling.refresh_profile) tries a point again only where the budget allows.
 
     A decoding batch of several rows almost always holds holes (rows of different lengths,
     rejected drafts), so its forwards take the explicit-mask path (kv.Batch._attention_inputs);
@@ -82,7 +83,7 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
                     warm = False
                 tries: dict[int, list[float]] = {w: [] for w in widths}
                 for _ in range(reps):
-                    if settled(tries, agree):
+                    if settled(tries, agree, least):
                         break
                     for w in widths:
                         tries[w].append(time_forward(batch, model, kind, filler[:w], b, temperature, engine.pad_id))
@@ -90,11 +91,11 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
     return points
 
 
-def settled(tries: dict, agree: float = AGREE) -> bool:
-    """Whether a point group's tries (width -> seconds, in order) are enough: two of every width,
-    and each width's within `agree` of its fastest (`profile` then stops; else it tries again,
-    up to its `reps`)."""
-    return all(len(ts) >= 2 and max(ts) <= (1 + agree) * min(ts) for ts in tries.values())
+def settled(tries: dict, agree: float = AGREE, least: int = 2) -> bool:
+    """Whether a point group's tries (width -> seconds, in order) are enough: `least` of every
+    width, and each width's within `agree` of its fastest (`profile` then stops; else it tries
+    again, up to its `reps`). One try is settled: there is nothing to agree with."""
+    return all(len(ts) >= least and (len(ts) == 1 or max(ts) <= (1 + agree) * min(ts)) for ts in tries.values())
 
 
 def _open_hole(batch: Batch) -> None:

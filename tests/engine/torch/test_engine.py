@@ -386,6 +386,9 @@ def test_a_later_profile_forks_the_row_the_first_prefilled_and_needs_no_warm_up(
     points = measure.profile(tiny_engine, [(4, 40, 1), (4, 40, 3)], reps=2, agree=100.0)
     assert forwards == [(4, 1), (4, 3), (4, 1), (4, 3)]  # two tries of each width, round-robin
     assert [(p.context, p.tokens) for p in points] == [(40, 1), (40, 3)] and all(p.seconds > 0 for p in points)
+    forwards.clear()
+    measure.profile(tiny_engine, [(4, 40, 1), (4, 40, 3)], reps=3, agree=-1.0, least=1)  # within a shard's budget
+    assert forwards == [(4, 1), (4, 3)]  # one try of each: settled, however far they might disagree
 
 
 # -- a setting changed in flight (generate's control=) ------------------------------------------------
