@@ -114,12 +114,16 @@ def refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], tempe
     each, and a second try of a point (its price the faster, as engine.profile's own tries) is
     taken only where the budget left allows it (`_again`): the production batch's width curve
     first, then its context's ends, then the smaller batches. Every point once is what prices
-    every arm; the second try guards a point against a disturbed moment, which a later shard's
-    re-time (`retime_curve`, the mean of the point's timings) guards it against too. On a
-    worker's first shard at batch 8 with 24-token outputs (128 held-out rows, 66 s) two tries of
-    every point were 2.1 s of forwards, 3.2-4.3% of the shard; one try of each was within 11% of
-    the fastest of three on a quiet machine (95% within 10%, 66 points). A draft model's points
-    keep two tries (their model is small; its seed is a prefill, a second pass would repeat it).
+    every arm; the second try narrows a point's noise, which a later shard's re-time
+    (`retime_curve`, the mean of the point's timings) narrows too, and a speculative choice on a
+    key's first shard is measured before it stands (counterfactual.settle). On a worker's first
+    shard at batch 8 with 24-token outputs (128 held-out rows, 66 s, Xeon 167) two tries of every
+    point were 2.7-2.8 s, 4.1-4.3% of the shard; one try of each, 1.6-1.7 s. The price: one
+    try's width-over-plain ratio lay within [-12%, +18%] of the machine's mean at the 10th and
+    90th percentiles, the fastest of two within [-6%, +9%] (bench/profile_noise.py, README). A
+    shard whose plain decode time is 50 times the profile's or more keeps two tries of every
+    point. A draft model's points keep two tries (their model is small; its seed is a prefill,
+    a second pass would repeat it).
     Without a budget every point has two tries, as before 2026-12-05. Returns the seconds spent,
     (why, arms) where it stopped at the curve else None, and the points left at one try."""
     began = time.perf_counter()
