@@ -63,6 +63,7 @@ class TorchEngine:
         self._encoded: dict[int, tuple[weakref.ref, array.array]] = {}  # id(request) -> (the request, its prompt's ids): `encode`
         self.last_steps: list[Step] = []  # the decode steps of the last generate call, as it ran them (benches price them)
         self.probe_seeds: dict[str, Batch] = {}  # model -> the one short row its cost probes fork from (measure.profile)
+        self.warmed = False  # the target has decoded rows: a cost profile needs no warm-up forward (measure.profile)
 
     @classmethod
     def load(cls, model: str, draft_model: str | None = None, dtype: str = "float32",
@@ -118,6 +119,7 @@ class TorchEngine:
                 current[0] = new
             return new
 
+        self.warmed = self.warmed or bool(rows)  # a profile inside `control` runs after this call's first forwards
         with torch.inference_mode():
             run = self._decoder().run(rows, spec, max(1, batch_size), clock, control.first if control else (),
                                       step if control else None)

@@ -39,11 +39,13 @@ class SlotLayer(DynamicLayer):
         self.is_initialized = True
 
     @classmethod
-    def holding(cls, keys: torch.Tensor, values: torch.Tensor) -> "SlotLayer":
-        """A layer whose cache is `keys`/`values` [rows, heads, slots, dim] (taken, not copied)."""
+    def holding(cls, keys: torch.Tensor, values: torch.Tensor, length: int | None = None) -> "SlotLayer":
+        """A layer whose buffers are `keys`/`values` [rows, heads, capacity, dim] (taken, not
+        copied), its cache their first `length` slots (all of them by default)."""
         layer = cls()
         layer.lazy_initialization(keys, values)
-        layer.k_buf, layer.v_buf, layer.length = keys, values, keys.shape[2]
+        layer.k_buf, layer.v_buf = keys, values
+        layer.length = keys.shape[2] if length is None else length
         return layer
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -298,14 +300,17 @@ class Batch:
         regrowing (copying) the whole cache as decode does only when its capacity doubles:
         without it, a profile's first forward at each batch size and context ran 12-20% slow
         at batch 8 (SmolLM2, float32, 2 threads: 72 ms against 60), which made its two tries
-        disagree by more than `measure.AGREE` and cost a third round of the whole group."""
+        disagree by more than `measure.AGREE` and cost a third round of the whole group. The
+        copy is made once, into buffers of exactly `slots + room` (until 2026-12-05 a gather,
+        then `_reserve`'s doubling to twice the slots and a second copy: at batch 8 and 544
+        slots 79 ms a fork against 22, and 159 ms inside a shard whose decode held its own
+        cache, for a forward of 73-90 ms; the forward costs the same either way, within 1% at
+        150 and 544 slots, 1 and 9 tokens per row)."""
         assert bool(self.valid[rows, :slots].all()), "fork needs rows without holes in their first slots"
         out = Batch(self.device)
         for layer in self.cache.layers:
-            copy = SlotLayer.holding(layer.keys[rows, :, :slots].contiguous(), layer.values[rows, :, :slots].contiguous())
-            if room:
-                copy._reserve(len(rows), slots + room)
-            out.cache.layers.append(copy)
+            out.cache.layers.append(SlotLayer.holding(_copied(layer.keys, rows, slots, room),
+                                                      _copied(layer.values, rows, slots, room), slots))
         out.valid = self.valid[rows, :slots].clone()
         out.positions = torch.full((len(rows),), slots, dtype=torch.long, device=self.device)
         return out
@@ -387,3 +392,13 @@ def prefill_waste(device: torch.device) -> float:
     """Padding a prefill may carry. On a CPU time grows with tokens, so batching rows of unequal
     length only adds padded work: equal lengths only. On a GPU one wide forward beats several."""
     return 0.0 if device.type == "cpu" else 0.1
+
+
+def _copied(buf: torch.Tensor, rows: torch.Tensor, slots: int, room: int) -> torch.Tensor:
+    """Rows `rows` of a cache tensor [rows, heads, slots, dim], their first `slots` slots, copied
+    once into a buffer with `room` more slots, zeros (never uninitialized memory: `_reserve`)."""
+    out = buf.new_empty((len(rows), buf.shape[1], slots + room, buf.shape[3]))
+    for i, r in enumerate(rows.tolist()):
+        out[i, :, :slots] = buf[r, :, :slots]
+    out[:, :, slots:] = 0
+    return out

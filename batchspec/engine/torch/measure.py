@@ -58,7 +58,9 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
             widest = max(c for *_, c, _ in per_model)
             filler = [(17 + 31 * i) % engine.vocab for i in range(widest)]
             seed = engine.probe_seeds.get(name) if kind == "target" else None
-            warm = seed is None  # a model's first forwards after loading run slow: one warm-up, not counted
+            # a model's first forwards after loading run slow: one warm-up, not counted, unless the
+            # target has decoded rows (engine.warmed: a worker profiles after its sample's decode)
+            warm = seed is None and not (kind == "target" and getattr(engine, "warmed", False))
             if seed is None:
                 seed = Batch(device)
                 if kind == "draft":  # its prefill is a point: warm the model first

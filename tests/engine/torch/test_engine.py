@@ -376,12 +376,19 @@ def test_a_later_profile_forks_the_row_the_first_prefilled_and_needs_no_warm_up(
     from batchspec.engine.torch import kv, measure
 
     tiny_engine.probe_seeds.clear()
+    monkeypatch.setattr(tiny_engine, "warmed", False)  # as loaded: no rows decoded yet
     forwards = []
     real = kv.Batch.forward
     monkeypatch.setattr(kv.Batch, "forward", lambda self, model, tokens, *a, **k: forwards.append((len(tokens), len(tokens[0])))
                         or real(self, model, tokens, *a, **k))
     measure.profile(tiny_engine, [(4, 10, 1)], reps=2, agree=100.0)
     assert forwards == [(1, 10), (4, 1), (4, 1), (4, 1)]  # its prefill, the warm-up, two tries
+    tiny_engine.probe_seeds.clear()
+    tiny_engine.generate(word_requests(1, max_tokens=lambda i: 2), SpecConfig("none", 0), 1)  # a worker's sample
+    assert tiny_engine.warmed
+    forwards.clear()
+    measure.profile(tiny_engine, [(4, 10, 1)], reps=2, agree=100.0)
+    assert forwards == [(1, 10), (4, 1), (4, 1)]  # its prefill and two tries: the decode warmed the model
     forwards.clear()
     points = measure.profile(tiny_engine, [(4, 40, 1), (4, 40, 3)], reps=2, agree=100.0)
     assert forwards == [(4, 1), (4, 3), (4, 1), (4, 3)]  # two tries of each width, round-robin

@@ -113,7 +113,9 @@ def test_a_fork_with_room_appends_into_its_buffers_and_computes_what_one_without
         seed = _one_row(target, [1, 2, 3, 4, 5, 6, 7])
         tight, roomy = seed.fork(torch.zeros(2, dtype=torch.long), 5), seed.fork(torch.zeros(2, dtype=torch.long), 5, room=3)
         buffer = roomy.cache.layers[0].k_buf.data_ptr()
-        assert roomy.cache.layers[0].k_buf.shape[2] >= 8 and tight.cache.layers[0].k_buf.shape[2] == 5
+        assert roomy.cache.layers[0].k_buf.shape[2] == 8 and tight.cache.layers[0].k_buf.shape[2] == 5  # room, no more
+        assert all(bool((buf[:, :, 5:] == 0).all()) for l in roomy.cache.layers for buf in (l.k_buf, l.v_buf))  # zeros
+        torch.testing.assert_close(roomy.cache.layers[0].keys, tight.cache.layers[0].keys)
         torch.testing.assert_close(roomy.forward(target, [[9, 10, 11]] * 2), tight.forward(target, [[9, 10, 11]] * 2))
         assert roomy.cache.layers[0].k_buf.data_ptr() == buffer
         assert tight.cache.layers[0].k_buf.shape[2] > 5  # regrown: the copy a probe without room would time
