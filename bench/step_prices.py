@@ -72,8 +72,8 @@ class Forwards:
 @contextlib.contextmanager
 def recorded_tries() -> Iterator[dict]:
     """Every forward `measure.profile` times while open, in the order it ran them: (kind, batch,
-    context, tokens per row) -> seconds of each try (on the engine's first profile of a model, its
-    warm-up forward included, first in its first point: measure.profile)."""
+    context, tokens per row) -> seconds of each try (on the engine's first profile of a model that
+    has not decoded, its warm-up forward included, first in its first point: measure.profile)."""
     tries: dict = collections.defaultdict(list)
     time_forward = measure.time_forward
 
