@@ -327,6 +327,20 @@ def test_within_a_shards_budget_every_point_is_timed_once_and_again_only_where_t
     tried = {p for p, n in engine.seen.items() if n == 2}
     assert tried == {(8, 200, w) for w in (1, 3, 5, 9)} | {(8, 300, 1)} and once == len(points) - 5
 
+    # where no arm can pay on the curve, its second tries go first (they may turn the answer), the
+    # answer is asked again, and the rest of the grid is not measured
+    engine, profile, asked = Tried(), CostProfile(), []
+
+    def never(p):
+        asked.append({q.key[2:]: q.seconds for q in p.points})
+        return "no arm pays", []
+
+    spent, stop, once = refresh_profile(engine, profile, grid, 0.0, shape, never, float("inf"))
+    curve = {p for p in points if p[0] == 8 and (p[1] == 200 or p[1] == 100 and p[2] == 9)}
+    assert stop == ("no arm pays", []) and once == 0 and 8 in profile.cut
+    assert set(engine.seen) == curve and all(n == 2 for n in engine.seen.values())  # the rest not measured
+    assert len(asked) == 2 and asked[1][(8, 200, 9)] == pytest.approx(0.01 * 8 * 9 * 0.9)  # asked again, on the faster try
+
     plain = GenerateResult([], Timing(verify_s=3.0))  # the budget: PROFILE_SHARE of the shard's plain decode
     assert profile_budget(plain, 57.0) == pytest.approx(PROFILE_SHARE * 60.0) and profile_budget(plain, None) is None
 
