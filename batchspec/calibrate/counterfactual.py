@@ -199,10 +199,16 @@ def predict_sample(engine, rows: Sequence[PlainRow], plain: GenerateResult, rest
                 if top is not None else "no arm could be priced"), arms_now
 
     budget = profile_budget(plain, rest)
-    profile_s, stop, once = refresh_profile(engine, worker.profile, grid, rows[0].temperature, shape, cannot_pay,
-                                            budget) if grid else (0.0, None, 0)  # a grid implies arms
+    profile_s, stop, once, owed = refresh_profile(engine, worker.profile, grid, rows[0].temperature, shape, cannot_pay,
+                                                  budget, lambda profile: anchor_of(profile).short == 0) \
+        if grid else (0.0, None, 0, 0)  # a grid implies arms
     timed_once = (f"; {once} points of the cost profile timed once (a second try of each would have passed "
                   f"{PROFILE_SHARE:.0%} of the shard's plain decode time, {budget:.1f} s)" if once else "")
+    if owed:
+        timed_once += (f"; the profile's {owed} points below the production batch (batch 1, half the batch) left to the "
+                       f"worker's next shard at batch {batch_size}: their first tries would have passed "
+                       f"{PROFILE_SHARE:.0%} of the shard's plain decode time, and the sample's steps all ran at the "
+                       f"batch size (steps of fewer rows priced along the production batch's points meanwhile)")
     if stop is not None:
         why, arms_now = stop
         return Verdict([base, *arms_now, *broken.values()], NO_SPEC, why + timed_once + _estimated(arms_now),

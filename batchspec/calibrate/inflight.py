@@ -251,7 +251,7 @@ class InFlight(ArmSteps, Confirming):
         start, worker = self.start, self.worker
 
         def anchor_of(profile: CostProfile) -> Anchor:
-            return anchor_of_steps(p.timing, steps, profile) if start.method == "none" else worker.anchor
+            return anchor_of_steps(p.timing, steps, profile, self.batch_size) if start.method == "none" else worker.anchor
 
         if start.method != "none":  # the rows so far ran under the key's last setting: priced as plain decoding
             plain = as_plain(plain, steps, worker.anchor, worker.profile)

@@ -90,18 +90,21 @@ class Anchor:
     bookkeeping per row and step beyond the forward. The scale multiplies the whole price, the
     bookkeeping with the forwards, as it was taken (until 2026-12-04 `arm_price_s` and
     `plain_price_s` scaled the forwards alone, and an anchor priced its own run off by
-    (scale - 1) x its bookkeeping)."""
+    (scale - 1) x its bookkeeping). `short`: how many of the steps it priced ran with fewer rows
+    than the batch size; their prices lean on the profile's points below the production batch,
+    which a shard's profile may leave to a later shard where none are (profiling.refresh_profile)."""
 
     scale: float
     other: float
+    short: int = 0
 
     @classmethod
     def of(cls, plain: GenerateResult, rows: Sequence[PlainRow], profile: CostProfile, batch_size: int) -> "Anchor":
         steps = plain.target_steps
         other = plain.timing.other_s / steps if steps else 0.0
-        priced = predict_decode_s(none_plans(rows), batch_size, profile, other_per_row_step=other).decode_s
-        measured = plain.timing.decode_s
-        return cls(measured / priced if priced > 0 and measured > 0 else 1.0, other)
+        replay = predict_decode_s(none_plans(rows), batch_size, profile, other_per_row_step=other)
+        priced, measured = replay.decode_s, plain.timing.decode_s
+        return cls(measured / priced if priced > 0 and measured > 0 else 1.0, other, replay.short_steps)
 
 
 def predict_arms(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], anchor: Anchor,
@@ -228,16 +231,18 @@ class RowCounterfactuals:
         return out
 
 
-def anchor_of_steps(timing: Timing, steps: Sequence[Step], profile: CostProfile) -> Anchor:
+def anchor_of_steps(timing: Timing, steps: Sequence[Step], profile: CostProfile, batch_size: int | None = None) -> Anchor:
     """The profile tied to a measured plain run by the steps it ran: decode seconds measured over
     the profile's price of exactly those steps (each at its rows, cache length and width), and the
-    engine's bookkeeping per row and step. (Anchor.of prices a sample replayed alone; a sample
-    decoded inside the shard's batch shared its steps with other rows.)"""
+    engine's bookkeeping per row and step; a step ran short with fewer rows than `batch_size`
+    (where not given, than the most any step ran). (Anchor.of prices a sample replayed alone; a
+    sample decoded inside the shard's batch shared its steps with other rows.)"""
     row_steps = sum(s.rows for s in steps)
     other = timing.other_s / row_steps if row_steps else 0.0
     priced = sum(profile.target_s(s.rows, s.context + 1, s.tokens) for s in steps) + other * row_steps
     measured = timing.decode_s
-    return Anchor(measured / priced if priced > 0 and measured > 0 else 1.0, other)
+    full = batch_size or max((s.rows for s in steps), default=0)
+    return Anchor(measured / priced if priced > 0 and measured > 0 else 1.0, other, sum(1 for s in steps if s.rows < full))
 
 
 def as_plain(result: GenerateResult, steps: Sequence[Step], anchor: Anchor, profile: CostProfile) -> GenerateResult:

@@ -77,6 +77,9 @@ class CostProfile:
     # batch sizes whose grid stopped at the width curve (calibrate.profiling.refresh_profile):
     # covered for no shard, so the next one at that batch prices on the curve again or measures the rest
     cut: set = field(default_factory=set)
+    # batch size -> its grid's points below it (batch 1, half the batch) that a shard's profile left to a later
+    # shard (calibrate.profiling.refresh_profile); a later shard at that batch times them first (`grid_needed`)
+    owed: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)  # point key -> its last TIMINGS_KEPT timings, where re-timed
     # per speculative method (`arm_key`): its steps' measured time over the forwards' price of them,
     # its last ARM_KEPT confirmations' (`arm_measured`); an arm's steps are priced at their median
@@ -212,6 +215,8 @@ class CostProfile:
         self.measured_s += seconds
         for key in new:
             self.timings.pop(key, None)
+        timed = {k[2:] for k in new if k[0] == "target"}
+        self.owed = {b: left for b, pts in self.owed.items() if (left := [p for p in pts if p not in timed])}
 
     def retime(self, points: Sequence[StepCost], seconds: float) -> None:
         """`points` timed again: each priced from now on at the mean of its last TIMINGS_KEPT

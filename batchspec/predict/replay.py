@@ -44,6 +44,7 @@ class Predicted:
     other_s: float
     target_steps: int  # row-steps, as the engine counts them
     decode_tokens: float
+    short_steps: int = 0  # steps run with fewer rows than the batch size (a batch draining or not yet full)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -75,7 +76,7 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
     queue = admission_order([r.prompt_len for r in rows], batch_size)
     active: list[list[int | float]] = []  # [row index, next step, context, tokens the draft's cache lags by]
     verify = draft = other = prefills = 0.0
-    steps = 0
+    steps = short = 0
     slots = 0  # the batch's cache length, holes included (kv.Batch), which attention reads
     while queue or active:
         while queue and len(active) < batch_size:
@@ -99,6 +100,7 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
             draft += lookup_per_row_step * b
         other += other_per_row_step * b
         steps += b
+        short += b < batch_size
         kept = 0
         for slot in active:
             n = rows[slot[0]].steps[slot[1]]
@@ -116,4 +118,4 @@ def predict_decode_s(rows: Sequence[RowPlan], batch_size: int, profile: CostProf
     scale = profile.arm_scale(method, draft_model)  # a speculative step's own measured cost on this worker
     verify, draft, other = scale * verify, scale * draft + prefills, scale * other  # (a confirmation times no prefill)
     tokens = float(sum(r.decode_tokens for r in rows))
-    return Predicted(verify + draft + other, verify, draft, other, steps, tokens)
+    return Predicted(verify + draft + other, verify, draft, other, steps, tokens, short)

@@ -42,11 +42,14 @@ def test_counterfactual_calibration_predicts_every_arm_from_one_plain_run(tiny_e
     spec = next(a for a in arms if a.label == best.label)
     assert abs(worker.profile.arm_scale(spec.method, spec.draft_model) - on_rows / best.speedup) <= 0.0051 / best.speedup
 
-    # the next shard of the key on this worker: profile reused; confirmed only near the margin
+    # the next shard of the key on this worker: profile reused (it times only the points the first
+    # left to it, the smaller batches', where the first's budget did not hold them); confirmed only near the margin
     assert worker.errors["k"]  # the confirmation measured the prediction's error, the key's
     worker.errors["k"], worker.recent = [0.0], [0.0]  # as if the prediction had matched exactly: nothing is near the margin
+    owed = {b: list(pts) for b, pts in worker.profile.owed.items()}
+    assert all(p[0] < 4 for pts in owed.values() for p in pts) and ("left to the worker's next shard" in d.reason) == bool(owed)
     again = calibrate_counterfactual(tiny_engine, word_rows(16), arms, 4, settings, shard_id="s1", worker=worker, key="k")
-    assert again.profile_s == 0.0
+    assert (again.profile_s > 0.0) == bool(owed) and not worker.profile.owed
     assert not again.confirmed
     assert all(not a.measured for a in again.arms if a.method != "none")
 
@@ -299,8 +302,8 @@ def test_within_a_shards_budget_every_point_is_timed_once_and_again_only_where_t
 
     def refreshed(budget):
         engine, profile = Tried(), CostProfile()
-        spent, stop, once = refresh_profile(engine, profile, grid, 0.0, shape, lambda p: (None, []), budget)
-        assert stop is None and profile.covers(*shape)
+        spent, stop, once, owed = refresh_profile(engine, profile, grid, 0.0, shape, lambda p: (None, []), budget)
+        assert stop is None and owed == 0 and profile.covers(*shape)
         return engine, profile, once
 
     engine, profile, once = refreshed(None)  # no budget: two tries of each, in one call per part
@@ -313,7 +316,7 @@ def test_within_a_shards_budget_every_point_is_timed_once_and_again_only_where_t
     price = {p.key[2:]: p.seconds for p in profile.points}
     assert price[(8, 200, 9)] == pytest.approx(0.01 * 8 * 9 * 0.9)  # the second try was faster
     assert price[(8, 200, 5)] == pytest.approx(0.01 * 8 * 5)  # the first was
-    again = [call for call, _ in engine.calls[2:]]  # after the curve's and the rest's first tries
+    again = [call for call, _ in engine.calls[3:]]  # after the curve's, the production batch's rest and the smaller batches' first tries
     assert again[0] == [(8, 200, 1), (8, 200, 3), (8, 200, 5), (8, 200, 9)]  # the curve first
     assert [c[0][:2] for c in again] == [(8, 200), (8, 100), (8, 300), (4, 200), (1, 200)]
 
@@ -335,14 +338,96 @@ def test_within_a_shards_budget_every_point_is_timed_once_and_again_only_where_t
         asked.append({q.key[2:]: q.seconds for q in p.points})
         return "no arm pays", []
 
-    spent, stop, once = refresh_profile(engine, profile, grid, 0.0, shape, never, float("inf"))
+    spent, stop, once, owed = refresh_profile(engine, profile, grid, 0.0, shape, never, float("inf"))
     curve = {p for p in points if p[0] == 8 and (p[1] == 200 or p[1] == 100 and p[2] == 9)}
-    assert stop == ("no arm pays", []) and once == 0 and 8 in profile.cut
+    assert stop == ("no arm pays", []) and once == owed == 0 and 8 in profile.cut
     assert set(engine.seen) == curve and all(n == 2 for n in engine.seen.values())  # the rest not measured
     assert len(asked) == 2 and asked[1][(8, 200, 9)] == pytest.approx(0.01 * 8 * 9 * 0.9)  # asked again, on the faster try
 
     plain = GenerateResult([], Timing(verify_s=3.0))  # the budget: PROFILE_SHARE of the shard's plain decode
     assert profile_budget(plain, 57.0) == pytest.approx(PROFILE_SHARE * 60.0) and profile_budget(plain, None) is None
+
+
+def test_within_a_budget_the_smaller_batches_points_wait_for_a_later_shard_where_the_anchor_ran_full():
+    """profiling.refresh_profile with a budget times the production batch's points first; the
+    points below it (batch 1, half the batch) follow only where their first tries, priced from the
+    profile as it stands, fit what is left, or where the steps that anchor the profile ran some at
+    fewer rows (`full` false). Otherwise they are owed (CostProfile.owed): the profile covers the
+    shard without them, the next shard at that batch gets them from grid_needed, alone, and times
+    each once within a budget; a timed point is owed no more."""
+    from batchspec.calibrate.profiling import grid_needed, refresh_profile
+    from batchspec.engine.base import StepCost
+    from batchspec.predict.cost import CostProfile, profile_grid
+
+    class Tried:
+        def __init__(self):
+            self.calls = []
+
+        def profile(self, target, drafts=(), temperature=0.0, least=2):
+            self.calls.append((list(target), least))
+            return [StepCost("target", "m", b, c, w, 0.01 * b * w) for b, c, w in target]
+
+    shape = (8, 100, 300, 9, [])
+    points = profile_grid(*shape)[0]
+    smaller = [p for p in points if p[0] < 8]
+    assert sorted(smaller) == [(1, 200, 1), (1, 200, 9), (4, 200, 1), (4, 200, 9)]
+
+    def refreshed(budget, full):
+        engine, profile = Tried(), CostProfile()
+        out = refresh_profile(engine, profile, profile_grid(*shape), 0.0, shape, lambda p: (None, []), budget, full)
+        timed = {p for call, _ in engine.calls for p in call}
+        return engine, profile, out, timed
+
+    engine, profile, (_, stop, once, owed), timed = refreshed(0.0, lambda p: True)  # no room left, the anchor ran full
+    assert stop is None and owed == 4 and timed == set(points) - set(smaller) and once == len(points) - 4
+    assert sorted(profile.owed[8]) == sorted(smaller) and profile.covers(*shape)
+    assert profile.target_s(1, 200, 1) > 0  # priced along the production batch's points meanwhile
+    grid = grid_needed(profile, shape)
+    assert grid == (profile.owed[8], [])  # the next shard at batch 8 times them, and nothing else
+    engine.calls.clear()
+    assert refresh_profile(engine, profile, grid, 0.0, shape, lambda p: (None, []), 0.0, lambda p: True)[1:] == (None, 0, 0)
+    assert sorted(p for call, _ in engine.calls for p in call) == sorted(smaller) and {n for _, n in engine.calls} == {1}
+    assert profile.owed == {} and grid_needed(profile, shape) is None
+
+    # the anchor's steps ran some at fewer rows: they are timed whatever the budget
+    engine, profile, (_, _, _, owed), timed = refreshed(0.0, lambda p: False)
+    assert owed == 0 and timed == set(points) and profile.owed == {}
+    # room for them: timed (and the budget's second tries go on)
+    engine, profile, (_, _, once, owed), timed = refreshed(float("inf"), lambda p: True)
+    assert owed == 0 and once == 0 and timed == set(points)
+    # no budget (the sample was the whole shard): two tries of every point, none owed
+    engine, profile, (_, _, once, owed), timed = refreshed(None, lambda p: True)
+    assert owed == once == 0 and timed == set(points) and {n for _, n in engine.calls} == {2}
+    # a new grid at the batch (another context) replaces what the last one left
+    engine, profile, _, _ = refreshed(0.0, lambda p: True)
+    other = (8, 400, 600, 9, [])
+    refresh_profile(engine, profile, profile_grid(*other), 0.0, other, lambda p: (None, []), 0.0, lambda p: True)
+    assert sorted(profile.owed[8]) == sorted(p for p in profile_grid(*other)[0] if p[0] < 8)
+
+
+def test_an_anchor_counts_the_steps_it_priced_with_fewer_rows_than_the_batch():
+    """Anchor.short (which says whether the smaller batches' points may wait: profiling.refresh_profile):
+    a sample replayed alone (Anchor.of) runs short where its rows end apart; steps in flight
+    (anchor_of_steps) count against the batch size."""
+    from batchspec.calibrate.pricing import Anchor, anchor_of_steps
+    from batchspec.engine.base import GenerateResult, Step, StepCost, Timing
+    from batchspec.predict.acceptance import PlainRow
+    from batchspec.predict.cost import CostProfile
+
+    profile = CostProfile()
+    profile.merge([StepCost("target", "m", 2, c, w, 0.01 * w) for c in (10, 40) for w in (1, 3)], 0.0)
+    plain = GenerateResult([], Timing(verify_s=1.0))
+
+    def row(n):
+        return PlainRow(list(range(10)), list(range(n)), 24)
+
+    assert Anchor.of(plain, [row(5), row(5)], profile, 2).short == 0
+    assert Anchor.of(plain, [row(5), row(3)], profile, 2).short == 2  # the longer row's last two steps alone
+    assert Anchor.of(plain, [row(5)], profile, 2).short == 4  # one row: never a full batch
+    steps = [Step(2, 10, 1, 2), Step(2, 11, 1, 2), Step(1, 12, 1, 1)]
+    assert anchor_of_steps(Timing(verify_s=1.0), steps, profile, 2).short == 1
+    assert anchor_of_steps(Timing(verify_s=1.0), steps, profile, 4).short == 3
+    assert anchor_of_steps(Timing(verify_s=1.0), steps, profile).short == 1  # the most rows a step ran
 
 
 def test_a_sample_is_priced_as_the_shard_runs_it_with_its_batch_kept_full():
@@ -454,7 +539,10 @@ def test_the_profile_stops_at_the_width_curve_where_no_arm_can_pay_on_it(tiny_en
         assert "on the production batch's width curve alone" in again.reason
     else:
         shape_asked = {(b, w) for b, _, w in asked}
-        assert {(1, 1), (1, 5), (2, 1), (2, 5)} <= shape_asked  # batch 1 and half the batch measured too
+        smaller = {(1, 1), (1, 5), (2, 1), (2, 5)}  # batch 1 and half the batch: measured too, or left to the
+        owed = {(b, w) for b, _, w in worker.profile.owed.get(4, ())}  # next shard where the budget did not hold them
+        assert smaller <= shape_asked and not owed or (not smaller & shape_asked and owed == smaller
+                                                         and "left to the worker's next shard at batch 4" in d.reason)
         assert len({c for b, c, w in asked if b == 4 and w == 1}) == 3  # the context's ends too
         assert len(engine.asked) == len(asked)  # no point timed twice
 
