@@ -89,7 +89,7 @@ from batchspec.calibrate.confirm import Confirming
 from batchspec.calibrate.decision import CalibrationSettings, Decision, sample_indices
 from batchspec.calibrate.drift import Drift, DriftWatch
 from batchspec.calibrate.probe import ArmSteps
-from batchspec.calibrate.profiling import PROFILE_SHARE, shape_of
+from batchspec.calibrate.profiling import PROFILE_SHARE, shape_of, shard_decode_s
 from batchspec.calibrate.pricing import (
     Anchor,
     KeyHistory,
@@ -262,7 +262,7 @@ class InFlight(ArmSteps, Confirming):
         stream = min(left, self._chunk())
         longest = max(r.params.max_tokens for r in self.requests)
         history = self.worker.history.get(self.key) if self.key is not None else None
-        shard_s = plain.timing.decode_s + (rest or 0.0)  # the shard's plain decode seconds, as the sample says
+        shard_s = shard_decode_s(plain, rest) or plain.timing.decode_s  # the sample's alone where it is the shard
         retimed = self._retime(rows, history, longest, shard_s) if start.method == "none" and history is not None \
             else (0.0, 0)
         v = self.verdict = predict_sample(self.engine, rows, plain, rest, longest, self.arms,

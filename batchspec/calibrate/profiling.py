@@ -91,12 +91,18 @@ PROFILE_SHARE = 0.02  # of a shard's plain decode time: what its profile's secon
                       # width curve's re-time (`retime_curve`) may take; of a worker's, what its re-times may take in all
 
 
+def shard_decode_s(plain: GenerateResult, rest: float | None) -> float | None:
+    """A shard's plain decode seconds as its sample says: the sample's (`plain`) and the rest's
+    (`rest_s`); None where the sample was the whole shard (`rest` None)."""
+    return plain.timing.decode_s + rest if rest is not None else None
+
+
 def profile_budget(plain: GenerateResult, rest: float | None) -> float | None:
     """What a shard's profile may spend on second tries (`refresh_profile`): PROFILE_SHARE of
-    the shard's plain decode seconds, the sample's (`plain`) and the rest's (`rest_s`); None
-    where the sample was the whole shard (`rest` None): nothing bounds what a profile may cost
-    there (it serves the worker's later shards)."""
-    return PROFILE_SHARE * (plain.timing.decode_s + rest) if rest is not None else None
+    the shard's plain decode seconds (`shard_decode_s`); None where the sample was the whole
+    shard: nothing bounds what a profile may cost there (it serves the worker's later shards)."""
+    shard = shard_decode_s(plain, rest)
+    return PROFILE_SHARE * shard if shard is not None else None
 
 
 def refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], temperature: float, shape: tuple,
