@@ -236,10 +236,13 @@ def test_where_the_arm_pays_what_the_plain_stretch_after_its_window_gave_up_coun
     """The plain steps a confirmation runs after the arm's window keep their rows, but where the
     arm pays they took longer than it would have: plain_s x (1 - 1 / speedup) counts as the
     shard's calibration overhead. (The measurement is scripted at 2x: a real paying arm on this
-    CPU would make the test hang on the machine's speed.)"""
+    CPU would make the test hang on the machine's speed. Beside other test processes plain
+    decoding's prices on the window's two sides can stand more than DISTURBED apart, and then the
+    sample's prediction, a loss, would decide: the scripted measurement is taken as undisturbed.)"""
     from batchspec.calibrate import confirm
 
     monkeypatch.setattr(confirm, "confirmed_speedup", lambda predicted, ratio, window: (2.0, "scripted at 2.00x"))
+    monkeypatch.setattr(confirm, "DISTURBED", float("inf"))
     rows, far, control, ran, d, specs = far_shard(tiny_engine)
     assert d.chosen == far and "scripted at 2.00x" in d.reason and control.plain_s > 0
     assert control.lost_s == pytest.approx(control.plain_s / 2) and d.overhead_s >= control.lost_s
