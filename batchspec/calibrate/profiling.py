@@ -226,28 +226,22 @@ def _again(engine, profile: CostProfile, points: Sequence[tuple[int, int, int]],
 def retime_curve(engine, profile: CostProfile, shape: tuple, temperature: float, budget_s: float,
                  last_s: float | None = None) -> tuple[float, int]:
     """Time the production batch's width curve that prices a shard of `shape` (`shape_of`) again,
-    one try of each point, where that fits `budget_s` (the worker's PROFILE_SHARE of its decode
-    time, less what re-timing took so far): each point's price becomes the mean of its last
-    timings (`CostProfile.retime`). A re-time is expected to cost `last_s`, the last one's at this
-    batch, else a quarter more than the profile's price of its forwards (the fork, the loop).
-    Returns the seconds spent and the points re-timed ((0.0, 0): not due, or no curve). The curve
-    sets every arm's price over plain decoding's; a level the machine moves by the anchor takes
-    up, a width it moves does not, and one timing of it is noisy and ages.
-    One try, since 2026-12-05 (two before, as the profile's first timing then was): what narrows
-    a curve is timings at different moments, not more tries at one (bench/profile_noise.py: the
-    fastest of five rounds at one moment no narrower than one profile at batch 8's wide widths,
-    the mean of four profiles timed 10-40 s apart within -7% to +4%), and two tries' expected cost
-    (2.5x the forwards' price, about 0.9 s at batch 4 on the held-out rows) never fitted a 64-row
-    batch-4 later shard's 0.7-s budget, which one try's does."""
+    as the profile timed it first (the fastest of two tries or more), where that fits `budget_s`
+    (the worker's PROFILE_SHARE of its decode time, less what re-timing took so far): each point's
+    price becomes the mean of its last timings (`CostProfile.retime`). A re-time is expected to
+    cost `last_s`, the last one's at this batch, else two and a half times the profile's price of
+    its forwards. Returns the seconds spent and the points re-timed ((0.0, 0): not due, or no
+    curve). The curve sets every arm's price over plain decoding's; a level the machine moves by
+    the anchor takes up, a width it moves does not, and one timing of it is noisy and ages."""
     batch, lo, hi = shape[:3]
     curve = profile.width_curve(batch, lo, hi)
     if not curve:
         return 0.0, 0
-    cost = last_s if last_s is not None else 1.25 * sum(profile.target_s(*p) for p in curve)
+    cost = last_s if last_s is not None else 2.5 * sum(profile.target_s(*p) for p in curve)
     if cost > budget_s:
         return 0.0, 0
     began = time.perf_counter()
-    points = engine.profile(curve, [], temperature=temperature, least=1)
+    points = engine.profile(curve, [], temperature=temperature)
     spent = time.perf_counter() - began
     profile.retime(points, spent)
     return spent, len(points)
