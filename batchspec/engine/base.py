@@ -237,13 +237,16 @@ def admission_order(lengths: Sequence[int], batch_size: int, first: Sequence[int
 class Step:
     """One decode step as the engine ran it: `rows` in flight, their cache's length before the
     step (`context`, holes included, as attention reads it), `tokens` per row (1 + the widest
-    draft) and the tokens it `committed` in all (accepted drafts plus a bonus token per row).
-    Calibration prices the steps a run took to tie its cost profile to the measured run."""
+    draft), the tokens it `committed` in all (accepted drafts plus a bonus token per row), its
+    `seconds` (drafting, the verify forward and the step's bookkeeping: wall or simulated, as the
+    engine's clock says) and the `method` it drafted with. Calibration learns step costs from them."""
 
     rows: int
     context: int
     tokens: int
     committed: int
+    seconds: float = 0.0
+    method: str = "none"
 
 
 @dataclass
@@ -266,6 +269,9 @@ class GenerateResult:
     # Figures of this result that are estimates or were not measured, by field name (for example
     # "draft_s", "draft_tokens"), each with a one-line reason; empty when everything was measured.
     caveats: dict[str, str] = field(default_factory=dict)
+    # The decode steps the call ran, in order, each with its seconds (engines that report them:
+    # the torch engine per step, TensorRT-LLM per iteration from its iteration stats).
+    steps: list[Step] = field(default_factory=list)
 
     @property
     def output_tokens(self) -> int:

@@ -161,7 +161,7 @@ class Decoder:
         return batch
 
     def step(self, rows: list[Row], batch: Batch, drafter, spec: SpecConfig, clock: Clock) -> None:
-        t = time.perf_counter()
+        t = began = time.perf_counter()
         budgets = [max(0, min(spec.draft_len, r.params.max_tokens - len(r.output) - 1)) for r in rows]
         drafts = drafter.propose(rows, budgets, self.vocab) if max(budgets, default=0) > 0 else None
         t = clock.add("draft_s", t)
@@ -198,8 +198,8 @@ class Decoder:
             row.accepted_at.extend([0] * (n - len(row.accepted_at)))
             for j in range(n):
                 row.accepted_at[j] += 1
-        clock.steps.append(Step(len(rows), context, K + 1, committed))
-        clock.add("other_s", t)
+        end = clock.add("other_s", t)
+        clock.steps.append(Step(len(rows), context, K + 1, committed, end - began, spec.method))
 
     def sampled_accept(self, rows: list[Row], logits: torch.Tensor, drafts, draft_tokens: torch.Tensor,
                        num_drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -129,7 +129,7 @@ class TorchEngine:
         clock.timing.wall_s = time.perf_counter() - start
         self.last_steps = clock.steps
         assert all(c is not None for c in completions)
-        return GenerateResult(completions, clock.timing)  # type: ignore[arg-type]
+        return GenerateResult(completions, clock.timing, steps=clock.steps)  # type: ignore[arg-type]
 
     def close(self) -> None:
         self._drafts.clear()
