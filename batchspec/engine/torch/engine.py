@@ -32,7 +32,8 @@ from batchspec.engine.base import (
     Timing,
 )
 from batchspec.engine.torch import measure
-from batchspec.engine.torch.decode import Clock, Decoder, Row
+from batchspec.engine.regimes import Regime
+from batchspec.engine.torch.decode import Clock, Decoder, ModelTarget, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.torch.kv import Batch
 from batchspec.engine.torch.load import check_same_tokenizer, load_pretrained
@@ -49,7 +50,7 @@ class TorchEngine:
     in_flight_control = True  # generate takes control= (base.Engine.generate)
 
     def __init__(self, model, tokenizer, model_name: str = "model", device: str | None = None,
-                 draft_loader=None) -> None:
+                 draft_loader=None, regime: Regime | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -64,6 +65,7 @@ class TorchEngine:
         self.last_steps: list[Step] = []  # the decode steps of the last generate call, as it ran them (benches price them)
         self.probe_seeds: dict[str, Batch] = {}  # model -> the one short row its cost probes fork from (measure.profile)
         self.warmed = False  # the target has decoded rows: a cost profile needs no warm-up forward (measure.profile)
+        self.regime = regime  # a cost regime: every second this engine reports is simulated (engine/regimes.py)
 
     @classmethod
     def load(cls, model: str, draft_model: str | None = None, dtype: str = "float32",
@@ -96,7 +98,7 @@ class TorchEngine:
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int,
                  control: Control | None = None) -> GenerateResult:
         self.check(spec)
-        clock = Clock()
+        clock = Clock(self.regime)
         start = time.perf_counter()
         completions: list[Completion | None] = [None] * len(requests)
         rows: list[Row] = []
@@ -126,7 +128,8 @@ class TorchEngine:
             for row in run:
                 completions[row.index] = self._finish(requests[row.index], row)
                 done.append(row.index)
-        clock.timing.wall_s = time.perf_counter() - start
+        clock.timing.wall_s = time.perf_counter() - start if self.regime is None else \
+            clock.timing.prefill_s + clock.timing.decode_s
         self.last_steps = clock.steps
         assert all(c is not None for c in completions)
         return GenerateResult(completions, clock.timing, steps=clock.steps)  # type: ignore[arg-type]
@@ -199,7 +202,8 @@ class TorchEngine:
         )
 
     def _decoder(self) -> Decoder:
-        return Decoder(self.model, self.tokenizer, self.eos_ids, self.pad_id, self.vocab, self.device, self._drafter)
+        return Decoder(ModelTarget(self.model, self.pad_id, self.device), self.tokenizer, self.eos_ids, self.vocab,
+                       self.device, self._drafter)
 
     # -- what calibration needs besides generate (batchspec.predict replays and prices) ----------
 
@@ -207,7 +211,11 @@ class TorchEngine:
                 temperature: float = 0.0, reps: int = measure.REPS, least: int = 2) -> list[StepCost]:
         """Time one target forward for each (batch, context, tokens per row) in `target` and one draft
         forward for each (draft model, batch, context, tokens per row) in `drafts`, the fastest of
-        at least `least` tries (see measure.profile)."""
+        at least `least` tries (see measure.profile). Under a cost regime each point is the
+        regime's price of that forward, and nothing runs."""
+        if self.regime is not None:
+            return [StepCost("target", self.model_name, b, c, w, self.regime.forward_s(b, w, c)) for b, c, w in target] + \
+                   [StepCost("draft", d, b, c, w, self.regime.draft_fraction * self.regime.forward_s(b, w, c)) for d, b, c, w in drafts]
         return measure.profile(self, target, drafts, temperature, reps, least=least)
 
     def teacher_forced_logits(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
