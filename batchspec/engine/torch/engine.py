@@ -33,6 +33,7 @@ from batchspec.engine.base import (
 )
 from batchspec.engine.torch import measure
 from batchspec.engine.regimes import Regime
+from batchspec.engine.sampling import argmax
 from batchspec.engine.torch.decode import Clock, Decoder, ModelTarget, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.torch.kv import Batch
@@ -224,6 +225,11 @@ class TorchEngine:
         measure.teacher_forced_logits)."""
         model = self.model if draft_model is None else self._draft(draft_model)
         return measure.teacher_forced_logits(model, sequences, self.vocab, self.pad_id, self.device, group)
+
+    def draft_proposals(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], draft_model: str) -> list[list[int]]:
+        """Per (prompt ids, output ids): a draft model's greedy proposal at every output position
+        (its argmax after prompt + output[:s]), from one teacher-forced forward."""
+        return [argmax(logits).tolist() for logits in self.teacher_forced_logits(sequences, draft_model)]
 
     # -- drafters --------------------------------------------------------------------------------
 
