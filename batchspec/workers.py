@@ -83,7 +83,7 @@ class WorkerJob:
 class ShardTask:
     plan: ShardPlan
     attempt: int = 1
-    prior: Any = None  # batchspec.calibrate.Decision of an earlier shard with the same key
+    prior: SpecConfig | None = None  # the arm the last shard of this key ended under (on any worker)
     failures: tuple[str, ...] = ()  # why earlier attempts failed (recorded in the stats' note)
 
 
@@ -125,7 +125,7 @@ class ShardRun:
     completions: list[Completion]
     specs: list[SpecConfig]
     stats: ShardStats
-    decision: Any
+    decision: SpecConfig | None  # the arm the shard ended under (the key's next shard starts there)
 
     def output_table(self, shard_id: str, passthrough: pa.Table, schema: pa.Schema) -> pa.Table:
         return output_table(shard_id, self.completions, self.specs, passthrough, schema)
@@ -165,7 +165,7 @@ class ShardWorker:
     def __init__(self, job: WorkerJob):
         self.job = job
         self.engine = None
-        self.calibration = None  # batchspec.calibrate.WorkerCalibration: the cost profile, for the actor's life
+        self.calibration = None  # batchspec.calibrate.WorkerState: the cost table and keys' last arms, for the actor's life
 
     def start(self) -> str:
         """Load the engine (a ModelError here stops the run with one line)."""
@@ -187,16 +187,14 @@ class ShardWorker:
         return self.engine.model_name
 
     def adopt(self, job: WorkerJob) -> str:
-        """Take a later run's job on the engine already loaded (`WorkerPool`). Only the cost profile
-        is kept: it belongs to the engine and is refreshed where a shard leaves what it measured.
-        The keys confirmed and the prediction errors belong to the run (its arms, rows and
-        settings), so a new run confirms its keys' first shards again."""
+        """Take a later run's job on the engine already loaded (`WorkerPool`). Only the cost table is
+        kept: it belongs to the engine. The keys' last arms belong to the run (its arms and rows)."""
         assert self.engine is not None and job.load_key() == self.job.load_key(), "a pool hands an actor only a job of its own engine"
         self.job = job
         if self.calibration is not None:
-            from batchspec.calibrate import WorkerCalibration
+            from batchspec.calibrate import WorkerState
 
-            self.calibration = WorkerCalibration(profile=self.calibration.profile)
+            self.calibration = WorkerState(costs=self.calibration.costs)
         return self.engine.model_name
 
     def process(self, task: ShardTask) -> ShardOutcome:
@@ -213,9 +211,10 @@ class ShardWorker:
         outcome.actor_id = ray.get_runtime_context().get_actor_id()
         return outcome
 
-    def generate(self, shard_id: str, shard_key: str | None, parsed: list[ParsedRow], prior: Any = None, attempt: int = 1) -> ShardRun:
+    def generate(self, shard_id: str, shard_key: str | None, parsed: list[ParsedRow], prior: SpecConfig | None = None,
+                 attempt: int = 1) -> ShardRun:
         """Calibrate and generate one shard's rows on this engine; error rows stay in place."""
-        from batchspec.calibrate import CalibrationSettings, WorkerCalibration
+        from batchspec.calibrate import CalibrationSettings, WorkerState
         from batchspec.shard import ShardInput, run_shard
 
         job = self.job
@@ -225,14 +224,14 @@ class ShardWorker:
         if good:
             arms = list(job.arms) if job.calibrate else [job.arms[0] if job.arms else NO_SPEC]
             settings = CalibrationSettings(**dict(job.calibration))
-            self.calibration = self.calibration or WorkerCalibration()
+            self.calibration = self.calibration or WorkerState()
             result = run_shard(self.engine, ShardInput(shard_id, shard_key, good), arms, job.calibrate,
                                job.batch_size, settings, prior, worker=self.calibration)
             stats = replace(result.stats, model=job.model, attempts=attempt)  # the model as configured, not its resolved path
         else:
             stats = _unrun_stats(job, shard_id, shard_key, attempts=attempt, wall_s=time.perf_counter() - started)
         completions, specs = _merge(parsed, result)
-        return ShardRun(completions, specs, stats, result.decision if result is not None else prior)
+        return ShardRun(completions, specs, stats, result.decision.ended if result is not None else prior)
 
     def close(self) -> None:
         if self.engine is not None:

@@ -49,6 +49,9 @@ class TorchEngine:
 
     name = "torch"
     in_flight_control = True  # generate takes control= (base.Engine.generate)
+    arms_are_builds = False
+    counterfactual = True
+    builds: tuple = ()
 
     def __init__(self, model, tokenizer, model_name: str = "model", device: str | None = None,
                  draft_loader=None, regime: Regime | None = None) -> None:
@@ -209,15 +212,15 @@ class TorchEngine:
     # -- what calibration needs besides generate (batchspec.predict replays and prices) ----------
 
     def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
-                temperature: float = 0.0, reps: int = measure.REPS, least: int = 2) -> list[StepCost]:
+                tries: int = 2, temperature: float = 0.0, reps: int = measure.REPS) -> list[StepCost]:
         """Time one target forward for each (batch, context, tokens per row) in `target` and one draft
         forward for each (draft model, batch, context, tokens per row) in `drafts`, the fastest of
-        at least `least` tries (see measure.profile). Under a cost regime each point is the
+        at least `tries` (see measure.profile). Under a cost regime each point is the
         regime's price of that forward, and nothing runs."""
         if self.regime is not None:
             return [StepCost("target", self.model_name, b, c, w, self.regime.forward_s(b, w, c)) for b, c, w in target] + \
                    [StepCost("draft", d, b, c, w, self.regime.draft_fraction * self.regime.forward_s(b, w, c)) for d, b, c, w in drafts]
-        return measure.profile(self, target, drafts, temperature, reps, least=least)
+        return measure.profile(self, target, drafts, temperature, max(reps, tries), least=tries)
 
     def teacher_forced_logits(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
                               draft_model: str | None = None, group: int = 8) -> list[torch.Tensor]:
