@@ -1,7 +1,7 @@
 """`batchspec run` as a library call: read -> plan -> group -> shard workers -> commit -> manifest;
 and `calibrate_only`, what `batchspec calibrate` runs (the same reading and calibration, nothing written).
 
-`run(config)` reads as the list of steps of DESIGN.md "Data flow"; each step lives in its own
+`run(config)` reads as the list of steps of docs/architecture.md "Data flow"; each step lives in its own
 module (read, plan, workers, write). Everything that can be checked before work starts is checked
 first, in this order, so a bad run stops with one line and writes nothing it could mistake for
 done: the engine is available, the spec files are valid, OUTPUT is writable, the plan matches any

@@ -2,7 +2,7 @@
 (batchspec.calibrate.measured and .counterfactual): the pipeline file's `calibration:` settings,
 the `Decision` record a shard runs with, the sample calibration decodes, and the choice.
 
-The rule (DESIGN.md, from the seed documents): speculate only when
+The rule (docs/calibration.md): speculate only when
 
     (draft time + verify time + coordination time) / committed tokens  <  baseline time per token
 
