@@ -73,8 +73,8 @@ class NgramIndex:
     def _bulk(self, new) -> None:
         """`extend`'s result, computed per n over the whole run of n-grams that become findable:
         their keys by list comprehensions, and one dict update each, in order, so the latest
-        start wins as token by token. A 450-token prompt took 204 µs token by token on this CPU
-        (two thirds of a row's whole counterfactual at 24 output tokens)."""
+        start wins as token by token. Token by token, indexing a long prompt was most of a row's
+        counterfactual acceptance at short outputs (`BULK`; docs/engines/torch.md, "Drafters")."""
         tokens = self.tokens
         first = len(tokens)  # an n-gram starting at s is findable once s + n <= len(tokens) - 1
         tokens.extend(map(int, new))
