@@ -27,7 +27,7 @@ RULES: dict[str, re.Pattern[str]] = {
     ),
     "a commit hash": COMMIT,
     "a bench path": re.compile(r"\bbench/"),
-    "a reference to a file outside the repository": re.compile(r"DESIGN\.md"),
+    "a reference to a file outside the repository": re.compile(r"\b(DESIGN|ENVIRONMENT|STYLE)\.md"),
 }
 
 SUFFIXES = {".py", ".yaml", ".yml", ".md", ".txt", ".json", ".toml", ".cfg"}
@@ -69,6 +69,7 @@ def test_the_package_is_scanned() -> None:
         ("(since commit 544c111)", "a commit hash"),
         ("most of a step the rule had been 20-30% of it (bench/fast_model.py).", "a bench path"),
         ('"""One row of OUTPUT/stats: DESIGN.md\'s stats columns first."""', "a reference to a file outside the repository"),
+        ("dtype: float32  # exact greedy equality (ENVIRONMENT.md)", "a reference to a file outside the repository"),
     ],
 )
 def test_each_rule_catches_its_offence(line: str, what: str) -> None:
