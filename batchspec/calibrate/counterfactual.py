@@ -241,8 +241,9 @@ def _turned_by(profile: CostProfile, spec: SpecConfig, speedup: float, margin: f
     turns on it: the arm predicted at `speedup` pays and at the points' price would not, or the
     reverse; else 1.0. Such a choice is confirmed, whatever its error: the scale comes from a few
     confirmations of some 20 steps each, and one timed in a fast moment of a shared machine can
-    stand for the method on this worker until ARM_KEPT more are taken. At the points' price the speedup is `speedup` times the scale: exact for n-gram, whose every part of
-    a step is scaled; a draft model's prefills are not, so there it is an approximation."""
+    stand for the method on this worker until ARM_KEPT more are taken. At the points' price the
+    speedup is `speedup` times the scale: exact for n-gram, whose every part of a step is scaled;
+    a draft model's prefills are not, so there it is an approximation."""
     scale = profile.arm_scale(spec.method, spec.draft_model)
     return scale if pays(speedup, margin) != pays(speedup * scale, margin) else 1.0
 

@@ -107,8 +107,8 @@ def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResu
     `ratio`: the measured time of the steps `spec` ran lately over the profile's price of them
     (calibrate.inflight measures it). Where given, a loss must be seen by both the profile and
     the arm's own steps (the prediction divided by `ratio`): on a profile that prices the arm's
-    width dear, the profile alone can send a paying shard to plain decoding. A change of draft length is judged on
-    the profile alone, every arm priced alike."""
+    width dear, the profile alone can send a paying shard to plain decoding. A change of draft
+    length is judged on the profile alone, every arm priced alike."""
     arms = list(arms) if any(a.label == spec.label for a in arms) else [*arms, spec]
     results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, greedy_only=True, **how)
     if results is None:

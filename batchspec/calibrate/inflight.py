@@ -51,12 +51,13 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              whatever the engine, and on a fast step it was most of the decode (a 6M-parameter
              model at batch 8, 3.7 ms a step: 0.13-0.45 s of checks in a 64-row shard's 0.7 s).
              The sample is one batch, and a check per chunk of new rows came too late to mend it
-             (at batch 8 a 64-row edit shard chose none from 8 rows predicting 0.94x for an arm that measured 1.14x, and was never
-             checked again; a 128-row code shard chose n-gram k=6 predicting 1.58x where the
-             whole shard measured 1.03x, k=2 1.14x). While an arm runs, its steps since it took
-             over (about a window's rows of them) are measured against the profile's price
-             (`_ratio`), and a fallback needs those steps to show the loss too: the profile alone
-             sent a paying edit shard to plain decoding for half its rows (drift.while_speculating).
+             (at batch 8 a 64-row edit shard chose none from 8 rows predicting 0.94x for an
+             arm that measured 1.14x, and was never checked again; a 128-row code shard chose
+             n-gram k=6 predicting 1.58x where the whole shard measured 1.03x, k=2 1.14x). While
+             an arm runs, its steps since it took over (about a window's rows of them) are
+             measured against the profile's price (`_ratio`), and a fallback needs those steps to
+             show the loss too: the profile alone sent a paying edit shard to plain decoding for
+             half its rows (drift.while_speculating).
              Where the two fall on either side of plain decoding and the anchor is not this shard's
              last window's, plain decoding runs a batch's worth of rows to anchor the profile afresh,
              and the arm's steps measured against it decide (`_probed`): the key's later code

@@ -89,9 +89,10 @@ class Anchor:
     over the replay's price of the same rows, i.e. the machine's present speed) and the engine's
     bookkeeping per row and step beyond the forward. The scale multiplies the whole price, the
     bookkeeping with the forwards, as it was taken (scaling the forwards alone would price the
-    anchor's own run off by (scale - 1) x its bookkeeping). `short`: how many of the steps it priced ran with fewer rows
-    than the batch size; their prices lean on the profile's points below the production batch,
-    which a shard's profile may leave to a later shard where none are (profiling.refresh_profile)."""
+    anchor's own run off by (scale - 1) x its bookkeeping). `short`: how many of the steps it
+    priced ran with fewer rows than the batch size; their prices lean on the profile's points
+    below the production batch, which a shard's profile may leave to a later shard where none are
+    (profiling.refresh_profile)."""
 
     scale: float
     other: float

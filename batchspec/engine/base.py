@@ -302,7 +302,7 @@ class GenerateResult:
 
     @property
     def goodput(self) -> float:
-        """Tokens committed in decode per second of decode time (docs/architecture.md, "Goodput").
+        """Tokens committed in decode per second of decode time (docs/architecture.md, "Glossary").
         The target's prefill and the first token it yields are left out (the same for every arm); a
         draft model's own prefill counts as draft time."""
         decode_s = self.timing.decode_s
