@@ -15,7 +15,7 @@ engine for its life, with `config.worker` resources: the same `ShardWorker` as `
 Every batch of at most `shard_size` rows is a shard; its rows are split by the `shard_by` value and
 each part is calibrated and generated like a shard of `batchspec run` (the same `run_shard`: the
 same per-shard calibration, drift fallback and reuse of a key's decision for a later, smaller part
-on the same actor). Each output row carries the output columns of DESIGN.md (`id`, `shard_id`,
+on the same actor). Each output row carries the output columns of stats.OutputRow (`id`, `shard_id`,
 `text`, ..., `target_steps`) and the input's passthrough columns; a row that cannot run becomes an
 error row, as in a run.
 

@@ -1,7 +1,7 @@
 """The records a run writes and reads back: output rows, shard stats rows, calibration arms.
 
 Each record is a dataclass declared here once; the Parquet schemas of OUTPUT/outputs and
-OUTPUT/stats (DESIGN.md "Output layout", the contract with data teams) are derived from the
+OUTPUT/stats (docs/architecture.md "Records", the contract with data teams) are derived from the
 dataclass fields in declaration order, so adding a column is adding one field. write.py, the
 report and the CLI read the records from here; so do the few rules every reader shares (the
 chosen arm of a shard, the run's speedup total).
@@ -232,7 +232,7 @@ CANDIDATE_TYPE = arrow_type(ArmResult)
 
 @dataclass(kw_only=True)
 class ShardStats:
-    """One row of OUTPUT/stats, in column order: DESIGN.md's stats columns first, then ours.
+    """One row of OUTPUT/stats, in column order: the contract's stats columns first, then the rest.
     Rates are None where nothing was drafted; measurements are None where the shard had no row
     that could run (every row an error row)."""
 
