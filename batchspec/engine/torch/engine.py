@@ -86,11 +86,11 @@ class TorchEngine:
         if spec.method not in SUPPORTED:
             raise ConfigError(
                 f"{spec.source or 'spec'}: decoding_type {spec.method} is not supported by the torch engine "
-                "(supported: NGram, DraftTarget); use --engine trtllm"
+                "(supported: NGram, Draft_Target); use --engine trtllm"
             )
         if spec.method == "draft_target":
             if not spec.draft_model:
-                raise ConfigError(f"{spec.source or 'spec'}: DraftTarget needs a draft model (speculative_model_dir or --draft-model)")
+                raise ConfigError(f"{spec.source or 'spec'}: Draft_Target needs a draft model (speculative_model_dir or --draft-model)")
             self._draft(spec.draft_model)
 
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int,

@@ -82,7 +82,7 @@ def test_ngram_file_becomes_llm_kwargs():
 
 @pytest.mark.parametrize("name, class_name, decoding_type", [
     ("eagle3.yaml", "Eagle3DecodingConfig", "Eagle3"),
-    ("draft_target.yaml", "DraftTargetDecodingConfig", "DraftTarget"),
+    ("draft_target.yaml", "DraftTargetDecodingConfig", "Draft_Target"),
     ("ngram.yaml", "NGramDecodingConfig", "NGram"),
 ])
 def test_speculative_kwargs_are_fields_of_the_tensorrt_llm_class(name, class_name, decoding_type):
