@@ -60,6 +60,7 @@ from batchspec.engine.trtllm.translate import (
     check_draft_len_schedule,
     check_max_concurrency,
     llm_options,
+    world_size,
 )
 from batchspec.errors import ConfigError
 
@@ -263,6 +264,18 @@ def run_llm_options(base: dict[str, Any], arms: Sequence[SpecConfig], *, where: 
             else:
                 merged[key] = value
     return merged
+
+
+def check_world(where: str, options: dict[str, Any], num_gpus: float) -> None:
+    """A TensorRT-LLM worker runs one LLM across all of its GPUs: the LLM's parallel sizes
+    (tensor x pipeline x context, TensorRT-LLM's world size) must multiply to worker.num_gpus."""
+    world = world_size(options)
+    if num_gpus != int(num_gpus) or world != num_gpus:
+        sizes = " x ".join(f"{k} {int(options.get(k) or 1)}" for k in PARALLEL_SIZES if k in options) or "tensor_parallel_size 1"
+        raise ConfigError(
+            f"{where}: {sizes} = {world} GPUs per LLM, but worker.num_gpus is {num_gpus:g}: each worker runs one LLM "
+            "across all of its GPUs; make them equal"
+        )
 
 
 def _get(options: dict[str, Any], name: str) -> Any:

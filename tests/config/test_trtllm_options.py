@@ -142,11 +142,11 @@ def test_the_gpu_job_names_pre_staged_models_only():
 
 
 def test_a_trtllm_run_gives_every_worker_the_merged_options_and_refuses_a_device():
-    from batchspec.config.run import RunConfig, check_engine_options
+    from batchspec.config.run import RunConfig, WorkerConfig, check_engine_options
     from batchspec.pipeline import run_llm_options as for_run
 
     arms = (load_spec_file(str(CONFIGS / "ngram.yaml")).spec,)
-    config = RunConfig(engine="trtllm", llm_options=(("dtype", "bfloat16"),))
+    config = RunConfig(engine="trtllm", llm_options=(("dtype", "bfloat16"),), worker=WorkerConfig(num_gpus=1))
     assert for_run(config, arms) == {"dtype": "bfloat16", "disable_overlap_scheduler": True,
                                      "kv_cache_config": {"free_gpu_memory_fraction": 0.85}}
     assert for_run(RunConfig(engine="torch"), arms) == {}
@@ -203,3 +203,21 @@ def test_calibration_can_hand_a_fitted_schedule_to_an_arm():
     assert [draft_len_for(built.draft_len_schedule, n, 6) for n in (1, 7, 8, 31, 32, 500)] == [6, 6, 2, 2, 0, 0]
     with pytest.raises(ConfigError, match="draft_len_schedule\\[1\\]: expected max_draft_len 6"):
         with_draft_len_schedule(arm, {1: 4, 8: 2})
+
+
+@pytest.mark.parametrize("options, gpus, ok", [
+    ((), 1, True), ((("tensor_parallel_size", 4),), 4, True), ((("tensor_parallel_size", 2), ("pipeline_parallel_size", 2)), 4, True),
+    ((("tensor_parallel_size", 4),), 8, False), ((), 4, False), ((("tensor_parallel_size", 2),), 2.5, False), ((), 0, False),
+])
+def test_a_worker_runs_one_llm_across_all_its_gpus(options, gpus, ok):
+    from batchspec.config.run import RunConfig, WorkerConfig
+    from batchspec.pipeline import run_llm_options as for_run
+
+    config = RunConfig(engine="trtllm", pipeline="p.yaml", llm_options=options, worker=WorkerConfig(num_gpus=gpus))
+    if ok:
+        assert dict(options).items() <= for_run(config, ()).items()
+        return
+    with pytest.raises(ConfigError) as info:
+        for_run(config, ())
+    message = str(info.value)
+    assert message.startswith("p.yaml: llm_options: ") and f"worker.num_gpus is {gpus:g}" in message and "\n" not in message

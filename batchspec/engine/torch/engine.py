@@ -131,6 +131,10 @@ class TorchEngine:
         assert all(c is not None for c in completions)
         return GenerateResult(completions, clock.timing, steps=clock.steps)  # type: ignore[arg-type]
 
+    def gpu_memory_per_gpu(self) -> int | None:
+        """The most device memory torch allocated on this engine's GPU (None on a CPU)."""
+        return int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
+
     def close(self) -> None:
         self._drafts.clear()
 

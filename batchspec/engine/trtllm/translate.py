@@ -3,24 +3,21 @@
 Everything here is plain Python over plain values, so it runs (and is tested) on machines without
 TensorRT-LLM: the decoding-config key tables the option-file validator checks against, what
 `SpecConfig.options` holds split back into speculative and LLM arguments, `LLM(...)` and
-`SamplingParams(...)` keyword arguments, and the parsing of `RequestOutput`s and iteration stats.
-See adapter.py's docstring for the sources each rule comes from.
+`SamplingParams(...)` keyword arguments, and the parsing of `RequestOutput`s (iteration stats:
+iterstats.py). See adapter.py's docstring for the sources each rule comes from.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from batchspec.engine.base import (
     Completion,
     Request,
     SamplingParams,
     SpecConfig,
-    Step,
-    acceptance_rate,
     freeze,
     thaw,
 )
@@ -269,12 +266,14 @@ def llm_kwargs(model: str, spec: SpecConfig, run_options: dict[str, Any], batch_
     Every arm of a run is built with the same non-speculative arguments, `run_options` (the run's,
     merged once from its option files by config/spec.py `run_llm_options`), so "none" is measured
     like for like; `conflicting_options` refuses an arm whose file says otherwise. batchspec turns on
-    iteration stats (its acceptance figures come from them), sizes max_stats_len so none is dropped
+    iteration stats with per-request ones (its acceptance figures and decode steps come from them),
+    sizes max_stats_len so none is dropped
     between drains, and runs at most the production batch size at once.
     """
     kwargs: dict[str, Any] = {"model": model, **run_options}
     kwargs["max_batch_size"] = batch_size
     kwargs["enable_iter_perf_stats"] = True
+    kwargs["enable_iter_req_stats"] = True  # per-request counts: each request's accepted drafts per step
     kwargs["max_stats_len"] = max(int(kwargs.get("max_stats_len") or 0), max_stats_len(batch_size, kwargs.get("max_seq_len")))
     kwargs["speculative_config"] = decoding_config_spec(spec)
     return kwargs
@@ -334,94 +333,3 @@ def completion_from_output(request: Request, output: Any, draft_len: int = 0) ->
         accepted_tokens=accepted,
         target_steps=steps,
     )
-
-
-@dataclass
-class IterationSpecStats:
-    """Shard-level speculative figures summed over `llm.get_stats()` iterations. Merges with `+`."""
-
-    iterations: int = 0
-    spec_iterations: int = 0  # iterations that proposed at least one draft token
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    requests_with_drafts: int = 0  # summed per iteration: request-steps that speculated
-    iter_latency_s: float = 0.0
-    draft_latency_s: float = 0.0  # specDecodingStats.iterLatencyMS: drafting part of each step
-    context_requests: int = 0  # inflightBatchingStats.numContextRequests, summed
-    generation_steps: int = 0  # inflightBatchingStats.numGenRequests, summed: request-steps in decode
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return acceptance_rate(self.accepted_tokens, self.draft_tokens)
-
-    @property
-    def mean_accepted_len(self) -> float | None:
-        """Tokens committed per speculative request-step, bonus included (TensorRT-LLM's
-        acceptanceLength, as its tests compute it: (accepted + requests) / requests)."""
-        n = self.requests_with_drafts
-        return (self.accepted_tokens + n) / n if n else None
-
-    def __add__(self, other: "IterationSpecStats") -> "IterationSpecStats":
-        return IterationSpecStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
-
-
-def stats_from_iterations(entries: Sequence[Any]) -> IterationSpecStats:
-    """Sum `llm.get_stats()` entries: dicts, or JSON strings in older releases (its docstring)."""
-    stats = IterationSpecStats()
-    for entry in entries:
-        it = json.loads(entry) if isinstance(entry, str) else entry
-        stats.iterations += 1
-        stats.iter_latency_s += float(it.get("iterLatencyMS") or 0.0) / 1000
-        batching = it.get("inflightBatchingStats") or {}
-        stats.context_requests += int(batching.get("numContextRequests") or 0)
-        stats.generation_steps += int(batching.get("numGenRequests") or 0)
-        spec = it.get("specDecodingStats") or {}
-        drafted = int(spec.get("numDraftTokens") or 0)
-        if drafted <= 0:
-            continue
-        stats.spec_iterations += 1
-        stats.draft_tokens += drafted
-        stats.accepted_tokens += int(spec.get("numAcceptedTokens") or 0)
-        stats.requests_with_drafts += int(spec.get("numRequestsWithDraftTokens") or 0)
-        stats.draft_latency_s += float(spec.get("iterLatencyMS") or 0.0) / 1000
-    return stats
-
-
-def stats_gap(stats: IterationSpecStats, completions: Sequence[Completion]) -> str | None:
-    """Why the iteration stats do not account for every request of a call (None when they do):
-    every request's context step and decode steps must appear in some iteration, and the accepted
-    tokens summed over iterations must equal those counted per request (len(token_ids) -
-    decoding_iter), up to one per request that stopped on its end token."""
-    done = [c for c in completions if c.finish_reason != "error"]
-    steps = sum(c.target_steps for c in done)
-    accepted = sum(c.accepted_tokens for c in done)
-    # a row that ended on its end token may count one accepted token less per request: the end
-    # token is not in token_ids, so len(token_ids) - decoding_iter misses it when it was accepted
-    stopped = sum(c.finish_reason == "stop" for c in done)
-    if stats.iterations == 0 and done:
-        return "get_stats() returned no iterations"
-    if stats.context_requests and stats.context_requests < len(done):
-        return f"iteration stats hold {stats.context_requests} context steps for {len(done)} requests"
-    if stats.generation_steps and stats.generation_steps < steps:
-        return f"iteration stats hold {stats.generation_steps} of {steps} decode steps"
-    if not 0 <= stats.accepted_tokens - accepted <= stopped:
-        return f"iteration stats count {stats.accepted_tokens} accepted tokens, the requests {accepted}"
-    return None
-
-
-def apportion_drafts(completions: Sequence[Completion], total: int, draft_len: int) -> None:
-    """Share the exact proposed-token total of a call (iteration stats) out over its rows, in
-    proportion to each row's decode steps, within [accepted, draft_len x steps] per row: the sum is
-    exact, a row's share is not (TensorRT-LLM counts proposals per iteration, not per request)."""
-    rows = [c for c in completions if c.finish_reason != "error" and c.target_steps > 0]
-    room = {id(c): draft_len * c.target_steps - c.accepted_tokens for c in rows}
-    spare = max(total - sum(c.accepted_tokens for c in rows), 0)
-    steps = sum(c.target_steps for c in rows) or 1
-    share = {id(c): min(room[id(c)], spare * c.target_steps // steps) for c in rows}
-    left = spare - sum(share.values())
-    for c in rows:  # what rounding and the caps left over goes to rows with room, in order
-        more = min(left, room[id(c)] - share[id(c)])
-        share[id(c)] += more
-        left -= more
-    for c in rows:
-        c.draft_tokens = c.accepted_tokens + share[id(c)]

@@ -29,14 +29,13 @@ from batchspec.config.spec import load_spec_file, run_llm_options
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams
 from batchspec.engine.trtllm.adapter import TrtllmEngine, require_trtllm
 from batchspec.engine.trtllm.memory import ModelSize, model_size, plan_draft_memory
+from batchspec.engine.trtllm.iterstats import IterationSpecStats, parse_entries, stats_from_iterations
 from batchspec.engine.trtllm.translate import (
     SPEC_KEYS,
     DecodingConfigSpec,
-    IterationSpecStats,
     completion_from_output,
     llm_kwargs,
     sampling_kwargs,
-    stats_from_iterations,
 )
 from batchspec.errors import EngineUnavailable
 
@@ -172,7 +171,7 @@ def test_stats_from_iterations():
         iteration(2, 8, 6, 2),
         json.dumps(iteration(3, 8, 2, 2)),  # older releases hand back JSON strings
     ]
-    stats = stats_from_iterations(entries)
+    stats = stats_from_iterations(parse_entries(entries))
     assert (stats.iterations, stats.spec_iterations, stats.draft_tokens, stats.accepted_tokens, stats.requests_with_drafts) == (4, 2, 16, 8, 4)
     assert stats.acceptance_rate == 0.5 and stats.mean_accepted_len == 3.0
     assert stats.iter_latency_s == pytest.approx(0.05) and stats.draft_latency_s == pytest.approx(0.002)
