@@ -126,12 +126,13 @@ def test_the_run_options_merge_every_arm_and_refuse_disagreement(tmp_path):
         run_llm_options({}, arms + [other])
 
 
-def test_the_gpu_job_names_pre_staged_models_only():
-    # jobs/gpu_trtllm.yaml runs with HF_HUB_OFFLINE=1: every model it names must be a URL or a path
+@pytest.mark.parametrize("name", ["gpu_trtllm.yaml", "gpu_trtllm_70b.yaml"])
+def test_the_gpu_jobs_name_pre_staged_models_only(name):
+    # jobs/gpu_trtllm*.yaml run with HF_HUB_OFFLINE=1: every model they name must be a URL or a path
     from batchspec.config.candidates import resolve_spec_arg
-    from batchspec.config.run import load_pipeline
+    from batchspec.config.run import load_pipeline, validate_pipeline_file
 
-    job = yaml.safe_load((ROOT / "jobs" / "gpu_trtllm.yaml").read_text())
+    job = yaml.safe_load((ROOT / "jobs" / name).read_text())
     assert job["runtime_env"]["env_vars"]["HF_HUB_OFFLINE"] == "1"
     pipeline = load_pipeline(str(ROOT / job["pipeline"]))
     choice = resolve_spec_arg(pipeline["spec"], pipeline["candidates"], "trtllm", pipeline.get("draft_model"))
@@ -139,6 +140,15 @@ def test_the_gpu_job_names_pre_staged_models_only():
     assert len(locations) > 1
     assert all("://" in loc or loc.startswith("/") for loc in locations), locations
     assert pipeline["strict_speculation"] is True
+    validate_pipeline_file(str(ROOT / job["pipeline"]))  # the parallel sizes span the worker's GPUs
+
+
+def test_the_70b_pipeline_runs_one_llm_across_four_gpus():
+    from batchspec.config.run import load_pipeline
+
+    pipeline = load_pipeline(str(ROOT / "pipelines" / "gpu_trtllm_70b.yaml"))
+    assert pipeline["worker"].num_gpus == 4 == world_size(dict(pipeline["llm_options"]))
+    assert "70B" in pipeline["model"]
 
 
 def test_a_trtllm_run_gives_every_worker_the_merged_options_and_refuses_a_device():
