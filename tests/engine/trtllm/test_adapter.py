@@ -18,6 +18,7 @@ a GPU node.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -238,3 +239,16 @@ def test_gpu_check_flow_over_the_stand_in(monkeypatch, capsys):
     assert "ngram.yaml: ngram:k=4 OK acceptance=" in out and "eagle3.yaml: eagle3:k=3 OK" in out
     assert "none.yaml: no speculation" in out
     assert fake_tensorrt_llm.state().max_live == 1
+    assert out.count("loads as trtllm-serve --config loads it") == 3
+    assert "ngram.yaml: ngram:k=4 OK" in out and "  steps: " in out and "accepted_steps for 4 of 4 rows" in out
+
+
+def test_gpu_check_covers_a_worker_of_two_gpus(tmp_path):
+    # a process of its own: the check starts a local Ray cluster (here of two fake GPUs) whose
+    # worker imports the stand-in through shim/
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests' / 'engine' / 'trtllm' / 'shim'}{os.pathsep}{ROOT}",
+           "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": ""}
+    done = subprocess.run([sys.executable, str(ROOT / "jobs" / "gpu_check.py"), "--config", str(CONFIGS / "ngram.yaml"),
+                           "--max-tokens", "16", "--gpus", "2"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "multi-GPU worker (2 GPUs, tensor_parallel_size 2): OK 12 rows, 0 errors" in done.stdout

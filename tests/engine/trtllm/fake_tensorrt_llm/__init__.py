@@ -46,6 +46,7 @@ def install(monkeypatch, gpu_bytes: int = 80 * GIB, build_seconds: float = 0.0, 
     this = sys.modules[__name__]
     monkeypatch.setitem(sys.modules, "tensorrt_llm", this)
     monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi.llm_args", llm_args)
     monkeypatch.setitem(sys.modules, "tensorrt_llm.sampling_params", sampling_params)
     st = reset(gpu_bytes, build_seconds, gpus)
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)

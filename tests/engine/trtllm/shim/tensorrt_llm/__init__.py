@@ -9,4 +9,5 @@ from tests.engine.trtllm import fake_tensorrt_llm as _standin
 
 sys.modules[__name__] = _standin
 sys.modules[__name__ + ".llmapi"] = _standin.llmapi
+sys.modules[__name__ + ".llmapi.llm_args"] = _standin.llm_args
 sys.modules[__name__ + ".sampling_params"] = _standin.sampling_params
