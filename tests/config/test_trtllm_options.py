@@ -168,7 +168,7 @@ def test_a_trtllm_run_gives_every_worker_the_merged_options_and_refuses_a_device
 
 @pytest.mark.parametrize("name", ["none.yaml", "ngram.yaml", "eagle3.yaml", "draft_target.yaml"])
 def test_every_shipped_file_loads_as_trtllm_serve_loads_it(name):
-    # trtllm-serve --config: yaml -> update_llm_args_with_extra_dict (L12 ~134,000) -> TorchLlmArgs(**),
+    # trtllm-serve --config: yaml -> update_llm_args_with_extra_dict (L12 ~133,900) -> TorchLlmArgs(**),
     # the speculative_config mapping picked by its decoding_type tag (L12 SpeculativeConfig 70,485)
     data = yaml.safe_load((CONFIGS / name).read_text())
     command = {"model": "meta-llama/Llama-3.1-8B-Instruct", "max_batch_size": 64,

@@ -1,9 +1,10 @@
 """The TensorRT-LLM engine: a thin adapter over `tensorrt_llm.LLM` (1.2 LLM API, PyTorch backend).
 
 This module owns the library calls; the translation to and from TensorRT-LLM's API is pure and
-lives in translate.py, memory planning in memory.py. The rules it follows, each from TensorRT-LLM's
-source (file and offset in tests/engine/trtllm/fake_tensorrt_llm/SOURCES.md, where the stand-in
-that tests this module is written from the same reading):
+lives in translate.py, the iteration stats' parsing in iterstats.py, memory planning in memory.py
+(docs/engines/trtllm.md: the design and every source read). The rules it follows, each from
+TensorRT-LLM's source (file and offset in tests/engine/trtllm/fake_tensorrt_llm/SOURCES.md, where
+the stand-in that tests this module is written from the same reading):
 
 - One live LLM per worker. Each LLM takes its weights plus `free_gpu_memory_fraction` of the
   memory still free and holds it until `shutdown()`; a second one would run out of memory or get
@@ -15,7 +16,11 @@ that tests this module is written from the same reading):
 - Iteration stats: the executor keeps at most `max_stats_len` and drops the oldest
   (py_executor.py `_append_iter_stats`), so the adapter drains `get_stats()` after every finished
   request and sizes `max_stats_len` for the gap between drains; the totals are then checked against
-  the per-request counts (`stats_gap`), and figures that could not be checked are labelled.
+  the per-request counts (`stats_gap`), and figures that could not be checked are labelled. Per-
+  request stats give each row's accepted drafts per step and each decode iteration a `Step`
+  (seconds, rows, context) for calibration's cost table.
+- Several GPUs: one LLM spans all of the worker's GPUs (tensor x pipeline parallel sizes, checked
+  against worker.num_gpus before the run); memory is planned and reported per GPU.
 - Per request: accepted = len(token_ids) - decoding_iter, target steps = decoding_iter - 1
   (executor/result.py `decoding_iter` counts the context step, which yields one token). Proposed
   tokens are counted per iteration only (`numDraftTokens`, what each request really carried: NGram

@@ -106,7 +106,7 @@ def test_builds_take_simulated_time(monkeypatch):
 
 # ---- the stand-in's classes against the field lists recorded from the source ----------------------
 # Recorded from L12 (SOURCES.md: tensorrt_llm/llmapi/llm_args.py, index copy 7019226376): every
-# field of BaseLlmArgs (~81,000) + TorchLlmArgs (~115,000) with its default, in declaration
+# field of BaseLlmArgs (80,910) + TorchLlmArgs (~117,600) with its default, in declaration
 # order; "<Cls>" a default_factory, REQUIRED a field without a default. Facts, not code.
 REQUIRED = "<required>"
 TORCH_LLM_ARGS = {
@@ -137,7 +137,7 @@ TORCH_LLM_ARGS = {
     "use_cute_dsl_blockscaling_mm": False, "use_cute_dsl_blockscaling_bmm": False, "disable_flashinfer_sampling": False,
     "max_stats_len": 1000, "layer_wise_benchmarks_config": "<LayerwiseBenchmarksConfig>", "backend": "pytorch",
 }
-KV_CACHE_CONFIG = {  # L12 KvCacheConfig (~73,000)
+KV_CACHE_CONFIG = {  # L12 KvCacheConfig (~71,300)
     "enable_block_reuse": True, "max_tokens": None, "max_attention_window": None, "sink_token_length": None,
     "free_gpu_memory_fraction": 0.9, "host_cache_size": None, "onboard_blocks": True, "cross_kv_cache_fraction": None,
     "secondary_offload_min_priority": None, "event_buffer_max_size": 0, "attention_dp_events_gather_period_ms": 5,

@@ -72,7 +72,7 @@ def cuda_graph_sizes(limit: int, padding: bool) -> list[int]:
 
 
 class KvCacheConfig(StrictBaseModel):
-    # L12 KvCacheConfig (~73,000): free_gpu_memory_fraction 0.9 in [0, 1], max_util_for_resume in [0, 1]
+    # L12 KvCacheConfig (~71,300): free_gpu_memory_fraction 0.9 in [0, 1], max_util_for_resume in [0, 1]
     enable_block_reuse: bool = True
     max_tokens: Optional[int] = None
     max_attention_window: Optional[Annotated[List[PositiveInt], Field(min_length=1)]] = None
@@ -236,14 +236,14 @@ SpeculativeConfig = Annotated[
 
 
 class LoadFormat(Enum):
-    # L12 LoadFormat (~113,000)
+    # L12 LoadFormat (~114,300)
     AUTO = 0
     DUMMY = 1
     VISION_ONLY = 2
 
 
 class TorchLlmArgs(StrictBaseModel):
-    """`LLM(...)` on the PyTorch backend: L12 BaseLlmArgs (~81,000) then TorchLlmArgs (~115,000),
+    """`LLM(...)` on the PyTorch backend: L12 BaseLlmArgs (80,910) then TorchLlmArgs (~117,600),
     every field with its default; object-typed fields are Any. `quant_config` is a property of
     the real class (backed by a private attribute), not a field: passing it is refused here as there."""
 
@@ -379,7 +379,7 @@ class TorchLlmArgs(StrictBaseModel):
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.context_parallel_size
 
 
-# L12 update_llm_args_with_extra_dict (~134,000): what trtllm-serve / trtllm-bench do with a
+# L12 update_llm_args_with_extra_dict (~133,900): what trtllm-serve / trtllm-bench do with a
 # --config file. kv_cache_config merges key by key into the command's; these fields become their
 # classes; every other value (speculative_config, cuda_graph_config, ...) goes to TorchLlmArgs as
 # written. quant_config and build_config are converted too, then refused by TorchLlmArgs.
