@@ -148,12 +148,16 @@ def check_engine(engine: str) -> None:
 
 
 def run_llm_options(config: RunConfig, arms) -> dict:
-    """trtllm: the LLM options every arm is built with, "none" included (like for like)."""
+    """trtllm: the LLM options every arm is built with, "none" included (like for like), checked to
+    span exactly the GPUs each worker holds."""
     if config.engine != "trtllm":
         return {}
-    from batchspec.config.spec import run_llm_options as merge
+    from batchspec.config.spec import check_world, run_llm_options as merge
 
-    return merge(dict(config.llm_options), [a for a in arms if a.method != "none"], where=f"{config.pipeline or 'run'}: llm_options")
+    where = f"{config.pipeline or 'run'}: llm_options"
+    merged = merge(dict(config.llm_options), [a for a in arms if a.method != "none"], where=where)
+    check_world(where, merged, config.worker.num_gpus)
+    return merged
 
 
 def resolve_spec(config: RunConfig):

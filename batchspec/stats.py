@@ -284,6 +284,8 @@ class ShardStats:
     drift_switch_predicted: float | None = None  # that arm's predicted speedup over plain decoding on the rows that switched it
     cost_profile: list[StepCost] = field(default_factory=list)  # the worker's measured step costs used
     node_id: str | None = None  # the Ray node whose worker ran the shard (None: written by the driver)
+    gpus: float = 0.0  # GPUs the shard's worker held (worker.num_gpus; TensorRT-LLM: one LLM spans them all)
+    gpu_memory_per_gpu: int | None = None  # bytes: the most device memory seen in use on one of them (None: a CPU)
 
     @property
     def chosen(self) -> ArmResult | None:

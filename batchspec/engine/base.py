@@ -332,6 +332,10 @@ class Engine(Protocol):
         queued decode under from the next step on (greedy output stays plain decoding's).
         """
 
+    def gpu_memory_per_gpu(self) -> int | None:
+        """The most device memory seen in use on one of this engine's GPUs since it loaded (bytes;
+        None on a CPU or where not measured): what the worker's shard stats report per GPU."""
+
     def close(self) -> None:
         """Release models and devices."""
 

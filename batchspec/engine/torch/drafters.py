@@ -4,7 +4,7 @@
   occurrence of the sequence's last n tokens (n = max_matching_ngram_size down to 1) in the
   prompt and output so far, and proposes what followed it. No model, no probabilities: it is a
   deterministic drafter (draft_probs None in the accept rule).
-- `ModelDrafter` (`DraftTarget`): a smaller causal LM with the same tokenizer, run
+- `ModelDrafter` (`Draft_Target`): a smaller causal LM with the same tokenizer, run
   autoregressively on its own `kv.Batch`, sampling with the request's own temperature/top_p and
   generator so that its distribution q can be handed to the accept rule.
 
