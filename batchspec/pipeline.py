@@ -1,11 +1,11 @@
 """`batchspec run` as a library call: read -> plan -> group -> shard workers -> commit -> manifest;
 and `calibrate_only`, what `batchspec calibrate` runs (the same reading and calibration, nothing written).
 
-`run(config)` reads as the list of steps of DESIGN.md "Data flow"; each step lives in its own
-module (read, plan, workers, write). Everything that can be checked before work starts is checked
-first, in this order, so a bad run stops with one line and writes nothing it could mistake for
-done: the engine is available, the spec files are valid, OUTPUT is writable, the plan matches any
-run already in OUTPUT, the input files and columns are readable.
+`run(config)` reads as the list of steps of docs/architecture.md "Data flow"; each step lives in
+its own module (read, plan, workers, write). Everything that can be checked before work starts
+is checked first, in this order, so a bad run stops with one line and writes nothing it could
+mistake for done: the engine is available, the spec files are valid, OUTPUT is writable, the
+plan matches any run already in OUTPUT, the input files and columns are readable.
 
 Plan and group are one committed step (`plan_and_group`): the plan is made with Ray Data, each
 shard's rows are written once under OUTPUT/_shards/, and OUTPUT/_plan.json is written last, as
@@ -142,12 +142,16 @@ def check_engine(engine: str) -> None:
 
 
 def run_llm_options(config: RunConfig, arms) -> dict:
-    """trtllm: the LLM options every arm is built with, "none" included (like for like)."""
+    """trtllm: the LLM options every arm is built with, "none" included (like for like), checked to
+    span exactly the GPUs each worker holds."""
     if config.engine != "trtllm":
         return {}
-    from batchspec.config.spec import run_llm_options as merge
+    from batchspec.config.spec import check_world, run_llm_options as merge
 
-    return merge(dict(config.llm_options), [a for a in arms if a.method != "none"], where=f"{config.pipeline or 'run'}: llm_options")
+    where = f"{config.pipeline or 'run'}: llm_options"
+    merged = merge(dict(config.llm_options), [a for a in arms if a.method != "none"], where=where)
+    check_world(where, merged, config.worker.num_gpus)
+    return merged
 
 
 def resolve_spec(config: RunConfig):

@@ -15,7 +15,7 @@ engine for its life, with `config.worker` resources: the same `ShardWorker` as `
 Every batch of at most `shard_size` rows is a shard; its rows are split by the `shard_by` value and
 each part is calibrated and generated like a shard of `batchspec run` (the same `run_shard`: the
 same per-shard calibration, drift fallback and reuse of a key's decision for a later, smaller part
-on the same actor). Each output row carries the output columns of DESIGN.md (`id`, `shard_id`,
+on the same actor). Each output row carries the output columns of stats.OutputRow (`id`, `shard_id`,
 `text`, ..., `target_steps`) and the input's passthrough columns; a row that cannot run becomes an
 error row, as in a run.
 
@@ -50,6 +50,7 @@ def generate(ds, config):
     from batchspec.config.run import check_engine_options
     from batchspec.pipeline import check_engine, resolve_spec, run_arms, run_llm_options
     from batchspec.parse import RowDefaults
+    from batchspec.worker_pool import check_gpus_fit
     from batchspec.workers import WorkerJob
 
     check_engine(config.engine)
@@ -59,6 +60,7 @@ def generate(ds, config):
         check_columns(list(schema.names), config.shard_by)
     arms, calibrate = run_arms(resolve_spec(config))
     llm_options = run_llm_options(config, arms)
+    check_gpus_fit(config.worker.num_gpus)  # Ray Data places an actor of N GPUs on one node
     job = WorkerJob(
         output=None, passthrough=pa.schema([]), out_schema=pa.schema([]),
         engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,

@@ -1,7 +1,7 @@
 """The records a run writes and reads back: output rows, shard stats rows, calibration arms.
 
 Each record is a dataclass declared here once; the Parquet schemas of OUTPUT/outputs and
-OUTPUT/stats (DESIGN.md "Output layout", the contract with data teams) are derived from the
+OUTPUT/stats (docs/architecture.md "Records", the contract with data teams) are derived from the
 dataclass fields in declaration order, so adding a column is adding one field. write.py, the
 report and the CLI read the records from here; so do the few rules every reader shares (the
 chosen arm of a shard, the run's speedup total).
@@ -251,7 +251,7 @@ EVENT_TYPE = arrow_type(Event)
 
 @dataclass(kw_only=True)
 class ShardStats:
-    """One row of OUTPUT/stats, in column order: DESIGN.md's stats columns first, then ours.
+    """One row of OUTPUT/stats, in column order: the contract's stats columns first, then the rest.
     Rates are None where nothing was drafted; measurements are None where the shard had no row
     that could run (every row an error row)."""
 
@@ -297,6 +297,8 @@ class ShardStats:
     profile_s: float = 0.0  # seconds this shard spent timing the worker's cost profile (0: the worker had one)
     cost_profile: list[StepCost] = field(default_factory=list)  # the worker's profiled forwards
     node_id: str | None = None  # the Ray node whose worker ran the shard (None: written by the driver)
+    gpus: float = 0.0  # GPUs the shard's worker held (worker.num_gpus; TensorRT-LLM: one LLM spans them all)
+    gpu_memory_per_gpu: int | None = None  # bytes: the most device memory seen in use on one of them (None: a CPU)
     events: list[Event] = field(default_factory=list)  # what calibration decided and what happened, in order
 
     @property

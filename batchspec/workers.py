@@ -24,7 +24,10 @@ use one: a command's actors stop when it ends.
 
 Resources: `worker.num_cpus` may be fractional so Ray keeps CPUs for reading; on a GPU cluster
 `worker.num_gpus: 1` gives each actor its own GPU. Actors are placed with Ray's SPREAD strategy, so
-shards spread over the nodes of a cluster. Torch threads per actor are set explicitly.
+shards spread over the nodes of a cluster. A worker of N > 1 GPUs (a TensorRT-LLM LLM across them)
+gets a placement group of one bundle of N GPUs, STRICT_PACK (`worker_pool.start_actor`), and a run
+asking for more GPUs per worker than any node has is refused before any actor starts. Torch
+threads per actor are set explicitly.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from batchspec.group import INTERNAL, read_shard_input
 from batchspec.parse import ParsedRow, RowDefaults, parse_rows
 from batchspec.read import ID
 from batchspec.stats import ShardStats
-from batchspec.worker_pool import WorkerPool, stop_actors
+from batchspec.worker_pool import WorkerPool, check_gpus_fit, start_actor, stop_actors
 from batchspec.write import Output, output_table, stats_table
 
 
@@ -135,7 +138,8 @@ def commit(job: WorkerJob, plan: ShardPlan, rows: ShardRows, completions: list[C
     """Write the shard: its rows (error rows included) counted into `stats`, outputs then stats."""
     errors = sum(c.finish_reason == "error" for c in completions)
     tokens = sum(c.output_tokens for c in completions)
-    stats = replace(stats, shard_id=plan.shard_id, shard_key=plan.shard_key, rows=len(completions), error_rows=errors, output_tokens=tokens)
+    stats = replace(stats, shard_id=plan.shard_id, shard_key=plan.shard_key, rows=len(completions), error_rows=errors, output_tokens=tokens,
+                    gpus=job.worker.num_gpus)
     passthrough = rows.table.select([n for n in job.passthrough.names if n in rows.table.column_names])
     job.output.commit_shard(plan.shard_id, output_table(plan.shard_id, completions, specs, passthrough, job.out_schema), stats_table(stats))
     return ShardOutcome(plan.shard_id, plan.shard_key, len(completions), errors, tokens, stats)
@@ -227,7 +231,8 @@ class ShardWorker:
             self.calibration = self.calibration or WorkerState()
             result = run_shard(self.engine, ShardInput(shard_id, shard_key, good), arms, job.calibrate,
                                job.batch_size, settings, prior, worker=self.calibration)
-            stats = replace(result.stats, model=job.model, attempts=attempt)  # the model as configured, not its resolved path
+            stats = replace(result.stats, model=job.model, attempts=attempt,  # the model as configured, not its resolved path
+                            gpu_memory_per_gpu=self.engine.gpu_memory_per_gpu())
         else:
             stats = _unrun_stats(job, shard_id, shard_key, attempts=attempt, wall_s=time.perf_counter() - started)
         completions, specs = _merge(parsed, result)
@@ -272,8 +277,10 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     returns once each shard is committed."""
     import ray
 
-    remote = ray.remote(worker_cls).options(num_cpus=job.worker.num_cpus, num_gpus=job.worker.num_gpus, max_restarts=0,
-                                             max_task_retries=0, scheduling_strategy="SPREAD")
+    check_gpus_fit(job.worker.num_gpus)
+    actor_cls = ray.remote(worker_cls)
+    options = dict(num_cpus=job.worker.num_cpus, num_gpus=job.worker.num_gpus, max_restarts=0, max_task_retries=0,
+                   scheduling_strategy="SPREAD")
     key = (worker_cls, job.load_key())
     actors: list[Any] = []  # every actor this run held, to stop (or give back) at the end
     starting: dict[Any, Any] = {}  # start() or adopt() ref -> actor not ready yet
@@ -282,7 +289,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     def start() -> None:
         if pool is not None:  # idle workers of other engines may hold what this one needs
             pool.stop_others(key)
-        actor = remote.remote(job)
+        actor = start_actor(actor_cls, options, job)
         actors.append(actor)
         starting[actor.start.remote()] = actor
 
@@ -314,13 +321,13 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
                 try:
                     ray.get(ready[0])
                 except ray.exceptions.RayActorError as exc:
-                    ray.kill(actor, no_restart=True)
+                    stop_actors([actor])
                     lost += 1
                     if lost > workers * job.worker.max_attempts:
                         raise RuntimeError(f"{lost} shard workers died while starting; last: {_cause(exc)}") from None
                     start()
                 except ray.exceptions.RayTaskError as exc:
-                    ray.kill(actor, no_restart=True)
+                    stop_actors([actor])
                     if isinstance(exc.cause, BatchspecError):
                         raise exc.cause from None
                     raise
@@ -331,7 +338,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
             try:
                 outcome = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:  # the process or its node died: a fresh actor takes over
-                ray.kill(actor, no_restart=True)
+                stop_actors([actor])
                 start()
                 _retry(job, task, queue, report, on_done, f"worker died: {_cause(exc)}")
                 continue

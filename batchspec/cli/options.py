@@ -13,7 +13,7 @@ SHARED = [
     click.option("--pipeline", envvar="BATCHSPEC_PIPELINE",
                  help=f"Pipeline YAML (default {DEFAULT_PIPELINE.name}: local Ray, torch on CPU, SmolLM2)."),
     click.option("--model", envvar="BATCHSPEC_MODEL", help="Target model: registry name, HF folder or fsspec URL."),
-    click.option("--draft-model", envvar="BATCHSPEC_DRAFT_MODEL", help="Draft model for DraftTarget arms."),
+    click.option("--draft-model", envvar="BATCHSPEC_DRAFT_MODEL", help="Draft model for Draft_Target arms."),
     click.option("--engine", type=click.Choice(ENGINES), envvar="BATCHSPEC_ENGINE"),
     click.option("--spec", help="auto (calibrate per shard), none, or a trt_configs FILE.yaml."),
     click.option("--candidates", help="Candidates file that --spec auto calibrates over."),

@@ -223,8 +223,9 @@ def validate_pipeline_file(path: str | os.PathLike) -> str:
     from batchspec.config.candidates import resolve_spec_arg
 
     choice = resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)  # the files it names
-    if config.engine == "trtllm":  # every arm must be buildable with one set of LLM options
-        from batchspec.config.spec import run_llm_options
+    if config.engine == "trtllm":  # every arm must be buildable with one set of LLM options, on the worker's GPUs
+        from batchspec.config.spec import check_world, run_llm_options
 
-        run_llm_options(dict(config.llm_options), choice.arms, where=f"{path}: llm_options")
+        merged = run_llm_options(dict(config.llm_options), choice.arms, where=f"{path}: llm_options")
+        check_world(f"{path}: llm_options", merged, config.worker.num_gpus)
     return f"{path}: pipeline, engine {config.engine}, model {config.model}, spec {config.spec}, {config.workers} worker(s)"

@@ -27,7 +27,7 @@ def invoke(*args: str):
 
 def test_cli_run_writes_every_row_prints_the_summary_and_names_the_arms_it_left_out(ray_session, tiny_model_dir, tmp_path):
     pq.write_table(prompts_table(6), tmp_path / "p.parquet")
-    (tmp_path / "dt.yaml").write_text("speculative_config:\n  decoding_type: DraftTarget\n  max_draft_len: 2\n")
+    (tmp_path / "dt.yaml").write_text("speculative_config:\n  decoding_type: Draft_Target\n  max_draft_len: 2\n")
     (tmp_path / "cands.yaml").write_text(f"candidates:\n  - config: {TRT_CONFIGS / 'ngram.yaml'}\n    max_draft_len: [2]\n"
                                          "  - config: dt.yaml\n")
     out = tmp_path / "out"
