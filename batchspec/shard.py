@@ -37,21 +37,22 @@ class ShardResult:
 
 def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibrate: bool, batch_size: int,
               settings: CalibrationSettings = CalibrationSettings(), prior: SpecConfig | None = None,
-              worker: WorkerState | None = None) -> ShardResult:
+              worker: WorkerState | None = None, horizon_rows: int = 0) -> ShardResult:
     """`worker` holds what calibration keeps across one worker's shards (its cost table, its keys'
-    last arms), None calibrates as a fresh worker would; `prior` is the arm the key's last shard
-    ended under on another worker."""
+    last arms and rows), None calibrates as a fresh worker would; `prior` is the arm the key's last
+    shard ended under on another worker; `horizon_rows` the key's rows this worker is expected to
+    run after this shard (what an engine build can be repaid over)."""
     start = time.perf_counter()
     builds_before = len(engine.builds) if engine.arms_are_builds else 0
     worker = worker if worker is not None else WorkerState()
     spec_arms = [a for a in arms if a.method != "none"]
     if calibrate and spec_arms:
         control = Controller(engine, shard.requests, spec_arms, batch_size, settings, worker, shard.shard_key, prior,
-                             switch_s=_switch_s(engine))
+                             switch_s=_switch_s(engine), horizon_rows=horizon_rows)
         if engine.in_flight_control:
             ran = engine.generate(shard.requests, control.start, batch_size, control=control)
         else:
-            ran = run_chunked(engine, shard.requests, control, batch_size, settings.window_rows(batch_size))
+            ran = run_chunked(engine, shard.requests, control, batch_size, max(settings.window_rows(batch_size), 4 * batch_size))
         decision, row_specs = control.close(ran, shard.shard_id)
     else:
         chosen = spec_arms[0] if spec_arms else NO_SPEC
@@ -62,9 +63,10 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
     stats = _stats(engine, shard, ran, decision, batch_size, time.perf_counter() - start, builds)
     if decision.profile_s:
         stats.cost_profile = list(worker.costs.points)
-    if calibrate and spec_arms and not any(a.predicted_speedup or (a.measured and a.method != "none") for a in decision.arms):
-        stats.speculation_unmeasured = ("no speculative arm could be estimated or run (its acceptance cannot be computed "
-                                        "and the shard's rows did not repay running it)")
+    if calibrate and spec_arms and not any(a.predicted_speedup or a.measured for a in decision.arms if a.method != "none"):
+        failed = "; ".join(f"{a.label}: {a.error}" for a in decision.arms if a.error)
+        stats.speculation_unmeasured = (failed or "no speculative arm could be estimated or run (its acceptance cannot "
+                                        "be computed, and the rows left did not repay running it)")[:500]
     return ShardResult(ran.completions, row_specs, stats, decision)
 
 

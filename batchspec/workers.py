@@ -88,6 +88,7 @@ class ShardTask:
     attempt: int = 1
     prior: SpecConfig | None = None  # the arm the last shard of this key ended under (on any worker)
     failures: tuple[str, ...] = ()  # why earlier attempts failed (recorded in the stats' note)
+    horizon_rows: int = 0  # the key's rows after this shard, per worker: what an engine build can be repaid over
 
 
 @dataclass
@@ -206,7 +207,7 @@ class ShardWorker:
 
         job, plan = self.job, task.plan
         rows = load_shard(job, plan)
-        done = self.generate(plan.shard_id, plan.shard_key, rows.parsed, task.prior, task.attempt)
+        done = self.generate(plan.shard_id, plan.shard_key, rows.parsed, task.prior, task.attempt, task.horizon_rows)
         node = ray.get_runtime_context().get_node_id()
         note = "; ".join(f"attempt {i} failed: {why}" for i, why in enumerate(task.failures, 1)) or None
         outcome = commit(job, plan, rows, done.completions, done.specs, replace(done.stats, node_id=node, note=note))
@@ -216,7 +217,7 @@ class ShardWorker:
         return outcome
 
     def generate(self, shard_id: str, shard_key: str | None, parsed: list[ParsedRow], prior: SpecConfig | None = None,
-                 attempt: int = 1) -> ShardRun:
+                 attempt: int = 1, horizon_rows: int = 0) -> ShardRun:
         """Calibrate and generate one shard's rows on this engine; error rows stay in place."""
         from batchspec.calibrate import CalibrationSettings, WorkerState
         from batchspec.shard import ShardInput, run_shard
@@ -230,7 +231,7 @@ class ShardWorker:
             settings = CalibrationSettings(**dict(job.calibration))
             self.calibration = self.calibration or WorkerState()
             result = run_shard(self.engine, ShardInput(shard_id, shard_key, good), arms, job.calibrate,
-                               job.batch_size, settings, prior, worker=self.calibration)
+                               job.batch_size, settings, prior, worker=self.calibration, horizon_rows=horizon_rows)
             stats = replace(result.stats, model=job.model, attempts=attempt,  # the model as configured, not its resolved path
                             gpu_memory_per_gpu=self.engine.gpu_memory_per_gpu())
         else:
@@ -294,7 +295,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
         starting[actor.start.remote()] = actor
 
     idle: list[Any] = []
-    queue = collections.deque(ShardTask(p) for p in plans)
+    queue = collections.deque(ShardTask(p, horizon_rows=h) for p, h in zip(plans, horizons(plans, workers)))
     decisions: dict[str | None, Any] = {}
     in_flight: dict[Any, tuple[Any, ShardTask]] = {}
     report = PoolReport([], 0, [])
@@ -358,6 +359,19 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     finally:
         stop_actors([a for a in actors if not any(a is k for k in kept)])
     return report
+
+
+def horizons(plans: list[ShardPlan], workers: int) -> list[int]:
+    """Per shard, in plan order, its key's rows in the shards after it, over the workers that share
+    them: what a worker can expect to run of the key after this shard."""
+    left: dict[str | None, int] = {}
+    for p in plans:
+        left[p.shard_key] = left.get(p.shard_key, 0) + p.rows
+    out = []
+    for p in plans:
+        left[p.shard_key] -= p.rows
+        out.append(left[p.shard_key] // max(1, workers))
+    return out
 
 
 def _retry(job: WorkerJob, task: ShardTask, queue, report: PoolReport, on_done, reason: str) -> None:

@@ -4,7 +4,9 @@ chunk's arm after the last, and a switch costs a build (the controller's `switch
 
 Each chunk reaches the controller as the `Progress` of an in-flight call would: the rows it
 finished, and its decode steps (the engine's, from iteration statistics; else the chunk's decode
-time spread evenly over the batch steps it took).
+time spread evenly over the batch steps it took). A chunk is a window's rows, and at least four
+batches (a chunk drains its batch at its end). An arm whose build fails is dropped for the shard
+(`Controller.failed`) and the chunk runs under the arm before it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 from typing import Sequence
 
 from batchspec.engine.base import Completion, Engine, GenerateResult, Progress, Request, Step, Timing
+from batchspec.errors import one_line
 
 
 def run_chunked(engine: Engine, requests: Sequence[Request], control, batch_size: int, chunk: int) -> GenerateResult:
@@ -22,7 +25,13 @@ def run_chunked(engine: Engine, requests: Sequence[Request], control, batch_size
     spec = control.start
     for begin in range(0, len(requests), chunk):
         part = list(range(begin, min(begin + chunk, len(requests))))
-        result = engine.generate([requests[i] for i in part], spec, batch_size)
+        try:
+            result = engine.generate([requests[i] for i in part], spec, batch_size)
+        except Exception as exc:  # an arm that cannot be built: the chunk runs under the arm before it
+            if spec.method == "none":
+                raise
+            spec = control.failed(spec, one_line(exc))
+            result = engine.generate([requests[i] for i in part], spec, batch_size)
         for i, c in zip(part, result.completions):
             completions[i] = c
         steps += result.steps or _spread(result, spec.method, batch_size)

@@ -22,12 +22,11 @@ The same rule on the same sliding window catches drift both ways. Each change is
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from batchspec.calibrate.counterfactual import measured_tallies, tallies
-from batchspec.calibrate.estimate import Estimate, Tally, estimates
+from batchspec.calibrate.estimate import Estimate, Tally, Window, estimates
 from batchspec.calibrate.settings import CalibrationSettings, Decision
 from batchspec.calibrate.worker import WorkerState
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Progress, Request, SpecConfig, Step
@@ -54,7 +53,8 @@ class Controller:
 
     def __init__(self, engine: Engine, requests: Sequence[Request], arms: Sequence[SpecConfig], batch_size: int,
                  settings: CalibrationSettings, worker: WorkerState, key: str | None = None,
-                 prior: SpecConfig | None = None, switch_s: Callable[[SpecConfig], float] = lambda arm: 0.0) -> None:
+                 prior: SpecConfig | None = None, switch_s: Callable[[SpecConfig], float] = lambda arm: 0.0,
+                 horizon_rows: int = 0) -> None:
         self.engine, self.requests, self.batch_size, self.settings = engine, requests, batch_size, settings
         self.arms = [a for a in arms if a.method != "none"]
         self.worker, self.key, self.switch_s = worker, key, switch_s
@@ -62,8 +62,10 @@ class Controller:
         self.start, why = worker.start(key, prior, self.arms)
         self.running = self.start
         self.events: list[Event] = [Event(0, "start", self.start.label, None, None, why)]
-        self.window: deque = deque(maxlen=settings.window_rows(batch_size))
-        self.totals = {label: Tally() for label in ["none", *[a.label for a in self.arms]]}
+        self.horizon_rows = horizon_rows  # rows of the key after this shard on this worker: what a build can repay over
+        self.window = Window(settings.window_rows(batch_size), worker.history.get(str(key), ()))
+        self.judged = False  # the rule has looked at the window (the key's history) once
+        self.totals = {"none": Tally()}  # this shard's rows, by arm label
         self.row_specs: dict[int, SpecConfig] = {}
         self.ran: dict[str, _Ran] = {}
         self.exact = True
@@ -72,6 +74,7 @@ class Controller:
         self.seen = 0  # steps already learned from
         self.measuring: tuple[str, int, SpecConfig] | None = None  # (arm label, steps it ran, the arm before it)
         self.measured: set[str] = set()
+        self.errors: dict[str, str] = {}  # arm label -> why it could not run
         self.measure_steps = 0
         self.profile_s = 0.0
         self.control_s = 0.0
@@ -115,6 +118,8 @@ class Controller:
         points = self.engine.profile(target, draft, tries=PROFILE_TRIES)
         wall = time.perf_counter() - began
         self.worker.costs.seed(points, self.batch_size)
+        if not points:  # an engine that times no forward apart: its steps teach the table
+            return
         seconds = PROFILE_TRIES * sum(p.seconds for p in points) if self.engine.regime is not None else wall
         self.profile_s += seconds
         self.control_s -= wall  # counted as profile, not as the controller's own time
@@ -137,7 +142,7 @@ class Controller:
             self.exact = self.exact and exact
             self.counted += len(rows)
             for row in rows:
-                self.window.append(row)
+                self.window.add(row)
                 for label, t in row.items():
                     self.totals.setdefault(label, Tally())
                     self.totals[label] += t
@@ -146,7 +151,21 @@ class Controller:
             partial = [self._plain(i, out) for i, out in progress.in_flight.items() if len(out) > CHECK_EVERY]
             if partial:
                 return list(self.window) + tallies(self.engine, partial, self.arms)[0]
-        return list(self.window) if done else None
+        if done or (not self.judged and self.window):
+            self.judged = True
+            return list(self.window)
+        return None
+
+    def failed(self, arm: SpecConfig, reason: str) -> SpecConfig:
+        """An arm could not run (its build failed): never again in this shard, and the shard goes
+        back to the arm before it. Returns that arm."""
+        before = self.measuring[2] if self.measuring else NO_SPEC
+        self.measuring = None
+        self.measured.add(arm.label)
+        self.errors[arm.label] = reason
+        self.events.append(Event(self.finished, "failed", arm.label, None, None, reason[:200]))
+        self.running = before
+        return before
 
     def _plain(self, index: int, output: Sequence[int]) -> PlainRow:
         request = self.requests[index]
@@ -158,22 +177,21 @@ class Controller:
     def _decide(self, progress: Progress, window: list | None) -> SpecConfig | None:
         if self.measuring:
             return self._measured(progress, window)
-        if not window:
+        if not window or not (progress.in_flight or progress.queued):  # nothing left to run under a choice
             return None
         est = self._estimates(progress, window, self.running)
         self.latest = est
         best = max(est.values(), key=lambda e: (e.gain, -e.arm.draft_len))
-        if best.arm.label == self.running.label:
-            return None
         margin = 1 + self.settings.margin
-        if best.low > margin and self._repays(progress, best):
-            self.events.append(Event(self.finished, "switch", best.arm.label, best.speedup, None,
-                                     f"{best.gain:.2f}x the running {self.running.label} (at least {best.low:.2f}x)"))
-            return best.arm
-        if best.high > margin and best.cost_u > best.accept_u and best.arm.label not in self.measured \
-                and self._affords_measure(progress, best):
-            return self._measure(best.arm, best.speedup, f"{best.low:.2f}x-{best.high:.2f}x the running "
-                                 f"{self.running.label}: its price is unsure")
+        if best.arm.label != self.running.label:
+            if best.low > margin and self._repays(progress, best):
+                self.events.append(Event(self.finished, "switch", best.arm.label, best.speedup, None,
+                                         f"{best.gain:.2f}x the running {self.running.label} (at least {best.low:.2f}x)"))
+                return best.arm
+            if best.high > margin and best.cost_u > best.accept_u and best.arm.label not in self.measured \
+                    and self._affords_measure(progress, best):
+                return self._measure(best.arm, best.speedup, f"{best.low:.2f}x-{best.high:.2f}x the running "
+                                     f"{self.running.label}: its price is unsure")
         unknown = self._unknown(est)
         if unknown is not None and self._affords_measure(progress, None, unknown):
             return self._measure(unknown, None, "its acceptance is measured by running it")
@@ -181,6 +199,8 @@ class Controller:
 
     def _measure(self, arm: SpecConfig, predicted: float | None, why: str) -> SpecConfig:
         self.measured.add(arm.label)
+        if self.engine.arms_are_builds:
+            self.worker.measure_builds += 1
         self.measuring = (arm.label, 0, self.running)
         self.events.append(Event(self.finished, "measure", arm.label, predicted, None, why))
         return arm
@@ -205,7 +225,7 @@ class Controller:
         """An arm with no estimate (its acceptance cannot be computed and it has not run), the
         longest draft of a method first (its run prices the method's shorter drafts too), within
         the worker's build cap where arms are builds."""
-        if self.engine.arms_are_builds and len(self.engine.builds) >= self.settings.max_builds_per_worker:
+        if self.engine.arms_are_builds and self.worker.measure_builds >= self.settings.max_builds_per_worker:
             return None
         todo = [a for a in self.arms if a.label not in est and a.label not in self.measured]
         return max(todo, key=lambda a: (a.draft_len, a.label)) if todo else None
@@ -219,10 +239,11 @@ class Controller:
         """Decode steps the shard has left under the running arm: its rows left at the mean length
         of the rows counted so far (64 tokens before any), at the running arm's accepted length."""
         per_row = self.totals["none"].tokens / self.counted if self.counted else 64.0
-        left_tokens = max(0.0, (len(progress.in_flight) + progress.queued) * per_row
+        left_tokens = max(0.0, (len(progress.in_flight) + progress.queued + self.horizon_rows) * per_row
                           - sum(len(o) for o in progress.in_flight.values()))
         rows = max(1, min(self.batch_size, len(progress.in_flight) + progress.queued))
-        return left_tokens / self.totals[self.running.label].accepted_len / rows
+        running = self.totals.get(self.running.label)
+        return left_tokens / (running.accepted_len if running else 1.0) / rows
 
     def _repays(self, progress: Progress, best: Estimate | None, arm: SpecConfig | None = None) -> bool:
         """Whether switching to the arm pays back its cost (a build) over the steps left, at its
@@ -254,20 +275,25 @@ class Controller:
             counts[s.label] = counts.get(s.label, 0) + 1
         by_label = {"none": NO_SPEC, **{a.label: a for a in self.arms}}
         chosen = by_label.get(max(counts, key=counts.get), self.running) if counts else self.running
-        self.worker.remember(self.key, self.running)
+        self.worker.remember(self.key, self.running, list(self.window))
         costs = self.worker.costs
         context = result.steps[len(result.steps) // 2].context if result.steps else 0
-        whole = estimates([self.totals], self.arms, NO_SPEC, costs, self.batch_size, context) if self.totals["none"].steps else {}
+        # every arm over this shard's rows where they have its tally, else over the window (an arm
+        # measured on the key's earlier rows, where acceptance is measured by running)
+        whole = {**estimates(list(self.window), self.arms, NO_SPEC, costs, self.batch_size, context),
+                 **(estimates([self.totals], self.arms, NO_SPEC, costs, self.batch_size, context) if self.totals["none"].steps else {})}
         arms = []
         for label, arm in by_label.items():
-            e, ran, t = whole.get(label), self.ran.get(label), self.totals[label]
+            e, ran, t = whole.get(label), self.ran.get(label), self.totals.get(label, Tally())
             arms.append(ArmResult(
                 arm.method, arm.draft_len,
                 tokens_per_s=ran.committed / ran.seconds if ran and ran.seconds else None,
                 predicted_speedup=e.speedup if e else None,
                 acceptance_rate=e.acceptance_rate if e else None, mean_accepted_len=e.accepted_len if e else None,
-                rows=counts.get(label, 0), target_steps=int(t.steps), draft_tokens=int(t.drafted),
+                rows=counts.get(label, 0), decode_tokens=ran.committed if ran else 0,
+                target_steps=int(t.steps), draft_tokens=int(t.drafted),
                 accepted_tokens=int(t.accepted), measured=bool(ran and ran.steps), acceptance_exact=self.exact,
+                error=self.errors.get(label),
             ))
         plain_s = sum(committed / rows * costs.price("none", rows, 1, ctx).seconds
                       for r in self.ran.values() for rows, ctx, committed in r.steps)

@@ -59,6 +59,34 @@ class Tally:
 RowTallies = Mapping[str, Tally]
 
 
+class Window:
+    """The rows the rule judges on: for each arm, the last `size` rows that have its tally. Where
+    acceptance is computed every row has every arm's, so this is the last `size` rows; where it is
+    measured, an arm keeps the rows it ran on however long ago, until it runs again."""
+
+    def __init__(self, size: int, rows: Sequence[RowTallies] = ()) -> None:
+        self.size = size
+        self.rows: list[RowTallies] = []
+        for row in rows:
+            self.add(row)
+
+    def add(self, row: RowTallies) -> None:
+        self.rows.append(row)
+        kept, seen = set(), {}
+        for i in range(len(self.rows) - 1, -1, -1):
+            for label in self.rows[i]:
+                if seen.get(label, 0) < self.size:
+                    seen[label] = seen.get(label, 0) + 1
+                    kept.add(i)
+        self.rows = [r for i, r in enumerate(self.rows) if i in kept]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
 @dataclass(frozen=True)
 class Estimate:
     """One arm on a window of rows: its speedup over plain decoding, its gain over the running
@@ -100,52 +128,52 @@ def step_price(costs: CostTable, arm: SpecConfig, total: Tally, rows: int, conte
 
 def estimates(window: Sequence[RowTallies], arms: Sequence[SpecConfig], running: SpecConfig, costs: CostTable,
               rows: int, context: int) -> dict[str, Estimate]:
-    """Every arm's estimate on `window` (rows' tallies, each with every arm's label), the batch at
-    `rows` rows in flight and `context` tokens, for the arms every row has a tally of (the others
-    are unknown: they must run to be known). Empty without rows."""
+    """Every arm's estimate on `window` (rows' tallies by arm label), the batch at `rows` rows in
+    flight and `context` tokens. An arm is judged on the rows that have its tally: every row where
+    acceptance is computed; where it is measured, the rows it ran on (and the shorter drafts of
+    its method). An arm no row has a tally of is unknown: it must run to be known."""
     if not window:
         return {}
-    labels = [x for x in ["none", *[a.label for a in arms if a.method != "none"]] if all(x in row for row in window)]
     by_label = {"none": SpecConfig(), **{a.label: a for a in arms}}
-    totals = {label: Tally() for label in labels}
-    for row in window:
-        for label in labels:
-            totals[label] += row[label]
-    plain_s, plain_u = step_price(costs, by_label["none"], totals["none"], rows, context)
+    labels = [x for x in by_label if any(x in row for row in window)]
     priced = {}
     for label in labels:
-        t = totals[label]
+        t = Tally()
+        for row in window:
+            if label in row:
+                t += row[label]
         seconds, u = step_price(costs, by_label[label], t, rows, context)
-        priced[label] = (t.accepted_len * plain_s / seconds if seconds > 0 else 0.0, u)
+        priced[label] = (t, seconds, u)
+    plain_s = priced["none"][1]
+    speedups = {x: (t.accepted_len * plain_s / s if s > 0 else 0.0) for x, (t, s, _) in priced.items()}
     run = running.label if running.label in priced else "none"
     out = {}
     for label in labels:
-        speedup, u = priced[label]
-        t = totals[label]
+        t, _, u = priced[label]
         same = label == run
-        gain = speedup / priced[run][0] if priced[run][0] > 0 else 0.0
         out[label] = Estimate(
-            arm=by_label[label], speedup=speedup, gain=gain,
-            cost_u=0.0 if same else math.hypot(u, priced[run][1]),
-            accept_u=0.0 if same else _ratio_u(window, run, label),
+            arm=by_label[label], speedup=speedups[label],
+            gain=speedups[label] / speedups[run] if speedups[run] > 0 else 0.0,
+            cost_u=0.0 if same else math.hypot(u, priced[run][2]),
+            accept_u=0.0 if same else _ratio_u([r for r in window if label in r and run in r], run, label,
+                                               sum(label in r for r in window)),
             accepted_len=t.accepted_len, acceptance_rate=t.accepted / t.drafted if t.drafted else None,
-            rows=len(window),
+            rows=sum(label in r for r in window),
         )
     return out
 
 
-def _ratio_u(window: Sequence[RowTallies], run: str, label: str) -> float:
-    """Relative standard error of sum(steps under `run`) / sum(steps under `label`) over the rows."""
-    x = [row[run].steps for row in window]
-    y = [row[label].steps for row in window]
-    n, sy = len(window), sum(y)
-    if sy <= 0:
-        return 1.0
-    g = sum(x) / sy
-    prior = ROW_CV / math.sqrt(n)
-    if n < 2:
+def _ratio_u(both: Sequence[RowTallies], run: str, label: str, rows: int) -> float:
+    """Relative standard error of sum(steps under `run`) / sum(steps under `label`) over the rows
+    that have both (at least ROW_CV / sqrt(rows) while they are fewer than FEW_ROWS; ROW_CV /
+    sqrt(rows) where none has both: the two arms ran on different rows)."""
+    prior = ROW_CV / math.sqrt(max(rows, 1))
+    x = [row[run].steps for row in both]
+    y = [row[label].steps for row in both]
+    n, sy = len(both), sum(y)
+    if n < 2 or sy <= 0:
         return prior
-    mean_y = sy / n
+    g = sum(x) / sy
     resid = sum((a - g * b) ** 2 for a, b in zip(x, y)) / (n * (n - 1))
-    spread = math.sqrt(resid) / mean_y / g if g > 0 else 1.0
+    spread = math.sqrt(resid) / (sy / n) / g if g > 0 else 1.0
     return max(spread, prior) if n < FEW_ROWS else spread

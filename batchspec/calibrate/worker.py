@@ -1,6 +1,7 @@
 """What a worker learns over its life, one owner for all of it: the step-cost table (every step
 it runs prices the next decisions) and, per shard key, the arm its last shard ended under (where
-the key's next shard starts)."""
+the key's next shard starts) and the tallies of its last window of rows (what the key's next
+shard judges on until its own rows replace them)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ KEYS_KEPT = 256  # shard keys whose last arm a worker keeps (the oldest forgotte
 class WorkerState:
     costs: CostTable = field(default_factory=CostTable)
     last: dict[str, SpecConfig] = field(default_factory=dict)
+    history: dict[str, list] = field(default_factory=dict)  # key -> its last window of rows' tallies
+    measure_builds: int = 0  # engine builds measurements caused (capped by max_builds_per_worker)
 
     def start(self, key: str | None, prior: SpecConfig | None, arms: list[SpecConfig]) -> tuple[SpecConfig, str]:
         """The arm a shard of `key` starts under, and why: the key's last on this worker, else the
@@ -27,8 +30,9 @@ class WorkerState:
                 return arm, why
         return NO_SPEC, "no earlier shard of the key"
 
-    def remember(self, key: str | None, arm: SpecConfig) -> None:
-        self.last.pop(str(key), None)
-        self.last[str(key)] = arm
-        while len(self.last) > KEYS_KEPT:
-            self.last.pop(next(iter(self.last)))
+    def remember(self, key: str | None, arm: SpecConfig, window: list) -> None:
+        for kept, value in ((self.last, arm), (self.history, list(window))):
+            kept.pop(str(key), None)
+            kept[str(key)] = value
+            while len(kept) > KEYS_KEPT:
+                kept.pop(next(iter(kept)))
