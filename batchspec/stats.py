@@ -284,6 +284,8 @@ class ShardStats:
     drift_switch_predicted: float | None = None  # that arm's predicted speedup over plain decoding on the rows that switched it
     cost_profile: list[StepCost] = field(default_factory=list)  # the worker's measured step costs used
     node_id: str | None = None  # the Ray node whose worker ran the shard (None: written by the driver)
+    prompt_format: str | None = None  # how text prompts reached the model: chat (its chat template) or raw (RunConfig.prompt_format)
+    empty_rows: int = 0  # rows that ran and returned an empty text (many: a likely prompt-format mismatch)
 
     @property
     def chosen(self) -> ArmResult | None:

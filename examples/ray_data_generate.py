@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--shard-size", type=int, default=8)
+    ap.add_argument("--prompt-format", default="chat", help="chat (a prompt through the model's chat template) or raw")
     ap.add_argument("--out", help="write the result here (Parquet) instead of printing it")
     args = ap.parse_args()
 
@@ -36,7 +37,7 @@ def main() -> None:
     # The same RunConfig as `batchspec run` (INPUT and OUTPUT are not used by the stage). One worker
     # actor with one CPU leaves the other CPU to Ray Data's read tasks.
     config = build_config("", "", model=args.model, shard_by="task", shard_size=args.shard_size,
-                          max_tokens=args.max_tokens, batch_size=4, workers=1, num_cpus=1)
+                          max_tokens=args.max_tokens, batch_size=4, workers=1, num_cpus=1, prompt_format=args.prompt_format)
     out = generate(ds, config)
     if args.out:
         out.write_parquet(args.out)
