@@ -1,6 +1,5 @@
 """The benchmark prompt sets: four workloads as chat requests, built from templates and a seeded
-random generator (nothing downloaded), shared by bench/engine.py, bench/calibrate.py and
-bench/run_all.py.
+random generator (nothing downloaded), shared by bench/engine.py and bench/calibrate.py.
 
 - code: write or complete a small Python function (draft-model speculation pays here);
 - extract: pull fields out of a short free-text record into JSON;
@@ -19,7 +18,7 @@ import random
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # A benchmark measures the package beside it: the checkout's batchspec comes before any installed
 # one (another checkout's editable install would otherwise be timed instead).
 for _path in (ROOT / "examples", ROOT):
@@ -210,24 +209,6 @@ def requests(workload: str, n: int, max_tokens: int, seed: int = 0) -> list[Requ
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     return [Request(f"{workload}-{i:04d}", messages=({"role": "user", "content": text},), params=params)
             for i, text in enumerate(prompts(workload, n, seed))]
-
-
-def from_parquet(path: str, task: str, n: int, max_tokens: int, rows: str = "head") -> list[Request]:
-    """`n` requests of one task of a prompt Parquet (read as `from_input` reads it, grouped by
-    `task`): the first `n` (`rows="head"`), or the rows calibration would confirm on in a shard of
-    that task at batch `n` (`rows="confirm"`: evenly spaced among those its sample left) or sample
-    (`rows="sample"`)."""
-    from batchspec.calibrate.decision import CalibrationSettings, pick_sample
-
-    mine = from_input(path, "task", max_tokens)[0].get(task, [])
-    if rows == "head":
-        return mine[:n]
-    settings = CalibrationSettings()
-    sample = pick_sample(mine, settings.sample_rows(n, counterfactual=True), settings.max_tokens)
-    if rows == "sample":
-        return sample
-    taken = {r.id for r in sample}
-    return pick_sample([r for r in mine if r.id not in taken], n, max_tokens)
 
 
 def from_input(path: str, key: str, max_tokens: int) -> tuple[dict[str, list[Request]], list[str]]:

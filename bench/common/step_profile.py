@@ -121,7 +121,7 @@ def markdown(p: dict) -> str:
     lines = [f"## Profile of the engine at batch {p['batch_size']} (plain decoding)\n",
              f"{p['rows']} held-out prompts of {min(p['prompt_tokens'])}-{max(p['prompt_tokens'])} tokens, max_tokens "
              f"{p['max_tokens']}: {p['prefill_calls']} prefill call(s) in total, and one decode step (mean of "
-             f"{p['target_steps']}); {p['cpu_s']:.2f} CPU s ({p['wall_s']:.2f} s wall). Exclusive CPU time per part of the one torch thread (bench/profile_step.py).\n",
+             f"{p['target_steps']}); {p['cpu_s']:.2f} CPU s ({p['wall_s']:.2f} s wall). Exclusive CPU time per part of the one torch thread (bench/common/step_profile.py).\n",
              "| part | prefill (all rows) ms | % | one decode step ms | % |", "|---|---|---|---|---|"]
     pre, step = p["parts"]["prefill"], p["parts"]["decode step"]
     for part in PARTS:

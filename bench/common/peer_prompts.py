@@ -12,7 +12,7 @@ It knows nothing about engines or timing: a tokenizer in, token ids and their pr
 Run as a script it writes such prompts as a prompt Parquet (`id`, `task`, `source`, `messages`),
 the input `batchspec run` reads and `bench/calibrate.py --input` shards by `task`:
 
-    python bench/peer_prompts.py --out /tmp/held_out.parquet --rows 256 --seed 7
+    python bench/common/peer_prompts.py --out /tmp/held_out.parquet --rows 256 --seed 7
 """
 
 from __future__ import annotations
@@ -157,5 +157,5 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's batchspec
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's batchspec
     main()
