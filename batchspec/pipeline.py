@@ -108,17 +108,15 @@ class RunSummary:
 
     @property
     def empty_text_warning(self) -> str | None:
-        """One line when at least EMPTY_TEXT_SHARE of the rows that ran came back empty: the
-        symptom of a prompt format the model was not trained on (an instruct model given a bare
-        instruction answers with end-of-turn at once; a base model given a chat template may too)."""
+        """One line when EMPTY_TEXT_SHARE or more of the rows that ran came back empty: the symptom of
+        a prompt format the model does not expect (an instruct model given a bare instruction ends
+        its turn at once)."""
         ran = self.rows - self.error_rows
         if not ran or self.empty_rows < EMPTY_TEXT_SHARE * ran:
             return None
-        other = "raw" if self.prompt_format == "chat" else "chat"
-        return (f"{self.empty_rows} of {ran} rows returned an empty text: a likely prompt-format mismatch; this run used "
-                f"prompt_format {self.prompt_format}, try --prompt-format {other} "
-                f"({'raw for a base model' if other == 'raw' else 'chat for an instruct model'})")
-
+        other = {"chat": "raw (a base model?)", "raw": "chat (an instruct model?)"}[self.prompt_format]
+        return (f"{self.empty_rows} of {ran} rows returned an empty text: a likely prompt-format mismatch "
+                f"(prompt_format {self.prompt_format}; try --prompt-format {other})")
 
 
 def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: type[ShardWorker] = ShardWorker,
@@ -145,7 +143,8 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
         output=output, passthrough=passthrough, out_schema=output_schema(passthrough),
         engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
         device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
-        calibration=config.calibration, defaults=row_defaults(config), worker=config.worker, llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
+        calibration=config.calibration, defaults=row_defaults(config), worker=config.worker,
+        llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     work_started = time.perf_counter()
     report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls, pool) if todo else None

@@ -291,6 +291,18 @@ def test_a_model_without_a_chat_template_is_refused_under_chat_before_any_work_a
     assert manifest["config"]["prompt_format"] == "raw" and manifest["totals"]["prompt_format"] == "raw"
 
 
+def test_the_empty_text_warning_needs_a_tenth_of_the_rows_that_ran():
+    from batchspec.pipeline import RunSummary
+
+    def summary(rows, errors, empty, fmt="chat"):
+        return RunSummary("out", rows, errors, 1, 0, 0, 0, 10, 1.0, 1.0, None, None, True, prompt_format=fmt, empty_rows=empty)
+
+    assert summary(20, 0, 1).empty_text_warning is None and summary(12, 2, 0).empty_text_warning is None
+    assert summary(20, 0, 2).empty_text_warning.startswith("2 of 20 rows returned an empty text")
+    assert "of 10 rows" in summary(12, 2, 1).empty_text_warning, "error rows did not run"
+    assert "try --prompt-format chat" in summary(20, 0, 20, "raw").empty_text_warning
+
+
 def test_a_worker_refuses_a_model_without_a_chat_template_once_it_has_it(tmp_path, tiny_base_model_dir):
     """A model given by URL reaches the machine only in the worker: the worker checks it there, and
     the one line stops the run (a BatchspecError is not retried)."""

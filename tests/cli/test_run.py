@@ -64,8 +64,8 @@ def test_a_run_whose_rows_come_back_empty_says_so_in_one_line_under_its_summary(
     lines = result.output.strip().splitlines()
     summary = next(i for i, line in enumerate(lines) if line.startswith("6 rows (0 errors)"))
     assert summary + 1 < len(lines), result.output
-    assert lines[summary + 1] == ("warning: 6 of 6 rows returned an empty text: a likely prompt-format mismatch; this run used "
-                                  "prompt_format raw, try --prompt-format chat (chat for an instruct model)"), lines[summary:]
+    assert lines[summary + 1] == ("warning: 6 of 6 rows returned an empty text: a likely prompt-format mismatch "
+                                  "(prompt_format raw; try --prompt-format chat (an instruct model?))"), lines[summary:]
     stats = pl.read_parquet(f"{out}/stats/*.parquet")
     assert stats["empty_rows"].sum() == 6 and set(stats["prompt_format"]) == {"raw"}
     assert json.loads((out / "_manifest.json").read_text())["config"]["prompt_format"] == "raw"
