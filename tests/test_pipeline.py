@@ -335,7 +335,7 @@ def test_calibration_samples_of_the_examples_are_each_keys_first_rows():
     samples = calibration_samples(config)
     assert [(s.shard_key, s.rows, [p.request.id for p in s.parsed]) for s in samples] == first_rows_per_key([examples], 5)
     prompts = dict(zip(examples.column("id").to_pylist(), examples.column("prompt").to_pylist()))
-    assert all(p.request.prompt == prompts[p.request.id] for s in samples for p in s.parsed)
+    assert all(p.request.messages == ({"role": "user", "content": prompts[p.request.id]},) for s in samples for p in s.parsed)
 
 
 @pytest.mark.parametrize("path", ["in-process", "ray-data"])
