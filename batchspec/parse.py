@@ -9,6 +9,11 @@ it gets an Arrow table and the rows' ids.
 
 A row without a `seed` samples with one derived from the run seed and its id, so the same row
 samples the same text whatever shard or batch it lands in.
+
+Prompt format: under "chat" (the default) a text `prompt` becomes one user message, so the engine
+renders it through the model's chat template, as a chat endpoint of the batch APIs (or Ray Data
+LLM's chat-template stage) would; under "raw" it stays text, tokenized as is (base models).
+`messages` always go through the template.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ CONSUMED_COLUMNS = (*PROMPT_COLUMNS, "id", *SAMPLING_COLUMNS)
 
 @dataclass(frozen=True)
 class RowDefaults:
-    """Sampling values for rows that do not carry their own (from options / pipeline file)."""
+    """How rows run unless they say otherwise (from options / pipeline file): the sampling values
+    for rows that do not carry their own, and how a text prompt is presented (engine.base.PROMPT_FORMATS)."""
 
     max_tokens: int
     temperature: float
     top_p: float
     seed: int | None
+    prompt_format: str = "chat"
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,8 @@ def _parse_row(row: dict, row_id: str, defaults: RowDefaults) -> ParsedRow:
         prompt, messages = _prompt(row)
     except ValueError as exc:
         return ParsedRow(Request(row_id), str(exc))
+    if prompt is not None and defaults.prompt_format == "chat":
+        prompt, messages = None, ({"role": "user", "content": prompt},)
     return ParsedRow(Request(row_id, prompt=prompt, messages=messages, params=params))
 
 

@@ -299,6 +299,8 @@ class ShardStats:
     node_id: str | None = None  # the Ray node whose worker ran the shard (None: written by the driver)
     gpus: float = 0.0  # GPUs the shard's worker held (worker.num_gpus; TensorRT-LLM: one LLM spans them all)
     gpu_memory_per_gpu: int | None = None  # bytes: the most device memory seen in use on one of them (None: a CPU)
+    prompt_format: str | None = None  # how text prompts reached the model: chat (its chat template) or raw (RunConfig.prompt_format)
+    empty_rows: int = 0  # rows that ran and returned an empty text (many: a likely prompt-format mismatch)
     events: list[Event] = field(default_factory=list)  # what calibration decided and what happened, in order
 
     @property

@@ -37,6 +37,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -139,8 +140,9 @@ def commit(job: WorkerJob, plan: ShardPlan, rows: ShardRows, completions: list[C
     """Write the shard: its rows (error rows included) counted into `stats`, outputs then stats."""
     errors = sum(c.finish_reason == "error" for c in completions)
     tokens = sum(c.output_tokens for c in completions)
-    stats = replace(stats, shard_id=plan.shard_id, shard_key=plan.shard_key, rows=len(completions), error_rows=errors, output_tokens=tokens,
-                    gpus=job.worker.num_gpus)
+    empty = sum(c.finish_reason != "error" and not c.text for c in completions)
+    stats = replace(stats, shard_id=plan.shard_id, shard_key=plan.shard_key, rows=len(completions), error_rows=errors,
+                    output_tokens=tokens, empty_rows=empty, gpus=job.worker.num_gpus)
     passthrough = rows.table.select([n for n in job.passthrough.names if n in rows.table.column_names])
     job.output.commit_shard(plan.shard_id, output_table(plan.shard_id, completions, specs, passthrough, job.out_schema), stats_table(stats))
     return ShardOutcome(plan.shard_id, plan.shard_key, len(completions), errors, tokens, stats)
@@ -158,7 +160,8 @@ def commit_failed(job: WorkerJob, plan: ShardPlan, reason: str, attempts: int) -
 def _unrun_stats(job: WorkerJob, shard_id: str, shard_key: str | None, **more: Any) -> ShardStats:
     """Stats of a shard no row of which ran on the engine: counts only, no measurements."""
     return ShardStats(shard_id=shard_id, shard_key=shard_key, rows=0, error_rows=0, engine=job.engine,
-                      model=job.model, draft_model=job.draft_model, batch_size=job.batch_size, **more)
+                      model=job.model, draft_model=job.draft_model, batch_size=job.batch_size,
+                      prompt_format=job.defaults.prompt_format, **more)
 
 
 # ---- the actor -------------------------------------------------------------------------------
@@ -178,12 +181,14 @@ class ShardWorker:
         import torch
 
         from batchspec.engine.factory import create_engine
-        from batchspec.models import resolve_model
+        from batchspec.models import local_folder, require_chat_template, resolve_model
 
         w = self.job.worker
         torch.set_num_threads(w.torch_threads or max(1, math.ceil(w.num_cpus)))
         opts = dict(self.job.storage_options)
         model = str(resolve_model(self.job.model, storage_options=opts)) if self.job.engine == "torch" else self.job.model
+        if self.job.defaults.prompt_format == "chat":  # a URL's model is here only now (pipeline.check_prompt_format)
+            require_chat_template(self.job.model, Path(model) if self.job.engine == "torch" else local_folder(model))
         draft = self.job.draft_model
         if draft and self.job.engine == "torch":
             draft = str(resolve_model(draft, storage_options=opts))
@@ -232,8 +237,8 @@ class ShardWorker:
             self.calibration = self.calibration or WorkerState()
             result = run_shard(self.engine, ShardInput(shard_id, shard_key, good), arms, job.calibrate,
                                job.batch_size, settings, prior, worker=self.calibration, horizon_rows=horizon_rows)
-            stats = replace(result.stats, model=job.model, attempts=attempt,  # the model as configured, not its resolved path
-                            gpu_memory_per_gpu=self.engine.gpu_memory_per_gpu())
+            stats = replace(result.stats, model=job.model, prompt_format=job.defaults.prompt_format,  # the model as configured,
+                            attempts=attempt, gpu_memory_per_gpu=self.engine.gpu_memory_per_gpu())  # not its resolved path
         else:
             stats = _unrun_stats(job, shard_id, shard_key, attempts=attempt, wall_s=time.perf_counter() - started)
         completions, specs = _merge(parsed, result)

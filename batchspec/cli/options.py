@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from batchspec.config.run import DEFAULT_PIPELINE
-from batchspec.engine.base import DTYPES
+from batchspec.engine.base import DTYPES, PROMPT_FORMATS
 from batchspec.engine.factory import ENGINES
 
 SHARED = [
@@ -27,6 +27,10 @@ SAMPLING = [
     click.option("--top-p", type=float),
     click.option("--seed", type=int, help="Run seed; each row samples with a seed derived from it and its id."),
     click.option("--dtype", type=click.Choice(DTYPES)),
+    # Checked by build_config like the pipeline key (one line naming the option), not by click.
+    click.option("--prompt-format", metavar="|".join(PROMPT_FORMATS),
+                 help="chat (default): a prompt goes to the model as one user message through its chat template; "
+                 "raw: as is, for base models. A messages column always takes the template."),
 ]
 
 

@@ -12,6 +12,7 @@ nested sections:
     workers: 1
     batch_size: 8
     max_tokens: 64
+    prompt_format: chat           # chat: a prompt is one user message through the model's chat template; raw: as is
     worker: {num_cpus: 1, num_gpus: 0, torch_threads: null, max_attempts: 3, wait_for_workers_s: 0}
     calibration: {sample_size: 8, max_tokens: 16, ...}   # batchspec.calibrate.CalibrationSettings
     storage_options: {}           # fsspec options for INPUT and OUTPUT (endpoint, credentials)
@@ -34,7 +35,7 @@ from typing import Any
 
 from batchspec.config.kit import check_fields, check_value, exists, field_rules, read_yaml, relative_to
 from batchspec.data import DEFAULT_PIPELINE, PIPELINES_DIR  # noqa: F401  (PIPELINES_DIR re-exported for the CLI)
-from batchspec.engine.base import DTYPES
+from batchspec.engine.base import DTYPES, PROMPT_FORMATS
 from batchspec.engine.factory import ENGINES
 from batchspec.errors import ConfigError
 
@@ -92,6 +93,10 @@ class RunConfig:
     temperature: float = field(default=0.0, metadata={"min": 0})
     top_p: float = field(default=1.0, metadata={"above": 0, "max": 1})
     seed: int | None = 0
+    # How a text `prompt` reaches the model (batchspec.parse): "chat", one user message through the
+    # model's chat template (an instruct model answers a bare instruction with end-of-turn), or
+    # "raw", as is (completion-style prompts for base models). `messages` rows always take the template.
+    prompt_format: str = field(default="chat", metadata={"choices": PROMPT_FORMATS})
     resume: bool = True
     # Keep OUTPUT/_shards/ (each shard's input rows) after _SUCCESS, for debugging; by default a
     # finished run removes it (batchspec.pipeline: the decision and why resume stays exact).

@@ -30,6 +30,10 @@ ENGINE_METHODS: dict[str, tuple[str, ...]] = {
 }
 # Weight dtypes a run may ask for, by torch name (engine/torch/load.py maps them to torch dtypes).
 DTYPES = ("float32", "bfloat16", "float16")
+# How an input row's text `prompt` reaches the model (batchspec.parse): "chat" as one user message
+# through the model's chat template (a Request with `messages`), "raw" as is (a Request with `prompt`),
+# as the chat and completion endpoints of the batch APIs do. `messages` rows always take the template.
+PROMPT_FORMATS = ("chat", "raw")
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,8 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Request:
-    """One row to complete: a plain `prompt`, chat `messages` ([{role, content}, ...]), or
+    """One row to complete: a plain `prompt` (tokenized as is, with the tokenizer's special tokens),
+    chat `messages` ([{role, content}, ...], through the model's chat template), or
     `prompt_token_ids` (already tokenized, as vLLM's TokensPrompt)."""
 
     id: str

@@ -308,8 +308,10 @@ class TrtllmEngine:
     @staticmethod
     def _prompt(llm: Any, request: Request) -> list[int] | str:
         """Token ids where batchspec holds them (chat templates are tokenized here, with the BOS the
-        template writes and no other); plain text goes in as text, which TensorRT-LLM tokenizes with
-        add_special_tokens=True like the torch engine does."""
+        template writes and no other, as Ray Data LLM's chat-template stage does before its engine;
+        under prompt_format chat a text prompt arrives as one user message, batchspec.parse); a raw
+        prompt goes in as text, which TensorRT-LLM tokenizes with add_special_tokens=True like the
+        torch engine does."""
         if request.prompt_token_ids is not None:
             if not request.prompt_token_ids:
                 raise ValueError("empty prompt_token_ids")
