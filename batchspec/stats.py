@@ -283,7 +283,6 @@ class ShardStats:
     target_steps: int | None = None
     other_s: float | None = None
     speedup: float | None = None  # the shard's goodput over plain decoding's, priced by the worker's cost table for the same tokens
-    calibration_capped: bool | None = None
     calibration_overhead_s: float | None = None  # calibration time whose work was not kept as output
     decision_source: str | None = None  # calibrated | fixed
     decision_reason: str | None = None  # one short line; the whole story is `events`

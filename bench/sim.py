@@ -29,10 +29,13 @@ from pathlib import Path
 from typing import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "bench"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
-from batchspec.calibrate import CalibrationSettings  # noqa: E402
+from common import results as recorded_results  # noqa: E402
+
+from batchspec.calibrate import CalibrationSettings, WorkerState  # noqa: E402
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig  # noqa: E402
 from batchspec.engine.regimes import REGIMES, regime as regime_named  # noqa: E402
 from batchspec.engine.replay import Recorded, ReplayEngine, record  # noqa: E402
@@ -87,10 +90,15 @@ def recordings(args, shards: Sequence[Shard]):
     engine = TorchEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device="cpu")
     if path.exists():
         return engine, pickle.loads(path.read_bytes())
-    unique = {r.id: r for s in shards for r in s.requests}
+    by_text: dict = {}  # rows of one prompt have one greedy output: each prompt is decoded once
+    for r in (r for s in shards for r in s.requests):
+        by_text.setdefault((r.prompt, r.messages, r.params), []).append(r.id)
+    unique = [next(r for s in shards for r in s.requests if r.id == ids[0]) for ids in by_text.values()]
     began = time.perf_counter()
-    recorded, _ = record(engine, list(unique.values()), batch_size=32, draft_models=[args.draft_model] if args.draft_model else [])
-    print(f"recorded {len(recorded)} rows in {time.perf_counter() - began:.0f} s -> {path}", file=sys.stderr)
+    once, _ = record(engine, unique, batch_size=32, draft_models=[args.draft_model] if args.draft_model else [])
+    recorded = {rid: once[ids[0]] for ids in by_text.values() if ids[0] in once for rid in ids}
+    print(f"recorded {len(once)} prompts ({len(recorded)} rows) in {time.perf_counter() - began:.0f} s -> {path}",
+          file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(recorded))
     return engine, recorded
@@ -135,23 +143,23 @@ def schedule_s(per_arm: dict, schedule: dict[int, str]) -> float:
 
 def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard], regime_name: str,
              batch_size: int) -> dict:
-    from batchspec.calibrate import WorkerCalibration
-
     replay = ReplayEngine(engine, recorded, regime_named(regime_name))
     arms = arms_of(args)
     settings = CalibrationSettings()
-    worker = WorkerCalibration()
+    worker = WorkerState()
     out, keys = [], []
     for shard in shards:
         requests = [r for r in shard.requests if r.id in recorded]
         keys.append({a.label: run_arm(replay, requests, a, batch_size) for a in [NO_SPEC, *arms]})
         for part in range(args.shards_per_key):
             rows = requests[part * len(requests) // args.shards_per_key: (part + 1) * len(requests) // args.shards_per_key]
+            horizon = len(requests) - (part + 1) * len(requests) // args.shards_per_key
             ran = run_shard(replay, ShardInput(f"{shard.key}-{part}", shard.key, rows), arms, True, batch_size,
-                            settings, worker=worker)
-            oracle = {a.label: goodput(**_tokens_s(run_arm(replay, rows, a, batch_size))) for a in [NO_SPEC, *arms]}
+                            settings, worker=worker, horizon_rows=horizon)
+            whole = keys[-1] if len(rows) == len(requests) else {a.label: run_arm(replay, rows, a, batch_size) for a in [NO_SPEC, *arms]}
+            oracle = {label: goodput(**_tokens_s(r)) for label, r in whole.items()}
             best = max(oracle, key=oracle.get)
-            stats, overhead_s = ran.stats, virtual_overhead(ran)
+            stats, overhead_s = ran.stats, ran.stats.profile_s + ran.stats.build_s
             tokens = decode_tokens(ran.completions)
             got = goodput(tokens, stats.decode_s + overhead_s)
             out.append({
@@ -161,7 +169,8 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
                 "predicted_speedup": stats.predicted_speedup,
                 "oracle_speedups": {a: g / oracle["none"] for a, g in oracle.items()},
                 "overhead": overhead_s / (stats.decode_s + stats.prefill_s + overhead_s),
-                "tokens": tokens, "seconds": stats.decode_s + overhead_s, "reason": (stats.decision_reason or "")[:200],
+                "tokens": tokens, "seconds": stats.decode_s + overhead_s,
+                "events": [f"{e.row}:{e.kind}:{e.arm}" for e in stats.events if e.kind != "profile"],
             })
     return {"regime": regime_name, "batch_size": batch_size, "shards": out,
             "job": job_summary(out, keys, arms, batch_size)}
@@ -169,12 +178,6 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
 
 def _tokens_s(run: dict) -> dict:
     return {"tokens": run["tokens"], "seconds": run["decode_s"]}
-
-
-def virtual_overhead(ran) -> float:
-    """Calibration's virtual seconds outside the shard's decode: the cost profile's forwards, each
-    tried twice as the engine's profile tries them."""
-    return 2 * sum(p.seconds for p in ran.decision.profile) if ran.decision.profile_s else 0.0
 
 
 def ran_arms(ran) -> dict[str, int]:
@@ -212,14 +215,15 @@ def job_summary(shards: list[dict], keys: list[dict], arms: Sequence[SpecConfig]
 
 
 def table(results: Sequence[dict]) -> str:
-    lines = ["| regime | batch | shard | ran (rows) | oracle | vs oracle | vs plain | predicted | overhead |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| regime | batch | shard | ran (rows) | oracle | vs oracle | vs plain | predicted | overhead | events |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for s in (x for x in r["shards"] if x["benched"]):
             ran = ", ".join(f"{a} {n}" for a, n in s["ran"].items())
             pred = f"{s['predicted_speedup']:.2f}x" if s["predicted_speedup"] else "-"
             lines.append(f"| {r['regime']} | {r['batch_size']} | {s['shard']} | {ran} | {s['oracle']} | "
-                         f"{s['vs_oracle']:.3f} | {s['vs_plain']:.3f} | {pred} | {s['overhead']:.1%} |")
+                         f"{s['vs_oracle']:.3f} | {s['vs_plain']:.3f} | {pred} | {s['overhead']:.1%} | "
+                         f"{' '.join(s['events'][:6])} |")
     return "\n".join(lines)
 
 
@@ -241,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--dtype", default="bfloat16", help="the recording's dtype (tokens only; time is the regime's)")
     p.add_argument("--switch", default="prose,edit", help="KEY_A,KEY_B: add a shard that changes from A to B half-way ('' for none)")
     p.add_argument("--json", default=None, help="write the results here")
+    recorded_results.add_options(p)
     args = p.parse_args(argv)
     switch = tuple(args.switch.split(",")) if args.switch else None
     shards = load_requests(args.input, args.shard_by, args.rows, args.max_tokens, args.prompt_format, switch)
@@ -255,6 +260,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         print(f"{r['regime']} b{r['batch_size']} job: {json.dumps(r['job'])}")
     if args.json:
         Path(args.json).write_text(json.dumps({"simulated": True, "args": vars(args), "results": results}, indent=1))
+    for r in results:
+        shards = r["shards"]
+        metrics = {"simulated": True, "min_vs_oracle": round(min(s["vs_oracle"] for s in shards), 3),
+                   "mean_vs_oracle": round(sum(s["vs_oracle"] for s in shards) / len(shards), 3),
+                   "max_overhead": round(max(s["overhead"] for s in shards), 4),
+                   **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r["job"].items() if k != "schedule_best"}}
+        one = argparse.Namespace(**{**vars(args), "regime": r["regime"], "batch_size": r["batch_size"]})
+        recorded_results.record("sim", "bench/sim.py", one, argv, metrics)
     return results
 
 
