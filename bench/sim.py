@@ -92,7 +92,7 @@ def recordings(args, shards: Sequence[Shard]):
         return engine, pickle.loads(path.read_bytes())
     by_text: dict = {}  # rows of one prompt have one greedy output: each prompt is decoded once
     for r in (r for s in shards for r in s.requests):
-        by_text.setdefault((r.prompt, r.messages, r.params), []).append(r.id)
+        by_text.setdefault(json.dumps([r.prompt, r.messages, repr(r.params)]), []).append(r.id)
     unique = [next(r for s in shards for r in s.requests if r.id == ids[0]) for ids in by_text.values()]
     began = time.perf_counter()
     once, _ = record(engine, unique, batch_size=32, draft_models=[args.draft_model] if args.draft_model else [])

@@ -78,7 +78,6 @@ class Controller:
         self.measure_steps = 0
         self.profile_s = 0.0
         self.control_s = 0.0
-        self.latest: dict[str, Estimate] = {}
 
     # -- engine.base.Control ---------------------------------------------------------------------
 
@@ -180,7 +179,6 @@ class Controller:
         if not window or not (progress.in_flight or progress.queued):  # nothing left to run under a choice
             return None
         est = self._estimates(progress, window, self.running)
-        self.latest = est
         best = max(est.values(), key=lambda e: (e.gain, -e.arm.draft_len))
         margin = 1 + self.settings.margin
         if best.arm.label != self.running.label:
