@@ -2,8 +2,9 @@
 per-row error when the row cannot run.
 
 What this module owns: the input columns the pipeline consumes (a `prompt` string or a `messages`
-list of {role, content}, and the optional per-row sampling columns `max_tokens`, `temperature`,
-`top_p`, `seed`, `stop`) and what a row's values must be. Every other column passes through to
+list of {role, content}, the optional per-row sampling columns `max_tokens`, `temperature`,
+`top_p`, `seed`, `stop`, and `response_format`: structured output in the OpenAI batch shape, a
+struct or a JSON string, batchspec.engine.response_format) and what a row's values must be. Every other column passes through to
 the output untouched (batchspec.read.passthrough_schema). It knows nothing about files or shards:
 it gets an Arrow table and the rows' ids.
 
@@ -21,9 +22,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchspec.engine.base import Request, SamplingParams
+from batchspec.engine.response_format import ResponseFormat, parse_response_format
 
 PROMPT_COLUMNS = ("prompt", "messages")
-SAMPLING_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop")
+SAMPLING_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop", "response_format")
 CONSUMED_COLUMNS = (*PROMPT_COLUMNS, "id", *SAMPLING_COLUMNS)
 
 
@@ -35,6 +37,7 @@ class RowDefaults:
     temperature: float
     top_p: float
     seed: int | None
+    response_format: ResponseFormat | None = None  # rows whose response_format is null get it
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,11 @@ def _parse_row(row: dict, row_id: str, defaults: RowDefaults) -> ParsedRow:
     try:
         params = _sampling(row, row_id, defaults)
         prompt, messages = _prompt(row)
+        raw = row.get("response_format")
+        response_format = defaults.response_format if raw is None else parse_response_format(raw)
     except ValueError as exc:
         return ParsedRow(Request(row_id), str(exc))
-    return ParsedRow(Request(row_id, prompt=prompt, messages=messages, params=params))
+    return ParsedRow(Request(row_id, prompt=prompt, messages=messages, params=params, response_format=response_format))
 
 
 def _prompt(row: dict) -> tuple[str | None, tuple[dict[str, str], ...] | None]:

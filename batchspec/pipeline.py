@@ -54,7 +54,7 @@ from batchspec.calibrate import (
     calibrate_counterfactual,
     counterfactual_ready,
 )
-from batchspec.config.run import RunConfig, check_engine_options
+from batchspec.config.run import RunConfig, check_engine_options, default_response_format
 from batchspec.engine.base import NO_SPEC
 from batchspec.engine.factory import create_engine
 from batchspec.errors import InputError, OutputError
@@ -123,7 +123,7 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
         output=output, passthrough=passthrough, out_schema=output_schema(passthrough),
         engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
         device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
-        calibration=config.calibration, defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed),
+        calibration=config.calibration, defaults=row_defaults(config),
         worker=config.worker, llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     work_started = time.perf_counter()
@@ -352,8 +352,13 @@ def calibration_samples(config: RunConfig) -> list[KeySample]:
         first.setdefault(s.shard_key, n)
         rows[s.shard_key] = rows.get(s.shard_key, 0) + s.rows
     tables = read_shards(source, plan, list(first.values()))
-    defaults = RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed)
+    defaults = row_defaults(config)
     return [KeySample(key, rows[key], parse_rows(tables[n], tables[n].column(ID).to_pylist(), defaults)) for key, n in first.items()]
+
+
+def row_defaults(config: RunConfig) -> RowDefaults:
+    """What a row without its own sampling values or response_format runs with."""
+    return RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed, default_response_format(config))
 
 
 def calibrate_only(config: RunConfig) -> list[KeyCalibration]:

@@ -15,7 +15,8 @@ engine for its life, with `config.worker` resources: the same `ShardWorker` as `
 Every batch of at most `shard_size` rows is a shard; its rows are split by the `shard_by` value and
 each part is calibrated and generated like a shard of `batchspec run` (the same `run_shard`: the
 same per-shard calibration, drift fallback and reuse of a key's decision for a later, smaller part
-on the same actor). Each output row carries the output columns of DESIGN.md (`id`, `shard_id`,
+on the same actor; a `response_format` column, with `config.response_format` for rows without
+one, constrains rows as in a run). Each output row carries the output columns of DESIGN.md (`id`, `shard_id`,
 `text`, ..., `target_steps`) and the input's passthrough columns; a row that cannot run becomes an
 error row, as in a run.
 
@@ -48,8 +49,7 @@ def generate(ds, config):
     import ray.data
 
     from batchspec.config.run import check_engine_options
-    from batchspec.pipeline import check_engine, resolve_spec, run_arms, run_llm_options
-    from batchspec.parse import RowDefaults
+    from batchspec.pipeline import check_engine, resolve_spec, row_defaults, run_arms, run_llm_options
     from batchspec.workers import WorkerJob
 
     check_engine(config.engine)
@@ -63,7 +63,7 @@ def generate(ds, config):
         output=None, passthrough=pa.schema([]), out_schema=pa.schema([]),
         engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
         device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
-        calibration=config.calibration, defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed),
+        calibration=config.calibration, defaults=row_defaults(config),
         worker=config.worker, llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     return ds.map_batches(

@@ -284,6 +284,8 @@ class ShardStats:
     drift_switch_predicted: float | None = None  # that arm's predicted speedup over plain decoding on the rows that switched it
     cost_profile: list[StepCost] = field(default_factory=list)  # the worker's measured step costs used
     node_id: str | None = None  # the Ray node whose worker ran the shard (None: written by the driver)
+    constrained_rows: int = 0  # rows with a response_format (structured output)
+    forced_tokens: int = 0  # of accepted_tokens: drafts their grammar forced (see Completion)
 
     @property
     def chosen(self) -> ArmResult | None:
