@@ -91,6 +91,10 @@ class Grammar:
         self.matcher, self.vocab, self.eos_ids = matcher, vocab, eos_ids
         self.words = (vocab + 31) // 32  # int32 words of a bit mask
 
+    def copy(self) -> "Grammar":
+        """An independent matcher in the same state."""
+        return Grammar(self.matcher.deep_copy(), self.vocab, self.eos_ids)
+
     def forced(self) -> list[int]:
         """The tokens the grammar forces from here (its fast-forward tokens), possibly none."""
         return list(self.matcher.compute_ff_tokens())
