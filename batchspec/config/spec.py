@@ -48,6 +48,7 @@ from batchspec.config.kit import (
     read_yaml,
 )
 from batchspec.engine.base import NGRAM_SIZE_DEFAULT, SpecConfig, freeze
+from batchspec.engine.trtllm.guided import GUIDED_BACKENDS
 from batchspec.engine.trtllm.translate import (
     DECODING_TYPES,
     LLM_ARGS,
@@ -92,6 +93,8 @@ def check_llm_options(path: str, options: dict) -> None:
             raise ConfigError(
                 f"{path}: {key}: not a TensorRT-LLM {TRTLLM_RELEASE} LLM argument batchspec passes on (known: {', '.join(sorted(LLM_ARGS))})"
             )
+    if options.get("guided_decoding_backend") not in (None, *GUIDED_BACKENDS):
+        raise ConfigError(f"{path}: guided_decoding_backend: expected {', '.join(GUIDED_BACKENDS)} or null, got {describe(options['guided_decoding_backend'])}")
     if "dtype" in options and options["dtype"] not in ("auto", "float16", "bfloat16", "float32"):
         raise ConfigError(f"{path}: dtype: expected auto, float16, bfloat16 or float32, got {describe(options['dtype'])}")
     for key, minimum in _TOP_INTS.items():

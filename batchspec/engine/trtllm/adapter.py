@@ -46,6 +46,7 @@ from batchspec.engine.base import (
     SpecConfig,
     Timing,
 )
+from batchspec.engine.trtllm.guided import guided_kwargs, split_unguided, with_guided_backend
 from batchspec.engine.trtllm.memory import (
     DEFAULT_FREE_GPU_MEMORY_FRACTION,
     free_gpu_bytes,
@@ -121,7 +122,7 @@ class TrtllmEngine:
                  clock: Callable[[], float] = time.perf_counter, stats_timeout_s: float = 2.0):
         self._trtllm = require_trtllm()
         self.model_name = model
-        self.run_options = dict(llm_options or {})
+        self.run_options = with_guided_backend(dict(llm_options or {}))  # structured output: guided.py
         if dtype is not None:
             if dtype not in DTYPES:
                 raise ConfigError(f"dtype: expected one of {', '.join(DTYPES)} for the trtllm engine, got {dtype!r}")
@@ -151,11 +152,17 @@ class TrtllmEngine:
         self._check_sampling(spec, requests)
         built = self._llm_for(spec, batch_size)
         llm, params = built.llm, self._trtllm.SamplingParams
+        guided = importlib.import_module("tensorrt_llm.sampling_params").GuidedDecodingParams
+        unguided = split_unguided(requests, built.spec, self.run_options)
         start = self.clock()
         futures: list[Any] = []
-        for request in requests:
+        for i, request in enumerate(requests):
+            if i in unguided:
+                futures.append(Completion.failed(request.id, unguided[i]))
+                continue
             try:
-                futures.append(llm.generate_async(self._prompt(llm, request), params(**sampling_kwargs(request.params))))
+                sampling = params(**sampling_kwargs(request.params), **guided_kwargs(request, guided))
+                futures.append(llm.generate_async(self._prompt(llm, request), sampling))
             except Exception as exc:  # a bad row (empty, too long) fails alone
                 futures.append(Completion.failed(request.id, one_line(exc)))
         entries: list[Any] = []

@@ -70,6 +70,7 @@ LLM_ARGS = (
     "peft_cache_config", "load_format", "enable_autotuner", "stream_interval", "num_postprocess_workers",
     "garbage_collection_gen0_threshold", "batch_wait_timeout_ms", "torch_compile_config",
     "enable_min_latency", "quant_config", "max_stats_len",
+    "guided_decoding_backend",  # structured output: guided.py
 )
 # Arguments the adapter owns or cannot honour (one GPU per worker, the PyTorch backend).
 LLM_ARGS_REFUSED = {

@@ -208,6 +208,8 @@ class TorchLlmArgs(StrictBaseModel):
     max_stats_len: int = 1000  # AD: default=1000, "The max number of performance statistic entries."
     print_iter_log: bool = False
     speculative_config: Optional[Any] = None
+    # L12: "Guided decoding backend. llguidance is supported in PyTorch backend only."
+    guided_decoding_backend: Optional[Literal["xgrammar", "llguidance"]] = None
     attn_backend: str = "TRTLLM"
     sampler_type: str = "auto"
     stream_interval: int = 1
