@@ -56,5 +56,5 @@ def test_a_run_without_a_backend_fails_its_constrained_rows_only(trt):
 
 
 def test_an_unknown_backend_is_refused_at_the_edge():
-    with pytest.raises(ConfigError, match=r"^p.yaml: guided_decoding_backend: expected xgrammar, llguidance or null, got 'outlines'$"):
+    with pytest.raises(ConfigError, match=r"^p.yaml: guided_decoding_backend: expected xgrammar, llguidance or null, got 'outlines' \(str\)$"):
         check_llm_options("p.yaml", {"guided_decoding_backend": "outlines"})
