@@ -298,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="few prompts and tokens (minutes, not tens of minutes)")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--structured", action="store_true",
+                        help="only structured output on an extraction workload, --model (bench/structured.py, issue 56)")
     args = parser.parse_args(argv)
 
     threads = choose_threads(args.threads)
@@ -306,6 +308,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         sizes = Sizes(sizes.batch_prompts, sizes.copy_prompts, sizes.code_prompts, args.max_tokens)
     info = machine(threads, args.dtype)
     print(f"machine: {info}", flush=True)
+    if args.structured:
+        import structured
+
+        return structured.main(args, argv, info)
     comparisons: list[Comparison] = []
     engines = {}
 
