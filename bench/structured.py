@@ -20,18 +20,21 @@ from typing import Sequence
 from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SamplingParams, SpecConfig
 from batchspec.engine.response_format import parse_response_format
 
+# Bounded as an extraction schema is (the documents hold 3 skills and 2 projects): unbounded lists
+# and strings let the 135M model repeat one item until max_tokens, which no row would survive.
 PERSON = {
     "type": "object",
     "properties": {
-        "name": {"type": "string"},
-        "company": {"type": "string"},
-        "age": {"type": "integer"},
-        "email": {"type": "string"},
+        "name": {"type": "string", "maxLength": 40},
+        "company": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 16, "maximum": 99},
+        "email": {"type": "string", "maxLength": 60},
         "role": {"enum": ["engineer", "manager", "sales", "support"]},
-        "city": {"type": "string"},
-        "skills": {"type": "array", "items": {"type": "string"}},
-        "projects": {"type": "array", "items": {
-            "type": "object", "properties": {"title": {"type": "string"}, "year": {"type": "integer"}},
+        "city": {"type": "string", "maxLength": 30},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+        "projects": {"type": "array", "maxItems": 2, "items": {
+            "type": "object", "properties": {"title": {"type": "string", "maxLength": 40},
+                                             "year": {"type": "integer", "minimum": 1990, "maximum": 2030}},
             "required": ["title", "year"], "additionalProperties": False}},
     },
     "required": ["name", "company", "age", "email", "role", "city", "skills", "projects"],
@@ -167,7 +170,7 @@ def main(args, argv, info: dict) -> dict:
 
     from engine import command, load_engine, machine_line, write
 
-    rows, max_tokens = (4, 120) if args.quick else (8, args.max_tokens or 160)
+    rows, max_tokens = (4, args.max_tokens or 160) if args.quick else (8, args.max_tokens or 160)
     engine = load_engine(args.model, args.dtype)
     data = bench_structured(engine, args.model, rows, max_tokens, (4, 8))
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]

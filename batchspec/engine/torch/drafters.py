@@ -117,7 +117,6 @@ class NgramIndex:
                 return tokens[start + n : start + n + k]
         return []
 
-
     def _propose_after(self, extra: list[int], k: int) -> list[int]:
         """`propose(k)` over tokens + extra: the starts that extra makes findable are scanned
         (the latest first), the rest come from the index."""
