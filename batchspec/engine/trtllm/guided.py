@@ -4,8 +4,10 @@ What TensorRT-LLM's source says (NVIDIA/TensorRT-LLM; docs/structured-output.md 
 ids and the reading):
 - `LLM(guided_decoding_backend=...)`: `Optional[Literal["xgrammar", "llguidance"]]`, default None,
   "llguidance is supported in PyTorch backend only" (tensorrt_llm/llmapi/llm_args.py, the 1.2-era
-  copy). Without a backend the executor builds no guided decoder. batchspec builds every arm with
-  GUIDED_BACKEND unless the run's llm_options name one (like for like: "none" gets it too).
+  copy). Without a backend the executor builds no guided decoder. The adapter builds an LLM that
+  serves rows with a response_format with GUIDED_BACKEND unless the run's llm_options name one,
+  whatever the arm ("none" too: like for like), and an LLM for calls without such rows as before
+  (no guided decoder runs for them); a guided LLM also serves unconstrained rows.
 - per request: `SamplingParams(guided_decoding=GuidedDecodingParams(json=schema))`, one guide per
   request (tensorrt_llm/sampling_params.py, `GuidedDecodingParams._validate`).
 - speculation: `create_py_executor` (tensorrt_llm/_torch/pyexecutor/py_executor_creator.py) builds

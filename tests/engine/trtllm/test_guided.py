@@ -1,6 +1,6 @@
 """Structured output through the TensorRT-LLM adapter (batchspec.engine.trtllm.guided), over the
-stand-in `tensorrt_llm`, which follows the source guided.py cites: every arm is built with a guided
-decoding backend, each constrained row carries `GuidedDecodingParams(json=schema)` and the others
+stand-in `tensorrt_llm`, which follows the source guided.py cites: an arm serving constrained rows
+is built with a guided decoding backend, each constrained row carries `GuidedDecodingParams(json=schema)` and the others
 none, every speculative method batchspec runs gets TensorRT-LLM 1.2's guided decoder for it, and a
 run that turns the backend off gets one-line row errors for its constrained rows only."""
 
@@ -38,6 +38,17 @@ def test_every_arm_is_built_with_a_guided_backend_and_constrained_rows_carry_the
     expected = decoder or ("CapturableGuidedDecoder" if llm.args.speculative_config.one_model else "GuidedDecoder")
     assert llm.guided_decoder == expected
     assert [g.json if g is not None else None for g in llm.guided] == [SCHEMA, None, SCHEMA]
+
+
+def test_the_backend_is_added_only_for_calls_with_constrained_rows_and_then_kept(trt):
+    engine = engine_for()
+    free = [r for r in mixed() if r.response_format is None]
+    engine.generate(free, NO_SPEC, 3)
+    assert engine._live.llm.args.guided_decoding_backend is None and trt.builds == 1  # as before structured output
+    engine.generate(mixed(), NO_SPEC, 3)
+    assert engine._live.llm.args.guided_decoding_backend == "xgrammar" and trt.builds == 2
+    engine.generate(free, NO_SPEC, 3)
+    assert engine._live.llm.args.guided_decoding_backend == "xgrammar" and trt.builds == 2  # the guided LLM serves them
 
 
 def test_a_run_that_names_its_backend_keeps_it(trt):
