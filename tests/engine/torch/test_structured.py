@@ -84,6 +84,28 @@ def test_constrained_greedy_speculation_equals_constrained_greedy_plain(engine, 
     assert ran.completions[-1].forced_tokens == 0  # the unconstrained row has no grammar
 
 
+def test_the_lookup_after_forced_tokens_is_the_lookup_over_the_sequence_followed_by_them():
+    """`NgramIndex.propose(k, extra)` (the n-gram drafter after a grammar's forced tokens, and its
+    counterfactual) against the reference scan over sequence + extra, nothing indexed from extra."""
+    import numpy as np
+
+    from batchspec.engine.torch.drafters import NgramIndex
+    from tests.engine.torch.test_engine import ngram_lookup
+
+    rng = np.random.default_rng(56)
+    for vocab in (2, 3, 6):
+        seq = rng.integers(0, vocab, 80).tolist()
+        for max_ngram in (1, 2, 3):
+            index = NgramIndex(max_ngram, seq[:1])
+            for end in range(2, len(seq) - 4):
+                index.extend(seq[end - 1 : end])
+                for extra in (seq[end : end + 1], seq[end : end + 4], rng.integers(0, vocab, 3).tolist()):
+                    for k in (0, 1, 5):
+                        want = ngram_lookup(np.asarray(seq[:end] + extra), max_ngram, k)
+                        assert index.propose(k, extra) == want, (vocab, max_ngram, end, extra, k)
+                assert len(index.tokens) == end  # nothing of extra was indexed
+
+
 def test_rows_that_stop_are_valid_json_of_their_schema(plain):
     requests = constrained_requests()
     stopped = 0
