@@ -12,6 +12,7 @@ nested sections:
     workers: 1
     batch_size: 8
     max_tokens: 64
+    prompt_format: chat           # chat: a prompt is one user message through the model's chat template; raw: as is
     response_format: null         # a JSON file: the default response_format of rows without one
     worker: {num_cpus: 1, num_gpus: 0, torch_threads: null, max_attempts: 3, wait_for_workers_s: 0}
     calibration: {sample_size: 8, max_tokens: 16, ...}   # batchspec.calibrate.CalibrationSettings
@@ -37,7 +38,7 @@ import fsspec
 
 from batchspec.config.kit import check_fields, check_value, exists, field_rules, read_yaml, relative_to
 from batchspec.data import DEFAULT_PIPELINE, PIPELINES_DIR  # noqa: F401  (PIPELINES_DIR re-exported for the CLI)
-from batchspec.engine.base import DTYPES
+from batchspec.engine.base import DTYPES, PROMPT_FORMATS
 from batchspec.engine.factory import ENGINES
 from batchspec.engine.response_format import ResponseFormat, parse_json, parse_response_format
 from batchspec.errors import ConfigError, one_line
@@ -99,6 +100,10 @@ class RunConfig:
     # A JSON file holding an OpenAI `response_format` ({"type": "json_schema", "json_schema": {...}}):
     # structured output for every row whose response_format column is null (or that has none).
     response_format: str | None = field(default=None, metadata={"expected": "a JSON file of an OpenAI response_format"})
+    # How a text `prompt` reaches the model (batchspec.parse): "chat", one user message through the
+    # model's chat template (an instruct model answers a bare instruction with end-of-turn), or
+    # "raw", as is (completion-style prompts for base models). `messages` rows always take the template.
+    prompt_format: str = field(default="chat", metadata={"choices": PROMPT_FORMATS})
     resume: bool = True
     # Keep OUTPUT/_shards/ (each shard's input rows) after _SUCCESS, for debugging; by default a
     # finished run removes it (batchspec.pipeline: the decision and why resume stays exact).
@@ -249,8 +254,9 @@ def validate_pipeline_file(path: str | os.PathLike) -> str:
     from batchspec.config.candidates import resolve_spec_arg
 
     choice = resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)  # the files it names
-    if config.engine == "trtllm":  # every arm must be buildable with one set of LLM options
-        from batchspec.config.spec import run_llm_options
+    if config.engine == "trtllm":  # every arm must be buildable with one set of LLM options, on the worker's GPUs
+        from batchspec.config.spec import check_world, run_llm_options
 
-        run_llm_options(dict(config.llm_options), choice.arms, where=f"{path}: llm_options")
+        merged = run_llm_options(dict(config.llm_options), choice.arms, where=f"{path}: llm_options")
+        check_world(f"{path}: llm_options", merged, config.worker.num_gpus)
     return f"{path}: pipeline, engine {config.engine}, model {config.model}, spec {config.spec}, {config.workers} worker(s)"

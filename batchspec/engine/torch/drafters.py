@@ -4,7 +4,7 @@
   occurrence of the sequence's last n tokens (n = max_matching_ngram_size down to 1) in the
   prompt and output so far, and proposes what followed it. No model, no probabilities: it is a
   deterministic drafter (draft_probs None in the accept rule).
-- `ModelDrafter` (`DraftTarget`): a smaller causal LM with the same tokenizer, run
+- `ModelDrafter` (`Draft_Target`): a smaller causal LM with the same tokenizer, run
   autoregressively on its own `kv.Batch`, sampling with the request's own temperature/top_p and
   generator so that its distribution q can be handed to the accept rule.
 
@@ -41,11 +41,10 @@ BULK = 16  # tokens added at once from which `NgramIndex.extend` indexes n by n 
 
 class NgramIndex:
     """A growing sequence with the latest earlier start of each of its n-grams (n = 1 ..
-    max_ngram): `propose(k)` finds what a scan of the whole sequence would, without the scan. The
-    drafter scanned the context with numpy at every step until 2026-12-04 (the scan is the tests'
-    reference now): 40 us a row at 500 tokens and 130-240 us at 4,500 on this CPU, where a
-    batch-8 step of a small model on a GPU is 2-3 ms a row. The index costs a dict entry per token
-    and n when a token is added, keyed by the n-gram's tokens packed into one int (KEY_BITS each:
+    max_ngram): `propose(k)` finds what a scan of the whole sequence would (the scan is the tests'
+    reference), without the scan, whose cost grows with the context on every decode step
+    (docs/engines/torch.md, "Drafters"). The index costs a dict entry per token and n when a
+    token is added, keyed by the n-gram's tokens packed into one int (KEY_BITS each:
     exact for any vocabulary under 2^32), and a dict lookup per n to propose. (TensorRT-LLM's
     NGram keeps such a pool per request too, updated as tokens are accepted:
     tensorrt_llm/_torch/speculative/ngram.py, NGramPoolManager.)"""
@@ -81,8 +80,8 @@ class NgramIndex:
     def _bulk(self, new) -> None:
         """`extend`'s result, computed per n over the whole run of n-grams that become findable:
         their keys by list comprehensions, and one dict update each, in order, so the latest
-        start wins as token by token. A 450-token prompt took 204 µs token by token on this CPU
-        (two thirds of a row's whole counterfactual at 24 output tokens)."""
+        start wins as token by token. Token by token, indexing a long prompt was most of a row's
+        counterfactual acceptance at short outputs (`BULK`; docs/engines/torch.md, "Drafters")."""
         tokens = self.tokens
         first = len(tokens)  # an n-gram starting at s is findable once s + n <= len(tokens) - 1
         tokens.extend(map(int, new))

@@ -88,11 +88,11 @@ class TorchEngine:
         if spec.method not in SUPPORTED:
             raise ConfigError(
                 f"{spec.source or 'spec'}: decoding_type {spec.method} is not supported by the torch engine "
-                "(supported: NGram, DraftTarget); use --engine trtllm"
+                "(supported: NGram, Draft_Target); use --engine trtllm"
             )
         if spec.method == "draft_target":
             if not spec.draft_model:
-                raise ConfigError(f"{spec.source or 'spec'}: DraftTarget needs a draft model (speculative_model_dir or --draft-model)")
+                raise ConfigError(f"{spec.source or 'spec'}: Draft_Target needs a draft model (speculative_model_dir or --draft-model)")
             self._draft(spec.draft_model)
 
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int,
@@ -132,6 +132,10 @@ class TorchEngine:
         self.last_steps = clock.steps
         assert all(c is not None for c in completions)
         return GenerateResult(completions, clock.timing, steps=clock.steps)  # type: ignore[arg-type]
+
+    def gpu_memory_per_gpu(self) -> int | None:
+        """The most device memory torch allocated on this engine's GPU (None on a CPU)."""
+        return int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
 
     def close(self) -> None:
         self._drafts.clear()

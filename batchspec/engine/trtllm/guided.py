@@ -21,7 +21,7 @@ ids and the reading):
 
 batchspec's own forced drafts (the torch engine's) do not exist here: TensorRT-LLM's drafters
 propose as they do without a grammar, and its guided decoder masks the target's logits.
-Nothing here has run against real TensorRT-LLM (`python jobs/gpu_check.py` on a GPU node).
+Nothing here has run against real TensorRT-LLM, and jobs/gpu_check.py does not exercise it yet.
 """
 
 from __future__ import annotations
