@@ -199,6 +199,8 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         drift_switch_arm=drift.switch_arm,
         drift_switch_predicted=drift.switch_predicted,
         cost_profile=decision.profile,
+        constrained_rows=sum(r.response_format is not None for r in shard.requests),
+        forced_tokens=sum(c.forced_tokens for c in completions),
     )
     return ShardResult(completions, row_specs, stats, decision)
 
