@@ -50,7 +50,7 @@ test: setup $(FLOOR_STAMP)
 
 # The engine drives transformers' model forward and cache API, which moves within the 5.x that
 # pyproject accepts (>=5.0): 5.17 takes the cache only as past_key_values and reads a 2D
-# logits_to_keep otherwise (both broke the engine on the first GPU, fixed in ab170f1). So the
+# logits_to_keep otherwise (both broke the engine on the first GPU run). So the
 # engine's cache and conformance tests run again on the lowest release accepted, installed beside
 # the venv with the lowest tokenizers and huggingface_hub it takes (about 10 s more).
 test-floor: $(FLOOR_STAMP)

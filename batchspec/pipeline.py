@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from batchspec.calibrate import CalibrationSettings, Decision, WorkerState
-from batchspec.config.run import RunConfig, check_engine_options
+from batchspec.config.run import RunConfig, check_engine_options, default_response_format
 from batchspec.engine.base import NO_SPEC
 from batchspec.engine.factory import create_engine
 from batchspec.errors import InputError, OutputError
@@ -170,8 +170,10 @@ def check_prompt_format(config: RunConfig) -> None:
 
 
 def row_defaults(config: RunConfig) -> RowDefaults:
-    """How the run's rows become requests unless a row says otherwise (batchspec.parse)."""
-    return RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed, config.prompt_format)
+    """How the run's rows become requests unless a row says otherwise (batchspec.parse): the sampling
+    values, the prompt format and the default response_format (its file read and checked here)."""
+    return RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed, config.prompt_format,
+                       default_response_format(config))
 
 
 def run_llm_options(config: RunConfig, arms) -> dict:

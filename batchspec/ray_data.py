@@ -15,11 +15,12 @@ engine for its life, with `config.worker` resources: the same `ShardWorker` as `
 Every batch of at most `shard_size` rows is a shard; its rows are split by the `shard_by` value and
 each part is calibrated and generated like a shard of `batchspec run` (the same `run_shard`: the
 same per-shard calibration, drift fallback and reuse of a key's decision for a later, smaller part
-on the same actor). Each output row carries the output columns of stats.OutputRow (`id`, `shard_id`,
-`text`, ..., `target_steps`) and the input's passthrough columns; a row that cannot run becomes an
-error row, as in a run. A text `prompt` goes through the model's chat template as one user
-message unless `config.prompt_format` is "raw" (as Ray Data LLM's chat-template stage does before
-its engine); `messages` always do.
+on the same actor; a `response_format` column, with `config.response_format` for rows without one,
+constrains rows as in a run). Each output row carries the output columns of stats.OutputRow (`id`,
+`shard_id`, `text`, ..., `target_steps`) and the input's passthrough columns; a row that cannot run
+becomes an error row, as in a run. A text `prompt` goes through the model's chat template as one
+user message unless `config.prompt_format` is "raw" (as Ray Data LLM's chat-template stage does
+before its engine); `messages` always do.
 
 What it does not do (use `batchspec run` for these): the deterministic plan, `_shards/`,
 exactly-once commit and resume, stats files. Ray Data owns retries and where the result goes, and
@@ -67,7 +68,8 @@ def generate(ds, config):
         output=None, passthrough=pa.schema([]), out_schema=pa.schema([]),
         engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
         device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
-        calibration=config.calibration, defaults=row_defaults(config), worker=config.worker, llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
+        calibration=config.calibration, defaults=row_defaults(config), worker=config.worker,
+        llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     return ds.map_batches(
         GenerateStage, fn_constructor_args=(job, config.shard_by), batch_size=config.shard_size, batch_format="pyarrow",

@@ -129,4 +129,6 @@ def _stats(engine: Engine, shard: ShardInput, ran: GenerateResult, decision: Dec
         profile_s=decision.profile_s,
         cost_profile=[],
         events=list(decision.events),
+        constrained_rows=sum(r.response_format is not None for r in shard.requests),
+        forced_tokens=sum(c.forced_tokens for c in ran.completions),
     )

@@ -300,6 +300,8 @@ class ShardStats:
     gpu_memory_per_gpu: int | None = None  # bytes: the most device memory seen in use on one of them (None: a CPU)
     prompt_format: str | None = None  # how text prompts reached the model: chat (its chat template) or raw (RunConfig.prompt_format)
     empty_rows: int = 0  # rows that ran and returned an empty text (many: a likely prompt-format mismatch)
+    constrained_rows: int = 0  # rows with a response_format (structured output)
+    forced_tokens: int = 0  # of accepted_tokens: drafts their grammar forced (see Completion)
     events: list[Event] = field(default_factory=list)  # what calibration decided and what happened, in order
 
     @property

@@ -15,6 +15,12 @@ both arms, left out, as calibration measures it); tokens over the whole wall tim
 
 The three speedups are the headline figures --record appends to bench/results.jsonl; --out DIR
 writes every detail (DIR/engine.json, DIR/engine.md).
+
+    python bench/engine.py --structured [--quick] [--model M] [--dtype float32] [--record]
+
+runs structured output on an extraction workload instead (bench/common/structured.py): constrained
+against unconstrained plain decoding per output token, grammar-forced drafts with n-gram lookup
+against constrained plain, and the share of tokens forced.
 """
 
 from __future__ import annotations
@@ -113,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="few prompts and tokens (minutes, not tens of minutes)")
     parser.add_argument("--out", default=None, metavar="DIR", help="write every detail to DIR/engine.json and DIR/engine.md")
+    parser.add_argument("--structured", action="store_true",
+                        help="instead: structured output on an extraction workload with --model (bench/common/structured.py)")
     results.add_options(parser)
     args = parser.parse_args(argv)
 
@@ -122,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         sizes = Sizes(sizes.batch_prompts, sizes.copy_prompts, sizes.code_prompts, args.max_tokens)
     info = machine(threads, args.dtype)
     print(f"machine: {info}", flush=True)
+    if args.structured:
+        from common import structured
+
+        return structured.main(args, argv, info)
     comparisons: list[Comparison] = []
     engines = {}
 

@@ -81,6 +81,25 @@ def test_engine_bench_writes_comparisons_and_records_its_speedups_when_asked(mod
     assert data["comparisons"] == saved["comparisons"]
 
 
+def test_engine_bench_structured_option_runs_the_extraction_arms_and_records_them(models, tmp_path):
+    import engine
+
+    target, _ = models
+    argv = ["--structured", "--model", target, "--quick", "--max-tokens", "8", "--threads", "1", "--dtype", "float32"]
+    data = engine.main([*argv, "--record", "--results", str(tmp_path / "r.jsonl")])
+    (line,) = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert line == data["record"] and line["bench"] == "engine" and line["args"]["structured"] is True
+    assert line["command"] == "python bench/engine.py " + " ".join(argv)
+    assert set(line["metrics"]) == {"constrained_vs_free_per_token_b1", "constrained_vs_free_per_token_b8",
+                                    "forced_ngram_vs_constrained_b1", "forced_share"}
+    assert set(data["cost_per_token"]) == {1, 8}
+    arms = data["speculation"]
+    assert set(arms) == {"constrained plain", "forced+ngram k=4", "forced+ngram k=8", "forced alone k=8"}
+    assert all(a["rows"] == 4 and a["errors"] == 0 for a in arms.values())
+    assert arms["forced alone k=8"]["forced_tokens"] > 0  # the schema's opening bytes are forced
+    assert line["metrics"]["forced_ngram_vs_constrained_b1"] == round(data["best_speedup"], 3)
+
+
 def test_calibrate_bench_sets_each_calibrated_shard_beside_its_oracle_and_records_when_asked(models, tmp_path):
     import calibrate
 

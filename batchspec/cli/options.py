@@ -27,6 +27,9 @@ SAMPLING = [
     click.option("--top-p", type=float),
     click.option("--seed", type=int, help="Run seed; each row samples with a seed derived from it and its id."),
     click.option("--dtype", type=click.Choice(DTYPES)),
+    click.option("--response-format", metavar="FILE.json",
+                 help="Structured output for rows whose response_format column is null: a JSON file holding an "
+                      'OpenAI response_format, {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}.'),
     # Checked by build_config like the pipeline key (one line naming the option), not by click.
     click.option("--prompt-format", metavar="|".join(PROMPT_FORMATS),
                  help="chat (default): a prompt goes to the model as one user message through its chat template; "

@@ -48,6 +48,7 @@ from batchspec.config.kit import (
     read_yaml,
 )
 from batchspec.engine.base import NGRAM_SIZE_DEFAULT, SpecConfig, freeze
+from batchspec.engine.trtllm.guided import GUIDED_BACKENDS
 from batchspec.engine.trtllm.translate import (
     DECODING_TYPES,
     LLM_ARGS,
@@ -98,6 +99,8 @@ def check_llm_options(path: str, options: dict) -> None:
             raise ConfigError(
                 f"{path}: {key}: not a TensorRT-LLM {TRTLLM_RELEASE} LLM argument batchspec passes on (known: {', '.join(sorted(LLM_ARGS))})"
             )
+    if options.get("guided_decoding_backend") not in (None, *GUIDED_BACKENDS):
+        raise ConfigError(f"{path}: guided_decoding_backend: expected {', '.join(GUIDED_BACKENDS)} or null, got {describe(options['guided_decoding_backend'])}")
     dtype = options.get("dtype", "auto")  # a free string in 1.2 (TorchLlmArgs.dtype: str)
     if not isinstance(dtype, str) or not dtype.strip():
         raise ConfigError(f"{path}: dtype: expected a string such as auto, bfloat16, float16 or float32, got {describe(dtype)}")

@@ -21,6 +21,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
+from batchspec.engine.response_format import ResponseFormat
+
 SPEC_METHODS = ("none", "ngram", "draft_target", "eagle3", "mtp")
 FINISH_REASONS = ("stop", "length", "error")
 # Which speculative methods each engine runs ("none" always); factory.py builds them by these names.
@@ -55,13 +57,15 @@ class SamplingParams:
 class Request:
     """One row to complete: a plain `prompt` (tokenized as is, with the tokenizer's special tokens),
     chat `messages` ([{role, content}, ...], through the model's chat template), or
-    `prompt_token_ids` (already tokenized, as vLLM's TokensPrompt)."""
+    `prompt_token_ids` (already tokenized, as vLLM's TokensPrompt). A `response_format` constrains
+    the output to its JSON schema (structured output: docs/structured-output.md)."""
 
     id: str
     prompt: str | None = None
     messages: tuple[dict[str, str], ...] | None = None
     params: SamplingParams = SamplingParams()
     prompt_token_ids: tuple[int, ...] | None = None
+    response_format: ResponseFormat | None = None
 
 
 # NGramDecodingConfig.max_matching_ngram_size's default in TensorRT-LLM's LLM API
@@ -161,6 +165,9 @@ class Completion:
     # Drafts accepted at each of the row's target steps, in order (counts only tokens committed:
     # drafts accepted past the row's end are not output). Empty when the engine does not report it.
     accepted_steps: list[int] = field(default_factory=list)
+    # Of accepted_tokens: drafts the row's grammar forced (the only continuation it allowed, as the
+    # grammar library tokenizes it) that the target kept. 0 for an unconstrained row.
+    forced_tokens: int = 0
 
     @classmethod
     def failed(cls, request_id: str, reason: str, prompt_tokens: int = 0) -> "Completion":

@@ -86,7 +86,8 @@ class ReplayTarget:
     def prefill(self, rows: list[Row]) -> tuple[ReplayBatch, list[int]]:
         return ReplayBatch(list(rows)), [self.outputs[r.index][0] for r in rows]
 
-    def verify(self, rows: list[Row], batch: ReplayBatch, draft_lists: list[list[int]], drafts) -> tuple[torch.Tensor, torch.Tensor]:
+    def verify(self, rows: list[Row], batch: ReplayBatch, draft_lists: list[list[int]], drafts
+               ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         accepted, nexts = [], []
         for row, draft in zip(rows, draft_lists):
             truth, t = self.outputs[row.index], len(row.output)
@@ -97,7 +98,7 @@ class ReplayTarget:
                 raise RuntimeError(f"row {row.index} ran past its recording ({len(truth)} tokens)")
             accepted.append(n)
             nexts.append(truth[t + n])
-        return torch.tensor(accepted), torch.tensor(nexts)
+        return torch.tensor(accepted), torch.tensor(nexts), [0] * len(rows)  # no mask: no grammar consumed drafts
 
 
 class RecordedDrafter:
@@ -109,7 +110,8 @@ class RecordedDrafter:
     def admit(self, rows: list, device) -> None:
         pass
 
-    def propose(self, rows: list[Row], budgets: list[int], vocab: int) -> Drafts:
+    def propose(self, rows: list[Row], budgets: list[int], vocab: int, ahead=None) -> Drafts:
+        assert not any(ahead or ()), "the simulator replays unconstrained rows only"
         out = []
         for row, k in zip(rows, budgets):
             t = len(row.output)

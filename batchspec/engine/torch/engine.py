@@ -36,6 +36,7 @@ from batchspec.engine.regimes import Regime
 from batchspec.engine.sampling import argmax
 from batchspec.engine.torch.decode import Clock, Decoder, ModelTarget, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
+from batchspec.engine.torch.grammar import Grammar, GrammarError, Grammars
 from batchspec.engine.torch.kv import Batch
 from batchspec.engine.torch.load import check_same_tokenizer, load_pretrained
 from batchspec.errors import ConfigError, ModelError, one_line
@@ -70,6 +71,7 @@ class TorchEngine:
         self.probe_seeds: dict[str, Batch] = {}  # model -> the one short row its cost probes fork from (measure.profile)
         self.warmed = False  # the target has decoded rows: a cost profile needs no warm-up forward (measure.profile)
         self.regime = regime  # a cost regime: every second this engine reports is simulated (engine/regimes.py)
+        self.grammars = Grammars(tokenizer, self.vocab, self.eos_ids)  # structured output: schemas compiled once
 
     @classmethod
     def load(cls, model: str, draft_model: str | None = None, dtype: str = "float32",
@@ -191,11 +193,21 @@ class TorchEngine:
                 f"the model's context of {limit} tokens",
                 prompt_tokens=len(ids),
             )
+        try:
+            grammar = self.grammar(request)
+        except GrammarError as exc:
+            return Completion.failed(request.id, str(exc), prompt_tokens=len(ids))
         params = request.params
         generator = None
         if not params.greedy:
             generator = torch.Generator().manual_seed(params.seed if params.seed is not None else _stable_seed(request.id))
-        return Row(index, params, len(ids), list(ids), generator)
+        return Row(index, params, len(ids), list(ids), generator, grammar=grammar)
+
+    def grammar(self, request: Request) -> Grammar | None:
+        """A fresh matcher at the start of the request's structured output (None when it has none);
+        GrammarError (one line) when its schema cannot be compiled. Counterfactual acceptance of
+        constrained rows walks one along each plain row (batchspec.predict.constrained)."""
+        return None if request.response_format is None else self.grammars.matcher(request.response_format)
 
     def _finish(self, request: Request, row: Row) -> Completion:
         out = row.output
@@ -204,9 +216,9 @@ class TorchEngine:
             text = text[: row.stop_at]
         return Completion(
             id=request.id, text=text, token_ids=out, prompt_tokens=row.prompt_len, output_tokens=len(out),
-            finish_reason=row.finish or "length", draft_tokens=row.draft_tokens,
+            finish_reason=row.finish or "length", error=row.error, draft_tokens=row.draft_tokens,
             accepted_tokens=row.accepted_tokens, target_steps=row.target_steps,
-            accepted_at=row.accepted_at, accepted_steps=row.accepted_steps,
+            accepted_at=row.accepted_at, accepted_steps=row.accepted_steps, forced_tokens=row.forced_tokens,
         )
 
     def _decoder(self) -> Decoder:
@@ -289,6 +301,8 @@ def _request_problem(request: Request) -> str | None:
         return f"temperature must be >= 0, got {p.temperature!r}"
     if not 0 < p.top_p <= 1:
         return f"top_p must be in (0, 1], got {p.top_p!r}"
+    if p.stop and request.response_format is not None:
+        return "stop strings cannot be combined with response_format: a stop string would cut the JSON (the schema ends the output)"
     return None
 
 

@@ -51,6 +51,7 @@ from batchspec.engine.base import (
     SpecConfig,
     Timing,
 )
+from batchspec.engine.trtllm.guided import guided_kwargs, split_unguided, with_guided_backend
 from batchspec.engine.trtllm.memory import (
     DEFAULT_FREE_GPU_MEMORY_FRACTION,
     free_gpu_bytes,
@@ -122,6 +123,8 @@ class _Built:
     llm: Any
     spec: SpecConfig  # what the LLM actually runs
     key: tuple  # (arm asked for, batch size)
+    options: dict | None = None  # the LLM options it was built with (the run's, a guided decoding backend added: guided.py)
+    guided: bool = False  # built for rows with a response_format
 
 
 class TrtllmEngine:
@@ -167,13 +170,19 @@ class TrtllmEngine:
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int) -> GenerateResult:
         self.check(spec)
         self._check_sampling(spec, requests)
-        built = self._llm_for(spec, batch_size)
+        built = self._llm_for(spec, batch_size, guided=any(r.response_format is not None for r in requests))
         llm, params = built.llm, self._trtllm.SamplingParams
+        guided = importlib.import_module("tensorrt_llm.sampling_params").GuidedDecodingParams
+        unguided = split_unguided(requests, built.spec, built.options)
         start = self.clock()
         futures: list[Any] = []
-        for request in requests:
+        for i, request in enumerate(requests):
+            if i in unguided:
+                futures.append(Completion.failed(request.id, unguided[i]))
+                continue
             try:
-                futures.append(llm.generate_async(self._prompt(llm, request), params(**sampling_kwargs(request.params))))
+                sampling = params(**sampling_kwargs(request.params), **guided_kwargs(request, guided))
+                futures.append(llm.generate_async(self._prompt(llm, request), sampling))
             except Exception as exc:  # a bad row (empty, too long) fails alone
                 futures.append(Completion.failed(request.id, one_line(exc)))
         entries: list[Any] = []
@@ -248,16 +257,21 @@ class TrtllmEngine:
                     f"temperature > 0 rows greedily on one-model {METHOD_TO_DECODING_TYPE[spec.method]}; remove it or set it true"
                 )
 
-    def _llm_for(self, spec: SpecConfig, batch_size: int) -> _Built:
+    def _llm_for(self, spec: SpecConfig, batch_size: int, guided: bool = False) -> _Built:
+        """The live LLM for `spec`, built anew when none runs it; a call with constrained rows
+        needs one built with a guided decoding backend (guided.py), which serves unconstrained
+        rows too; a call without them builds as before structured output (no guided decoder)."""
         key = (spec, batch_size)
-        if self._live is not None and self._live.key == key:
-            return self._live
+        live = self._live
+        if live is not None and live.key == key and (live.guided or not guided):
+            return live
         self._shutdown_live()  # one live LLM: its memory is back before the next plan and build
+        options = with_guided_backend(self.run_options) if guided else self.run_options
         start = self.clock()
         effective, reason = self._fit_memory(spec, batch_size)
-        llm = self._build(llm_kwargs(self.model_name, effective, self.run_options, batch_size))
+        llm = self._build(llm_kwargs(self.model_name, effective, options, batch_size))
         self.builds.append(BuildRecord(spec.label, self.clock() - start, effective.label, reason))
-        self._live = _Built(llm, effective, key)
+        self._live = _Built(llm, effective, key, options, guided)
         return self._live
 
     def _shutdown_live(self) -> None:

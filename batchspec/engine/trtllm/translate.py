@@ -66,7 +66,8 @@ SPEC_KEYS = {
 }
 # Every field of 1.2's TorchLlmArgs (L12 BaseLlmArgs 80,910 and TorchLlmArgs ~117,600), in
 # declaration order: the LLM arguments there are. A fact list; the stand-in's class is pinned to
-# the same list with defaults (tests/engine/trtllm/test_fake_tensorrt_llm.py).
+# the same list with defaults (tests/engine/trtllm/test_fake_tensorrt_llm.py). guided_decoding_backend
+# is among them: structured output sets it (guided.py).
 TORCH_LLM_ARGS = (
     "model", "tokenizer", "tokenizer_mode", "custom_tokenizer", "skip_tokenizer_init", "trust_remote_code",
     "tensor_parallel_size", "dtype", "revision", "tokenizer_revision", "model_kwargs", "pipeline_parallel_size",

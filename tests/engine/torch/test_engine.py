@@ -530,6 +530,8 @@ def test_the_ngram_index_proposes_what_the_lookup_finds_at_every_position():
                 assert [index.propose(k) for k in (1, 4)] == [ngram_lookup(np.asarray(seq), max_ngram, k) for k in (1, 4)]
 
     class Row:
+        grammar = None  # an unconstrained row (structured output: tests/engine/torch/test_structured.py)
+
         def __init__(self, context):
             self.context = context
 

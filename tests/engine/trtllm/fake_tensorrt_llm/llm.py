@@ -108,6 +108,8 @@ class LLM:
         if isinstance(spec, MTPDecodingConfig) and self._target.mtp_layers < spec.num_nextn_predict_layers:
             raise ValueError(f"MTP needs {spec.num_nextn_predict_layers} MTP modules; {self.args.model} has {self._target.mtp_layers}")
         self.max_seq_len = self.args.max_seq_len or self._target.max_position_embeddings
+        self.guided_decoder = _guided_decoder(self.args)
+        self.guided: list[Any] = []  # the GuidedDecodingParams of each request, in order (None: unguided)
         self._claim_memory()
         _sim.STATE.clock.advance(_sim.STATE.build_seconds)
         _sim.STATE.builds += 1
@@ -168,6 +170,9 @@ class LLM:
             raise ValueError("The prompt must not be empty")
         if len(ids) + params.max_tokens > self.max_seq_len:
             raise ValueError(f"The sum of prompt length ({len(ids)}) and max_tokens ({params.max_tokens}) exceeds max_seq_len ({self.max_seq_len})")
+        if params.guided_decoding is not None:
+            params.guided_decoding._validate()
+        self.guided.append(params.guided_decoding)
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**31)
         req = _Req(self._next_id, prompt, ids, params, self.tokenizer, random.Random(seed))
         self._next_id += 1
@@ -328,3 +333,15 @@ class LLM:
         if len(self._stats) > self.args.max_stats_len:  # PYX _append_iter_stats: drop the oldest, then append
             self._stats.pop(0)
         self._stats.append(entry)
+
+
+def _guided_decoder(args: TorchLlmArgs) -> Optional[str]:
+    """The guided decoder the executor builds (py_executor_creator.py `create_py_executor`, with
+    interface.py's SpeculativeDecodingMode rules): none without a backend; a GuidedDecoder without
+    speculation or with a separate drafter (NGram, DraftTarget, two-model Eagle3); a
+    CapturableGuidedDecoder in the model engine for one-model Eagle3 and MTP. Every config class
+    here is one of those, so none is refused (the source raises for any other mode)."""
+    if args.guided_decoding_backend is None:
+        return None
+    spec = args.speculative_config
+    return "CapturableGuidedDecoder" if spec is not None and spec.one_model else "GuidedDecoder"

@@ -273,6 +273,7 @@ class TorchLlmArgs(StrictBaseModel):
     lora_config: Optional[Any] = None
     kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
     enable_chunked_prefill: bool = False
+    # L12: "Guided decoding backend. llguidance is supported in PyTorch backend only."
     guided_decoding_backend: Optional[Literal["xgrammar", "llguidance"]] = None
     batched_logits_processor: Optional[Any] = None
     iter_stats_max_iterations: Optional[int] = None
