@@ -91,13 +91,14 @@ class ReplayTarget:
         accepted, nexts = [], []
         for row, draft in zip(rows, draft_lists):
             truth, t = self.outputs[row.index], len(row.output)
+            if t >= len(truth):
+                raise RuntimeError(f"row {row.index} ran past its recording ({len(truth)} tokens)")
             n = 0
             while n < len(draft) and t + n < len(truth) and draft[n] == truth[t + n]:
                 n += 1
-            if t + n >= len(truth):
-                raise RuntimeError(f"row {row.index} ran past its recording ({len(truth)} tokens)")
             accepted.append(n)
-            nexts.append(truth[t + n])
+            # drafts that matched through the row's last token (its eos) end it there: what follows is never committed
+            nexts.append(truth[t + n] if t + n < len(truth) else truth[-1])
         return torch.tensor(accepted), torch.tensor(nexts), [0] * len(rows)  # no mask: no grammar consumed drafts
 
 

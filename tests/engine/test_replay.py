@@ -7,7 +7,7 @@ import pytest
 
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
 from batchspec.engine.regimes import REGIMES, regime
-from batchspec.engine.replay import ReplayEngine, record
+from batchspec.engine.replay import Recorded, ReplayEngine, record
 from batchspec.errors import ConfigError
 
 
@@ -105,3 +105,15 @@ def test_regimes_price_a_verify_as_their_machines_do():
         assert 1.0 <= roof.forward_s(rows, 9, 1000) / roof.forward_s(rows, 1, 1000) <= 1.3
     assert roof.forward_s(64, 9, 1000) / roof.forward_s(64, 1, 1000) > 1.5  # compute-bound beyond
     assert REGIMES["trtllm"].switch_s("ngram") >= 60 and roof.switch_s("ngram") == 0
+
+
+def test_drafts_that_match_through_a_rows_end_end_it_there(tiny_engine):
+    """A recording whose last token (eos) n-gram lookup proposes with the tokens before it: the
+    replay commits through the eos and stops, as the engine does (drafts past a row's end are not
+    output), under every draft length."""
+    prompt, output = (5, 6, 7, 0, 9, 5, 6), (7, 0)
+    requests = [Request("x", prompt_token_ids=prompt, params=SamplingParams(max_tokens=16))]
+    engine = ReplayEngine(tiny_engine, {"x": Recorded(prompt, output)}, regime("cpu"))
+    for arm in [NO_SPEC, SpecConfig("ngram", 2), SpecConfig("ngram", 4)]:
+        (done,) = engine.generate(requests, arm, 1).completions
+        assert done.token_ids == list(output) and done.finish_reason == "stop"
