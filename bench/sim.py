@@ -24,7 +24,7 @@ import json
 import pickle
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -52,7 +52,7 @@ class Shard:
 
 
 def load_requests(path: str, shard_by: str, rows: int, max_tokens: int, prompt_format: str,
-                  switch: tuple[str, str] | None) -> list[Shard]:
+                  switch: tuple[str, str] | None, repeat: int = 1) -> list[Shard]:
     """The input's rows by shard key, at most `rows` each, plus a shard of `rows` rows whose first
     half is key A's and second half key B's (`switch`)."""
     import polars as pl
@@ -72,11 +72,13 @@ def load_requests(path: str, shard_by: str, rows: int, max_tokens: int, prompt_f
         request = Request(rid, messages=messages, params=params) if messages else Request(rid, prompt=row["prompt"], params=params)
         if len(by_key.setdefault(key, [])) < rows:
             by_key[key].append(request)
+    if repeat > 1:  # each key's rows again, as a job many times larger would have them (same prompts, same outputs)
+        by_key = {k: [replace(r, id=f"{r.id}#{n}") for n in range(repeat) for r in v] for k, v in by_key.items()}
     shards = [Shard(k, v) for k, v in sorted(by_key.items())]
     if switch:
         a, b = switch
         half = rows // 2
-        shards.append(Shard(SWITCH, by_key[a][:half] + by_key[b][:half]))
+        shards.append(Shard(SWITCH, by_key[a][:half * repeat] + by_key[b][:half * repeat]))
     return shards
 
 
@@ -84,16 +86,18 @@ def recordings(args, shards: Sequence[Shard]):
     """The model's plain greedy outputs for every row (recorded once per input and settings)."""
     from batchspec.engine.torch.engine import TorchEngine
 
-    ids = sorted({r.id for s in shards for r in s.requests})
+    ids = sorted({r.id.split("#")[0] for s in shards for r in s.requests})
     tag = json.dumps([args.input, args.model, args.draft_model, args.max_tokens, args.prompt_format, args.dtype, ids])
     path = CACHE / f"{hashlib.sha256(tag.encode()).hexdigest()[:16]}.pkl"
     engine = TorchEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device="cpu")
     if path.exists():
-        return engine, pickle.loads(path.read_bytes())
+        return engine, _repeated(pickle.loads(path.read_bytes()), shards)
     by_text: dict = {}  # rows of one prompt have one greedy output: each prompt is decoded once
-    for r in (r for s in shards for r in s.requests):
+    for r in (r for s in shards for r in s.requests if "#" not in r.id or r.id.endswith("#0")):
+        r = replace(r, id=r.id.split("#")[0])
         by_text.setdefault(json.dumps([r.prompt, r.messages, repr(r.params)]), []).append(r.id)
-    unique = [next(r for s in shards for r in s.requests if r.id == ids[0]) for ids in by_text.values()]
+    first = {r.id.split("#")[0]: replace(r, id=r.id.split("#")[0]) for s in shards for r in s.requests}
+    unique = [first[ids[0]] for ids in by_text.values()]
     began = time.perf_counter()
     once, _ = record(engine, unique, batch_size=32, draft_models=[args.draft_model] if args.draft_model else [])
     recorded = {rid: once[ids[0]] for ids in by_text.values() if ids[0] in once for rid in ids}
@@ -101,7 +105,12 @@ def recordings(args, shards: Sequence[Shard]):
           file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(recorded))
-    return engine, recorded
+    return engine, _repeated(recorded, shards)
+
+
+def _repeated(recorded: dict[str, Recorded], shards: Sequence[Shard]) -> dict[str, Recorded]:
+    """Every request id's recording, a repeated row (`id#n`) its original's."""
+    return {r.id: recorded[r.id.split("#")[0]] for s in shards for r in s.requests if r.id.split("#")[0] in recorded}
 
 
 def arms_of(args) -> list[SpecConfig]:
@@ -235,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--batch-size", default="8", help="comma-separated batch sizes")
     p.add_argument("--rows", type=int, default=256, help="rows per shard key")
     p.add_argument("--shards-per-key", type=int, default=1, help="a key's rows split into this many shards, run in order")
+    p.add_argument("--repeat", type=int, default=1, help="each key's rows this many times (a larger job of the same prompts)")
     p.add_argument("--bench-last", action="store_true", help="report only each key's last shard")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--draft-model", default=None)
@@ -248,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     recorded_results.add_options(p)
     args = p.parse_args(argv)
     switch = tuple(args.switch.split(",")) if args.switch else None
-    shards = load_requests(args.input, args.shard_by, args.rows, args.max_tokens, args.prompt_format, switch)
+    shards = load_requests(args.input, args.shard_by, args.rows, args.max_tokens, args.prompt_format, switch, args.repeat)
     engine, recorded = recordings(args, shards)
     results = []
     for name in args.regime.split(","):

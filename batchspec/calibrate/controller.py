@@ -37,6 +37,7 @@ from batchspec.stats import ArmResult, Event
 PROFILE_TRIES = 1  # the profile times each point once: the steps the worker runs correct its prices
 CHECK_EVERY = 8  # steps between the rule's checks on rows in flight, before a batch of rows has finished
 PAYBACK = 10  # a measurement runs only where the steps left are this many times its own
+ROW_TOKENS = 64.0  # a row's decode tokens, assumed until the shard's first rows finish
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Controller:
         self.measure_steps = 0
         self.profile_s = 0.0
         self.control_s = 0.0
+        self.effective: float | None = None  # what the rows the rule judges now are worth, where some are in flight
 
     # -- engine.base.Control ---------------------------------------------------------------------
 
@@ -134,7 +136,8 @@ class Controller:
         self.finished += len(progress.done)
         done = [i for i in progress.done if progress.completions[i].finish_reason != "error"]
         if done and self.engine.counterfactual:
-            rows, exact = tallies(self.engine, [self._plain(i, progress.completions[i].token_ids) for i in done], self.arms)
+            rows, exact = tallies(self.engine, [self._plain(i, progress.completions[i].token_ids) for i in done], self.arms,
+                                  [self.requests[i] for i in done])
         elif done:
             rows, exact = [measured_tallies(progress.completions[i], progress.spec, self.arms) for i in done], False
         if done:
@@ -146,10 +149,14 @@ class Controller:
                     self.totals.setdefault(label, Tally())
                     self.totals[label] += t
         few = len(self.window) < self.batch_size
+        self.effective = None
         if few and progress.in_flight and self.engine.counterfactual and len(progress.steps) % CHECK_EVERY == 0:
-            partial = [self._plain(i, out) for i, out in progress.in_flight.items() if len(out) > CHECK_EVERY]
-            if partial:
-                return list(self.window) + tallies(self.engine, partial, self.arms)[0]
+            flying = [i for i, out in progress.in_flight.items() if len(out) > CHECK_EVERY]
+            if flying:  # worth the finished rows their tokens make, at the mean length of a finished row
+                partial = [self._plain(i, progress.in_flight[i]) for i in flying]
+                per_row = self.totals["none"].tokens / self.counted if self.counted else ROW_TOKENS
+                self.effective = len(self.window) + sum(len(r.output_ids) for r in partial) / per_row
+                return list(self.window) + tallies(self.engine, partial, self.arms, [self.requests[i] for i in flying])[0]
         if done or (not self.judged and self.window):
             self.judged = True
             return list(self.window)
@@ -231,12 +238,12 @@ class Controller:
     def _estimates(self, progress: Progress, window: list, running: SpecConfig) -> dict[str, Estimate]:
         rows = max(1, min(self.batch_size, len(progress.in_flight) + progress.queued))
         context = progress.steps[-1].context if progress.steps else 0
-        return estimates(window, self.arms, running, self.worker.costs, rows, context)
+        return estimates(window, self.arms, running, self.worker.costs, rows, context, self.effective)
 
     def _steps_left(self, progress: Progress) -> float:
         """Decode steps the shard has left under the running arm: its rows left at the mean length
         of the rows counted so far (64 tokens before any), at the running arm's accepted length."""
-        per_row = self.totals["none"].tokens / self.counted if self.counted else 64.0
+        per_row = self.totals["none"].tokens / self.counted if self.counted else ROW_TOKENS
         left_tokens = max(0.0, (len(progress.in_flight) + progress.queued + self.horizon_rows) * per_row
                           - sum(len(o) for o in progress.in_flight.values()))
         rows = max(1, min(self.batch_size, len(progress.in_flight) + progress.queued))

@@ -13,8 +13,9 @@ from collections import defaultdict
 from typing import Sequence
 
 from batchspec.calibrate.estimate import Tally
-from batchspec.engine.base import Completion, Engine, SpecConfig
+from batchspec.engine.base import Completion, Engine, Request, SpecConfig
 from batchspec.predict.acceptance import PlainRow, draft_acceptance, ngram_acceptance, proposal_acceptance
+from batchspec.predict.constrained import constrained_draft_acceptance, constrained_ngram_acceptance
 
 
 def computable(arms: Sequence[SpecConfig]) -> bool:
@@ -23,11 +24,19 @@ def computable(arms: Sequence[SpecConfig]) -> bool:
     return all(a.method in ("none", "ngram", "draft_target") for a in arms)
 
 
-def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]) -> tuple[list[dict[str, Tally]], bool]:
-    """Per row, every arm's tally ("none" included); and whether all of them are exact (greedy)."""
+def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig],
+            requests: Sequence[Request] = ()) -> tuple[list[dict[str, Tally]], bool]:
+    """Per row, every arm's tally ("none" included); and whether all of them are exact (greedy).
+    Rows whose `requests` carry a response_format are constrained: every drafter's proposal starts
+    with the tokens their grammar forces and is cut where it forbids (predict/constrained.py)."""
     out: list[dict[str, Tally]] = [{"none": _plain(row)} for row in rows]
     if not rows:
         return out, True
+    constrained = any(r.response_format is not None for r in requests)
+
+    def grammars() -> list:  # fresh matchers for each replay (a replay uses them up)
+        return [engine.grammar(r) for r in requests]
+
     sampled = [i for i, row in enumerate(rows) if not row.greedy]
     target_logits = None
     if sampled:
@@ -43,11 +52,14 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
             groups[("draft_target", arm.draft_model)].append(arm)
     for (method, param), group in groups.items():
         ks = sorted({a.draft_len for a in group})
-        if method == "ngram":
+        if method == "ngram" and constrained:
+            by_k = constrained_ngram_acceptance(rows, ks, param, grammars(), target_logits)
+        elif method == "ngram":
             by_k = ngram_acceptance(rows, ks, param, target_logits)
-        elif sampled:
+        elif sampled or constrained:
             draft_logits = engine.teacher_forced_logits([(r.prompt_ids, r.output_ids) for r in rows], draft_model=param)
-            by_k = draft_acceptance(rows, ks, draft_logits, target_logits)
+            by_k = constrained_draft_acceptance(rows, ks, draft_logits, grammars(), target_logits) if constrained else \
+                draft_acceptance(rows, ks, draft_logits, target_logits)
         else:
             proposals = engine.draft_proposals([(r.prompt_ids, r.output_ids) for r in rows], param)
             by_k = proposal_acceptance(rows, ks, proposals)

@@ -127,11 +127,14 @@ def step_price(costs: CostTable, arm: SpecConfig, total: Tally, rows: int, conte
 
 
 def estimates(window: Sequence[RowTallies], arms: Sequence[SpecConfig], running: SpecConfig, costs: CostTable,
-              rows: int, context: int) -> dict[str, Estimate]:
+              rows: int, context: int, effective_rows: float | None = None) -> dict[str, Estimate]:
     """Every arm's estimate on `window` (rows' tallies by arm label), the batch at `rows` rows in
     flight and `context` tokens. An arm is judged on the rows that have its tally: every row where
     acceptance is computed; where it is measured, the rows it ran on (and the shorter drafts of
-    its method). An arm no row has a tally of is unknown: it must run to be known."""
+    its method). An arm no row has a tally of is unknown: it must run to be known. Rows in flight,
+    counted with their output so far, are weaker evidence than finished ones (their first tokens
+    only): `effective_rows` says how many finished rows they are worth, which floors the
+    acceptance's uncertainty at ROW_CV / sqrt(effective_rows)."""
     if not window:
         return {}
     by_label = {"none": SpecConfig(), **{a.label: a for a in arms}}
@@ -155,8 +158,9 @@ def estimates(window: Sequence[RowTallies], arms: Sequence[SpecConfig], running:
             arm=by_label[label], speedup=speedups[label],
             gain=speedups[label] / speedups[run] if speedups[run] > 0 else 0.0,
             cost_u=0.0 if same else math.hypot(u, priced[run][2]),
-            accept_u=0.0 if same else _ratio_u([r for r in window if label in r and run in r], run, label,
-                                               sum(label in r for r in window)),
+            accept_u=0.0 if same else max(_ratio_u([r for r in window if label in r and run in r], run, label,
+                                                   sum(label in r for r in window)),
+                                          ROW_CV / math.sqrt(max(effective_rows, 1.0)) if effective_rows else 0.0),
             accepted_len=t.accepted_len, acceptance_rate=t.accepted / t.drafted if t.drafted else None,
             rows=sum(label in r for r in window),
         )

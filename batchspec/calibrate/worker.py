@@ -22,13 +22,16 @@ class WorkerState:
 
     def start(self, key: str | None, prior: SpecConfig | None, arms: list[SpecConfig]) -> tuple[SpecConfig, str]:
         """The arm a shard of `key` starts under, and why: the key's last on this worker, else the
-        driver's (another worker's last shard of the key), else plain decoding. Only an arm still
-        among `arms`."""
+        driver's (another worker's last shard of the key), else the arm the worker's last shard
+        ended under (of another key: where the engine stands, which for an engine whose arms are
+        builds is the one live), else plain decoding. Only an arm still among `arms`."""
         labels = {a.label for a in arms}
-        for arm, why in ((self.last.get(str(key)), "the key's last shard on this worker"), (prior, "the key's last shard")):
+        latest = self.last[next(reversed(self.last))] if self.last else None
+        for arm, why in ((self.last.get(str(key)), "the key's last shard on this worker"), (prior, "the key's last shard"),
+                         (latest, "the worker's last shard, of another key")):
             if arm is not None and (arm.method == "none" or arm.label in labels):
                 return arm, why
-        return NO_SPEC, "no earlier shard of the key"
+        return NO_SPEC, "the worker's first shard"
 
     def remember(self, key: str | None, arm: SpecConfig, window: list) -> None:
         for kept, value in ((self.last, arm), (self.history, list(window))):
