@@ -1,0 +1,409 @@
+"""Suffix drafting (SuffixDecoding, Oliaro et al., arXiv 2411.04975): drafts from the outputs of
+rows already finished on this worker for the same scope (a shard key), and from the row's own
+prompt and output so far.
+
+The rule (the paper's, as Snowflake's Arctic Inference implements it in
+`csrc/suffix_decoding/suffix_tree.cc`, `SuffixTree::speculate` / `_speculate_path`):
+- match: the longest suffix of the row's context (at most MAX_MATCH tokens) that occurs in the
+  source followed by at least one token;
+- draft: from the occurrences of that match, repeatedly the most frequent next token (ties: the
+  one seen most recently), each with probability count(path + token) / count(path), the product
+  along the path; stop before a token whose probability falls under `min_token_prob`, at
+  floor(match length x `max_spec_factor`) tokens, or at the row's budget (max_draft_len);
+- two sources, each drafting alone: the shared tree (other rows' outputs) and the row itself
+  (its prompt and output so far, the current position excluded); the draft with the larger score
+  (the sum of its tokens' probabilities) wins, the row's own on a tie.
+Counts are over occurrences, so a path's count includes the occurrences that end there (at the
+end of a row): a suffix tree's node count, as Arctic's `Node::count`.
+
+A suffix tree holds the same counts as the occurrences of its strings. Here the finished rows of
+a scope live in a few immutable `Segment`s, each its rows' tokens in one int32 array sorted by the
+MAX_MATCH tokens that end at each position (a suffix array of the reversed rows, 8 bytes a token),
+so a match narrows a sorted range one token back at a time, and its occurrences are that range.
+A Python node per token position (Arctic's C++ tree, written in Python) costs 100-300 bytes a
+node; this costs 8 (docs/suffix.md). A new row is a segment of its own; a segment is merged with
+the next older one while that one is at most twice its size, so a tree has O(log rows) segments
+and a token is sorted again O(log rows) times.
+
+The drafter is deterministic (no draft distribution): the accept rule treats it as n-gram lookup's,
+so greedy output is plain decoding's and sampled output follows the target's distribution.
+"""
+
+from __future__ import annotations
+
+import sys
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from batchspec.engine.torch.drafters import Drafts
+
+MAX_MATCH = 32  # longest context suffix matched: the depth of the sort (tokens), as a tree depth
+SENTINEL = -1  # between rows: no match crosses it, a continuation ends at it
+SMALL_RANGE = 2048  # ranges narrowed with one numpy gather; larger ones by bisection
+SPEC_FACTOR_DEFAULT = 1.0  # the paper's and vLLM's suffix_decoding_max_spec_factor default
+MIN_TOKEN_PROB_DEFAULT = 0.1  # the paper's and vLLM's suffix_decoding_min_token_prob default
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A proposal: tokens, each with its estimated probability; `source` is "tree" (other rows'
+    outputs), "row" (the row's own context) or "" (nothing matched)."""
+
+    tokens: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    match_len: int = 0
+    source: str = ""
+
+    @property
+    def score(self) -> float:
+        return float(sum(self.probs))
+
+
+# -- one group of occurrences, and the walk along its most frequent continuation -----------------
+
+
+@dataclass
+class Occurrences:
+    """End positions of a match in `text` (which has SENTINEL between rows and at its end);
+    `recency` orders groups: a later group's occurrences are more recent than an earlier one's."""
+
+    text: np.ndarray
+    ends: np.ndarray
+    recency: int
+
+
+def continuation(groups: list[Occurrences], budget: int, min_token_prob: float) -> tuple[list[int], list[float]]:
+    """The most frequent path after the occurrences in `groups` (see the module docstring)."""
+    tokens: list[int] = []
+    probs: list[float] = []
+    prob = 1.0
+    groups = [g for g in groups if len(g.ends)]
+    while len(tokens) < budget and groups:
+        nexts = [g.text[g.ends + 1] for g in groups]
+        total = sum(len(n) for n in nexts)
+        if total == 1:  # one occurrence left: it continues alone, at probability `prob` throughout
+            g = groups[0]
+            run = g.text[int(g.ends[0]) + 1 : int(g.ends[0]) + 1 + budget - len(tokens)]
+            stop = np.flatnonzero(run == SENTINEL)
+            run = run[: stop[0]] if len(stop) else run
+            if prob < min_token_prob:
+                break
+            tokens += run.tolist()
+            probs += [prob] * len(run)
+            break
+        flat = np.concatenate(nexts)
+        rank = np.concatenate([g.ends.astype(np.int64) + (g.recency << 32) for g in groups])
+        valid = flat != SENTINEL
+        if not valid.any():
+            break
+        values, inverse, counts = np.unique(flat[valid], return_inverse=True, return_counts=True)
+        latest = np.full(len(values), -1, dtype=np.int64)
+        np.maximum.at(latest, inverse, rank[valid])
+        best = int(np.lexsort((latest, counts))[-1])  # the most frequent, then the most recent
+        p = prob * int(counts[best]) / total
+        if p < min_token_prob:
+            break
+        token = int(values[best])
+        prob = p
+        tokens.append(token)
+        probs.append(prob)
+        groups = [Occurrences(g.text, g.ends[n == token] + 1, g.recency) for g, n in zip(groups, nexts)]
+        groups = [g for g in groups if len(g.ends)]
+    return tokens, probs
+
+
+def spec_budget(match_len: int, budget: int, max_spec_factor: float) -> int:
+    """How many tokens a match of `match_len` may draft: floor(match_len x factor), at most the budget
+    (Arctic's `max_spec_tokens = min(max_spec_tokens, match_len * max_spec_factor + offset)`)."""
+    return max(0, min(budget, int(match_len * max_spec_factor + 1e-6)))
+
+
+# -- the row's own context ------------------------------------------------------------------------
+
+
+def own_draft(context: Sequence[int] | np.ndarray, budget: int, max_spec_factor: float,
+              min_token_prob: float) -> Draft:
+    """The draft from the row's own prompt and output so far (the position being drafted excluded:
+    a match must end at least one token before the end)."""
+    ctx = np.asarray(context, dtype=np.int32)
+    n = len(ctx)
+    if n < 2 or budget <= 0:
+        return Draft()
+    ends = np.flatnonzero(ctx[: n - 1] == ctx[-1])
+    m = 0
+    while len(ends) and m < MAX_MATCH:
+        m += 1
+        best = ends
+        if m == MAX_MATCH or m == n:
+            break
+        ends = ends[ends >= m]
+        ends = ends[ctx[ends - m] == ctx[n - 1 - m]]
+    if m == 0:
+        return Draft()
+    text = np.append(ctx, np.int32(SENTINEL))
+    tokens, probs = continuation([Occurrences(text, best, 0)], spec_budget(m, budget, max_spec_factor), min_token_prob)
+    return Draft(tokens, probs, m, "row") if tokens else Draft()
+
+
+# -- the shared tree: finished rows in sorted segments --------------------------------------------
+
+
+class Segment:
+    """Some finished rows, immutable: their tokens in one array (MAX_MATCH sentinels before each
+    row and one block after the last) and every token position sorted by the MAX_MATCH tokens
+    that end there, read backwards (`order`)."""
+
+    def __init__(self, rows: list[np.ndarray], ids: list[str], serials: list[int]) -> None:
+        self.ids, self.serials = ids, serials
+        self.lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        pad = np.full(MAX_MATCH, SENTINEL, dtype=np.int32)
+        pieces = [pad]
+        for r in rows:
+            pieces += [np.asarray(r, dtype=np.int32), pad]
+        self.text = np.concatenate(pieces)
+        self.starts = np.cumsum(np.concatenate([[MAX_MATCH], self.lengths[:-1] + MAX_MATCH]))
+        self.order = _sorted_positions(self.text)
+        self._text = memoryview(self.text)
+        self._order = memoryview(self.order)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def nbytes(self) -> int:
+        ids = sum(sys.getsizeof(i) + 16 for i in self.ids)  # the id, its list slot and its serial's
+        return self.text.nbytes + self.order.nbytes + self.lengths.nbytes + self.starts.nbytes + ids
+
+    def row(self, i: int) -> np.ndarray:
+        return self.text[self.starts[i] : self.starts[i] + self.lengths[i]]
+
+    def ranges(self, context: np.ndarray) -> list[tuple[int, int]]:
+        """The sorted ranges matching the last 1, 2, ... tokens of `context`, while not empty."""
+        lo, hi, out = 0, len(self.order), []
+        for j in range(min(MAX_MATCH, len(context))):
+            lo, hi = self._narrow(lo, hi, j, int(context[-1 - j]))
+            if lo >= hi:
+                break
+            out.append((lo, hi))
+        return out
+
+    def continues(self, lo: int, hi: int) -> bool:
+        """Whether some occurrence in the range is followed by a token (not the end of its row)."""
+        return bool((self.text[self.order[lo:hi] + 1] != SENTINEL).any())
+
+    def _narrow(self, lo: int, hi: int, j: int, token: int) -> tuple[int, int]:
+        """The part of [lo, hi) (equal in keys 0..j-1) whose key j is `token`; key j of the
+        position p is text[p - j], non-decreasing within the range."""
+        if hi - lo <= SMALL_RANGE:
+            keys = self.text[self.order[lo:hi] - j]
+            return lo + int(np.searchsorted(keys, token, "left")), lo + int(np.searchsorted(keys, token, "right"))
+        text = self._text
+
+        def key(p: int) -> int:
+            return text[p - j]
+
+        left = bisect_left(self._order, token, lo, hi, key=key)
+        return left, bisect_right(self._order, token, left, hi, key=key)
+
+
+def _sorted_positions(text: np.ndarray) -> np.ndarray:
+    """Token positions (not sentinels) sorted by the MAX_MATCH tokens ending at each, read
+    backwards, by prefix doubling; ties (equal windows) keep position order."""
+    rank = np.unique(text, return_inverse=True)[1].astype(np.int64)  # SENTINEL (-1) ranks 0
+    h = 1
+    while h < MAX_MATCH:
+        shifted = np.zeros_like(rank)
+        shifted[h:] = rank[:-h]  # the rank of the h tokens before the h ending here
+        rank = np.unique(rank * (int(rank.max()) + 1) + shifted, return_inverse=True)[1].astype(np.int64)
+        h *= 2
+    positions = np.flatnonzero(text != SENTINEL)
+    return positions[np.argsort(rank[positions], kind="stable")].astype(np.int32)
+
+
+class SuffixTree:
+    """The finished rows of one scope, oldest first, across `Segment`s (oldest segment first)."""
+
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+
+    @property
+    def rows(self) -> int:
+        return sum(len(s.ids) for s in self.segments)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.segments)
+
+    @property
+    def oldest(self) -> int | None:
+        """The serial of the oldest row held (None when empty)."""
+        return self.segments[0].serials[0] if self.segments else None
+
+    def older_than(self, serial: int) -> int:
+        """How many of the oldest rows came before the row numbered `serial`."""
+        n = 0
+        for s in self.segments:
+            for x in s.serials:
+                if x >= serial:
+                    return n
+                n += 1
+        return n
+
+    def add(self, row_id: str, tokens: Sequence[int], serial: int) -> None:
+        self.segments.append(Segment([np.asarray(tokens, dtype=np.int32)], [row_id], [serial]))
+        while len(self.segments) > 1 and self.segments[-2].tokens <= 2 * self.segments[-1].tokens:
+            newer = self.segments.pop()
+            self.segments[-1] = _merged([self.segments[-1], newer])
+
+    def remove(self, ids: set[str]) -> None:
+        """Drop the rows with these ids (a row about to run again must not draft from itself)."""
+        self.segments = [_merged([s], keep=lambda i, s=s: s.ids[i] not in ids) if ids.intersection(s.ids) else s
+                         for s in self.segments]
+        self.segments = [s for s in self.segments if s.ids]
+
+    def evict_oldest(self, rows: int) -> None:
+        while rows > 0 and self.segments:
+            first = self.segments[0]
+            if rows >= len(first.ids):
+                rows -= len(first.ids)
+                self.segments.pop(0)
+            else:
+                self.segments[0] = _merged([first], keep=lambda i, n=rows: i >= n)
+                rows = 0
+
+    def draft(self, context: np.ndarray, budget: int, max_spec_factor: float, min_token_prob: float) -> Draft:
+        """The draft from these rows (see the module docstring)."""
+        if budget <= 0 or not self.segments or len(context) == 0:
+            return Draft()
+        ranges = [s.ranges(context) for s in self.segments]
+        m = 0
+        for s, rs in zip(self.segments, ranges):
+            for depth in range(len(rs), m, -1):  # the longest match of this segment that continues
+                if s.continues(*rs[depth - 1]):
+                    m = depth
+                    break
+        if m == 0:
+            return Draft()
+        groups = [Occurrences(s.text, s.order[rs[m - 1][0] : rs[m - 1][1]], age)
+                  for age, (s, rs) in enumerate(zip(self.segments, ranges)) if len(rs) >= m]
+        tokens, probs = continuation(groups, spec_budget(m, budget, max_spec_factor), min_token_prob)
+        return Draft(tokens, probs, m, "tree") if tokens else Draft()
+
+
+def _merged(segments: list[Segment], keep=lambda i: True) -> Segment:
+    rows, ids, serials = [], [], []
+    for s in segments:
+        for i in range(len(s.ids)):
+            if keep(i):
+                rows.append(s.row(i))
+                ids.append(s.ids[i])
+                serials.append(s.serials[i])
+    return Segment(rows, ids, serials)
+
+
+# -- one worker's trees, and the drafter over them ------------------------------------------------
+
+
+TREE_MB_DEFAULT = 256  # the per-worker cap's default (the pipeline's worker.suffix_tree_mb)
+EVICT_TO = 0.9  # past the cap, the oldest rows go until the trees hold this share of it
+
+
+class SuffixTrees:
+    """The trees of one worker (its engine owns them), one per scope, kept across generate calls
+    and capped in memory together: past `cap_bytes` the oldest rows (of any scope) are evicted
+    until EVICT_TO of the cap is held."""
+
+    def __init__(self, cap_bytes: int) -> None:
+        self.cap_bytes = cap_bytes
+        self.trees: dict[str, SuffixTree] = {}
+        self.serial = 0  # rows added so far: orders rows across scopes, oldest first
+        self.evicted = 0  # rows evicted so far
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.trees.values())
+
+    def usage(self, scope: str | None) -> tuple[int, int]:
+        """(bytes, rows) of one scope's tree."""
+        tree = self.trees.get(scope) if scope is not None else None
+        return (tree.nbytes, tree.rows) if tree is not None else (0, 0)
+
+    def add(self, scope: str, row_id: str, tokens: Sequence[int]) -> None:
+        """A finished row's output joins its scope's tree (then the cap is enforced)."""
+        if not len(tokens):
+            return
+        self.trees.setdefault(scope, SuffixTree()).add(row_id, tokens, self.serial)
+        self.serial += 1
+        if self.nbytes > self.cap_bytes:
+            self._evict(int(self.cap_bytes * EVICT_TO))
+
+    def forget(self, scope: str, ids: set[str]) -> None:
+        """Remove rows about to run again from their scope's tree."""
+        tree = self.trees.get(scope)
+        if tree is not None:
+            tree.remove(ids)
+
+    def _evict(self, target: int) -> None:
+        held = self.nbytes
+        while held > target:
+            by_age = sorted((t for t in self.trees.values() if t.rows), key=lambda t: t.oldest)
+            if not by_age:
+                return
+            tree, before = by_age[0], by_age[0].nbytes
+            wanted = int((held - target) / (before / tree.rows)) + 1
+            older = tree.older_than(by_age[1].oldest) if len(by_age) > 1 else tree.rows  # first in, first out
+            n = max(1, min(wanted, older))
+            tree.evict_oldest(n)
+            self.evicted += n
+            held -= before - tree.nbytes
+        self.trees = {k: t for k, t in self.trees.items() if t.rows}
+
+
+@dataclass
+class Lookups:
+    """Per request index: the suffix drafter's lookups and those the shared tree answered."""
+
+    lookups: dict[int, int] = field(default_factory=dict)
+    tree_drafts: dict[int, int] = field(default_factory=dict)
+
+
+class SuffixDrafter:
+    """Follows the engine's target batch (drafters.py's interface); proposes `Draft`s from the row's
+    scope's tree and the row's own context. `scopes[i]` is request i's scope (None: no tree)."""
+
+    def __init__(self, trees: SuffixTrees, scopes: Sequence[str | None], lookups: Lookups,
+                 max_spec_factor: float = SPEC_FACTOR_DEFAULT, min_token_prob: float = MIN_TOKEN_PROB_DEFAULT) -> None:
+        self.trees, self.scopes, self.counts = trees, scopes, lookups
+        self.max_spec_factor, self.min_token_prob = max_spec_factor, min_token_prob
+
+    def admit(self, rows: list, device: torch.device) -> None:
+        pass
+
+    def propose(self, rows: list, budgets: list[int], vocab: int) -> Drafts:
+        return Drafts([self.draft(r.index, r.context, k).tokens for r, k in zip(rows, budgets)], None)
+
+    def draft(self, index: int, context: Sequence[int], budget: int) -> Draft:
+        """The draft for request `index` at `context` (prompt + output so far), counted."""
+        if budget <= 0:
+            return Draft()
+        ctx = np.asarray(context, dtype=np.int32)
+        own = own_draft(ctx, budget, self.max_spec_factor, self.min_token_prob)
+        scope = self.scopes[index]
+        tree = self.trees.trees.get(scope) if scope is not None else None
+        shared = tree.draft(ctx, budget, self.max_spec_factor, self.min_token_prob) if tree is not None else Draft()
+        best = shared if shared.score > own.score else own
+        self.counts.lookups[index] = self.counts.lookups.get(index, 0) + 1
+        if best.source == "tree":
+            self.counts.tree_drafts[index] = self.counts.tree_drafts.get(index, 0) + 1
+        return best
+
+    def commit(self, num_accepted: torch.Tensor, drafts: Drafts, next_tokens: list[int]) -> None:
+        pass
+
+    def select(self, keep: list[int]) -> None:
+        pass
