@@ -21,12 +21,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
-SPEC_METHODS = ("none", "ngram", "draft_target", "eagle3", "mtp")
+SPEC_METHODS = ("none", "ngram", "draft_target", "eagle3", "mtp", "suffix")
 FINISH_REASONS = ("stop", "length", "error")
 # Which speculative methods each engine runs ("none" always); factory.py builds them by these names.
 ENGINE_METHODS: dict[str, tuple[str, ...]] = {
-    "torch": ("none", "ngram", "draft_target"),
-    "trtllm": SPEC_METHODS,
+    "torch": ("none", "ngram", "draft_target", "suffix"),
+    "trtllm": ("none", "ngram", "draft_target", "eagle3", "mtp"),  # suffix: not in TensorRT-LLM 1.2 (docs/suffix.md)
 }
 # Weight dtypes a run may ask for, by torch name (engine/torch/load.py maps them to torch dtypes).
 DTYPES = ("float32", "bfloat16", "float16")
@@ -50,13 +50,18 @@ class SamplingParams:
 @dataclass(frozen=True)
 class Request:
     """One row to complete: a plain `prompt`, chat `messages` ([{role, content}, ...]), or
-    `prompt_token_ids` (already tokenized, as vLLM's TokensPrompt)."""
+    `prompt_token_ids` (already tokenized, as vLLM's TokensPrompt).
+
+    `draft_scope`: rows with the same scope on one engine draft from each other's finished
+    outputs (the suffix arm); a worker gives a shard's rows their shard key. None: the row drafts
+    from its own context only. Engines without cross-row drafting ignore it."""
 
     id: str
     prompt: str | None = None
     messages: tuple[dict[str, str], ...] | None = None
     params: SamplingParams = SamplingParams()
     prompt_token_ids: tuple[int, ...] | None = None
+    draft_scope: str | None = None
 
 
 # NGramDecodingConfig.max_matching_ngram_size's default in TensorRT-LLM's LLM API
@@ -64,6 +69,10 @@ class Request:
 # the same in the 1.x reference docs through 1.4.0rc4). The one default for every engine, so an
 # option file without the key means the same thing to trtllm-serve and to the torch engine.
 NGRAM_SIZE_DEFAULT = 2
+# The suffix arm's max_spec_factor and min_token_prob defaults: SuffixDecoding's (arXiv 2411.04975),
+# vLLM's suffix_decoding_max_spec_factor / suffix_decoding_min_token_prob, Arctic Inference's.
+SPEC_FACTOR_DEFAULT = 1.0
+MIN_TOKEN_PROB_DEFAULT = 0.1
 
 
 def spec_label(method: str, draft_len: int) -> str:
@@ -77,14 +86,18 @@ class SpecConfig:
 
     `method` is one of SPEC_METHODS; `draft_len` is TensorRT-LLM's `max_draft_len` (0 for none);
     `draft_model` is the draft/EAGLE head location for draft_target/eagle3; `ngram_size` is
-    `max_matching_ngram_size`. `options` keeps every other field of the source file untouched
-    so the TensorRT-LLM adapter can pass it through.
+    `max_matching_ngram_size`. `spec_factor` and `min_token_prob` are the suffix arm's
+    `max_spec_factor` and `min_token_prob` (SuffixDecoding's names; engine/torch/suffix.py).
+    `options` keeps every other field of the source file untouched so the TensorRT-LLM adapter
+    can pass it through.
     """
 
     method: str = "none"
     draft_len: int = 0
     draft_model: str | None = None
     ngram_size: int = NGRAM_SIZE_DEFAULT
+    spec_factor: float = SPEC_FACTOR_DEFAULT
+    min_token_prob: float = MIN_TOKEN_PROB_DEFAULT
     options: tuple[tuple[str, Any], ...] = ()
     source: str | None = None  # the file it came from, for error messages
 
@@ -156,6 +169,10 @@ class Completion:
     # Drafts accepted at each of the row's target steps, in order (counts only tokens committed:
     # drafts accepted past the row's end are not output). Empty when the engine does not report it.
     accepted_steps: list[int] = field(default_factory=list)
+    # The suffix arm: its lookups for this row (one a step it drafted at) and how many of them
+    # the shared tree (other rows' outputs) answered, not the row's own context.
+    tree_lookups: int = 0
+    tree_drafts: int = 0
 
     @classmethod
     def failed(cls, request_id: str, reason: str, prompt_tokens: int = 0) -> "Completion":

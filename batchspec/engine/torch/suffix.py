@@ -39,13 +39,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from batchspec.engine.base import MIN_TOKEN_PROB_DEFAULT, SPEC_FACTOR_DEFAULT
 from batchspec.engine.torch.drafters import Drafts
 
 MAX_MATCH = 32  # longest context suffix matched: the depth of the sort (tokens), as a tree depth
 SENTINEL = -1  # between rows: no match crosses it, a continuation ends at it
 SMALL_RANGE = 2048  # ranges narrowed with one numpy gather; larger ones by bisection
-SPEC_FACTOR_DEFAULT = 1.0  # the paper's and vLLM's suffix_decoding_max_spec_factor default
-MIN_TOKEN_PROB_DEFAULT = 0.1  # the paper's and vLLM's suffix_decoding_min_token_prob default
 
 
 @dataclass(frozen=True)
@@ -169,15 +168,13 @@ class Segment:
         self.order = _sorted_positions(self.text)
         self._text = memoryview(self.text)
         self._order = memoryview(self.order)
+        ids = sum(sys.getsizeof(i) + 16 for i in ids)  # each id, its list slot and its serial's
+        self.nbytes = self.text.nbytes + self.order.nbytes + self.lengths.nbytes + self.starts.nbytes + ids
 
     @property
     def tokens(self) -> int:
         return int(self.lengths.sum())
 
-    @property
-    def nbytes(self) -> int:
-        ids = sum(sys.getsizeof(i) + 16 for i in self.ids)  # the id, its list slot and its serial's
-        return self.text.nbytes + self.order.nbytes + self.lengths.nbytes + self.starts.nbytes + ids
 
     def row(self, i: int) -> np.ndarray:
         return self.text[self.starts[i] : self.starts[i] + self.lengths[i]]
@@ -243,6 +240,12 @@ class SuffixTree:
     def oldest(self) -> int | None:
         """The serial of the oldest row held (None when empty)."""
         return self.segments[0].serials[0] if self.segments else None
+
+    def copy(self) -> "SuffixTree":
+        """A tree over the same rows that changes apart from this one (segments are immutable)."""
+        twin = SuffixTree()
+        twin.segments = list(self.segments)
+        return twin
 
     def older_than(self, serial: int) -> int:
         """How many of the oldest rows came before the row numbered `serial`."""

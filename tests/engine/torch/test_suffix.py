@@ -5,12 +5,15 @@ added, merged, removed and evicted; the memory the trees count against what Pyth
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import tracemalloc
 
 import numpy as np
 import pytest
 
+from batchspec.engine.base import Request, SamplingParams, SpecConfig
+from batchspec.engine.torch.engine import TorchEngine
 from batchspec.engine.torch.suffix import (
     MAX_MATCH,
     Lookups,
@@ -19,6 +22,10 @@ from batchspec.engine.torch.suffix import (
     SuffixTrees,
     own_draft,
 )
+from tests.conftest import tiny_llama, word_tokenizer
+from tests.engine.lossless import assert_greedy_lossless
+from tests.engine.torch.test_engine import five_word_case, joint_pvalue
+from tests.predict.test_suffix_acceptance import shared_structure_requests
 
 
 def occurrences(rows: list[list[int]], pattern: list[int], own: bool) -> list[tuple[int, int]]:
@@ -181,3 +188,59 @@ def test_the_drafter_counts_its_lookups_and_the_trees_answers():
     assert drafter.draft(1, [1, 5, 6, 7], 4).tokens == []  # no scope: its own context has no match
     assert drafter.draft(1, [3, 4, 3, 4, 3], 4).tokens == [4, 3]  # its own: "4 3" after "3 4 3"... twice
     assert counts.lookups == {0: 1, 1: 2} and counts.tree_drafts == {0: 1}
+
+
+# -- the engine running the arm ---------------------------------------------------------------------
+
+
+def scoped(requests, scope="key"):
+    return [dataclasses.replace(r, draft_scope=scope) for r in requests]
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_greedy_suffix_speculation_equals_plain_greedy_with_a_shared_tree(word_models, batch_size):
+    """Rows that share structure (templated prompts, some repeated), drafting from each other's
+    outputs: every draft length 1..8 gives plain decoding's tokens."""
+    target, _, tokenizer = word_models
+    engine = TorchEngine(target, tokenizer, model_name="tiny")
+    requests = shared_structure_requests(16)
+    plain = engine.generate(requests, SpecConfig(), batch_size)
+    for k in range(1, 9):
+        ran = engine.generate(requests, SpecConfig("suffix", k), batch_size)
+        near_ties = assert_greedy_lossless(engine, requests, ran.completions, plain.completions)
+        assert near_ties == 0, k
+        assert sum(c.tree_drafts for c in ran.completions) > 0 and ran.accepted_tokens > 0, k
+        assert all(c.accepted_tokens <= c.draft_tokens <= k * c.target_steps for c in ran.completions)
+
+
+def test_a_row_whose_prompt_an_earlier_row_had_drafts_its_whole_output_from_the_tree(word_models):
+    target, _, tokenizer = word_models
+    engine = TorchEngine(target, tokenizer, model_name="tiny")
+    first = Request("a", "w3 w9 w27 w4 w4 w51", params=SamplingParams(max_tokens=20), draft_scope="key")
+    again = dataclasses.replace(first, id="b")
+    done = engine.generate([first, again], SpecConfig("suffix", 8), 1).completions
+    assert done[0].token_ids == done[1].token_ids
+    # b drafts from a's output at every step; after its first step (where the tree, which holds
+    # outputs, not prompts, matches one token) every draft is accepted: 4 steps for 19 tokens
+    assert done[1].tree_drafts == done[1].target_steps <= 5
+    assert done[1].draft_tokens - 1 <= done[1].accepted_tokens
+    assert engine.trees.usage("key")[1] == 2
+    again_alone = engine.generate([again], SpecConfig("suffix", 8), 1).completions[0]  # b's own last run left first
+    assert again_alone.tree_drafts > 0 and engine.trees.usage("key")[1] == 2
+
+
+def test_rows_without_a_scope_share_nothing():
+    target = tiny_llama(64, 2, seed=3, eos_token_id=0, pad_token_id=0, initializer_range=0.15)
+    engine = TorchEngine(target, word_tokenizer(64), model_name="tiny")
+    request = Request("a", "w3 w9 w27 w4", params=SamplingParams(max_tokens=12))
+    engine.generate([request, dataclasses.replace(request, id="b")], SpecConfig("suffix", 4), 1)
+    assert engine.trees.trees == {}
+
+
+def test_sampled_suffix_speculation_follows_the_target_distribution_with_a_shared_tree():
+    """test_engine's chi-square test with the rows drafting from each other's sampled outputs."""
+    V, n = 5, 8_000  # half the rows of test_engine's: each finished row joins the tree (2 ms a row here)
+    engine, target, prompt, requests = five_word_case(V, n)
+    result = engine.generate(scoped(requests), SpecConfig("suffix", 3), 1000)
+    assert sum(c.tree_drafts for c in result.completions) > n / 8  # the shared tree drafted (rows after the first 1,000)
+    assert joint_pvalue(result, target, prompt, V) > 1e-3
