@@ -73,6 +73,8 @@ NGRAM_SIZE_DEFAULT = 2
 # vLLM's suffix_decoding_max_spec_factor / suffix_decoding_min_token_prob, Arctic Inference's.
 SPEC_FACTOR_DEFAULT = 1.0
 MIN_TOKEN_PROB_DEFAULT = 0.1
+# The cap on one worker's suffix trees, MiB (the pipeline's worker.suffix_tree_mb; engine/torch/suffix.py).
+SUFFIX_TREE_MB_DEFAULT = 256.0
 
 
 def spec_label(method: str, draft_len: int) -> str:

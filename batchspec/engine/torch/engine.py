@@ -21,6 +21,7 @@ import torch
 
 from batchspec.engine.base import (
     ENGINE_METHODS,
+    SUFFIX_TREE_MB_DEFAULT,
     Completion,
     Control,
     GenerateResult,
@@ -36,7 +37,7 @@ from batchspec.engine.torch.decode import Clock, Decoder, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.torch.kv import Batch
 from batchspec.engine.torch.load import check_same_tokenizer, load_pretrained
-from batchspec.engine.torch.suffix import TREE_MB_DEFAULT, Lookups, SuffixDrafter, SuffixTrees
+from batchspec.engine.torch.suffix import Lookups, SuffixDrafter, SuffixTrees
 from batchspec.errors import ConfigError, ModelError, one_line
 
 SUPPORTED = ENGINE_METHODS["torch"]
@@ -50,7 +51,7 @@ class TorchEngine:
     in_flight_control = True  # generate takes control= (base.Engine.generate)
 
     def __init__(self, model, tokenizer, model_name: str = "model", device: str | None = None,
-                 draft_loader=None, suffix_tree_mb: float = TREE_MB_DEFAULT) -> None:
+                 draft_loader=None, suffix_tree_mb: float = SUFFIX_TREE_MB_DEFAULT) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -72,7 +73,7 @@ class TorchEngine:
 
     @classmethod
     def load(cls, model: str, draft_model: str | None = None, dtype: str = "float32",
-             device: str | None = None, suffix_tree_mb: float = TREE_MB_DEFAULT) -> "TorchEngine":
+             device: str | None = None, suffix_tree_mb: float = SUFFIX_TREE_MB_DEFAULT) -> "TorchEngine":
         """Load the target (registry name, local folder or fsspec URL) and preload a draft model."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
 

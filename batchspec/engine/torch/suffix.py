@@ -312,7 +312,6 @@ def _merged(segments: list[Segment], keep=lambda i: True) -> Segment:
 # -- one worker's trees, and the drafter over them ------------------------------------------------
 
 
-TREE_MB_DEFAULT = 256  # the per-worker cap's default (the pipeline's worker.suffix_tree_mb)
 EVICT_TO = 0.9  # past the cap, the oldest rows go until the trees hold this share of it
 
 
