@@ -13,6 +13,7 @@ both arms, left out, as calibration measures it); tokens over the whole wall tim
 OUT/engine.json and OUT/engine.md.
 
     python bench/engine.py [--quick] [--out bench/results] [--threads N] [--dtype bfloat16]
+    python bench/engine.py --suffix [--suffix-rows 128] [--max-tokens 64] [--suffix-k 8]   # the suffix arm (bench/suffix_bench.py)
 
 This module also holds the measuring helpers the other benchmarks share (`Measured`,
 `interleaved`, `machine`).
@@ -298,7 +299,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="few prompts and tokens (minutes, not tens of minutes)")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--suffix", action="store_true", help="instead: the suffix arm on rows that share structure "
+                        "and on prose, SmolLM2, batch 1, float32 (bench/suffix_bench.py; issue 57)")
+    parser.add_argument("--suffix-rows", type=int, default=128, help="with --suffix: rows per structured workload (prose: half)")
+    parser.add_argument("--suffix-memory-rows", type=int, default=10_000, help="with --suffix: rows of 200 tokens in the memory check")
+    parser.add_argument("--suffix-name", default="suffix", help="with --suffix: the result's name under --out")
+    parser.add_argument("--suffix-k", type=int, default=8, help="with --suffix: the draft length of both arms")
     args = parser.parse_args(argv)
+    if args.suffix:
+        import suffix_bench
+
+        return suffix_bench.main(args, argv)
 
     threads = choose_threads(args.threads)
     sizes = Sizes.pick(args.quick)
