@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from batchspec.engine.base import MIN_TOKEN_PROB_DEFAULT, SPEC_FACTOR_DEFAULT
-from batchspec.engine.torch.suffix import Draft, SuffixTree, own_draft
+from batchspec.engine.torch.suffix_tree import Draft, SuffixTree, own_draft
 from batchspec.predict.acceptance import Acceptance, PlainRow, _agree, _probs, expected_walk
 
 

@@ -1,4 +1,4 @@
-"""The suffix tree and drafter (batchspec.engine.torch.suffix) against a brute-force reference on
+"""The suffix tree and drafter (batchspec.engine.torch.suffix_tree, .suffix) against a brute-force reference on
 random token streams: the longest matching suffix, the most frequent continuation, the draft
 length set by the match (max_spec_factor) under the cap and the minimum-probability cut; rows
 added, merged, removed and evicted; the memory the trees count against what Python allocates."""
@@ -14,14 +14,8 @@ import pytest
 
 from batchspec.engine.base import Request, SamplingParams, SpecConfig
 from batchspec.engine.torch.engine import TorchEngine
-from batchspec.engine.torch.suffix import (
-    MAX_MATCH,
-    Lookups,
-    SuffixDrafter,
-    SuffixTree,
-    SuffixTrees,
-    own_draft,
-)
+from batchspec.engine.torch.suffix import Lookups, SuffixDrafter, SuffixTrees
+from batchspec.engine.torch.suffix_tree import MAX_MATCH, SuffixTree, own_draft
 from tests.conftest import tiny_llama, word_tokenizer
 from tests.engine.lossless import assert_greedy_lossless
 from tests.engine.torch.test_engine import five_word_case, joint_pvalue
