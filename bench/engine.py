@@ -301,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--suffix", action="store_true", help="instead: the suffix arm on rows that share structure "
                         "and on prose, SmolLM2, batch 1, float32 (bench/suffix_bench.py; issue 57)")
-    parser.add_argument("--suffix-rows", type=int, default=128, help="with --suffix: rows per structured workload (prose: half)")
+    parser.add_argument("--suffix-rows", type=int, default=128, help="with --suffix: rows per structured workload (prose: a quarter, at least 16; 0: the memory check only)")
     parser.add_argument("--suffix-memory-rows", type=int, default=10_000, help="with --suffix: rows of 200 tokens in the memory check")
     parser.add_argument("--suffix-name", default="suffix", help="with --suffix: the result's name under --out")
     parser.add_argument("--suffix-k", type=int, default=8, help="with --suffix: the draft length of both arms")

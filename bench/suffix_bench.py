@@ -20,6 +20,7 @@ No entry point of its own (the bench keeps few): bench/engine.py's --suffix runs
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import tracemalloc
 from pathlib import Path
@@ -107,11 +108,13 @@ def bench_workload(engine, workload: str, rows: int, max_tokens: int, chunk: int
             "ngram_over_plain_goodput": _ratio(n["goodput"], p["goodput"]) if plain else None, "lossless": same}, [c.token_ids for c in outputs]
 
 
-def tree_memory(outputs: list[list[int]], rows: int = 10_000, length: int = 200, vocab: int = 49_152, seed: int = 0) -> dict:
-    """The tree of `rows` rows of `length` tokens: random tokens, and rows spliced from `outputs`
-    (the structured workloads' plain outputs) with one token in ten replaced; counted and measured."""
+def tree_memory(outputs: list[list[int]], rows: int = 10_000, length: int = 200, vocab: int = 49_152, seed: int = 0,
+                cap_mb: float = 8.0) -> dict:
+    """The tree of `rows` rows of `length` tokens: random tokens, and (given `outputs`, the structured
+    workloads' outputs) rows spliced from them with one token in ten replaced; counted and measured.
+    Then the same rows over three keys under a cap of `cap_mb` (below what they need): the peak held."""
     rng = np.random.default_rng(seed)
-    pool = np.concatenate([np.asarray(o, dtype=np.int64) for o in outputs if len(o)])
+    pool = np.concatenate([np.asarray(o, dtype=np.int64) for o in outputs if len(o)]) if outputs else None
 
     def structured() -> np.ndarray:
         start = int(rng.integers(0, max(1, len(pool) - length)))
@@ -121,7 +124,8 @@ def tree_memory(outputs: list[list[int]], rows: int = 10_000, length: int = 200,
         return row
 
     out = {}
-    for name, make in (("random", lambda: rng.integers(0, vocab, length)), ("structured", structured)):
+    kinds = [("random", lambda: rng.integers(0, vocab, length))] + ([("structured", structured)] if outputs else [])
+    for name, make in kinds:
         made = [make() for _ in range(rows)]
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
@@ -133,13 +137,13 @@ def tree_memory(outputs: list[list[int]], rows: int = 10_000, length: int = 200,
         tracemalloc.stop()
         out[name] = {"rows": rows, "tokens": rows * length, "counted_mb": trees.nbytes / 2**20, "measured_mb": held / 2**20,
                      "insert_s": time.perf_counter() - started, "segments": len(trees.trees["key"].segments)}
-    capped = SuffixTrees(cap_bytes=64 * 2**20)
+    capped = SuffixTrees(cap_bytes=int(cap_mb * 2**20))
     peak = 0
     for i in range(rows):
         capped.add("k" + str(i % 3), f"r{i}", rng.integers(0, vocab, length))
         peak = max(peak, capped.nbytes)
-    out["cap_64mb"] = {"peak_mb": peak / 2**20, "held_rows": sum(t.rows for t in capped.trees.values()),
-                       "evicted_rows": capped.evicted, "held": peak <= capped.cap_bytes}
+    out[f"cap_{cap_mb:g}mb"] = {"peak_mb": peak / 2**20, "held_rows": sum(t.rows for t in capped.trees.values()),
+                                "evicted_rows": capped.evicted, "held": peak <= capped.cap_bytes}
     return out
 
 
@@ -164,7 +168,7 @@ def main(args, argv: Sequence[str] | None) -> dict:
     print(f"machine: {info}", flush=True)
     engine = load_engine(args.model, "float32")
     results, structured = [], []
-    for workload in (*workloads.SHARED_WORKLOADS, "prose"):
+    for workload in (*workloads.SHARED_WORKLOADS, "prose") if args.suffix_rows > 0 else ():  # 0: memory only
         rows = args.suffix_rows if workload != "prose" else max(16, args.suffix_rows // 4)
         result, outputs = bench_workload(engine, workload, rows, args.max_tokens or 64, chunk=16, seed=57,
                                          k=args.suffix_k, plain=workload == "prose")
@@ -172,7 +176,7 @@ def main(args, argv: Sequence[str] | None) -> dict:
         structured += outputs if workload != "prose" else []
         print(table(results[-1:]), flush=True)
     memory = tree_memory(structured, rows=args.suffix_memory_rows)
-    info["load_avg_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
+    info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     data = {"benchmark": "suffix", "model": args.model, "machine": info, "workloads": results, "memory": memory}
     mem = "\n".join(f"- {k}: {v}" for k, v in memory.items())
     md = (f"# Suffix drafting (issue 57)\n\n`{command('bench/engine.py', argv)}`, {info['date_utc']}: {machine_line(info)}, "

@@ -62,19 +62,22 @@ class SuffixTrees:
             tree.remove(ids)
 
     def _evict(self, target: int) -> None:
-        held = self.nbytes
-        while held > target:
-            by_age = sorted((t for t in self.trees.values() if t.rows), key=lambda t: t.oldest)
-            if not by_age:
-                return
-            tree, before = by_age[0], by_age[0].nbytes
-            wanted = int((held - target) / (before / tree.rows)) + 1
-            older = tree.older_than(by_age[1].oldest) if len(by_age) > 1 else tree.rows  # first in, first out
-            n = max(1, min(wanted, older))
-            tree.evict_oldest(n)
-            self.evicted += n
-            held -= before - tree.nbytes
-        self.trees = {k: t for k, t in self.trees.items() if t.rows}
+        """Evict the oldest rows of any scope, first in first out, until `target` bytes are held:
+        the rows are chosen first (at each tree's bytes a row) and each tree rebuilt once."""
+        while self.trees and self.nbytes > target:
+            excess = self.nbytes - target
+            rows = sorted((serial, scope) for scope, tree in self.trees.items() for serial in tree.serials())
+            size = {scope: tree.nbytes / tree.rows for scope, tree in self.trees.items()}
+            count: dict[str, int] = {}
+            for _, scope in rows:
+                count[scope] = count.get(scope, 0) + 1
+                excess -= size[scope]
+                if excess <= 0:
+                    break
+            for scope, n in count.items():
+                self.trees[scope].evict_oldest(n)
+                self.evicted += n
+            self.trees = {k: t for k, t in self.trees.items() if t.rows}
 
 
 @dataclass

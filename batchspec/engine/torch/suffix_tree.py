@@ -266,15 +266,9 @@ class SuffixTree:
         twin.segments = list(self.segments)
         return twin
 
-    def older_than(self, serial: int) -> int:
-        """How many of the oldest rows came before the row numbered `serial`."""
-        n = 0
-        for s in self.segments:
-            for x in s.serials:
-                if x >= serial:
-                    return n
-                n += 1
-        return n
+    def serials(self) -> list[int]:
+        """The rows' serial numbers, oldest first."""
+        return [x for s in self.segments for x in s.serials]
 
     def add(self, row_id: str, tokens: Sequence[int], serial: int) -> None:
         self.segments.append(Segment([np.asarray(tokens, dtype=np.int32)], [row_id], [serial]))
