@@ -541,3 +541,24 @@ def test_slot_bloat_bench_sets_one_call_beside_short_calls_and_times_a_compactio
     c = out["compaction"]
     assert c["longest"] < c["slots"] and c["compact_s"] > 0 and c["step_s_at_slots"] > 0
     assert "| 0 | 8 |" in (tmp_path / "slot_bloat.md").read_text()
+
+
+def test_engine_bench_suffix_runs_the_shared_workloads_and_the_memory_check(models, tmp_path):
+    import engine
+    import workloads
+
+    for name in workloads.SHARED_WORKLOADS:
+        assert len(set(workloads.prompts(name, 6, seed=57))) == 6, name
+    target, _ = models
+    engine.main(["--suffix", "--model", target, "--suffix-rows", "4", "--max-tokens", "6", "--suffix-memory-rows", "40",
+                 "--threads", "1", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "suffix.json").read_text())
+    assert [w["workload"] for w in saved["workloads"]] == [*workloads.SHARED_WORKLOADS, "prose"]
+    for w in saved["workloads"]:
+        assert w["lossless"] and set(w["measured"]) >= {"ngram:k=8", "suffix:k=8"}
+        assert set(w["counterfactual_tokens_per_step"]) == {"ngram:k=2", "ngram:k=4", "ngram:k=6", "ngram:k=8",
+                                                            "suffix:k=4", "suffix:k=8", "suffix:k=16"}
+    assert "none" in saved["workloads"][-1]["measured"]  # prose runs plain decoding too
+    memory = saved["memory"]
+    assert memory["random"]["rows"] == memory["structured"]["rows"] == 40 and memory["cap_8mb"]["held"]
+    assert "| workload |" in (tmp_path / "suffix.md").read_text()
