@@ -20,7 +20,7 @@ TEST_WORKERS ?= 2
 RAY_CPUS ?= 2
 RAY_ARGS ?=
 
-.PHONY: setup run test test-floor bench bench-engine bench-calibrate bench-heldout bench-pipeline bench-peer gpu-check ray-head ray-stop clean
+.PHONY: setup run test test-floor bench bench-engine bench-calibrate bench-pipeline bench-peer bench-scale bench-report gpu-check ray-head ray-stop clean
 
 setup: $(STAMP)
 
@@ -50,7 +50,7 @@ test: setup $(FLOOR_STAMP)
 
 # The engine drives transformers' model forward and cache API, which moves within the 5.x that
 # pyproject accepts (>=5.0): 5.17 takes the cache only as past_key_values and reads a 2D
-# logits_to_keep otherwise (both broke the engine on the first GPU, fixed in ab170f1). So the
+# logits_to_keep otherwise (both broke the engine on the first GPU run). So the
 # engine's cache and conformance tests run again on the lowest release accepted, installed beside
 # the venv with the lowest tokenizers and huggingface_hub it takes (about 10 s more).
 test-floor: $(FLOOR_STAMP)
@@ -63,30 +63,43 @@ $(FLOOR_STAMP): $(STAMP)
 		huggingface_hub==1.3.0 httpx==0.28.1 httpcore==1.0.9 h11==0.16.0
 	touch $@
 
-bench: setup
-	$(PY) bench/run_all.py
+# The maintained benches (docs/performance.md says what each measures and how to read it).
+# BENCH_ARGS go to the script, e.g. `make bench-engine BENCH_ARGS=--quick`. A figure that changes a
+# decision, a default or the docs is recorded with BENCH_ARGS=--record (one line appended to
+# bench/results.jsonl), then `make bench-report` rewrites docs/performance.md's table.
+BENCH_ARGS ?=
+bench: bench-engine bench-calibrate bench-pipeline bench-peer bench-scale
 
 bench-engine: setup
-	$(PY) bench/engine.py
+	$(PY) bench/engine.py $(BENCH_ARGS)
 
-bench-calibrate: setup
-	$(PY) bench/calibrate.py
-
-# Calibration on prompts the project did not write: HELDOUT (a prompt Parquet with a task column;
-# by default one written from installed packages' READMEs and the standard library, SEED) at BATCH.
-HELDOUT ?= /tmp/batchspec_heldout_seed$(SEED)_$(ROWS)rows.parquet
+# HELDOUT=1: calibration on prompts the project did not write, HELDOUT_FILE (a prompt Parquet with a
+# task column; by default one written from installed packages' READMEs and the standard library,
+# SEED), ROWS-row shards at BATCH, each its key's later shard on the worker.
+HELDOUT ?=
 SEED ?= 7
 BATCH ?= 8
 ROWS ?= 64
-bench-heldout: setup
-	test -f $(HELDOUT) || $(PY) bench/peer_prompts.py --out $(HELDOUT) --rows $$(( 8 * $(ROWS) )) --seed $(SEED) --min-tokens 150 --max-tokens 450
-	$(PY) bench/calibrate.py --input $(HELDOUT) --rows $(ROWS) --max-tokens 24 --batch-size $(BATCH) --dtype float32 --threads 2 --in-flight --later-shard
+HELDOUT_FILE ?= /tmp/batchspec_heldout_seed$(SEED)_$(ROWS)rows.parquet
+bench-calibrate: setup
+ifeq ($(HELDOUT),)
+	$(PY) bench/calibrate.py $(BENCH_ARGS)
+else
+	test -f $(HELDOUT_FILE) || $(PY) bench/common/peer_prompts.py --out $(HELDOUT_FILE) --rows $$(( 8 * $(ROWS) )) --seed $(SEED) --min-tokens 150 --max-tokens 450
+	$(PY) bench/calibrate.py --input $(HELDOUT_FILE) --rows $(ROWS) --max-tokens 24 --batch-size $(BATCH) --dtype float32 --threads 2 --in-flight --later-shard $(BENCH_ARGS)
+endif
 
 bench-pipeline: setup
-	$(PY) bench/pipeline.py
+	$(PY) bench/pipeline.py $(BENCH_ARGS)
 
 bench-peer: setup
-	$(PY) bench/peer.py
+	$(PY) bench/peer.py $(BENCH_ARGS)
+
+bench-scale: setup
+	$(PY) bench/scale.py $(BENCH_ARGS)
+
+bench-report:
+	$(PYTHON) bench/common/results.py
 
 gpu-check: setup
 	$(PY) jobs/gpu_check.py

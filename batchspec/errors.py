@@ -1,8 +1,9 @@
 """The project's user-facing errors.
 
-Three tiers (STYLE.md): `assert` for our own invariants; these `BatchspecError` subclasses for bad
-configuration or input, each with a one-line message naming what was wrong; `click.ClickException`
-only in the CLI, which turns any `BatchspecError` into one line and a non-zero exit.
+Three tiers (docs/architecture.md, "Errors"): `assert` for our own invariants; these
+`BatchspecError` subclasses for bad configuration or input, each with a one-line message naming
+what was wrong; `click.ClickException` only in the CLI, which turns any `BatchspecError` into one
+line and a non-zero exit.
 """
 
 

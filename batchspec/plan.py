@@ -183,10 +183,10 @@ def shuffle_for(sort: bool):
     the block (Ray Data binds a dataset's DataContext when the dataset is created).
 
     The default (`shuffle_v2`) starts aggregator actors, seconds per shuffle before any row moves;
-    the sort shuffle runs as plain tasks, but aggregates group by group. Measured with
-    bench/scale.py (README, Planning at scale): the plan, whose duplicate-id check has a group per
-    row, was faster under the sort shuffle at 100,000 rows and slower from 300,000; the group, a
-    group per shard, was faster up to 1 GB of input and slower at 4.8 GB. The user's own choice,
+    the sort shuffle runs as plain tasks, but aggregates group by group. So small jobs take the
+    sort shuffle and large ones the default, at the sizes `SORT_SHUFFLE_ROWS` (the plan, whose
+    duplicate-id check has a group per row) and `group.SORT_SHUFFLE_BYTES` (the group, a group per
+    shard) name (docs/pipeline.md, "Scale"). The user's own choice,
     RAY_DATA_DEFAULT_SHUFFLE_STRATEGY, always wins."""
     import ray.data
 

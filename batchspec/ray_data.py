@@ -15,9 +15,12 @@ engine for its life, with `config.worker` resources: the same `ShardWorker` as `
 Every batch of at most `shard_size` rows is a shard; its rows are split by the `shard_by` value and
 each part is calibrated and generated like a shard of `batchspec run` (the same `run_shard`: the
 same per-shard calibration, drift fallback and reuse of a key's decision for a later, smaller part
-on the same actor). Each output row carries the output columns of DESIGN.md (`id`, `shard_id`,
-`text`, ..., `target_steps`) and the input's passthrough columns; a row that cannot run becomes an
-error row, as in a run.
+on the same actor; a `response_format` column, with `config.response_format` for rows without one,
+constrains rows as in a run). Each output row carries the output columns of stats.OutputRow (`id`,
+`shard_id`, `text`, ..., `target_steps`) and the input's passthrough columns; a row that cannot run
+becomes an error row, as in a run. A text `prompt` goes through the model's chat template as one
+user message unless `config.prompt_format` is "raw" (as Ray Data LLM's chat-template stage does
+before its engine); `messages` always do.
 
 What it does not do (use `batchspec run` for these): the deterministic plan, `_shards/`,
 exactly-once commit and resume, stats files. Ray Data owns retries and where the result goes, and
@@ -48,23 +51,25 @@ def generate(ds, config):
     import ray.data
 
     from batchspec.config.run import check_engine_options
-    from batchspec.pipeline import check_engine, resolve_spec, run_arms, run_llm_options
-    from batchspec.parse import RowDefaults
+    from batchspec.pipeline import check_engine, check_prompt_format, resolve_spec, row_defaults, run_arms, run_llm_options
+    from batchspec.worker_pool import check_gpus_fit
     from batchspec.workers import WorkerJob
 
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "ray_data.generate")
+    check_prompt_format(config)
     schema = ds.schema(fetch_if_missing=False)
     if schema is not None:
         check_columns(list(schema.names), config.shard_by)
     arms, calibrate = run_arms(resolve_spec(config))
     llm_options = run_llm_options(config, arms)
+    check_gpus_fit(config.worker.num_gpus)  # Ray Data places an actor of N GPUs on one node
     job = WorkerJob(
         output=None, passthrough=pa.schema([]), out_schema=pa.schema([]),
         engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
         device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
-        calibration=config.calibration, defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed),
-        worker=config.worker, llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
+        calibration=config.calibration, defaults=row_defaults(config), worker=config.worker,
+        llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     return ds.map_batches(
         GenerateStage, fn_constructor_args=(job, config.shard_by), batch_size=config.shard_size, batch_format="pyarrow",

@@ -14,7 +14,7 @@ batch, decides, confirms and watches for drift inside it. Elsewhere:
         under "none", counterfactual acceptance of a finished chunk says an arm now beats plain
         decoding by the margin -> that arm
     (switching on needs the margin, falling back only a predicted loss: no flapping at the edge)
-    stats = one row for OUTPUT/stats (DESIGN.md's columns)
+    stats = one row for OUTPUT/stats (stats.ShardStats)
 
 This module knows nothing about Parquet, storage or Ray; the pipeline's workers call `run_shard`.
 """
@@ -199,6 +199,8 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         drift_switch_arm=drift.switch_arm,
         drift_switch_predicted=drift.switch_predicted,
         cost_profile=decision.profile,
+        constrained_rows=sum(r.response_format is not None for r in shard.requests),
+        forced_tokens=sum(c.forced_tokens for c in completions),
     )
     return ShardResult(completions, row_specs, stats, decision)
 

@@ -1,7 +1,7 @@
 """The records a run writes and reads back: output rows, shard stats rows, calibration arms.
 
 Each record is a dataclass declared here once; the Parquet schemas of OUTPUT/outputs and
-OUTPUT/stats (DESIGN.md "Output layout", the contract with data teams) are derived from the
+OUTPUT/stats (docs/architecture.md "Records", the contract with data teams) are derived from the
 dataclass fields in declaration order, so adding a column is adding one field. write.py, the
 report and the CLI read the records from here; so do the few rules every reader shares (the
 chosen arm of a shard, the run's speedup total).
@@ -232,7 +232,7 @@ CANDIDATE_TYPE = arrow_type(ArmResult)
 
 @dataclass(kw_only=True)
 class ShardStats:
-    """One row of OUTPUT/stats, in column order: DESIGN.md's stats columns first, then ours.
+    """One row of OUTPUT/stats, in column order: the contract's stats columns first, then the rest.
     Rates are None where nothing was drafted; measurements are None where the shard had no row
     that could run (every row an error row)."""
 
@@ -284,6 +284,12 @@ class ShardStats:
     drift_switch_predicted: float | None = None  # that arm's predicted speedup over plain decoding on the rows that switched it
     cost_profile: list[StepCost] = field(default_factory=list)  # the worker's measured step costs used
     node_id: str | None = None  # the Ray node whose worker ran the shard (None: written by the driver)
+    gpus: float = 0.0  # GPUs the shard's worker held (worker.num_gpus; TensorRT-LLM: one LLM spans them all)
+    gpu_memory_per_gpu: int | None = None  # bytes: the most device memory seen in use on one of them (None: a CPU)
+    prompt_format: str | None = None  # how text prompts reached the model: chat (its chat template) or raw (RunConfig.prompt_format)
+    empty_rows: int = 0  # rows that ran and returned an empty text (many: a likely prompt-format mismatch)
+    constrained_rows: int = 0  # rows with a response_format (structured output)
+    forced_tokens: int = 0  # of accepted_tokens: drafts their grammar forced (see Completion)
     # The suffix arm (`suffix_columns`): the shard key's tree on this worker when the shard ended,
     # and the share of the suffix drafter's lookups in this shard that the tree (other rows'
     # outputs) answered rather than the row's own context. None where the engine keeps no trees.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchspec.errors import ConfigError
+
 
 class WorkerPool:
     """Shard worker actors kept loaded across runs in one driver process.
@@ -52,10 +54,49 @@ class WorkerPool:
         self.close()
 
 
+# The placement group of each actor started in one (`start_actor`), removed when the actor stops.
+_PLACEMENT: dict[Any, Any] = {}
+
+
+def start_actor(actor_cls: Any, options: dict[str, Any], *args: Any) -> Any:
+    """Start one shard worker actor of `actor_cls` (a Ray actor class) with Ray `options`. An
+    actor of several GPUs (a TensorRT-LLM LLM across them) is placed in a placement group of one
+    bundle holding them all, STRICT_PACK: its GPUs come from one node, reserved together, and the
+    processes the LLM starts see them as the actor's own (Ray sets CUDA_VISIBLE_DEVICES)."""
+    gpus, cpus = options.get("num_gpus") or 0, options.get("num_cpus") or 0
+    if gpus <= 1:
+        return actor_cls.options(**options).remote(*args)
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = placement_group([{"GPU": gpus, **({"CPU": cpus} if cpus > 0 else {})}], strategy="STRICT_PACK")
+    strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
+    actor = actor_cls.options(**{**options, "scheduling_strategy": strategy}).remote(*args)
+    _PLACEMENT[actor] = group
+    return actor
+
+
+def check_gpus_fit(num_gpus: float) -> None:
+    """Refuse, in one line, a worker of more GPUs than any node of the Ray cluster has: its actor
+    would wait for ever (a placement group of one bundle never spans nodes)."""
+    import ray
+
+    if num_gpus <= 1:
+        return
+    most = max((n["Resources"].get("GPU", 0) for n in ray.nodes() if n.get("Alive")), default=0)
+    if num_gpus > most:
+        raise ConfigError(f"worker.num_gpus: {num_gpus:g} GPUs per worker, but the largest node of the Ray cluster has {most:g}; "
+                          "a worker's LLM runs on one node")
+
+
 def stop_actors(actors: list[Any]) -> None:
-    """Stop these Ray actors now (nothing to do once Ray is shut down)."""
+    """Stop these Ray actors now, and give back their placement groups (nothing to do once Ray is
+    shut down)."""
     import ray
 
     if ray.is_initialized():
         for a in actors:
             ray.kill(a, no_restart=True)
+            group = _PLACEMENT.pop(a, None)
+            if group is not None:
+                ray.util.remove_placement_group(group)

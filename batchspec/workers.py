@@ -24,7 +24,10 @@ use one: a command's actors stop when it ends.
 
 Resources: `worker.num_cpus` may be fractional so Ray keeps CPUs for reading; on a GPU cluster
 `worker.num_gpus: 1` gives each actor its own GPU. Actors are placed with Ray's SPREAD strategy, so
-shards spread over the nodes of a cluster. Torch threads per actor are set explicitly.
+shards spread over the nodes of a cluster. A worker of N > 1 GPUs (a TensorRT-LLM LLM across them)
+gets a placement group of one bundle of N GPUs, STRICT_PACK (`worker_pool.start_actor`), and a run
+asking for more GPUs per worker than any node has is refused before any actor starts. Torch
+threads per actor are set explicitly.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -46,7 +50,7 @@ from batchspec.group import INTERNAL, read_shard_input
 from batchspec.parse import ParsedRow, RowDefaults, parse_rows
 from batchspec.read import ID
 from batchspec.stats import ShardStats
-from batchspec.worker_pool import WorkerPool, stop_actors
+from batchspec.worker_pool import WorkerPool, check_gpus_fit, start_actor, stop_actors
 from batchspec.write import Output, output_table, stats_table
 
 
@@ -135,7 +139,9 @@ def commit(job: WorkerJob, plan: ShardPlan, rows: ShardRows, completions: list[C
     """Write the shard: its rows (error rows included) counted into `stats`, outputs then stats."""
     errors = sum(c.finish_reason == "error" for c in completions)
     tokens = sum(c.output_tokens for c in completions)
-    stats = replace(stats, shard_id=plan.shard_id, shard_key=plan.shard_key, rows=len(completions), error_rows=errors, output_tokens=tokens)
+    empty = sum(c.finish_reason != "error" and not c.text for c in completions)
+    stats = replace(stats, shard_id=plan.shard_id, shard_key=plan.shard_key, rows=len(completions), error_rows=errors,
+                    output_tokens=tokens, empty_rows=empty, gpus=job.worker.num_gpus)
     passthrough = rows.table.select([n for n in job.passthrough.names if n in rows.table.column_names])
     job.output.commit_shard(plan.shard_id, output_table(plan.shard_id, completions, specs, passthrough, job.out_schema), stats_table(stats))
     return ShardOutcome(plan.shard_id, plan.shard_key, len(completions), errors, tokens, stats)
@@ -153,7 +159,8 @@ def commit_failed(job: WorkerJob, plan: ShardPlan, reason: str, attempts: int) -
 def _unrun_stats(job: WorkerJob, shard_id: str, shard_key: str | None, **more: Any) -> ShardStats:
     """Stats of a shard no row of which ran on the engine: counts only, no measurements."""
     return ShardStats(shard_id=shard_id, shard_key=shard_key, rows=0, error_rows=0, engine=job.engine,
-                      model=job.model, draft_model=job.draft_model, batch_size=job.batch_size, **more)
+                      model=job.model, draft_model=job.draft_model, batch_size=job.batch_size,
+                      prompt_format=job.defaults.prompt_format, **more)
 
 
 # ---- the actor -------------------------------------------------------------------------------
@@ -173,12 +180,14 @@ class ShardWorker:
         import torch
 
         from batchspec.engine.factory import create_engine
-        from batchspec.models import resolve_model
+        from batchspec.models import local_folder, require_chat_template, resolve_model
 
         w = self.job.worker
         torch.set_num_threads(w.torch_threads or max(1, math.ceil(w.num_cpus)))
         opts = dict(self.job.storage_options)
         model = str(resolve_model(self.job.model, storage_options=opts)) if self.job.engine == "torch" else self.job.model
+        if self.job.defaults.prompt_format == "chat":  # a URL's model is here only now (pipeline.check_prompt_format)
+            require_chat_template(self.job.model, Path(model) if self.job.engine == "torch" else local_folder(model))
         draft = self.job.draft_model
         if draft and self.job.engine == "torch":
             draft = str(resolve_model(draft, storage_options=opts))
@@ -228,7 +237,8 @@ class ShardWorker:
             self.calibration = self.calibration or WorkerCalibration()
             result = run_shard(self.engine, ShardInput(shard_id, shard_key, good), arms, job.calibrate,
                                job.batch_size, settings, prior, worker=self.calibration)
-            stats = replace(result.stats, model=job.model, attempts=attempt)  # the model as configured, not its resolved path
+            stats = replace(result.stats, model=job.model, prompt_format=job.defaults.prompt_format,  # the model as configured,
+                            attempts=attempt, gpu_memory_per_gpu=self.engine.gpu_memory_per_gpu())  # not its resolved path
         else:
             stats = _unrun_stats(job, shard_id, shard_key, attempts=attempt, wall_s=time.perf_counter() - started)
         completions, specs = _merge(parsed, result)
@@ -273,8 +283,10 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     returns once each shard is committed."""
     import ray
 
-    remote = ray.remote(worker_cls).options(num_cpus=job.worker.num_cpus, num_gpus=job.worker.num_gpus, max_restarts=0,
-                                             max_task_retries=0, scheduling_strategy="SPREAD")
+    check_gpus_fit(job.worker.num_gpus)
+    actor_cls = ray.remote(worker_cls)
+    options = dict(num_cpus=job.worker.num_cpus, num_gpus=job.worker.num_gpus, max_restarts=0, max_task_retries=0,
+                   scheduling_strategy="SPREAD")
     key = (worker_cls, job.load_key())
     actors: list[Any] = []  # every actor this run held, to stop (or give back) at the end
     starting: dict[Any, Any] = {}  # start() or adopt() ref -> actor not ready yet
@@ -283,7 +295,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     def start() -> None:
         if pool is not None:  # idle workers of other engines may hold what this one needs
             pool.stop_others(key)
-        actor = remote.remote(job)
+        actor = start_actor(actor_cls, options, job)
         actors.append(actor)
         starting[actor.start.remote()] = actor
 
@@ -315,13 +327,13 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
                 try:
                     ray.get(ready[0])
                 except ray.exceptions.RayActorError as exc:
-                    ray.kill(actor, no_restart=True)
+                    stop_actors([actor])
                     lost += 1
                     if lost > workers * job.worker.max_attempts:
                         raise RuntimeError(f"{lost} shard workers died while starting; last: {_cause(exc)}") from None
                     start()
                 except ray.exceptions.RayTaskError as exc:
-                    ray.kill(actor, no_restart=True)
+                    stop_actors([actor])
                     if isinstance(exc.cause, BatchspecError):
                         raise exc.cause from None
                     raise
@@ -332,7 +344,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
             try:
                 outcome = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:  # the process or its node died: a fresh actor takes over
-                ray.kill(actor, no_restart=True)
+                stop_actors([actor])
                 start()
                 _retry(job, task, queue, report, on_done, f"worker died: {_cause(exc)}")
                 continue

@@ -1,7 +1,7 @@
 """Step 4, commit: everything written under OUTPUT goes through `Output`, over fsspec only
 (pipeline.py composes the manifest of step 5 and writes it through `Output.put_json`).
 
-Layout (DESIGN.md, the contract with data teams):
+Layout (docs/architecture.md "Output layout", the contract with data teams):
 
     OUTPUT/outputs/<shard_id>.parquet   one row per input row of the shard
     OUTPUT/stats/<shard_id>.parquet     one row per shard: the shard's commit mark, written last

@@ -55,8 +55,8 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import workloads  # noqa: E402
-from engine import (  # noqa: E402
+from common import results, workloads  # noqa: E402
+from common.measure import (  # noqa: E402
     RESULTS,
     choose_threads,
     command,
@@ -441,6 +441,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         "(e.g. ngram:k=2), whatever it chose: a later shard started under that arm")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(RESULTS))
+    results.add_options(parser)
     args = parser.parse_args(argv)
 
     rows = args.rows or (16 if args.quick else 128)
@@ -528,6 +529,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
              if args.later_shard else "") +
           f"tok/s = goodput (output tokens / decode seconds).\n\n{table}")
     write(Path(args.out), "calibrate", data, md, table)
+    data["record"] = results.record("calibrate", "bench/calibrate.py", args, argv, {
+        "min_vs_oracle": min((r["vs_oracle"] or 0) for r in shards), "min_vs_plain": min((r["vs_plain"] or 0) for r in shards),
+        "max_calibration_share": max((r["calibration_share"] or 0) for r in shards),
+        "predictions_within_10pct": f"{sum(a['error'] is not None and abs(a['error']) <= 0.10 for r in shards for a in r['predicted_vs_measured'])}"
+                                    f" of {sum(len(r['predicted_vs_measured']) for r in shards)}"})
     return data
 
 

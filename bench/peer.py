@@ -16,12 +16,13 @@ transformers runs twice in each (`--layers`), on the same parameter tensors both
 - "batchspec's layers": on the engine's measured forms, the model object exactly as the engine
   holds it: the decode loops alone, every product computed alike.
 
-Prompts come from bench/peer_prompts.py (installed packages' READMEs and stdlib source, 300-600
-tokens, chat template applied; --seed draws others). tok/s = output tokens / wall seconds, the
-ratio is ours over theirs. Also: a profile of one decode step and one prefill of our engine at
-batch 8 (bench/profile_step.py). Writes OUT/peer.json and OUT/peer.md.
+Prompts come from bench/common/peer_prompts.py (installed packages' READMEs and stdlib source,
+300-600 tokens, chat template applied; --seed draws others). tok/s = output tokens / wall
+seconds, the ratio is ours over theirs. Also: a profile of one decode step and one prefill of our
+engine at batch 8 (bench/common/step_profile.py). The ratios are the figures --record appends to
+bench/results.jsonl; --out DIR writes every detail (DIR/peer.json, DIR/peer.md).
 
-    python bench/peer.py [--quick] [--seed 0] [--threads 1] [--skip draft] [--layers own,shared] [--out bench/results]
+    python bench/peer.py [--quick] [--seed 0] [--threads 1] [--skip draft] [--layers own,shared] [--out DIR] [--record]
 """
 
 from __future__ import annotations
@@ -36,9 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import peer_prompts  # noqa: E402
-import profile_step  # noqa: E402
-from engine import RESULTS, command, load_engine, machine, ngram_arm, write  # noqa: E402
+from common import peer_prompts, results, step_profile  # noqa: E402
+from common.measure import command, load_engine, machine, ngram_arm, write  # noqa: E402
 
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig  # noqa: E402
 
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0, help="which held-out prompts (bench/peer_prompts.py)")
+    parser.add_argument("--seed", type=int, default=0, help="which held-out prompts (bench/common/peer_prompts.py)")
     parser.add_argument("--batch-prompts", type=int, default=None, help="prompts of the batch-8 comparison (default 16; 8 quick)")
     parser.add_argument("--ngram-prompts", type=int, default=None, help="default 6; 2 quick")
     parser.add_argument("--draft-prompts", type=int, default=None, help="default 2; 1 quick")
@@ -198,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--layers", default="own,shared", help="transformers' variants, comma-separated: own (its nn.Linear), "
                         "shared (batchspec's measured linear forms)")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", default=None, metavar="DIR", help="write every detail to DIR/peer.json and DIR/peer.md")
+    results.add_options(parser)
     args = parser.parse_args(argv)
 
     import torch
@@ -228,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             rows += compare("ngram b1", small, prompts[:n1], 1, max_tokens, ngram_arm(args.k),
                             {"prompt_lookup_num_tokens": args.k}, layers)
         if "profile" not in skip:
-            data["profile"] = profile_step.profile(small, prompts[:8], 8, max_tokens)
+            data["profile"] = step_profile.profile(small, prompts[:8], 8, max_tokens)
         del small
     if "draft" not in skip:
         qwen = load_engine(args.target, args.dtype, args.draft_model)
@@ -245,8 +246,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
           "decode loops alone); arms alternate chunk by chunk. 'CPU-time ratio': "
           "the same ratio on this process's CPU seconds (one torch thread), which load from other processes disturbs least.\n\n" + table(rows))
     if data.get("profile"):
-        md += "\n\n" + profile_step.markdown(data["profile"])
-    write(Path(args.out), "peer", data, md, table(rows))
+        md += "\n\n" + step_profile.markdown(data["profile"])
+    write(Path(args.out) if args.out else None, "peer", data, md, table(rows))
+    data["record"] = results.record("peer", "bench/peer.py", args, argv,
+                                    {f"{r['name'].replace(' ', '_')}_{r['layers']}": round(r["ratio"], 3) for r in rows})
     return data
 
 

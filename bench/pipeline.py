@@ -11,25 +11,29 @@ writing Parquet, commit marks). Reported:
 - pipeline overhead: seconds of `pipeline.run` spent outside the shards' calibrate + generate
   (the part the pipeline adds; robust to machine noise, unlike the ratio on shared cores).
 
-    python bench/pipeline.py [--rows 240] [--max-tokens 32] [--batch-size 8] [--spec none]
+The ratios and the overhead are the figures --record appends to bench/results.jsonl; --out FILE
+writes every detail as JSON.
+
+    python bench/pipeline.py [--rows 240] [--max-tokens 32] [--batch-size 8] [--spec none] [--out FILE] [--record]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import results  # noqa: E402
+from common.measure import ROOT  # noqa: E402  (and the checkout's batchspec first on sys.path)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", default=str(ROOT / "examples" / "prompts.parquet"))
     parser.add_argument("--rows", type=int, default=240)
@@ -38,9 +42,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--shard-size", type=int, default=80)
     parser.add_argument("--spec", default="none")
+    parser.add_argument("--prompt-format", default="chat", choices=("chat", "raw"), help="how prompts reach the model, both sides")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "pipeline.json"))
-    args = parser.parse_args()
+    parser.add_argument("--out", default=None, metavar="FILE", help="write every detail to FILE (JSON)")
+    results.add_options(parser)
+    args = parser.parse_args(argv)
 
     import pyarrow.parquet as pq
 
@@ -58,19 +64,24 @@ def main() -> None:
               "runs_tokens_per_s": [before["tokens_per_s"], after["tokens_per_s"]]}
     result = {
         "rows": table.num_rows, "model": args.model, "max_tokens": args.max_tokens, "batch_size": args.batch_size,
-        "spec": args.spec, "engine": engine, "pipeline": pipe,
+        "spec": args.spec, "prompt_format": args.prompt_format, "engine": engine, "pipeline": pipe,
         "ratio_work": pipe["tokens_per_s_work"] / engine["tokens_per_s"],
         "ratio_end_to_end": pipe["tokens_per_s_end_to_end"] / engine["tokens_per_s"],
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"-> {args.out}")
     print(f"rows {table.num_rows}, max_tokens {args.max_tokens}, batch {args.batch_size}, spec {args.spec}")
     runs = ", ".join(f"{t:.1f}" for t in engine["runs_tokens_per_s"])
     print(f"engine alone          {engine['output_tokens']:6d} tokens  {engine['tokens_per_s']:7.1f} tok/s  (before/after: {runs})")
     print(f"pipeline (work)       {pipe['output_tokens']:6d} tokens  {pipe['tokens_per_s_work']:7.1f} tok/s  ratio {result['ratio_work']:.2f}x")
     print(f"pipeline (end to end) {pipe['output_tokens']:6d} tokens  {pipe['tokens_per_s_end_to_end']:7.1f} tok/s  ratio {result['ratio_end_to_end']:.2f}x")
     print(f"pipeline overhead     {pipe['overhead_s']:.1f} s of {pipe['wall_s']:.1f} s outside the shards' calibrate+generate")
-    print(f"-> {args.out}")
+    result["record"] = results.record("pipeline", "bench/pipeline.py", args, argv, {
+        "ratio_work": round(result["ratio_work"], 3), "ratio_end_to_end": round(result["ratio_end_to_end"], 3),
+        "overhead_s": round(pipe["overhead_s"], 1), "engine_tokens_per_s": round(engine["tokens_per_s"], 1)})
+    return result
 
 
 def bench_pipeline(work: Path, args) -> dict:
@@ -82,11 +93,14 @@ def bench_pipeline(work: Path, args) -> dict:
     config = build_config(
         str(work / "prompts.parquet"), str(work / "out"), model=args.model, spec=args.spec, workers=1,
         batch_size=args.batch_size, max_tokens=args.max_tokens, shard_size=args.shard_size, torch_threads=args.threads,
+        prompt_format=args.prompt_format,
     )
+    ours = not ray.is_initialized()  # a Ray already running (a test's) is left running
     started = time.perf_counter()
     summary = run(config)
     wall = time.perf_counter() - started
-    ray.shutdown()
+    if ours:
+        ray.shutdown()
     assert summary.complete, summary
     import polars as pl
 
@@ -113,7 +127,7 @@ def bench_engine(work: Path, table, args) -> dict:
     torch.set_num_threads(args.threads)
     choice = resolve_spec_arg(args.spec, None, "torch", None)
     spec = NO_SPEC if choice.calibrate or not choice.arms else choice.arms[0]
-    rows = parse_rows(table, table.column("id").to_pylist(), RowDefaults(args.max_tokens, 0.0, 1.0, 0))
+    rows = parse_rows(table, table.column("id").to_pylist(), RowDefaults(args.max_tokens, 0.0, 1.0, 0, args.prompt_format))
     engine = create_engine("torch", args.model, dtype="float32")
     started = time.perf_counter()
     result = engine.generate([r.request for r in rows if r.error is None], spec, args.batch_size)

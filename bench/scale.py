@@ -12,9 +12,11 @@ shard back the way a worker does. Measured, per row count:
 - worker_read_bytes: bytes that `batchspec.group.read_shard_input` (a worker's only read) fetches
   from storage for every shard, counted where fsspec returns them, over the input's size on disk.
 
-    python bench/scale.py --rows 100000 1000000 5000000      # writes bench/results/scale.json
+    python bench/scale.py --rows 100000 1000000 5000000 [--out FILE] [--record]
 
-Nothing here is simulated: every figure is measured on this machine in this run.
+Nothing here is simulated: every figure is measured on this machine in this run. Per row count,
+plan + group seconds, the driver's peak memory and the workers' bytes read over the input's are
+the figures --record appends to bench/results.jsonl; --out FILE writes every detail as JSON.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
 WORDS = ("the of and to in is for on with as by at from that this be are or an it not which can has have "
          "data model token batch shard prompt output input write code test value result method system time "
          "return function class object string number list table file read query user server error case").split()
@@ -150,7 +153,9 @@ def _read_all_shards(output, plan) -> int:
     return sum(ray.get([read_some.remote(p) for p in parts]))
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> dict:
+    from common import results
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000, 5_000_000])
     ap.add_argument("--files", type=int, default=8)
@@ -159,16 +164,17 @@ def main() -> None:
     ap.add_argument("--shard-size", type=int, default=1024)
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--work", default="/tmp/batchspec-scale")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
+    ap.add_argument("--out", default=None, metavar="FILE", help="write every detail to FILE (JSON)")
     ap.add_argument("--shuffle", choices=("batchspec", "sort", "default"), default="batchspec",
                     help="batchspec: its choice by size (plan.shuffle_for); sort: the pull-based sort shuffle for every job; "
                     "default: Ray Data's default strategy for every job")
     ap.add_argument("--driver", nargs=2, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    results.add_options(ap)
+    args = ap.parse_args(argv)
     if args.driver:
         print(json.dumps(driver(args.driver[0], args.driver[1], args.shard_size, args.num_cpus, args.shuffle)))
-        return
-    results = []
+        return {}
+    rows_measured = []
     for rows in args.rows:
         work = Path(args.work) / str(rows)
         shutil.rmtree(work, ignore_errors=True)
@@ -189,12 +195,19 @@ def main() -> None:
                "plan_group_s": round(m["plan_s"] + m["group_s"], 1),
                "worker_read_over_input": round(m["worker_read_bytes"] / input_bytes, 3)}
         print(json.dumps(row), flush=True)
-        results.append(row)
+        rows_measured.append(row)
         shutil.rmtree(work, ignore_errors=True)
-    doc = {"bench": "scale", "command": " ".join(["python", "bench/scale.py", *sys.argv[1:]]),
-           "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    metrics = {}
+    for row in rows_measured:
+        n = row["rows"]
+        metrics.update({f"plan_group_s@{n}": row["plan_group_s"], f"driver_peak_mb@{n}": round(row["driver_peak_mb"]),
+                        f"worker_read_over_input@{n}": row["worker_read_over_input"]})
+    doc = {"bench": "scale", "results": rows_measured,
+           "record": results.record("scale", "bench/scale.py", args, argv, metrics)}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
 
 
 if __name__ == "__main__":

@@ -1,9 +1,14 @@
 """GPU smoke check for the TensorRT-LLM engine (and, with --engine torch, the torch engine).
 
-For each TensorRT-LLM option file (default: trt_configs/*.yaml) this builds the LLM through
-batchspec's adapter (batchspec/engine/trtllm/), generates a few prompts greedily with and
-without that file's speculation, checks that the outputs are equal, and prints acceptance
-(from llm.get_stats()) and tokens/s. It is the only place batchspec meets real TensorRT-LLM.
+For each TensorRT-LLM option file (default: trt_configs/*.yaml) this first loads it the way
+`trtllm-serve --config` does (TensorRT-LLM's own update_llm_args_with_extra_dict and
+TorchLlmArgs), then builds the LLM through batchspec's adapter (batchspec/engine/trtllm/),
+generates a few prompts greedily with and without that file's speculation, checks that the
+outputs are equal, and prints acceptance (from llm.get_stats()), tokens/s, the decode steps and
+per-row accepted drafts the adapter read from the iteration stats, and the memory in use per GPU.
+On a node of several GPUs (or --gpus N) it then runs a short batchspec pipeline on a local Ray
+cluster whose one worker holds N GPUs and runs one LLM across them (tensor_parallel_size N), and
+checks that every row came out. It is the only place batchspec meets real TensorRT-LLM.
 
     make gpu-check
     python jobs/gpu_check.py --model meta-llama/Llama-3.1-8B-Instruct [--config trt_configs/ngram.yaml ...]
@@ -16,8 +21,8 @@ The shipped configs pair with Llama-3.1-8B-Instruct (eagle3.yaml's head and draf
 Llama-3.2-1B draft are made for it). Batch size 1 by default: TensorRT-LLM's own tests note that
 in-flight batching at larger batch sizes may change greedy outputs slightly.
 
-Exit status: 0 all equal; 1 a config failed or its output differed; 2 tensorrt_llm is missing
-(one line on stderr).
+Exit status: 0 all equal; 1 a config failed to load or run, its output differed, or the
+multi-GPU worker failed; 2 tensorrt_llm is missing (one line on stderr).
 """
 
 from __future__ import annotations
@@ -51,7 +56,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--dtype", default="bfloat16", choices=("auto", "bfloat16", "float16", "float32"))
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="GPUs of the multi-GPU worker check (default: every GPU of the node; 1 skips it)")
     return parser.parse_args(argv)
+
+
+def check_loads(path: str, model: str) -> bool:
+    """Load an option file as trtllm-serve --config does (TensorRT-LLM 1.2's llm_args.py
+    update_llm_args_with_extra_dict, then TorchLlmArgs); say whether 1.2 also takes the
+    DraftTarget spelling, which batchspec refuses (docs/engines/trtllm.md)."""
+    import yaml
+    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, update_llm_args_with_extra_dict
+
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        TorchLlmArgs(**update_llm_args_with_extra_dict({"model": model}, data))
+    except Exception as exc:
+        print(f"{path}: FAIL trtllm-serve --config would refuse it: {' '.join(str(exc).split())[:300]}")
+        return False
+    print(f"{path}: loads as trtllm-serve --config loads it")
+    spec = data.get("speculative_config") or {}
+    if spec.get("decoding_type") == "Draft_Target":
+        other = {**data, "speculative_config": {**spec, "decoding_type": "DraftTarget"}}
+        try:
+            TorchLlmArgs(**update_llm_args_with_extra_dict({"model": model}, other))
+            print("  note: this TensorRT-LLM also takes decoding_type DraftTarget (batchspec accepts only Draft_Target)")
+        except Exception:
+            print("  DraftTarget spelling: refused, as batchspec assumes")
+    return True
+
+
+def report_stats(result: GenerateResult, engine) -> None:
+    """What calibration reads from the iteration stats: decode steps, per-row steps, memory."""
+    steps = result.steps
+    mean_ms = 1000 * sum(s.seconds for s in steps) / len(steps) if steps else 0.0
+    rows = sum(bool(c.accepted_steps) for c in result.completions)
+    gib = (engine.gpu_memory_per_gpu() or 0) / 2**30
+    print(f"  steps: {len(steps)} decode iterations, {mean_ms:.1f} ms each; accepted_steps for {rows} of "
+          f"{len(result.completions)} rows; memory in use per GPU {gib:.1f} GiB")
+    for field, why in result.caveats.items():
+        print(f"  {field}: {why}")
 
 
 def run_arm(engine, spec, batch_size: int, max_tokens: int) -> GenerateResult:
@@ -89,7 +133,48 @@ def check_config(engine, path: str, plain: GenerateResult, args: argparse.Namesp
     for record in engine.builds:
         if record.label == spec.label and record.reason:
             print(f"  memory: {record.reason}")
+    report_stats(result, engine)
     return verdict == "OK"
+
+
+def check_multi_gpu(args: argparse.Namespace, gpus: int) -> bool:
+    """A short batchspec run on a local Ray cluster of this node's GPUs: one worker holding `gpus`
+    GPUs, its LLM across them (tensor_parallel_size), n-gram speculation fixed. Every row must
+    come out without an error, and the stats must say the worker's GPUs."""
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+    import yaml
+
+    from batchspec import pipeline
+    from batchspec.config.run import build_config
+    from batchspec.stats import ShardStats
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [p for p in PROMPTS for _ in range(3)]
+        pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(rows))], "prompt": rows}), f"{tmp}/in.parquet")
+        base = dict(yaml.safe_load(Path(args.base).read_text()) or {})
+        settings = {"engine": "trtllm", "model": args.model, "dtype": args.dtype, "spec": str(ROOT / "trt_configs" / "ngram.yaml"),
+                    "shard_size": 6, "workers": 1, "batch_size": 4, "max_tokens": 48, "ray_address": None,
+                    "worker": {"num_gpus": gpus, "num_cpus": 1}, "llm_options": {**base, "tensor_parallel_size": gpus}}
+        Path(f"{tmp}/p.yaml").write_text(yaml.safe_dump(settings))
+        env = {"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}} if os.environ.get("PYTHONPATH") else None
+        ray.init(address="local", num_gpus=gpus, include_dashboard=False, log_to_driver=False, runtime_env=env)
+        try:
+            summary = pipeline.run(build_config(f"{tmp}/in.parquet", f"{tmp}/out", f"{tmp}/p.yaml"))
+            stats = [ShardStats.from_row(r) for r in pq.read_table(f"{tmp}/out/stats").to_pylist()]
+        except Exception as exc:
+            print(f"multi-GPU worker ({gpus} GPUs): FAIL {' '.join(f'{type(exc).__name__}: {exc}'.split())[:300]}")
+            return False
+        finally:
+            ray.shutdown()
+    peak = max((s.gpu_memory_per_gpu or 0 for s in stats), default=0) / 2**30
+    ok = summary.complete and summary.rows == len(rows) and summary.error_rows == 0 and {s.gpus for s in stats} == {gpus}
+    print(f"multi-GPU worker ({gpus} GPUs, tensor_parallel_size {gpus}): {'OK' if ok else 'FAIL'} {summary.rows} rows, "
+          f"{summary.error_rows} errors, {summary.tokens_per_s:.1f} tok/s, memory in use per GPU {peak:.1f} GiB")
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,13 +216,22 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         for path in configs:
             try:
-                ok = check_config(engine, path, plain, args) and ok
+                ok = check_loads(path, args.model) and check_config(engine, path, plain, args) and ok
             except Exception as exc:  # report and go on to the next config
                 print(f"{path}: FAIL {' '.join(f'{type(exc).__name__}: {exc}'.split())[:300]}")
                 ok = False
     finally:
         engine.close()
+    gpus = args.gpus if args.gpus is not None else _node_gpus()
+    if gpus > 1:
+        ok = check_multi_gpu(args, gpus) and ok
     return 0 if ok else 1
+
+
+def _node_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ shapes of Llama 3.2-1B / 3.1-8B; `tiny` for a CPU smoke run), and checks on each
    draft (DraftTarget, every draft accepted), a noisy copy of it as the draft (drafts partly
    accepted: the KV cache cut back inside a draft), and n-gram lookup on prompts followed by their
    own continuation (proposed, mostly rejected); a check that proposed no draft fails; in float32 by default (`--check-dtype`),
-   where the engine promises equality (DESIGN.md: except near-ties of float error);
+   where the engine promises equality (docs/engines/torch.md: except near-ties of float error);
 2. the step-cost profile: milliseconds of one target forward with a KV cache of `--context`
    tokens, for batch 1..64 x tokens per row 1..9 (the verify cost of draft lengths 0..8), in
    `--dtype` (bfloat16 by default): the figures calibration's cost model needs.

@@ -17,7 +17,7 @@ Ray 2.60 enables token auth by default, and its `ray.init` writes RAY_AUTH_MODE=
 process's environment and caches it: the cluster is started, and a driver joins it, under
 `auth_disabled()` (without it, once any local Ray ran in the session, the Jobs API answers 401).
 Its processes, and so the jobs' `python`, get this interpreter's folder first on PATH
-(ENVIRONMENT.md: a job runs the head's PATH python).
+(docs/deploy.md: a job runs the head's PATH python).
 """
 
 from __future__ import annotations

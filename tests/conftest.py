@@ -66,6 +66,24 @@ def tiny_model_dir(tmp_path_factory, tiny_pair):
 
 
 @pytest.fixture(scope="session")
+def tiny_base_model_dir(tmp_path_factory, tiny_pair):
+    """The tiny target with a tokenizer that has no chat template, as a base model's: what
+    prompt_format raw is for (chat refuses it)."""
+    import json
+
+    from batchspec.models import CHAT_TEMPLATE_FILES
+
+    target, _, tokenizer = tiny_pair
+    folder = save_folder(tmp_path_factory, "tiny-base", target, tokenizer)
+    for name in CHAT_TEMPLATE_FILES:
+        (folder / name).unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_draft_dir(tmp_path_factory, tiny_pair):
     _, draft, tokenizer = tiny_pair
     return save_folder(tmp_path_factory, "tiny-draft", draft, tokenizer)

@@ -12,7 +12,7 @@ sys.path.insert(0, str(BENCH))
 
 
 def test_held_out_prompts_are_chat_requests_in_the_length_range(smol_tokenizer):
-    import peer_prompts
+    from common import peer_prompts
 
     prompts = peer_prompts.held_out(smol_tokenizer, 8, seed=0)
     assert [p.task for p in prompts] == list(peer_prompts.TASKS) * 2
@@ -29,9 +29,14 @@ def test_held_out_prompts_are_chat_requests_in_the_length_range(smol_tokenizer):
 def test_peer_bench_compares_every_arm_and_profiles_a_step(tiny_model_dir, tiny_draft_dir, tmp_path):
     import peer
 
+    from common import results
+
     target, draft = str(tiny_model_dir), str(tiny_draft_dir)
+    recorded = results.RESULTS.read_bytes()
     data = peer.main(["--model", target, "--target", target, "--draft-model", draft, "--quick", "--max-tokens", "4",
                       "--min-tokens", "100", "--max-prompt-tokens", "200", "--out", str(tmp_path)])
+    assert results.RESULTS.read_bytes() == recorded, "a run not asked to --record appends nothing"
+    assert data["record"]["metrics"] == {f"{c['name'].replace(' ', '_')}_{c['layers']}": round(c["ratio"], 3) for c in data["comparisons"]}
     saved = json.loads((tmp_path / "peer.json").read_text())
     assert [(c["name"], c["layers"]) for c in saved["comparisons"]] == [
         (name, lay) for name in ("plain b8", "ngram b1", "draft b1") for lay in ("own", "shared")]
@@ -41,7 +46,7 @@ def test_peer_bench_compares_every_arm_and_profiles_a_step(tiny_model_dir, tiny_
         assert all(100 <= n <= 200 for n in c["prompt_tokens"])
     assert saved["machine"]["torch_threads"] == 1 and len(saved["machine"]["load_avg_end"]) == 3
     step = saved["profile"]["parts"]["decode step"]
-    assert abs(sum(step[p]["share"] for p in peer.profile_step.PARTS) - 1.0) < 1e-6
+    assert abs(sum(step[p]["share"] for p in peer.step_profile.PARTS) - 1.0) < 1e-6
     assert step["forward"]["ms"] > 0 and saved["profile"]["target_steps"] > 0
     assert "| plain b8 |" in (tmp_path / "peer.md").read_text() and "one decode step" in (tmp_path / "peer.md").read_text()
     assert data["comparisons"] == saved["comparisons"]

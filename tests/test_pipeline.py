@@ -15,8 +15,8 @@ import pytest
 
 from batchspec.config.run import build_config
 from batchspec.errors import InputError, OutputError
-from batchspec.parse import RowDefaults
-from batchspec.pipeline import run
+from batchspec.errors import ConfigError
+from batchspec.pipeline import row_defaults, run
 from batchspec.stats import OUTPUT_NAMES
 from batchspec.worker_pool import WorkerPool
 from batchspec.workers import ShardWorker
@@ -82,6 +82,7 @@ def test_every_input_row_gets_exactly_one_output_row(pool, tiny_model_dir, input
     assert (out / "_SUCCESS").exists()
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["totals"]["rows"] == 12 and manifest["plan_fingerprint"] == json.loads((out / "_plan.json").read_text())["fingerprint"]
+    assert manifest["config"]["prompt_format"] == "chat" and set(stats["prompt_format"]) == {"chat"}, "the default, recorded"
     assert summary.complete and summary.rows == 12 and summary.error_rows == 3 and summary.shards == 4
 
 
@@ -234,7 +235,7 @@ def test_workers_are_shared_only_by_jobs_that_load_the_same_engine(tmp_path):
         return WorkerJob(output=output, passthrough=pa.schema([]), out_schema=pa.schema([]), engine=config.engine,
                          model=config.model, draft_model=config.draft_model, dtype=config.dtype, device=config.device,
                          arms=(), calibrate=False, batch_size=config.batch_size, calibration=config.calibration,
-                         defaults=RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed), worker=config.worker,
+                         defaults=row_defaults(config), worker=config.worker,
                          storage_options=tuple(config.storage_options))
 
     base = job("a").load_key()
@@ -275,6 +276,46 @@ def test_input_and_output_problems_stop_before_any_work(ray_session, tiny_model_
         run(make_config(tmp_path / "p.parquet", "s3://missing-bucket/out", tiny_model_dir, storage_options=options))
 
 
+def test_a_model_without_a_chat_template_is_refused_under_chat_before_any_work_and_runs_raw(pool, tiny_base_model_dir, input_dir, tmp_path):
+    """prompt_format chat (the default) needs a chat template, as a chat endpoint does: a base model
+    stops the run before anything is written, in one line naming the key; raw runs it, and the
+    manifest and every stats row say which format ran."""
+    with pytest.raises(ConfigError, match=r"^prompt_format: chat \(the default\) .* has none; set prompt_format: raw \(--prompt-format raw\)"):
+        run(make_config(input_dir, tmp_path / "chat", tiny_base_model_dir), pool=pool)
+    assert not (tmp_path / "chat").exists()
+    out = tmp_path / "raw"
+    summary = run(make_config(input_dir, out, tiny_base_model_dir, prompt_format="raw", spec="none"), pool=pool)
+    assert summary.complete and summary.prompt_format == "raw"
+    assert set(pl.read_parquet(f"{out}/stats/*.parquet")["prompt_format"]) == {"raw"}
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["config"]["prompt_format"] == "raw" and manifest["totals"]["prompt_format"] == "raw"
+
+
+def test_the_empty_text_warning_needs_a_tenth_of_the_rows_that_ran():
+    from batchspec.pipeline import RunSummary
+
+    def summary(rows, errors, empty, fmt="chat"):
+        return RunSummary("out", rows, errors, 1, 0, 0, 0, 10, 1.0, 1.0, None, None, True, prompt_format=fmt, empty_rows=empty)
+
+    assert summary(20, 0, 1).empty_text_warning is None and summary(12, 2, 0).empty_text_warning is None
+    assert summary(20, 0, 2).empty_text_warning.startswith("2 of 20 rows returned an empty text")
+    assert "of 10 rows" in summary(12, 2, 1).empty_text_warning, "error rows did not run"
+    assert "try --prompt-format chat" in summary(20, 0, 20, "raw").empty_text_warning
+
+
+def test_a_worker_refuses_a_model_without_a_chat_template_once_it_has_it(tmp_path, tiny_base_model_dir):
+    """A model given by URL reaches the machine only in the worker: the worker checks it there, and
+    the one line stops the run (a BatchspecError is not retried)."""
+    from batchspec.workers import WorkerJob
+
+    config = make_config(tmp_path, tmp_path / "out", tiny_base_model_dir)
+    job = WorkerJob(output=None, passthrough=pa.schema([]), out_schema=pa.schema([]), engine="torch", model=str(tiny_base_model_dir),
+                    draft_model=None, dtype="float32", device="cpu", arms=(), calibrate=False, batch_size=1, calibration=(),
+                    defaults=row_defaults(config), worker=config.worker)
+    with pytest.raises(ConfigError, match=r"model '.*tiny-base.*' has none; set prompt_format: raw"):
+        ShardWorker(job).start()
+
+
 # ---- `batchspec calibrate`'s sample: the run's plan, each key's first shard read alone ---------------
 
 
@@ -294,7 +335,7 @@ def test_calibration_samples_of_the_examples_are_each_keys_first_rows():
     samples = calibration_samples(config)
     assert [(s.shard_key, s.rows, [p.request.id for p in s.parsed]) for s in samples] == first_rows_per_key([examples], 5)
     prompts = dict(zip(examples.column("id").to_pylist(), examples.column("prompt").to_pylist()))
-    assert all(p.request.prompt == prompts[p.request.id] for s in samples for p in s.parsed)
+    assert all(p.request.messages == ({"role": "user", "content": prompts[p.request.id]},) for s in samples for p in s.parsed)
 
 
 @pytest.mark.parametrize("path", ["in-process", "ray-data"])

@@ -42,6 +42,27 @@ def test_generate_adds_the_output_columns_to_every_row(ray_session, tiny_model_d
     assert {r["spec_method"] for r in ok} <= {"none", "ngram", "draft_target"}
 
 
+def test_a_prompt_goes_through_the_chat_template_unless_the_format_is_raw(ray_session, tiny_model_dir, tiny_base_model_dir, smol_tokenizer):
+    """As Ray Data LLM's chat-template stage before its engine: under chat (the default) a prompt is
+    one user message through the template; raw keeps the text; a model without a template is
+    refused under chat before any actor starts."""
+    import ray
+
+    from batchspec.errors import ConfigError
+
+    rows = prompts_table(2).to_pylist()
+    ds = ray.data.from_items(rows)
+    chat = {r["id"]: r["prompt_tokens"] for r in generate(ds, config_for(tiny_model_dir, spec="none")).take_all()}
+    raw = {r["id"]: r["prompt_tokens"] for r in generate(ds, config_for(tiny_model_dir, spec="none", prompt_format="raw")).take_all()}
+    for r in rows:
+        templated = smol_tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                                       tokenize=False)
+        assert chat[r["id"]] == len(smol_tokenizer(templated, add_special_tokens=False)["input_ids"])
+        assert raw[r["id"]] == len(smol_tokenizer(r["prompt"])["input_ids"]) < chat[r["id"]]
+    with pytest.raises(ConfigError, match=r"prompt_format: chat \(the default\) .* has none"):
+        generate(ds, config_for(tiny_base_model_dir, spec="none"))
+
+
 def test_a_missing_column_is_named_before_any_worker_starts_where_the_schema_is_known(ray_session, tiny_model_dir, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -62,13 +83,14 @@ def test_the_stage_names_a_missing_column_of_a_batch_when_the_schema_was_not_kno
     stage itself, as the actor runs it, on a batch without a prompt column."""
     import pyarrow as pa
 
+    from batchspec.pipeline import row_defaults
     from batchspec.ray_data import GenerateStage
     from batchspec.workers import WorkerJob
 
     config = config_for(tiny_model_dir, spec="none")
     job = WorkerJob(output=None, passthrough=pa.schema([]), out_schema=pa.schema([]), engine=config.engine, model=config.model,
                     draft_model=None, dtype=config.dtype, device=None, arms=(), calibrate=False, batch_size=4,
-                    calibration=config.calibration, defaults=None, worker=config.worker)
+                    calibration=config.calibration, defaults=row_defaults(config), worker=config.worker)
     stage = GenerateStage(job, "task")
     with pytest.raises(InputError, match=r"batchspec\.ray_data\.generate: needs a 'prompt'.*found \['question', 'task'\]"):
         stage(pa.table({"question": ["hi"], "task": ["x"]}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import posixpath
@@ -103,6 +104,18 @@ def test_messages_rows_parse_and_bad_shapes_are_errors():
     assert rows[0].request.messages == ({"role": "user", "content": "hi"},)
     assert rows[1].error.startswith("messages must be a non-empty list")
     assert rows[2].error == "prompt and messages are both null"
+
+
+def test_a_prompt_is_one_user_message_under_chat_and_text_under_raw_and_messages_stay_messages():
+    msgs = pa.array([None, [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]],
+                    pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))
+    table = pa.table({"prompt": ["Write a haiku.", None], "messages": msgs})
+    chat = parse_rows(table, ["a", "b"], DEFAULTS)
+    raw = parse_rows(table, ["a", "b"], dataclasses.replace(DEFAULTS, prompt_format="raw"))
+    assert DEFAULTS.prompt_format == "chat"
+    assert (chat[0].request.prompt, chat[0].request.messages) == (None, ({"role": "user", "content": "Write a haiku."},))
+    assert (raw[0].request.prompt, raw[0].request.messages) == ("Write a haiku.", None)
+    assert chat[1].request == raw[1].request and len(raw[1].request.messages) == 2
 
 
 def _stats(shard_id: str, **more) -> ShardStats:

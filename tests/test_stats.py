@@ -24,7 +24,7 @@ from batchspec.stats import (
 )
 from batchspec.write import Output, output_schema, output_table, stats_table
 
-# DESIGN.md "Output layout", the contract with data teams: these columns come first, in this order.
+# docs/architecture.md "Output layout", the contract with data teams: these columns come first, in this order.
 DESIGN_OUTPUT = ["id", "shard_id", "text", "prompt_tokens", "output_tokens", "finish_reason", "error", "spec_method",
                  "draft_len", "draft_tokens", "accepted_tokens", "target_steps"]
 DESIGN_STATS = ["shard_id", "shard_key", "rows", "error_rows", "spec_method", "draft_len", "acceptance_rate",

@@ -182,7 +182,7 @@ def _stop_head(proc: subprocess.Popen, temp_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """A Ray head with the Jobs API on 127.0.0.1 (auth off, as ENVIRONMENT.md says for Ray 2.60)."""
+    """A Ray head with the Jobs API on 127.0.0.1 (auth off, as docs/deploy.md says for Ray 2.60)."""
     ray_bin = Path(sys.executable).parent / "ray"
     temp_dir = tempfile.mkdtemp(prefix="bsray-", dir="/tmp")  # short: Ray's socket paths must fit
     gcs, dash, client, agent, agent_grpc, env_agent, metrics, node, objm = free_ports(9)

@@ -1,6 +1,6 @@
 """Per-shard calibration: find out on the shard's own prompts whether speculation pays, then choose.
 
-The rule (DESIGN.md, from the seed documents): speculate only when
+The rule (docs/calibration.md): speculate only when
 
     (draft time + verify time + coordination time) / committed tokens  <  baseline time per token
 

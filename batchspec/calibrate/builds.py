@@ -1,6 +1,7 @@
-"""Engines whose arms are builds (TensorRT-LLM): DESIGN.md "Calibration" item 5. Kept apart from
-the calibration rule: these only decide which arms a worker can afford to build and account for
-what the builds cost; the arms themselves are calibrated by running (batchspec.calibrate.measured).
+"""Engines whose arms are builds (TensorRT-LLM; docs/calibration.md, docs/engines/trtllm.md).
+Kept apart from the calibration rule: these only decide which arms a worker can afford to build
+and account for what the builds cost; the arms themselves are calibrated by running
+(batchspec.calibrate.measured).
 """
 
 from __future__ import annotations

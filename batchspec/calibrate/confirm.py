@@ -22,10 +22,8 @@ from batchspec.engine.base import NO_SPEC, Progress, SpecConfig, Step, Timing
 
 # Plain decoding's two prices of a window (before it, after it) further apart than this: the
 # machine moved while it was measured, and the window can lower the sample's prediction, not raise
-# it (`Confirming._measure`). Quiet, the two stood 0-9% apart on a fast model (every confirmation
-# of six runs of bench/calibrate.py on a 3.7 ms step, 2026-12-05) and 3% on `make run`'s edit
-# shard; beside bursts of CPU work (bench/interfere.py) 0-4%, or 44%, 3.0x and 3.2x where a burst
-# hit one side.
+# it (`Confirming._measure`). On a quiet machine the two stand within a few percent; a burst of
+# other work on one side moves them apart by far more than this.
 DISTURBED = 0.25
 
 
@@ -44,10 +42,7 @@ def sandwiched(steps: list[Step], anchors: list[Anchor], profile) -> tuple[Ancho
     on both sides of them: the one that prices it the lower (the machine at its faster), with that
     price and each anchor's. A shared machine's interference slows a stretch, never speeds it, so
     the faster plain stretch is the nearer measure of plain decoding beside the arm's; an arm that
-    beat plain decoding only against a slowed stretch is not taken for one that pays. On the Xeon at
-    f3e5e99 (bench/calibrate.py, fast model, batch 8) a later continue shard's sample anchored plain
-    decoding at 1.46x the profile's price, the arm's 19 steps ran at 1.22x, the window measured
-    1.15x, and the shard ran its remaining 120 rows at 0.78x plain under the arm."""
+    beat plain decoding only against a slowed stretch is not taken for one that pays."""
     prices = [plain_price_s(steps, a, profile) for a in anchors]
     i = min(range(len(anchors)), key=prices.__getitem__)
     return anchors[i], prices[i], prices
@@ -125,10 +120,8 @@ class Confirming:
         the shard ended or has no row left to run them on: the arm is measured when they end
         (`_measure`), against plain decoding before and after it. Where
         the sample itself ran the arm (a key's later shard, `plain_side`), the sample's steps are
-        set against plain decoding's steps since the decision, whose anchor is this moment's.
-        Before that (until 2026-12-03) such a shard ran the arm again and priced plain decoding at
-        the worker's anchor, another shard's: a later prose shard at batch 1 confirmed k=2 at 0.77x
-        (its steps 1.31x the price) where the whole shard measured it at 1.16x."""
+        set against plain decoding's steps since the decision, whose anchor is this moment's (an
+        anchor of another shard's prices plain decoding at another moment of the machine)."""
         if self.plain_first:
             return self._anchored_first(p, final)
         if self.plain_after:

@@ -241,12 +241,9 @@ def _turned_by(profile: CostProfile, spec: SpecConfig, speedup: float, margin: f
     turns on it: the arm predicted at `speedup` pays and at the points' price would not, or the
     reverse; else 1.0. Such a choice is confirmed, whatever its error: the scale comes from a few
     confirmations of some 20 steps each, and one timed in a fast moment of a shared machine can
-    stand for the method on this worker until ARM_KEPT more are taken. (On bench/fast_model.py's
-    model, 2026-12-05, a key's first confirmation took 0.73x the profile's price, the machine
-    faster than at the sample it was priced against; the key's four later shards then predicted
-    n-gram at 1.20-1.28x, chose it unconfirmed, and the benched one ran at 0.79x plain.) At the
-    points' price the speedup is `speedup` times the scale: exact for n-gram, whose every part of
-    a step is scaled; a draft model's prefills are not, so there it is an approximation."""
+    stand for the method on this worker until ARM_KEPT more are taken. At the points' price the
+    speedup is `speedup` times the scale: exact for n-gram, whose every part of a step is scaled;
+    a draft model's prefills are not, so there it is an approximation."""
     scale = profile.arm_scale(spec.method, spec.draft_model)
     return scale if pays(speedup, margin) != pays(speedup * scale, margin) else 1.0
 

@@ -2,7 +2,7 @@
 (batchspec.calibrate.measured and .counterfactual): the pipeline file's `calibration:` settings,
 the `Decision` record a shard runs with, the sample calibration decodes, and the choice.
 
-The rule (DESIGN.md, from the seed documents): speculate only when
+The rule (docs/calibration.md): speculate only when
 
     (draft time + verify time + coordination time) / committed tokens  <  baseline time per token
 
@@ -150,10 +150,7 @@ def stays(results: Sequence[ArmResult], running: SpecConfig, chosen: SpecConfig,
           margin: float) -> tuple[ArmResult, float] | None:
     """The running arm and its predicted speedup where it stays: the rule chose another arm
     (`chosen`) that does not `takes_over` from it, and the running arm still pays. None where the
-    choice stands. (On held-out rewrite rows at batch 4, a later shard's sample ran the key's last
-    k=6 and predicted k=4 at 1.19x, k=6 at 1.16x, where the whole shard ran them at 1.32x and
-    1.39x: k=4 took over, the drift watch put k=6 back at row 38, and the shard made 0.94x the
-    oracle; bench/calibrate.py, 2026-12-05.)"""
+    choice stands: a sample's few rows do not rank two paying arms closer than the margin."""
     if running.method == "none" or chosen.method == "none" or chosen.label == running.label:
         return None
     scored = dict((a.label, (a, s)) for a, s in predicted_speedups(results))

@@ -70,11 +70,7 @@ def switch_on(engine, rows_done: Sequence[Request], result: GenerateResult, arms
     comes from a few confirmations of some 20 steps each, of another shard or another draft
     length, and no confirmation follows a switch. Where the sample's choice turns on that scale,
     calibration confirms it (counterfactual._turned_by); here the switch waits for a window that
-    pays at both. (Held-out continue, batch 8, 2026-12-05:
-    k=2's confirmation measured its steps at 0.95x their price, every n-gram arm took that scale,
-    and at row 99 the window switched k=4 on, which ran the last 29 rows at 0.90x plain; at the
-    points' price, replayed with a profile timed apart, no window put k=4 above 0.97x; with the
-    0.95 scale, 1.02x.)"""
+    pays at both."""
     results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, **how)
     if results is None:
         return None, None
@@ -111,10 +107,8 @@ def while_speculating(engine, rows_done: Sequence[Request], result: GenerateResu
     `ratio`: the measured time of the steps `spec` ran lately over the profile's price of them
     (calibrate.inflight measures it). Where given, a loss must be seen by both the profile and
     the arm's own steps (the prediction divided by `ratio`): on a profile that prices the arm's
-    width dear, the profile alone sent a paying shard to plain decoding (bench/calibrate.py
-    --in-flight --later-shard, 128 edit rows at batch 8: k=6 predicted 0.97x where the whole shard
-    measured 1.14x; 64 rows under none, 0.91x the oracle). A change of draft length is judged on
-    the profile alone, every arm priced alike."""
+    width dear, the profile alone can send a paying shard to plain decoding. A change of draft
+    length is judged on the profile alone, every arm priced alike."""
     arms = list(arms) if any(a.label == spec.label for a in arms) else [*arms, spec]
     results = _predict_chunk(engine, rows_done, result, arms, worker, batch_size, greedy_only=True, **how)
     if results is None:

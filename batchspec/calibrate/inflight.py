@@ -21,8 +21,7 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              already computed by its drift checks): the sample is one batch, and on the 128-row code shard at batch 8 its 8 rows
              put n-gram k=8 at 1.32x where the whole shard measured 0.76x; in four runs the sample's
              prediction of every arm was 1.3-2.4x the same price on the whole shard's acceptance
-             (part of that, found on 2026-12-05, was how a sample was streamed: eight copies of
-             a row in one batch, `pricing.streamed`).
+             (a sample is streamed as distinct rows, `pricing.streamed`, not as copies of one).
     confirm  where calibration wants a measurement (a key's first shard choosing an arm, or a
              prediction within its error of the margin) the best arm runs on from there. Once
              it has committed as many tokens as max(batch, 4) sample rows hold, two figures are
@@ -33,14 +32,14 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              time: the acceptance of rows that are not the sample's). The lower decides
              (counterfactual.settle). Either alone was seen wrong: on `make run`'s edit shard 13
              steps measured 1.20x for an arm that ran the shard at 1.0x; on a 128-row code shard
-             (bench/inflight.py --source workloads) the corrected prediction said 1.20x where
+             the corrected prediction said 1.20x where
              22 steps measured 0.72x, and the shard under the arm took 1.09x the wall time of the same
              shard calibrated apart, which chose none. Plain decoding's price of those steps is
              measured on both sides of them: the sample's steps before (or a batch's rows' worth
              of plain steps, where the sample ran another arm) and as many steps after,
              the faster counting (confirm.sandwiched): on a fast model the arm's window is about
              20 steps, a tenth of a second, and against a sample that ran slow a losing arm
-             measured 1.15x and ran the rest of its shard at 0.78x plain (the Xeon, 2026-12-05).
+             measured 1.15x and ran the rest of its shard at 0.78x plain.
     watch    the drift checks (drift.Drift.after_chunk) set what the next rows run under, both
              ways, after every batch's worth of finished rows (at least 4), on the last chunk's
              worth finished (drift_chunk, or 8 x batch; at least 16), sample rows included; on a
@@ -52,25 +51,24 @@ is one generate call under `InFlight`, the call's control (engine.base.Control):
              whatever the engine, and on a fast step it was most of the decode (a 6M-parameter
              model at batch 8, 3.7 ms a step: 0.13-0.45 s of checks in a 64-row shard's 0.7 s).
              The sample is one batch, and a check per chunk of new rows came too late to mend it
-             (bench/calibrate.py --in-flight, 2026-12-02: at batch 8 a 64-row edit shard chose
-             none from 8 rows predicting 0.94x for an arm that measured 1.14x, and was never
-             checked again; a 128-row code shard chose n-gram k=6 predicting 1.58x where the
-             whole shard measured 1.03x, k=2 1.14x). While an arm runs, its steps since it took
-             over (about a window's rows of them) are measured against the profile's price
-             (`_ratio`), and a fallback needs those steps to show the loss too: the profile alone
-             sent a paying edit shard to plain decoding for half its rows (drift.while_speculating).
+             (at batch 8 a 64-row edit shard chose none from 8 rows predicting 0.94x for an
+             arm that measured 1.14x, and was never checked again; a 128-row code shard chose
+             n-gram k=6 predicting 1.58x where the whole shard measured 1.03x, k=2 1.14x). While
+             an arm runs, its steps since it took over (about a window's rows of them) are
+             measured against the profile's price (`_ratio`), and a fallback needs those steps to
+             show the loss too: the profile alone sent a paying edit shard to plain decoding for
+             half its rows (drift.while_speculating).
              Where the two fall on either side of plain decoding and the anchor is not this shard's
              last window's, plain decoding runs a batch's worth of rows to anchor the profile afresh,
              and the arm's steps measured against it decide (`_probed`): the key's later code
              shard at batch 8 ran n-gram k=2 over all its rows at 0.94x plain, the profile saying 1.11x.
 
-Before this (until 2026-12-01) the sample was a generate call of its own, drained as its rows
-finished, then the confirmation another, then each chunk: on `make run`'s 64-row shards the sample
-alone was 12-15% of a shard's time. Now what calibration costs is the control's own time
-(prediction, profile); the sample's decoding is the shard's, at the shard's batch size. That is
-mostly a matter of accounting on that CPU: a sample decoded apart barely drains when its rows run
-to the same cap, and wall time moved within noise (bench/inflight.py, bench/HISTORY.md); the drain it
-removes costs more where outputs vary in length and a half-empty batch costs what a full one does.
+The sample decoded apart (`calibration: {in_flight: false}`) is a generate call of its own,
+drained as its rows finish, then the confirmation another, then each chunk: on `make run`'s 64-row
+shards that sample alone was 12-15% of a shard's time. In flight, what calibration costs is the
+control's own time (prediction, profile); the sample's decoding is the shard's, at the shard's
+batch size. The drain this removes costs most where outputs vary in length and a half-empty batch
+costs what a full one does.
 """
 
 from __future__ import annotations
@@ -199,10 +197,9 @@ class InFlight(ArmSteps, Confirming):
         CONFIRM_MIN_ROWS), as a drift check predicts on the last window with that many rows new in
         it; the prediction rests on no fewer rows than the whole sample gave it. The sample decodes
         under the key's last setting before anything is decided, and its share of a small shard is
-        what a changed workload costs there: held-out rewrite rows at batch 1, 32 per shard
-        (bench/calibrate.py, 2026-12-03), ran 8 sample rows, a quarter of the shard, under the
-        key's last k=2 where k=8 made 1.28x its goodput, and the shard made 0.91x the oracle. A
-        sample size the pipeline file sets is kept."""
+        what a changed workload costs there: a sample of a quarter of a small shard run under the
+        key's last arm, where another paid more, costs that quarter's difference. A sample size
+        the pipeline file sets is kept."""
         rows = self.settings.sample_rows(self.batch_size, counterfactual=True)
         history = self.worker.history.get(self.key) if self.key is not None else None
         if self.settings.sample_size or history is None or len(history.rows) < rows:

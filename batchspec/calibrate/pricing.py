@@ -88,11 +88,11 @@ class Anchor:
     """What ties the profile's prices to a measured plain run: its scale (measured decode time
     over the replay's price of the same rows, i.e. the machine's present speed) and the engine's
     bookkeeping per row and step beyond the forward. The scale multiplies the whole price, the
-    bookkeeping with the forwards, as it was taken (until 2026-12-04 `arm_price_s` and
-    `plain_price_s` scaled the forwards alone, and an anchor priced its own run off by
-    (scale - 1) x its bookkeeping). `short`: how many of the steps it priced ran with fewer rows
-    than the batch size; their prices lean on the profile's points below the production batch,
-    which a shard's profile may leave to a later shard where none are (profiling.refresh_profile)."""
+    bookkeeping with the forwards, as it was taken (scaling the forwards alone would price the
+    anchor's own run off by (scale - 1) x its bookkeeping). `short`: how many of the steps it
+    priced ran with fewer rows than the batch size; their prices lean on the profile's points
+    below the production batch, which a shard's profile may leave to a later shard where none are
+    (profiling.refresh_profile)."""
 
     scale: float
     other: float
@@ -151,7 +151,7 @@ def streamed(plans: Sequence[RowPlan], stream: int) -> list[RowPlan]:
     accept at the same steps as one: an n-gram arm's steps where that row finds no match run
     plain, where in a batch of distinct rows some row almost always proposes and every step is a
     verify. That priced speculation far cheaper than shards ran it: with the prices held fixed
-    (bench/acceptance_spread.py, random 64-row held-out shards, 2026-12-05), a one-batch sample
+    (random 64-row held-out shards), a one-batch sample
     alone put 12% of n-gram arms within 10% of the same prices on the whole shard at batch 8 and
     24% at batch 4 (median errors 29% and 23%); paired so, 65% and 44% (7.1% and 11.5%). Each
     batch then holds rows of one prompt length and many rows' steps, as the shard's batches hold
@@ -293,7 +293,7 @@ class KeyHistory:
     the key's next shard predicts on them beside its own sample (calibrate.inflight), where the
     sample is one batch. The same workload's rows: a key that changes between shards is what the
     drift watch, on the shard's own rows, catches. How many: with the prices held fixed
-    (bench/acceptance_spread.py, held-out prompts, 2026-12-04), a 64-row shard's arms were predicted
+    (held-out prompts), a 64-row shard's arms were predicted
     within 10% of their price on the whole shard for 78% of them on a batch-1 sample and the key's
     last 16 rows (the drift window there), 86% on 32, 92% on 64; at batch 4, 83% on 32, 91% on 64."""
 
@@ -326,7 +326,7 @@ class KeyHistory:
         Both ways a key's later shard predicts: the sample's prediction on its rows and the key's
         last window (counterfactual.predict_sample), and a drift check on the shard's own rows
         after the latest of the key's, while its own do not fill the window (drift._predict_chunk):
-        held-out rewrite rows at batch 4 (bench/calibrate.py, 2026-12-04) chose none on 4 sample
+        held-out rewrite rows at batch 4 chose none on 4 sample
         rows and the key's 32, and the first check, 8 rows later, switched on n-gram k=6 from those
         8 rows alone, which ran at 0.79x plain until the next check; the shard made 0.96x plain."""
         n = len(self.rows) if last is None else max(0, min(last, len(self.rows)))

@@ -23,11 +23,9 @@ def shape_of(rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: i
     widest verify, draft models), the arguments of `CostProfile.covers` and `profile_grid`. The
     highest context is the most cache slots a step reads (`slots_reach`): at batch > 1 the
     batch's holes take steps past any row's context, and the replay prices each step at its
-    slots. Until 2026-12-03 it was the longest row's context, and steps past it were priced by
-    extending the slope of the last two plain points: on a 64-row code shard at batch 8 (prompts
-    66-81 tokens, 24 out) the steps read 80-279 slots, the profile timed 66..105, and its 5-wide
-    steps were priced at 240 ms on average where they took 177 ms (bench/step_prices.py): every
-    n-gram arm predicted 30-40% slow on that machine, the cost model alone."""
+    slots. The longest row's context would fall short of them, and steps past it would be priced
+    by extending the slope of the last two plain points: on a 64-row code shard at batch 8 that
+    priced every n-gram arm 30-40% slow."""
     lo = min(len(r.prompt_ids) for r in rows)
     hi = max(len(r.prompt_ids) for r in rows) + max_tokens
     hi = slots_reach(hi) if batch_size > 1 else hi
@@ -126,10 +124,10 @@ def refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], tempe
     every arm; the second try narrows a point's noise, which a later shard's re-time
     (`retime_curve`, the mean of the point's timings) narrows too, and a speculative choice on a
     key's first shard is measured before it stands (counterfactual.settle). On a worker's first
-    shard at batch 8 with 24-token outputs (128 held-out rows, 66 s, Xeon 167) two tries of every
+    shard at batch 8 with 24-token outputs (128 held-out rows, 66 s) two tries of every
     point were 2.7-2.8 s, 4.1-4.3% of the shard; one try of each, 1.6-1.7 s. The price: one
     try's width-over-plain ratio lay within [-12%, +18%] of the machine's mean at the 10th and
-    90th percentiles, the fastest of two within [-6%, +9%] (bench/profile_noise.py, README). A
+    90th percentiles, the fastest of two within [-6%, +9%]. A
     shard whose plain decode time is 50 times the profile's or more keeps two tries of every
     point. A draft model's points keep two tries (their model is small; its seed is a prefill,
     a second pass would repeat it).
@@ -143,8 +141,8 @@ def refresh_profile(engine, profile: CostProfile, grid: tuple[list, list], tempe
     24-token outputs they took 0.3 of its profile's 1.3 s one-try seconds, over the 2% of the
     shard that calibration may cost; without them every arm's predicted speedup moved by 0.2-2.0%
     (continue, extract, rewrite, summarize: a 128-row shard's batch is full for all but its last
-    steps), and by up to 3.4% on `make run`'s 64-row shards (scratch, 2026-12-05).
-    Without a budget every point has two tries, as before 2026-12-05. Returns the seconds spent,
+    steps), and by up to 3.4% on `make run`'s 64-row shards.
+    Without a budget every point has two tries. Returns the seconds spent,
     (why, arms) where it stopped at the curve else None, the points left at one try, and the
     points left to a later shard."""
     began = time.perf_counter()

@@ -6,14 +6,14 @@ from __future__ import annotations
 import click
 
 from batchspec.config.run import DEFAULT_PIPELINE
-from batchspec.engine.base import DTYPES
+from batchspec.engine.base import DTYPES, PROMPT_FORMATS
 from batchspec.engine.factory import ENGINES
 
 SHARED = [
     click.option("--pipeline", envvar="BATCHSPEC_PIPELINE",
                  help=f"Pipeline YAML (default {DEFAULT_PIPELINE.name}: local Ray, torch on CPU, SmolLM2)."),
     click.option("--model", envvar="BATCHSPEC_MODEL", help="Target model: registry name, HF folder or fsspec URL."),
-    click.option("--draft-model", envvar="BATCHSPEC_DRAFT_MODEL", help="Draft model for DraftTarget arms."),
+    click.option("--draft-model", envvar="BATCHSPEC_DRAFT_MODEL", help="Draft model for Draft_Target arms."),
     click.option("--engine", type=click.Choice(ENGINES), envvar="BATCHSPEC_ENGINE"),
     click.option("--spec", help="auto (calibrate per shard), none, or a trt_configs FILE.yaml."),
     click.option("--candidates", help="Candidates file that --spec auto calibrates over."),
@@ -27,6 +27,13 @@ SAMPLING = [
     click.option("--top-p", type=float),
     click.option("--seed", type=int, help="Run seed; each row samples with a seed derived from it and its id."),
     click.option("--dtype", type=click.Choice(DTYPES)),
+    click.option("--response-format", metavar="FILE.json",
+                 help="Structured output for rows whose response_format column is null: a JSON file holding an "
+                      'OpenAI response_format, {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}.'),
+    # Checked by build_config like the pipeline key (one line naming the option), not by click.
+    click.option("--prompt-format", metavar="|".join(PROMPT_FORMATS),
+                 help="chat (default): a prompt goes to the model as one user message through its chat template; "
+                 "raw: as is, for base models. A messages column always takes the template."),
 ]
 
 

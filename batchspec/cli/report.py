@@ -26,8 +26,8 @@ def command(output: str, html_path: str | None, as_json: bool) -> None:
     Examples:
       batchspec report out
       batchspec report out --html report.html
-      batchspec report s3://my-bucket/batchspec/nightly/2026-11-28 --json | jq .totals
-      AWS_ENDPOINT_URL=http://minio:9000 batchspec report s3://runs/2026-11-28 --html r.html
+      batchspec report s3://my-bucket/batchspec/nightly/$(date -u +%F) --json | jq .totals
+      AWS_ENDPOINT_URL=http://minio:9000 batchspec report s3://runs/nightly --html r.html
     """
     from batchspec.report import load_report, render_html
 

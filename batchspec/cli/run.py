@@ -25,16 +25,18 @@ from batchspec.config.run import build_config
 def command(input: str, output: str, pipeline: str | None, run_date: str | None, plan_only: bool, **options) -> None:
     """Generate a completion for every row of INPUT into OUTPUT (paths or fsspec URLs).
 
-    INPUT is a Parquet file, folder or glob with a `prompt` or `messages` column. OUTPUT receives
-    outputs/*.parquet (one row per input row), stats/*.parquet (one row per shard), _plan.json,
-    _manifest.json and _SUCCESS. Options override the pipeline file. Exit code 0 means every input
-    row has exactly one output row.
+    INPUT is a Parquet file, folder or glob with a `prompt` or `messages` column; a prompt goes to
+    the model as one user message through its chat template (--prompt-format raw: as is, for base
+    models). OUTPUT receives outputs/*.parquet (one row per input row), stats/*.parquet (one row
+    per shard), _plan.json, _manifest.json and _SUCCESS. Options override the pipeline file. Exit
+    code 0 means every input row has exactly one output row.
 
     \b
     Examples:
       batchspec run examples/prompts.parquet out --shard-by task
       batchspec run s3://bucket/prompts/ s3://bucket/runs/{date} --workers 4
       batchspec run prompts.parquet out --spec none --max-tokens 32
+      batchspec run completions.parquet out --model ./my-base-model --prompt-format raw
       batchspec run s3://bucket/prompts/ s3://bucket/run1 --shard-by task --plan-only
 
     With --plan-only the run stops after the plan: a scheduler can size the job from the shard
@@ -139,3 +141,5 @@ def _print_summary(s) -> None:
     for line in s.dropped_arms:  # one unwrapped line each, for logs and grep
         click.echo(f"warning: arm left out of calibration: {line}", err=True)
     click.echo(f"{s.rows} rows ({s.error_rows} errors), {s.shards} shards, {s.tokens_per_s:.1f} tokens/s, speedup {speedup} -> {s.output}")
+    if s.empty_text_warning:  # one line under the summary: the first thing a broken-looking run needs
+        click.echo(f"warning: {s.empty_text_warning}", err=True)

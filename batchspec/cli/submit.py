@@ -32,9 +32,9 @@ def command(job_file: str, address: str | None, wait: bool, run_date: str | None
     Examples:
       batchspec submit jobs/local.yaml --wait
       batchspec submit jobs/gpu_trtllm.yaml --address http://ray-head:8265
-      RAY_ADDRESS=http://ray-head:8265 batchspec submit jobs/gpu_trtllm.yaml --wait --run-date 2026-11-28
+      RAY_ADDRESS=http://ray-head:8265 batchspec submit jobs/gpu_trtllm.yaml --wait --run-date "$(date -u -d yesterday +%F)"
       batchspec submit jobs/gpu_trtllm.yaml --dry-run      # the entrypoint and runtime_env, as JSON
-      ray job logs batchspec-nightly-trtllm-2026-11-28 --address http://ray-head:8265   # later
+      ray job logs batchspec-nightly-trtllm-$(date -u +%F) --address http://ray-head:8265   # later
     """
     from batchspec import submit
     from batchspec.config.job import load_job

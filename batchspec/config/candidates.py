@@ -16,8 +16,8 @@ draft lengths with a `draft_len_schedule` is rejected (the schedule pins max_dra
 `resolve_spec_arg` turns `--spec auto|none|FILE` into a `SpecChoice`: `none` never speculates;
 `auto` calibrates over the engine's default candidates file (or `--candidates`); a FILE that is an
 option file runs exactly that arm with no calibration; a FILE that is a candidates file calibrates
-over its arms. `--draft-model` overrides the draft of every DraftTarget arm. Under `auto` (and a
-candidates FILE) a DraftTarget arm with no draft model anywhere is dropped and the reason recorded
+over its arms. `--draft-model` overrides the draft of every Draft_Target arm. Under `auto` (and a
+candidates FILE) a Draft_Target arm with no draft model anywhere is dropped and the reason recorded
 in `SpecChoice.dropped`; an explicit option FILE without its draft is an error instead. An arm the
 chosen engine cannot run is an error naming the file and the engine to use instead.
 """
@@ -71,7 +71,7 @@ def _entry_lengths(path: str, key: str, value: Any) -> list[int]:
 
 def load_candidates(path: str | os.PathLike) -> list[SpecConfig]:
     """The calibration arms of a candidates file, in file order, without "none" and without
-    duplicates. DraftTarget arms may come back with `draft_model` None (see `resolve_spec_arg`)."""
+    duplicates. Draft_Target arms may come back with `draft_model` None (see `resolve_spec_arg`)."""
     path = str(path)
     data = read_yaml(path)
     if not is_candidates_file(data):

@@ -12,6 +12,8 @@ nested sections:
     workers: 1
     batch_size: 8
     max_tokens: 64
+    prompt_format: chat           # chat: a prompt is one user message through the model's chat template; raw: as is
+    response_format: null         # a JSON file: the default response_format of rows without one
     worker: {num_cpus: 1, num_gpus: 0, torch_threads: null, max_attempts: 3, wait_for_workers_s: 0, suffix_tree_mb: 256}
     calibration: {sample_size: 8, max_tokens: 16, ...}   # batchspec.calibrate.CalibrationSettings
     storage_options: {}           # fsspec options for INPUT and OUTPUT (endpoint, credentials)
@@ -32,11 +34,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import fsspec
+
 from batchspec.config.kit import check_fields, check_value, exists, field_rules, read_yaml, relative_to
 from batchspec.data import DEFAULT_PIPELINE, PIPELINES_DIR  # noqa: F401  (PIPELINES_DIR re-exported for the CLI)
-from batchspec.engine.base import DTYPES, SUFFIX_TREE_MB_DEFAULT
+from batchspec.engine.base import DTYPES, PROMPT_FORMATS, SUFFIX_TREE_MB_DEFAULT
 from batchspec.engine.factory import ENGINES
-from batchspec.errors import ConfigError
+from batchspec.engine.response_format import ResponseFormat, parse_json, parse_response_format
+from batchspec.errors import ConfigError, one_line
 
 
 def _date(v: Any) -> dt.date | None:
@@ -95,6 +100,13 @@ class RunConfig:
     temperature: float = field(default=0.0, metadata={"min": 0})
     top_p: float = field(default=1.0, metadata={"above": 0, "max": 1})
     seed: int | None = 0
+    # A JSON file holding an OpenAI `response_format` ({"type": "json_schema", "json_schema": {...}}):
+    # structured output for every row whose response_format column is null (or that has none).
+    response_format: str | None = field(default=None, metadata={"expected": "a JSON file of an OpenAI response_format"})
+    # How a text `prompt` reaches the model (batchspec.parse): "chat", one user message through the
+    # model's chat template (an instruct model answers a bare instruction with end-of-turn), or
+    # "raw", as is (completion-style prompts for base models). `messages` rows always take the template.
+    prompt_format: str = field(default="chat", metadata={"choices": PROMPT_FORMATS})
     resume: bool = True
     # Keep OUTPUT/_shards/ (each shard's input rows) after _SUCCESS, for debugging; by default a
     # finished run removes it (batchspec.pipeline: the decision and why resume stays exact).
@@ -132,7 +144,7 @@ def _secret(key: str) -> bool:
 FIELDS = field_rules(RunConfig, skip=("input", "output", "pipeline", "worker", "calibration"))
 WORKER_FIELDS = field_rules(WorkerConfig)
 SECTIONS = ("worker", "calibration")
-PATH_FIELDS = ("candidates", "spec", "model", "draft_model")
+PATH_FIELDS = ("candidates", "spec", "model", "draft_model", "response_format")
 
 
 def load_pipeline(path: str | os.PathLike) -> dict[str, Any]:
@@ -199,7 +211,25 @@ def build_config(input: str, output: str, pipeline: str | None = None, **options
         values["ray_address"] = os.environ["RAY_ADDRESS"]
     config = RunConfig(input=input, output=output, pipeline=source, worker=worker, **values)
     check_engine_options(config, source)
+    default_response_format(config, "--response-format" if options.get("response_format") else f"{source}: response_format")
     return config
+
+
+def default_response_format(config: RunConfig, where: str = "response_format") -> ResponseFormat | None:
+    """The run's default response_format, read from its JSON file (a path or fsspec URL) and
+    checked; ConfigError naming the file and what is wrong. None when the run sets none."""
+    if not config.response_format:
+        return None
+    path = config.response_format
+    try:
+        with fsspec.open(path, "r", **dict(config.storage_options)) as f:
+            text = f.read()
+    except Exception as exc:
+        raise ConfigError(f"{where}: cannot read {path}: {one_line(exc)}") from None
+    try:
+        return parse_response_format(parse_json(text, path))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {path}: {exc}") from None
 
 
 def check_engine_options(config: RunConfig, source: str) -> None:
@@ -221,13 +251,15 @@ def validate_pipeline_file(path: str | os.PathLike) -> str:
     values = load_pipeline(path)
     config = RunConfig(**values)
     check_engine_options(config, str(path))
+    default_response_format(config, f"{path}: response_format")
     if config.engine == "trtllm" and config.worker.num_gpus < 1:
         raise ConfigError(f"{path}: worker.num_gpus: expected >= 1 for the trtllm engine, got {config.worker.num_gpus}")
     from batchspec.config.candidates import resolve_spec_arg
 
     choice = resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)  # the files it names
-    if config.engine == "trtllm":  # every arm must be buildable with one set of LLM options
-        from batchspec.config.spec import run_llm_options
+    if config.engine == "trtllm":  # every arm must be buildable with one set of LLM options, on the worker's GPUs
+        from batchspec.config.spec import check_world, run_llm_options
 
-        run_llm_options(dict(config.llm_options), choice.arms, where=f"{path}: llm_options")
+        merged = run_llm_options(dict(config.llm_options), choice.arms, where=f"{path}: llm_options")
+        check_world(f"{path}: llm_options", merged, config.worker.num_gpus)
     return f"{path}: pipeline, engine {config.engine}, model {config.model}, spec {config.spec}, {config.workers} worker(s)"

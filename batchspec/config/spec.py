@@ -9,7 +9,7 @@ A TensorRT-LLM LLM-API option file (`trt_configs/*.yaml`): exactly the YAML that
    it straight to those tools. Its `speculative_config:` block is the arm::
 
        speculative_config:
-         decoding_type: NGram          # Eagle3 | DraftTarget | NGram | MTP | Suffix (batchspec's own)
+         decoding_type: NGram          # Eagle3 | Draft_Target | NGram | MTP (1.2's tags) | Suffix (batchspec's own)
          max_draft_len: 4              # integer >= 1
          max_matching_ngram_size: 3    # NGram only
        disable_overlap_scheduler: true # every other top-level key is an LLM argument
@@ -48,14 +48,20 @@ from batchspec.config.kit import (
     read_yaml,
 )
 from batchspec.engine.base import NGRAM_SIZE_DEFAULT, SpecConfig, freeze
+from batchspec.engine.trtllm.guided import GUIDED_BACKENDS
 from batchspec.engine.trtllm.translate import (
     DECODING_TYPES,
     LLM_ARGS,
     LLM_ARGS_REFUSED,
+    PARALLEL_SIZES,
+    RESPELLED,
     SPEC_KEYS,
     SPEC_PREFIX,
     TRTLLM_RELEASE,
+    check_draft_len_schedule,
+    check_max_concurrency,
     llm_options,
+    world_size,
 )
 from batchspec.errors import ConfigError
 
@@ -78,7 +84,8 @@ class SpecFile:
 # TensorRT-LLM option files
 
 # Top-level LLM arguments batchspec reads or that commonly go wrong, with their checks.
-_TOP_INTS = {"max_batch_size": 1, "max_num_tokens": 1, "max_seq_len": 1, "max_input_len": 1, "max_stats_len": 1}
+_TOP_INTS = {"max_batch_size": 1, "max_num_tokens": 1, "max_seq_len": 1, "max_input_len": 1, "max_stats_len": 1,
+             **{key: 1 for key in PARALLEL_SIZES}}
 _TOP_BOOLS = ("disable_overlap_scheduler", "enable_iter_perf_stats", "enable_chunked_prefill",
               "trust_remote_code", "enable_attention_dp", "print_iter_log")
 
@@ -92,8 +99,11 @@ def check_llm_options(path: str, options: dict) -> None:
             raise ConfigError(
                 f"{path}: {key}: not a TensorRT-LLM {TRTLLM_RELEASE} LLM argument batchspec passes on (known: {', '.join(sorted(LLM_ARGS))})"
             )
-    if "dtype" in options and options["dtype"] not in ("auto", "float16", "bfloat16", "float32"):
-        raise ConfigError(f"{path}: dtype: expected auto, float16, bfloat16 or float32, got {describe(options['dtype'])}")
+    if options.get("guided_decoding_backend") not in (None, *GUIDED_BACKENDS):
+        raise ConfigError(f"{path}: guided_decoding_backend: expected {', '.join(GUIDED_BACKENDS)} or null, got {describe(options['guided_decoding_backend'])}")
+    dtype = options.get("dtype", "auto")  # a free string in 1.2 (TorchLlmArgs.dtype: str)
+    if not isinstance(dtype, str) or not dtype.strip():
+        raise ConfigError(f"{path}: dtype: expected a string such as auto, bfloat16, float16 or float32, got {describe(dtype)}")
     for key, minimum in _TOP_INTS.items():
         if key in options:
             need_int(path, key, options[key], minimum)
@@ -123,35 +133,17 @@ def check_llm_options(path: str, options: dict) -> None:
             need_int(path, f"cuda_graph_config.batch_sizes[{i}]", size, 1)
 
 
-def _check_schedule(path: str, schedule: Any, draft_len: int) -> None:
-    """TensorRT-LLM 1.2's rules (llm_args.py DecodingBaseConfig.validate_draft_len_schedule_and_sort):
-    batch-size thresholds >= 1, draft lengths >= 0 (0 turns speculation off), batch size 1 present
-    and mapped to max_draft_len, no length above max_draft_len."""
-    key = SPEC_PREFIX + "draft_len_schedule"
-    need_mapping(path, key, schedule)
-    if not schedule:
-        raise ConfigError(f"{path}: {key}: expected a non-empty mapping of batch size -> draft length")
-    for batch, k in schedule.items():
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ConfigError(f"{path}: {key}: expected batch-size keys >= 1, got {describe(batch)}")
-        need_int(path, f"{key}[{batch}]", k, 0)
-        if k > draft_len:
-            raise ConfigError(f"{path}: {key}[{batch}]: expected a draft length <= max_draft_len {draft_len}, got {k}")
-    if schedule.get(1) != draft_len:
-        got = "nothing" if 1 not in schedule else schedule[1]
-        raise ConfigError(f"{path}: {key}[1]: expected max_draft_len {draft_len} at batch size 1 (TensorRT-LLM {TRTLLM_RELEASE} requires it), got {got}")
-
-
 def parse_spec_section(path: str, section: Any, *, require_draft: bool = True) -> SpecConfig:
     """Validate one `speculative_config` mapping and translate it into a SpecConfig.
 
-    With `require_draft` false a DraftTarget arm may lack its draft model (its `draft_model` is
+    With `require_draft` false a Draft_Target arm may lack its draft model (its `draft_model` is
     then None); callers that allow that must supply or drop it."""
     section = need_mapping(path, "speculative_config", section)
     kind = section.get("decoding_type")
     if kind not in DECODING_TYPES:
+        why = f" (TensorRT-LLM {TRTLLM_RELEASE} spells it {RESPELLED[kind]})" if kind in RESPELLED else ""
         raise ConfigError(
-            f"{path}: speculative_config.decoding_type: expected one of {', '.join(DECODING_TYPES)}, got {describe(kind)}"
+            f"{path}: speculative_config.decoding_type: expected one of {', '.join(DECODING_TYPES)}, got {describe(kind)}{why}"
         )
     allowed = SPEC_KEYS[kind]
     for key in section:
@@ -181,17 +173,20 @@ def parse_spec_section(path: str, section: Any, *, require_draft: bool = True) -
             raise ConfigError(f"{path}: speculative_config.speculative_model_dir: Eagle3 needs the location of its EAGLE-3 head, got none")
         if "eagle3_one_model" in section:
             need_bool(path, SPEC_PREFIX + "eagle3_one_model", section["eagle3_one_model"])
-    if kind == "DraftTarget" and draft_model is None and require_draft:
+    if kind == "Draft_Target" and draft_model is None and require_draft:
         raise ConfigError(
-            f"{path}: speculative_config.speculative_model_dir: DraftTarget needs a draft model with the target's tokenizer; set it here or pass --draft-model"
+            f"{path}: speculative_config.speculative_model_dir: Draft_Target needs a draft model with the target's tokenizer; set it here or pass --draft-model"
         )
-    if section.get("draft_len_schedule") is not None:
-        _check_schedule(path, section["draft_len_schedule"], draft_len)
     options = tuple((SPEC_PREFIX + k, freeze(v)) for k, v in section.items() if k not in _LIFTED)
-    return SpecConfig(
+    spec = SpecConfig(
         method=DECODING_TYPES[kind], draft_len=draft_len, draft_model=draft_model,
         ngram_size=ngram_size, options=options, source=path, **suffix,
     )
+    if section.get("draft_len_schedule") is not None:
+        check_draft_len_schedule(path, section["draft_len_schedule"], draft_len, spec)
+    if section.get("max_concurrency") is not None:
+        check_max_concurrency(path, section["max_concurrency"], spec)
+    return spec
 
 
 def _need_positive(path: str, key: str, value: Any) -> float:
@@ -253,7 +248,7 @@ def _llm_option_pairs(llm_options: dict) -> tuple[tuple[str, Any], ...]:
 
 def load_spec_file(path: str | os.PathLike, *, draft_model: str | None = None) -> SpecFile:
     """Load and validate one TensorRT-LLM option file. `draft_model` (from `--draft-model`)
-    replaces the draft of a DraftTarget arm before the file's own draft is required."""
+    replaces the draft of a Draft_Target arm before the file's own draft is required."""
     path = str(path)
     data = read_yaml(path)
     loaded = _parse_options_file(path, data, require_draft=draft_model is None)
@@ -290,6 +285,18 @@ def run_llm_options(base: dict[str, Any], arms: Sequence[SpecConfig], *, where: 
             else:
                 merged[key] = value
     return merged
+
+
+def check_world(where: str, options: dict[str, Any], num_gpus: float) -> None:
+    """A TensorRT-LLM worker runs one LLM across all of its GPUs: the LLM's parallel sizes
+    (tensor x pipeline x context, TensorRT-LLM's world size) must multiply to worker.num_gpus."""
+    world = world_size(options)
+    if num_gpus != int(num_gpus) or world != num_gpus:
+        sizes = " x ".join(f"{k} {int(options.get(k) or 1)}" for k in PARALLEL_SIZES if k in options) or "tensor_parallel_size 1"
+        raise ConfigError(
+            f"{where}: {sizes} = {world} GPUs per LLM, but worker.num_gpus is {num_gpus:g}: each worker runs one LLM "
+            "across all of its GPUs; make them equal"
+        )
 
 
 def _get(options: dict[str, Any], name: str) -> Any:

@@ -21,6 +21,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
+from batchspec.engine.response_format import ResponseFormat
+
 SPEC_METHODS = ("none", "ngram", "draft_target", "eagle3", "mtp", "suffix")
 FINISH_REASONS = ("stop", "length", "error")
 # Which speculative methods each engine runs ("none" always); factory.py builds them by these names.
@@ -30,6 +32,10 @@ ENGINE_METHODS: dict[str, tuple[str, ...]] = {
 }
 # Weight dtypes a run may ask for, by torch name (engine/torch/load.py maps them to torch dtypes).
 DTYPES = ("float32", "bfloat16", "float16")
+# How an input row's text `prompt` reaches the model (batchspec.parse): "chat" as one user message
+# through the model's chat template (a Request with `messages`), "raw" as is (a Request with `prompt`),
+# as the chat and completion endpoints of the batch APIs do. `messages` rows always take the template.
+PROMPT_FORMATS = ("chat", "raw")
 
 
 @dataclass(frozen=True)
@@ -49,12 +55,15 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Request:
-    """One row to complete: a plain `prompt`, chat `messages` ([{role, content}, ...]), or
-    `prompt_token_ids` (already tokenized, as vLLM's TokensPrompt).
+    """One row to complete: a plain `prompt` (tokenized as is, with the tokenizer's special tokens),
+    chat `messages` ([{role, content}, ...], through the model's chat template), or
+    `prompt_token_ids` (already tokenized, as vLLM's TokensPrompt). A `response_format` constrains
+    the output to its JSON schema (structured output: docs/structured-output.md).
 
     `draft_scope`: rows with the same scope on one engine draft from each other's finished
-    outputs (the suffix arm); a worker gives a shard's rows their shard key. None: the row drafts
-    from its own context only. Engines without cross-row drafting ignore it."""
+    outputs (the suffix arm); meant to be a shard's key, set by whoever runs the shard (docs/suffix.md,
+    "Scope"). None: the row drafts from its own context only. Engines without cross-row drafting
+    ignore it."""
 
     id: str
     prompt: str | None = None
@@ -62,6 +71,7 @@ class Request:
     params: SamplingParams = SamplingParams()
     prompt_token_ids: tuple[int, ...] | None = None
     draft_scope: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 # NGramDecodingConfig.max_matching_ngram_size's default in TensorRT-LLM's LLM API
@@ -175,6 +185,9 @@ class Completion:
     # the shared tree (other rows' outputs) answered, not the row's own context.
     tree_lookups: int = 0
     tree_drafts: int = 0
+    # Of accepted_tokens: drafts the row's grammar forced (the only continuation it allowed, as the
+    # grammar library tokenizes it) that the target kept. 0 for an unconstrained row.
+    forced_tokens: int = 0
 
     @classmethod
     def failed(cls, request_id: str, reason: str, prompt_tokens: int = 0) -> "Completion":
@@ -236,13 +249,11 @@ def admission_order(lengths: Sequence[int], batch_size: int, first: Sequence[int
     rows, the shortest prompt first within each window.
 
     Sorted within a window, the rows a step admits together have close lengths, so a batched
-    prefill pads little and a row joins a batch whose cache is about its length. Sorted over the
-    whole shard (until 2026-12-04), admission mixed the two halves of a shard whose workload
-    changes half-way, so the drift watch, which judges the last 8 x batch rows finished, never saw
-    the change it is there to catch: `bench/switch.py`'s prose rows then copy-heavy edits
-    interleaved, and the watch switched on late or on a mixture (1.13x plain over three repeats
-    at f6a3dae; see README). A window of the drift watch's size keeps the file's order at the
-    scale the watch judges."""
+    prefill pads little and a row joins a batch whose cache is about its length. The window is
+    the drift watch's size (8 x batch rows) so that a shard whose workload changes along the file
+    keeps the file's order at the scale the watch judges: sorted over the whole shard, admission
+    would mix the two halves and the watch would see a mixture, never the change
+    (docs/pipeline.md, "Admission order")."""
     head = {i for i in first if 0 <= i < len(lengths)}
     rest = [i for i in range(len(lengths)) if i not in head]
     window = max(1, ADMIT_WINDOW * max(1, batch_size))
@@ -323,9 +334,9 @@ class GenerateResult:
 
     @property
     def goodput(self) -> float:
-        """Tokens committed in decode per second of decode time (DESIGN.md). The target's prefill
-        and the first token it yields are left out (the same for every arm); a draft model's own
-        prefill counts as draft time."""
+        """Tokens committed in decode per second of decode time (docs/architecture.md, "Glossary").
+        The target's prefill and the first token it yields are left out (the same for every arm); a
+        draft model's own prefill counts as draft time."""
         decode_s = self.timing.decode_s
         return self.decode_tokens / decode_s if decode_s > 0 else 0.0
 
@@ -352,6 +363,10 @@ class Engine(Protocol):
         the call's `Progress`; a `SpecConfig` it returns is what the rows in flight and those
         queued decode under from the next step on (greedy output stays plain decoding's).
         """
+
+    def gpu_memory_per_gpu(self) -> int | None:
+        """The most device memory seen in use on one of this engine's GPUs since it loaded (bytes;
+        None on a CPU or where not measured): what the worker's shard stats report per GPU."""
 
     def close(self) -> None:
         """Release models and devices."""

@@ -49,12 +49,9 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     On a CPU torch's argmax along a row of the vocabulary runs one scalar pass, where its
     max-reduction (`amax`) is vectorized; so the row is cut into blocks of `ARGMAX_BLOCKS` width,
     the first block holding a maximum is found from the blocks' maxima, and the first maximum
-    within it: the same index. SmolLM2's 49,152 logits at batch 8 (an Intel Xeon, 2 threads,
-    float32): 0.49 ms for 1 position a row, 4.6 ms for 9 (a verify of k=8), against 0.08 and
-    0.61 ms; bfloat16 with its conversion to float, as until 2026-12-05, 5.4 ms for 9, against
-    1.4 ms without it; Qwen2.5's 151,936, float32, 15.4 against 1.6 ms. On a model whose head is
-    most of a step the rule had been 20-30% of it (bench/fast_model.py). Elsewhere (CUDA), or
-    where no block width divides the vocabulary, torch's own."""
+    within it: the same index, several times faster (docs/engines/torch.md, "The greedy pick").
+    Elsewhere (CUDA, whose argmax is a kernel of its own), or where no block width divides the
+    vocabulary, torch's own."""
     v = x.shape[-1] if x.dim() else 0
     block = next((b for b in ARGMAX_BLOCKS if v % b == 0 and v >= 4 * b), None)
     if block is None or x.device.type != "cpu":

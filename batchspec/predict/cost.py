@@ -46,7 +46,7 @@ def profile_grid(batch_size: int, lo: int, hi: int, max_width: int,
     computes in all (`CostProfile._cost`), and the half batch puts points between 1 and the
     batch size where nothing else does: on `make run`'s prose rows, where 4 to 6 of 8 rows are
     in flight, n-gram k=2's prediction was 11-48% optimistic without them and −3% to +18% with
-    them (bench/step_prices.py --input examples/prompts.parquet). The widest verify is timed at
+    them. The widest verify is timed at
     `lo` too: a verify's cost can move with context more than a plain step's (`CostProfile._along`);
     not where the curve holds no width between 1 and the widest (k <= 2), where that pair would be
     a second width curve as full as the first, pricing the steps nearer it, which a re-time of the
@@ -185,13 +185,13 @@ class CostProfile:
         also drafts, keeps some of its slots and not others, and commits several tokens a row,
         Python work per step that plain decoding's bookkeeping (the anchor's) does not hold, and
         the width curve can price a verify off against a plain step. Where a step is slow this
-        hardly counts; where it is fast it does: on a 3.7 ms batch-8 step (bench/fast_model.py,
-        held-out rows, 2026-12-05) n-gram steps ran 1.10-1.26x their price against plain
+        hardly counts; where it is fast it does: on a 3.7 ms batch-8 step (held-out rows)
+        n-gram steps ran 1.10-1.26x their price against plain
         decoding's, and every arm's speedup was predicted 15-32% high (the profile prices a wide
         verify low against a plain step as the decode loop runs them, though a probe timed apart
-        from a decode costs what its point does: bench/probe_fidelity.py). A ratio measured is the
-        whole step's, as the engine ran it. (On the H200, stop 40, predictions ran 12-50% high
-        at batch 4 and 8; whether this corrects that is untested: no GPU since.)"""
+        from a decode costs what its point does). A ratio measured is the whole step's, as the
+        engine ran it. (On an H200, predictions ran 12-50% high at batch 4 and 8; whether this
+        corrects that is untested.)"""
         kept = self.arm_ratios.get(arm_key(method, draft_model)) if method != "none" else None
         return statistics.median(kept) if kept else 1.0
 
@@ -221,10 +221,10 @@ class CostProfile:
     def retime(self, points: Sequence[StepCost], seconds: float) -> None:
         """`points` timed again: each priced from now on at the mean of its last TIMINGS_KEPT
         timings, the one it held first included. One profile's points stand up to 15-26% from the
-        machine's mean prices on this shared CPU (bench/profile_noise.py: the 10th to 90th
-        percentile of a width over plain at batch 8), the mean of two profiles' 4-14%, of four 4-7%;
-        and a profile timed once ages (bench/profile_age.py: the first profile's bias 0.89 at the
-        median over a worker's rounds, one re-timed before each 1.00). The oldest timing drops out."""
+        machine's mean prices on a shared CPU (the 10th to 90th percentile of a width over plain
+        at batch 8), the mean of two profiles' 4-14%, of four 4-7%; and a profile timed once ages
+        (the first profile's bias 0.89 at the median over a worker's rounds, one re-timed before
+        each 1.00). The oldest timing drops out."""
         held = {p.key: p.seconds for p in self.points}
         timings = {p.key: [*(self.timings.get(p.key) or ([held[p.key]] if p.key in held else [])), p.seconds][-TIMINGS_KEPT:]
                    for p in points}
@@ -256,8 +256,8 @@ class CostProfile:
         forwards of equal tokens cost about the same (12 tokens as 1x12 ... 12x1: 61-65 ms), and
         priced this way from the profile's points every batch 1..8 x width 1..9 forward was off by
         5.2% on average at context 40 against 7.7% priced linear in rows between batch 1 and the
-        production batch, as until 2026-12-01; at context 400 7.3% against 7.2%, a tie; Qwen2.5-
-        Coder-1.5B at batch 4, context 200, 12.9% against 16.4% (bench/shapes.py). Not modelled
+        production batch; at context 400 7.3% against 7.2%, a tie; Qwen2.5-Coder-1.5B at batch
+        4, context 200, 12.9% against 16.4%. Not modelled
         apart: the cache each row reads, which grows with rows, not tokens (the likely reason for
         the tie at 400; a GPU at long contexts may show more of it). A price is a function of the
         points alone: each is worked out once while they stand (`_priced`)."""
@@ -319,8 +319,8 @@ class CostProfile:
         for one token per row and 0.78-0.83x for 2 to 9. Moved by the plain steps' line, a verify
         at 297-387 slots, below a curve at 581, was priced 6-12% dear against a plain step (the
         median over six profiles, each against probes of those shapes; by the widest verify's
-        line 0.98-1.02: bench/verify_context.py), and every speedup predicted there came out low;
-        a probe of a loop step's own shape costs what the step does (bench/probe_fidelity.py). At
+        line 0.98-1.02), and every speedup predicted there came out low; a probe of a loop step's
+        own shape costs what the step does. At
         batch 4 and 1 the two lines agree within 2%."""
         return _Moved(cls._curve(pts, context), factor_pts or pts).at(context)
 
@@ -381,12 +381,12 @@ def _line(xs: Sequence[float], ys: Sequence[float]):
     """The least-squares line through (xs, ys), its slope at least 0 (flat at the mean where the
     points fall, or with one point), as a function never below 0. A step's cost moves with its
     context by what attention reads, linear in the slots; the points are plain steps timed at a
-    few contexts, each off by the machine's noise. Piecewise through them (until 2026-12-03) a
-    point timed in a noisy moment bent the factor, and past the last point its slope went on:
+    few contexts, each off by the machine's noise. Piecewise through them, a point timed in a
+    noisy moment bent the factor, and past the last point its slope went on:
     on a code shard at batch 8 plain steps timed at contexts 66, 85 and 105 (72.6, 72.4 and
     81.0 ms; the same point's first try 95.0 ms) priced a step at 250 slots 1.95x one at 85,
     the shard's 5-wide steps 1.45x their measured time on average, where those at 240-279 slots
-    measured 1.06x those at 80-119 (bench/results/slots_cost_20261203.md)."""
+    measured 1.06x those at 80-119."""
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)

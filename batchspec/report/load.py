@@ -1,9 +1,10 @@
 """`batchspec report`: what a finished (or half-finished) run did, read back from OUTPUT alone.
 
 This module owns reading a run's outputs and stats with polars from any fsspec URL, the numbers
-a report shows (a `RunReport` of `ShardReport`s and `Totals`), the self-contained HTML page (html.py)
-and its plots (plots.py) are built from them. It knows nothing about how the run was made; it trusts only the files of
-DESIGN.md "Output layout". The CLI prints the table (batchspec/cli/report.py).
+a report shows (a `RunReport` of `ShardReport`s and `Totals`), the self-contained HTML page
+(html.py) and its plots (plots.py) are built from them. It knows nothing about how the run was
+made; it trusts only the files of the output layout (docs/architecture.md "Output layout"). The
+CLI prints the table (batchspec/cli/report.py).
 
 Definitions (per shard, from its stats row; totals over every committed shard):
 

@@ -19,5 +19,5 @@ tail -c +$((SPLIT + 1)) "$gguf" > .gpu/b/smol.part_b
 cat .gpu/a/smol.part_a .gpu/b/smol.part_b | sha256sum | grep -q "^$($PY -c 'from batchspec.models import REGISTRY; print(REGISTRY["smollm2-135m"].sha256)')" \
   || { echo "the two parts do not rejoin to the GGUF"; exit 1; }
 $PY -m pip download -q --no-deps --dest .gpu/a "gguf==$($PY -c 'import importlib.metadata as m; print(m.version("gguf"))')"
-$PY bench/peer_prompts.py --out .gpu/a/held7.parquet --rows 512 --seed 7 --min-tokens 150 --max-tokens 450
+$PY bench/common/peer_prompts.py --out .gpu/a/held7.parquet --rows 512 --seed 7 --min-tokens 150 --max-tokens 450
 du -sh .gpu/a .gpu/b

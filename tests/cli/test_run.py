@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import json
+import shutil
 
 import polars as pl
 import pyarrow as pa
@@ -27,7 +28,7 @@ def invoke(*args: str):
 
 def test_cli_run_writes_every_row_prints_the_summary_and_names_the_arms_it_left_out(ray_session, tiny_model_dir, tmp_path):
     pq.write_table(prompts_table(6), tmp_path / "p.parquet")
-    (tmp_path / "dt.yaml").write_text("speculative_config:\n  decoding_type: DraftTarget\n  max_draft_len: 2\n")
+    (tmp_path / "dt.yaml").write_text("speculative_config:\n  decoding_type: Draft_Target\n  max_draft_len: 2\n")
     (tmp_path / "cands.yaml").write_text(f"candidates:\n  - config: {TRT_CONFIGS / 'ngram.yaml'}\n    max_draft_len: [2]\n"
                                          "  - config: dt.yaml\n")
     out = tmp_path / "out"
@@ -40,6 +41,34 @@ def test_cli_run_writes_every_row_prints_the_summary_and_names_the_arms_it_left_
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["config"]["shard_by"] == "task"
     assert [line.split(":")[0] for line in manifest["totals"]["dropped_arms"]] == ["draft_target"]
+    assert manifest["config"]["prompt_format"] == "chat" and "prompt-format mismatch" not in result.output
+
+
+def test_a_run_whose_rows_come_back_empty_says_so_in_one_line_under_its_summary(ray_session, tiny_model_dir, tmp_path):
+    """The symptom of a prompt format the model does not expect: it ends every row at once. Here a
+    model whose logits are all zero picks token 0, a special token made an end token, every time."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = tmp_path / "ends-at-once"
+    shutil.copytree(tiny_model_dir, model)
+    lm = AutoModelForCausalLM.from_pretrained(model)
+    with torch.no_grad():
+        lm.get_output_embeddings().weight.zero_()
+    lm.save_pretrained(model)
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, lm.config.eos_token_id]}))
+    pq.write_table(prompts_table(6), tmp_path / "p.parquet")
+    out = tmp_path / "out"
+    result = invoke(str(tmp_path / "p.parquet"), str(out), "--model", str(model), "--spec", "none", "--prompt-format", "raw", *FAST)
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    summary = next(i for i, line in enumerate(lines) if line.startswith("6 rows (0 errors)"))
+    assert summary + 1 < len(lines), result.output
+    assert lines[summary + 1] == ("warning: 6 of 6 rows returned an empty text: a likely prompt-format mismatch "
+                                  "(prompt_format raw; try --prompt-format chat (an instruct model?))"), lines[summary:]
+    stats = pl.read_parquet(f"{out}/stats/*.parquet")
+    assert stats["empty_rows"].sum() == 6 and set(stats["prompt_format"]) == {"raw"}
+    assert json.loads((out / "_manifest.json").read_text())["config"]["prompt_format"] == "raw"
 
 
 @pytest.mark.parametrize(
@@ -50,6 +79,8 @@ def test_cli_run_writes_every_row_prints_the_summary_and_names_the_arms_it_left_
         (lambda d: pq.write_table(prompts_table(2), d / "bad.parquet"), ["--shard-by", "topic"], r"--shard-by column 'topic'"),
         (lambda d: pq.write_table(prompts_table(2), d / "bad.parquet"), ["--engine", "trtllm"], r"engine trtllm needs tensorrt_llm"),
         (lambda d: pq.write_table(prompts_table(2), d / "bad.parquet"), ["--workers", "0"], r"--workers: expected an integer >= 1, got 0"),
+        (lambda d: pq.write_table(prompts_table(2), d / "bad.parquet"), ["--prompt-format", "json"],
+         r"--prompt-format: expected one of chat, raw, got 'json'"),
     ],
 )
 def test_cli_problems_are_one_line_and_exit_non_zero(tmp_path, make, args, message):
@@ -75,6 +106,9 @@ def test_pipeline_file_errors_name_file_key_and_expectation(tmp_path):
     bad = tmp_path / "p.yaml"
     bad.write_text("shard_size: -3\n")
     with pytest.raises(ConfigError, match=r"p\.yaml: shard_size: expected an integer >= 1, got -3"):
+        validate_pipeline_file(bad)
+    bad.write_text("prompt_format: xml\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml: prompt_format: expected one of chat, raw, got 'xml'"):
         validate_pipeline_file(bad)
     bad.write_text("worker: {gpus: 1}\n")
     with pytest.raises(ConfigError, match=r"p\.yaml: worker\.gpus: unknown key"):

@@ -109,19 +109,20 @@ def test_bad_yaml_names_file_and_line(tmp_path):
 @pytest.mark.parametrize(
     "body, key, expectation",
     [
-        ("decoding_type: Medusa\n  max_draft_len: 4", "speculative_config.decoding_type", "expected one of Eagle3, DraftTarget, NGram, MTP, Suffix, got 'Medusa'"),
+        ("decoding_type: Medusa\n  max_draft_len: 4", "speculative_config.decoding_type", "expected one of Eagle3, Draft_Target, NGram, MTP, Suffix, got 'Medusa'"),
         ("decoding_type: NGram\n  max_draft_len: 0", "speculative_config.max_draft_len", "expected an integer >= 1, got 0"),
         ("decoding_type: NGram\n  max_draft_len: -2", "speculative_config.max_draft_len", "expected an integer >= 1, got -2"),
         ("decoding_type: NGram\n  max_draft_len: four", "speculative_config.max_draft_len", "expected an integer >= 1, got 'four' (str)"),
         ("decoding_type: NGram\n  max_draft_len: true", "speculative_config.max_draft_len", "expected an integer >= 1, got True"),
         ("decoding_type: NGram", "speculative_config.max_draft_len", "the key is required"),
-        ("decoding_type: DraftTarget\n  max_draft_len: 4", "speculative_config.speculative_model_dir", "DraftTarget needs a draft model"),
+        ("decoding_type: Draft_Target\n  max_draft_len: 4", "speculative_config.speculative_model_dir", "Draft_Target needs a draft model"),
+        ("decoding_type: DraftTarget\n  max_draft_len: 4", "speculative_config.decoding_type", "got 'DraftTarget' (str) (TensorRT-LLM 1.2 spells it Draft_Target)"),
         ("decoding_type: Eagle3\n  max_draft_len: 3", "speculative_config.speculative_model_dir", "Eagle3 needs the location of its EAGLE-3 head"),
         ("decoding_type: NGram\n  max_draft_len: 4\n  prompt_lookup_max: 3", "speculative_config.prompt_lookup_max", "unknown field for decoding_type NGram (valid: "),
         ("decoding_type: NGram\n  max_draft_len: 4\n  speculative_model_dir: x", "speculative_config.speculative_model_dir", "NGram needs no draft model"),
         ("decoding_type: NGram\n  max_draft_len: 4\n  max_matching_ngram_size: 0", "speculative_config.max_matching_ngram_size", "expected an integer >= 1, got 0"),
         ("decoding_type: NGram\n  max_draft_len: 4\n  is_keep_all: 'yes'", "speculative_config.is_keep_all", "expected true or false"),
-        ("decoding_type: DraftTarget\n  max_draft_len: 4\n  speculative_model: a\n  speculative_model_dir: b", "speculative_config.speculative_model", "not both"),
+        ("decoding_type: Draft_Target\n  max_draft_len: 4\n  speculative_model: a\n  speculative_model_dir: b", "speculative_config.speculative_model", "not both"),
         ("decoding_type: NGram\n  max_draft_len: 4\n  draft_len_schedule: {1: 3, 8: 2}", "speculative_config.draft_len_schedule[1]", "expected max_draft_len 4 at batch size 1 (TensorRT-LLM 1.2 requires it), got 3"),
     ],
 )
@@ -170,7 +171,7 @@ def test_missing_file_and_non_mapping(tmp_path):
 
 
 def test_draft_model_on_the_command_line_supplies_or_replaces_the_draft(tmp_path):
-    path = write(tmp_path, "dt.yaml", "speculative_config:\n  decoding_type: DraftTarget\n  max_draft_len: 3\n")
+    path = write(tmp_path, "dt.yaml", "speculative_config:\n  decoding_type: Draft_Target\n  max_draft_len: 3\n")
     assert load_spec_file(path, draft_model="qwen2.5-coder-0.5b").spec.draft_model == "qwen2.5-coder-0.5b"
     shipped = ROOT / "trt_configs" / "draft_target.yaml"
     assert load_spec_file(shipped, draft_model="/models/d").spec.draft_model == "/models/d"
@@ -200,7 +201,7 @@ def test_options_are_hashable_and_thaw_back(tmp_path):
 
 def candidates_tree(tmp_path: Path, entries: str) -> str:
     write(tmp_path, "ngram.yaml", "speculative_config:\n  decoding_type: NGram\n  max_draft_len: 4\n")
-    write(tmp_path, "dt.yaml", "speculative_config:\n  decoding_type: DraftTarget\n  max_draft_len: 4\n")
+    write(tmp_path, "dt.yaml", "speculative_config:\n  decoding_type: Draft_Target\n  max_draft_len: 4\n")
     write(tmp_path, "eagle.yaml", "speculative_config:\n  decoding_type: Eagle3\n  max_draft_len: 3\n  speculative_model_dir: head\n")
     write(tmp_path, "none.yaml", "kv_cache_config:\n  enable_block_reuse: true\n")
     return write(tmp_path, "cands/c.yaml", "candidates:\n" + entries)
@@ -292,7 +293,7 @@ def test_eagle3_offered_to_the_torch_engine_fails_clearly():
     path = str(ROOT / "trt_configs" / "eagle3.yaml")
     message = error_of(resolve_spec_arg, path, None, "torch", None)
     assert message == (f"{path}: decoding_type Eagle3 is not supported by the torch engine "
-                       "(supported: NGram, DraftTarget, Suffix); use --engine trtllm")
+                       "(supported: NGram, Draft_Target, Suffix); use --engine trtllm")
     assert resolve_spec_arg(path, None, "trtllm", None).fixed.method == "eagle3"
 
 

@@ -11,6 +11,13 @@ prefilled and joins. Each step:
 When every row is greedy the rule runs on argmaxes (`greedy_accept`), with no probabilities at
 all: the same tokens, without a softmax over the vocabulary per position.
 
+A row with a grammar (structured output, grammar.py) is constrained at every position the target
+scores: its drafts start with the tokens the grammar forces (proposed `ahead` of the drafter's),
+the grammar's mask sets every forbidden token's logit to -inf at each verified position (so the
+rule picks, accepts and samples among allowed tokens only: greedy speculative output is greedy
+constrained output, sampled output follows the constrained distribution), and the matcher,
+advanced over the drafts to mask them, is rolled back to the committed tokens after the rule.
+
 It knows rows, a model, a drafter and a tokenizer (for stop strings only); it does not know
 requests, chat templates or how models are loaded (engine.py).
 """
@@ -31,6 +38,7 @@ from batchspec.engine.sampling import (
     probs_from_logits,
     sample_from,
 )
+from batchspec.engine.torch.grammar import Grammar
 from batchspec.engine.torch.kv import Batch, prefill, prefill_waste, survivors
 
 
@@ -50,6 +58,9 @@ class Row:
     accepted_steps: list[int] = field(default_factory=list)  # see Completion
     finish: str | None = None
     stop_at: int | None = None  # char offset where a stop string begins
+    grammar: Grammar | None = None  # the row's structured output, at its committed tokens
+    forced_tokens: int = 0  # see Completion
+    error: str | None = None  # why a row finished with "error"
 
     @property
     def output(self) -> list[int]:
@@ -150,6 +161,9 @@ class Decoder:
     def prefill(self, rows: list[Row], clock: Clock) -> Batch:
         t = time.perf_counter()
         batch, last = prefill(self.model, [r.context for r in rows], self.pad_id, self.device, prefill_waste(self.device))
+        for i, row in enumerate(rows):
+            if row.grammar is not None:
+                last[i].masked_fill_(~row.grammar.mask().to(last.device), float("-inf"))
         if all(r.params.greedy for r in rows):
             first = argmax(last).tolist()
         else:
@@ -163,7 +177,8 @@ class Decoder:
     def step(self, rows: list[Row], batch: Batch, drafter, spec: SpecConfig, clock: Clock) -> None:
         t = began = time.perf_counter()
         budgets = [max(0, min(spec.draft_len, r.params.max_tokens - len(r.output) - 1)) for r in rows]
-        drafts = drafter.propose(rows, budgets, self.vocab) if max(budgets, default=0) > 0 else None
+        forced = [r.grammar.forced()[:k] if r.grammar is not None and k else [] for r, k in zip(rows, budgets)]
+        drafts = drafter.propose(rows, budgets, self.vocab, forced) if max(budgets, default=0) > 0 else None
         t = clock.add("draft_s", t)
 
         draft_lists = drafts.tokens if drafts else [[] for _ in rows]
@@ -173,6 +188,7 @@ class Decoder:
             torch.cuda.synchronize(self.device)  # lands in other_s (the accept rule's .tolist() waits for it)
         t = clock.add("verify_s", t)
 
+        held = self.mask(rows, draft_lists, logits)
         K = logits.shape[1] - 1
         num_drafts = torch.tensor([len(d) for d in draft_lists], device=self.device)
         draft_tokens = torch.tensor([d + [0] * (K - len(d)) for d in draft_lists], device=self.device, dtype=torch.long)
@@ -186,11 +202,14 @@ class Decoder:
         if drafts is not None:
             drafter.commit(num_accepted, drafts, nexts)
         committed = 0
-        for row, d, n, nxt in zip(rows, draft_lists, accepted, nexts):
+        for row, d, n, nxt, h, f in zip(rows, draft_lists, accepted, nexts, held, forced):
+            if h:
+                row.grammar.rollback(h)  # back to the committed tokens; commit advances it over the kept ones
             # drafts accepted past the row's end (eos, a stop string) are not output: not counted
             appended = self.commit(row, d[:n] + [nxt])
             committed += appended
             n = min(n, appended)
+            row.forced_tokens += min(n, len(f))
             row.target_steps += 1
             row.draft_tokens += len(d)
             row.accepted_tokens += n
@@ -200,6 +219,16 @@ class Decoder:
                 row.accepted_at[j] += 1
         end = clock.add("other_s", t)
         clock.steps.append(Step(len(rows), context, K + 1, committed, end - began, spec.method))
+
+    def mask(self, rows: list[Row], drafts: list[list[int]], logits: torch.Tensor) -> list[int]:
+        """Set the logits of tokens a row's grammar forbids to -inf, at each position the verify
+        scored (logits [B, K+1, V], in place); return how many drafts each matcher consumed."""
+        held = [0] * len(rows)
+        for b, (row, d) in enumerate(zip(rows, drafts)):
+            if row.grammar is not None:
+                allowed, held[b] = row.grammar.masks(d)
+                logits[b, : len(d) + 1].masked_fill_(~allowed.to(logits.device), float("-inf"))
+        return held
 
     def sampled_accept(self, rows: list[Row], logits: torch.Tensor, drafts, draft_tokens: torch.Tensor,
                        num_drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,6 +243,15 @@ class Decoder:
         return accept_reject(draft_tokens, draft_probs, num_drafts, target_probs, u[:, :K], u[:, K])
 
     def commit(self, row: Row, tokens: list[int]) -> int:
+        """Append committed tokens (`append`) and advance the row's grammar over them; return how
+        many were appended. A token the grammar refuses (the mask allowed it: a library fault)
+        finishes the row with an error rather than emit output that breaks its schema."""
+        appended = self.append(row, tokens)
+        if row.grammar is not None and not row.grammar.consume(tokens[:appended]):
+            row.finish, row.error = "error", f"the grammar refused a committed token: {row.grammar.error}"
+        return appended
+
+    def append(self, row: Row, tokens: list[int]) -> int:
         """Append committed tokens, stopping at eos, max_tokens or a stop string; return how many
         were appended. Stop strings are checked after every token, so a speculative row ends on
         the same token as a plain one."""

@@ -4,16 +4,23 @@
   occurrence of the sequence's last n tokens (n = max_matching_ngram_size down to 1) in the
   prompt and output so far, and proposes what followed it. No model, no probabilities: it is a
   deterministic drafter (draft_probs None in the accept rule).
-- `ModelDrafter` (`DraftTarget`): a smaller causal LM with the same tokenizer, run
+- `ModelDrafter` (`Draft_Target`): a smaller causal LM with the same tokenizer, run
   autoregressively on its own `kv.Batch`, sampling with the request's own temperature/top_p and
   generator so that its distribution q can be handed to the accept rule.
 
 A drafter keeps per-row state in the same row order as the engine's target batch, and follows
 it through `admit` (new rows), `commit` (what the target kept) and `select` (finished rows gone).
+
+On a row with a grammar (structured output), `propose` gets `ahead`: the tokens the grammar
+forces next, which lead the row's drafts; the drafter proposes what follows them. N-gram lookup
+looks up after them and its proposal is cut at the first token the grammar forbids; the draft
+model drafts under the grammar's mask, so its drafts are allowed up to the output's end (it
+always proposes its budget, as without a grammar).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,11 +41,10 @@ BULK = 16  # tokens added at once from which `NgramIndex.extend` indexes n by n 
 
 class NgramIndex:
     """A growing sequence with the latest earlier start of each of its n-grams (n = 1 ..
-    max_ngram): `propose(k)` finds what a scan of the whole sequence would, without the scan. The
-    drafter scanned the context with numpy at every step until 2026-12-04 (the scan is the tests'
-    reference now): 40 us a row at 500 tokens and 130-240 us at 4,500 on this CPU, where a
-    batch-8 step of a small model on a GPU is 2-3 ms a row. The index costs a dict entry per token
-    and n when a token is added, keyed by the n-gram's tokens packed into one int (KEY_BITS each:
+    max_ngram): `propose(k)` finds what a scan of the whole sequence would (the scan is the tests'
+    reference), without the scan, whose cost grows with the context on every decode step
+    (docs/engines/torch.md, "Drafters"). The index costs a dict entry per token and n when a
+    token is added, keyed by the n-gram's tokens packed into one int (KEY_BITS each:
     exact for any vocabulary under 2^32), and a dict lookup per n to propose. (TensorRT-LLM's
     NGram keeps such a pool per request too, updated as tokens are accepted:
     tensorrt_llm/_torch/speculative/ngram.py, NGramPoolManager.)"""
@@ -74,8 +80,8 @@ class NgramIndex:
     def _bulk(self, new) -> None:
         """`extend`'s result, computed per n over the whole run of n-grams that become findable:
         their keys by list comprehensions, and one dict update each, in order, so the latest
-        start wins as token by token. A 450-token prompt took 204 µs token by token on this CPU
-        (two thirds of a row's whole counterfactual at 24 output tokens)."""
+        start wins as token by token. Token by token, indexing a long prompt was most of a row's
+        counterfactual acceptance at short outputs (`BULK`; docs/engines/torch.md, "Drafters")."""
         tokens = self.tokens
         first = len(tokens)  # an n-gram starting at s is findable once s + n <= len(tokens) - 1
         tokens.extend(map(int, new))
@@ -90,9 +96,12 @@ class NgramIndex:
                 keys = [key << KEY_BITS | t for key, t in zip(keys, tokens[lo + i : lo + i + count])]
             self.latest[n].update(zip(keys, range(lo, lo + count)))
 
-    def propose(self, k: int) -> list[int]:
+    def propose(self, k: int, extra: Sequence[int] = ()) -> list[int]:
         """Up to k tokens that followed the latest earlier match of the last n tokens (in the
-        sequence less its last token), n from max_ngram down."""
+        sequence less its last token), n from max_ngram down. With `extra`, the lookup is that of
+        the sequence followed by `extra` (the tokens a grammar forces next), nothing indexed."""
+        if extra:
+            return self._propose_after(list(extra), k)
         tokens = self.tokens
         if k <= 0:
             return []
@@ -103,6 +112,26 @@ class NgramIndex:
             keys[n] = key
         for n in range(top, 0, -1):
             start = self.latest[n].get(keys[n])
+            if start is not None:
+                return tokens[start + n : start + n + k]
+        return []
+
+    def _propose_after(self, extra: list[int], k: int) -> list[int]:
+        """`propose(k)` over tokens + extra: the starts that extra makes findable are scanned
+        (the latest first), the rest come from the index."""
+        tokens = self.tokens + extra
+        if k <= 0:
+            return []
+        top = min(self.max_ngram, len(tokens) - 1)
+        for n in range(top, 0, -1):
+            key = tokens[-n:]
+            for start in range(len(tokens) - 1 - n, max(len(self.tokens) - n, 0) - 1, -1):
+                if tokens[start : start + n] == key:
+                    return tokens[start + n : start + n + k]
+            packed = 0
+            for i, token in enumerate(reversed(key)):
+                packed |= token << (KEY_BITS * i)
+            start = self.latest[n].get(packed)
             if start is not None:
                 return tokens[start + n : start + n + k]
         return []
@@ -119,16 +148,20 @@ class NgramDrafter:
     def admit(self, rows: list, device: torch.device) -> None:
         pass
 
-    def propose(self, rows: list, budgets: list[int], vocab: int) -> Drafts:
+    def propose(self, rows: list, budgets: list[int], vocab: int, ahead: list[list[int]] | None = None) -> Drafts:
         held, self.index = self.index, {}
         out = []
-        for r, k in zip(rows, budgets):
+        for b, (r, k) in enumerate(zip(rows, budgets)):
             index = held.get(id(r))
             if index is None or index.owner is not r or len(index.tokens) > len(r.context):
                 index = NgramIndex(self.max_ngram, owner=r)
             index.extend(r.context[len(index.tokens):])
             self.index[id(r)] = index
-            out.append(index.propose(k))
+            forced = ahead[b] if ahead else []
+            proposal = forced + index.propose(k - len(forced), forced)
+            if r.grammar is not None:  # cut at the first token the grammar forbids
+                proposal = proposal[: r.grammar.valid_prefix(proposal)]
+            out.append(proposal)
         return Drafts(out, None)
 
     def commit(self, num_accepted: torch.Tensor, drafts: Drafts, next_tokens: list[int]) -> None:
@@ -156,34 +189,58 @@ class ModelDrafter:
             self.batch.extend(fresh)
         self.pending += [[r.context[-1]] for r in rows]
 
-    def propose(self, rows: list, budgets: list[int], vocab: int) -> Drafts:
-        """Up to budgets[b] drafts per row. Greedy rows take the draft's argmax, and a batch of
-        greedy rows keeps no distributions (the accept rule needs none: q is one-hot on the draft)."""
-        K = max(budgets)
+    def propose(self, rows: list, budgets: list[int], vocab: int, ahead: list[list[int]] | None = None) -> Drafts:
+        """Up to budgets[b] drafts per row: the row's `ahead` tokens (fed in the first forward, with
+        the pending ones), then the model's. Greedy rows take the draft's argmax, and a batch of
+        greedy rows keeps no distributions (the accept rule needs none: q is one-hot on the draft);
+        an ahead token's q is one-hot on it. A row with a grammar drafts under its mask."""
+        ahead = ahead or [[] for _ in rows]
+        own = [b - len(a) for b, a in zip(budgets, ahead)]  # the model's drafts per row
+        K = max(own)
         B = len(rows)
         device = self.batch.device
         greedy = all(r.params.greedy for r in rows)
+        tokens: list[list[int]] = [list(a) for a in ahead]
+        probs = None
         if not greedy:
             temps = torch.tensor([r.params.temperature for r in rows], device=device)
             top_ps = torch.tensor([r.params.top_p for r in rows], device=device)
-            probs = torch.zeros(B, K, vocab, device=device)
-        tokens: list[list[int]] = [[] for _ in rows]
-        feed = self.pending
+            probs = torch.zeros(B, max(budgets), vocab, device=device)
+            for b, a in enumerate(ahead):
+                probs[b, torch.arange(len(a)), torch.tensor(a, dtype=torch.long)] = 1.0
+        grammars = [r.grammar if r.grammar is not None and r.grammar.consume(a) else None for r, a in zip(rows, ahead)]
+        moved = [len(a) if g is not None else 0 for g, a in zip(grammars, ahead)]  # tokens each matcher consumed
+        feed = [p + a for p, a in zip(self.pending, ahead)]
         for i in range(K):
             logits = fit_vocab(self.model_logits(feed), vocab)  # [B, V]
+            for b, g in enumerate(grammars):
+                if g is not None and i < own[b]:
+                    logits[b].masked_fill_(~g.mask().to(device), float("-inf"))
             if greedy:
                 picked = argmax(logits).tolist()
             else:
                 q = probs_from_logits(logits, temps, top_ps)
                 picked = sample_from(q, torch.stack([r.uniform() for r in rows]).to(device)).tolist()
-                probs[:, i] = q
             for b in range(B):
-                if i < budgets[b]:
+                if i < own[b]:
                     tokens[b].append(picked[b])
+                    if probs is not None:
+                        probs[b, len(ahead[b]) + i] = q[b]
+                    if grammars[b] is not None:
+                        if grammars[b].advance(picked[b]):
+                            moved[b] += 1
+                        else:  # past the output's end: the rest drafts unmasked (never output)
+                            grammars[b] = None
             # A row past its budget feeds padding, which `commit` drops with the rejected drafts.
-            feed = [[picked[b]] if i < budgets[b] else [self.pad_id] for b in range(B)]
-        self._steps = K
-        return Drafts(tokens, None if greedy else probs)
+            feed = [[picked[b]] if i < own[b] else [self.pad_id] for b in range(B)]
+        for r, n in zip(rows, moved):
+            if n:
+                r.grammar.rollback(n)
+        # Tokens of each row in the draft cache after its pending ones: ahead and the drafts fed
+        # (all but the last), then padding; none when no forward ran.
+        self._fed = [len(a) + min(o, K - 1) for a, o in zip(ahead, own)] if K else None
+        self._width = [len(a) + K - 1 for a in ahead]
+        return Drafts(tokens, probs)
 
     def model_logits(self, feed: list[list[int]]) -> torch.Tensor:
         """The draft's logits after each row's last fed token [B, V_draft]."""
@@ -194,16 +251,16 @@ class ModelDrafter:
     def commit(self, num_accepted: torch.Tensor, drafts: Drafts, next_tokens: list[int]) -> None:
         """Keep the drafts the target accepted in the draft cache; queue the rest as pending.
 
-        The draft cache now holds pending + the first K-1 fed tokens; row b keeps pending and its
-        first min(n_b, K-1) drafts. If all K passed, the K-th draft was never fed: it is pending."""
-        if self._steps == 0:  # nothing was fed: the new tokens queue behind the pending ones
-            self.pending = [p + [nt] for p, nt in zip(self.pending, next_tokens)]
-            return
+        The draft cache holds pending, then `_width[b]` tokens of row b: its first `_fed[b]`
+        drafts, then padding. Row b keeps pending and its first min(n_b, fed_b) drafts; accepted
+        drafts that were never fed queue as pending, ahead of the target's next token."""
         n = num_accepted.tolist()
-        fed_drafts = self._steps - 1
-        drop = [fed_drafts - min(nb, fed_drafts) for nb in n]
+        if self._fed is None:  # nothing was fed: the new tokens queue behind the pending ones
+            self.pending = [p + d[:nb] + [nt] for p, d, nb, nt in zip(self.pending, drafts.tokens, n, next_tokens)]
+            return
+        drop = [w - min(nb, f) for w, f, nb in zip(self._width, self._fed, n)]
         self.batch.drop_last(torch.tensor(drop, device=self.batch.device))
-        self.pending = [([d[-1]] if nb > fed_drafts else []) + [nt] for d, nb, nt in zip(drafts.tokens, n, next_tokens)]
+        self.pending = [d[f:nb] + [nt] for d, f, nb, nt in zip(drafts.tokens, self._fed, n, next_tokens)]
 
     def select(self, keep: list[int]) -> None:
         self.batch.select(keep)

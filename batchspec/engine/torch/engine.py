@@ -35,6 +35,7 @@ from batchspec.engine.base import (
 from batchspec.engine.torch import measure
 from batchspec.engine.torch.decode import Clock, Decoder, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
+from batchspec.engine.torch.grammar import Grammar, GrammarError, Grammars
 from batchspec.engine.torch.kv import Batch
 from batchspec.engine.torch.load import check_same_tokenizer, load_pretrained
 from batchspec.engine.torch.suffix import Lookups, SuffixDrafter, SuffixTrees
@@ -70,6 +71,7 @@ class TorchEngine:
         # scope's tree when it finishes, under any arm, so the tree is warm when calibration turns
         # the arm on; capped per worker (the pipeline's worker.suffix_tree_mb).
         self.trees = SuffixTrees(int(suffix_tree_mb * 2**20))
+        self.grammars = Grammars(tokenizer, self.vocab, self.eos_ids)  # structured output: schemas compiled once
 
     @classmethod
     def load(cls, model: str, draft_model: str | None = None, dtype: str = "float32",
@@ -92,11 +94,11 @@ class TorchEngine:
         if spec.method not in SUPPORTED:
             raise ConfigError(
                 f"{spec.source or 'spec'}: decoding_type {spec.method} is not supported by the torch engine "
-                "(supported: NGram, DraftTarget, Suffix); use --engine trtllm"
+                "(supported: NGram, Draft_Target, Suffix); use --engine trtllm"
             )
         if spec.method == "draft_target":
             if not spec.draft_model:
-                raise ConfigError(f"{spec.source or 'spec'}: DraftTarget needs a draft model (speculative_model_dir or --draft-model)")
+                raise ConfigError(f"{spec.source or 'spec'}: Draft_Target needs a draft model (speculative_model_dir or --draft-model)")
             self._draft(spec.draft_model)
 
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int,
@@ -142,6 +144,10 @@ class TorchEngine:
         self.last_steps = clock.steps
         assert all(c is not None for c in completions)
         return GenerateResult(completions, clock.timing, steps=clock.steps)  # type: ignore[arg-type]
+
+    def gpu_memory_per_gpu(self) -> int | None:
+        """The most device memory torch allocated on this engine's GPU (None on a CPU)."""
+        return int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
 
     def close(self) -> None:
         self._drafts.clear()
@@ -192,11 +198,21 @@ class TorchEngine:
                 f"the model's context of {limit} tokens",
                 prompt_tokens=len(ids),
             )
+        try:
+            grammar = self.grammar(request)
+        except GrammarError as exc:
+            return Completion.failed(request.id, str(exc), prompt_tokens=len(ids))
         params = request.params
         generator = None
         if not params.greedy:
             generator = torch.Generator().manual_seed(params.seed if params.seed is not None else _stable_seed(request.id))
-        return Row(index, params, len(ids), list(ids), generator)
+        return Row(index, params, len(ids), list(ids), generator, grammar=grammar)
+
+    def grammar(self, request: Request) -> Grammar | None:
+        """A fresh matcher at the start of the request's structured output (None when it has none);
+        GrammarError (one line) when its schema cannot be compiled. Counterfactual acceptance of
+        constrained rows walks one along each plain row (batchspec.predict.constrained)."""
+        return None if request.response_format is None else self.grammars.matcher(request.response_format)
 
     def _finish(self, request: Request, row: Row, lookups: Lookups) -> Completion:
         out = row.output
@@ -205,9 +221,9 @@ class TorchEngine:
             text = text[: row.stop_at]
         return Completion(
             id=request.id, text=text, token_ids=out, prompt_tokens=row.prompt_len, output_tokens=len(out),
-            finish_reason=row.finish or "length", draft_tokens=row.draft_tokens,
+            finish_reason=row.finish or "length", error=row.error, draft_tokens=row.draft_tokens,
             accepted_tokens=row.accepted_tokens, target_steps=row.target_steps,
-            accepted_at=row.accepted_at, accepted_steps=row.accepted_steps,
+            accepted_at=row.accepted_at, accepted_steps=row.accepted_steps, forced_tokens=row.forced_tokens,
             tree_lookups=lookups.lookups.get(row.index, 0), tree_drafts=lookups.tree_drafts.get(row.index, 0),
         )
 
@@ -285,6 +301,8 @@ def _request_problem(request: Request) -> str | None:
         return f"temperature must be >= 0, got {p.temperature!r}"
     if not 0 < p.top_p <= 1:
         return f"top_p must be in (0, 1], got {p.top_p!r}"
+    if p.stop and request.response_format is not None:
+        return "stop strings cannot be combined with response_format: a stop string would cut the JSON (the schema ends the output)"
     return None
 
 

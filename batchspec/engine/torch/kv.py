@@ -297,15 +297,10 @@ class Batch:
         have no holes there). This batch is left as it was: one prefilled row can seed probes of
         any batch size and any shorter context. With `room`, the copies' buffers have room for
         that many more slots, so a forward appends into them as a decode step does, instead of
-        regrowing (copying) the whole cache as decode does only when its capacity doubles:
-        without it, a profile's first forward at each batch size and context ran 12-20% slow
-        at batch 8 (SmolLM2, float32, 2 threads: 72 ms against 60), which made its two tries
-        disagree by more than `measure.AGREE` and cost a third round of the whole group. The
-        copy is made once, into buffers of exactly `slots + room` (until 2026-12-05 a gather,
-        then `_reserve`'s doubling to twice the slots and a second copy: at batch 8 and 544
-        slots 79 ms a fork against 22, and 159 ms inside a shard whose decode held its own
-        cache, for a forward of 73-90 ms; the forward costs the same either way, within 1% at
-        150 and 544 slots, 1 and 9 tokens per row)."""
+        regrowing (copying) the whole cache as decode does only when its capacity doubles; a
+        probe that regrew would time a copy no decode step pays. The copy is made once, into
+        buffers of exactly `slots + room`: a fork is paid once per probe group, and it costs a
+        fraction of a forward (docs/engines/torch.md, "The cost profile's probes")."""
         assert bool(self.valid[rows, :slots].all()), "fork needs rows without holes in their first slots"
         out = Batch(self.device)
         for layer in self.cache.layers:

@@ -1,34 +1,20 @@
 """A model's linear layers, each product computed in the fastest of equal forms, as measured on
-this machine when the model is loaded.
+the machine that loads the model.
 
 A linear layer computes x W^T for x of m rows. `F.linear` hands the BLAS W transposed; the same
 sums computed as (W x^T)^T read W in the order it is stored. The BLAS picks a different kernel for
-each, and for the few rows of a decode step the difference can be large. Measured with MKL's
-float32 sgemm on this 2-core AMD EPYC (torch 2.13, SmolLM2-135M, 2 threads), every weight read
-from memory as in a forward: the vocabulary head (49152 x 576) 33.0 ms for 3 rows as `F.linear`,
-4.9 ms as (W x^T)^T, and 15.7 against 8.3 ms for 8 rows; the MLP's 1536 x 576 projections of one
-row 2x faster, of 2-4 rows 3x; from 8 rows on `F.linear` is as fast or faster. Whole forwards at
-300 tokens of context: a plain step at batch 1 55 -> 34 ms, at batch 8 85 -> 68 ms; a 3-token
-verify at batch 1 111 -> 43 ms; wider steps at batch 8 unchanged.
-
-A weight in a narrower float (bfloat16, float16) has a third form, the product in float32
-(`float32_form`). On a CPU without bfloat16 instructions (this one: AVX2, no AVX-512) torch's
-bfloat16 products are slow: a 400-token prefill of SmolLM2-135M in bfloat16 took 11.4 s, 96% of
-it in `aten::mm`, where the same products widened to float32 take about a seventh of the time.
-For the few rows of a decode step widening the weight costs more than it saves, so it too is
-measured, not assumed.
+each, and for the few rows of a decode step the difference can be several-fold either way. A
+weight in a narrower float (bfloat16, float16) has a third form, the product in float32
+(`float32_form`): on a CPU without bfloat16 instructions torch's bfloat16 products are slow, and
+widened they take a fraction of the time; for the few rows of a decode step widening costs more
+than it saves. The figures behind these forms are in docs/engines/torch.md ("Linear forms").
 
 Such behaviour belongs to one BLAS on one CPU, so nothing here assumes it: `measure_linears`
-times every form for every weight shape of the model at row counts 1..128 (every count to 16,
-where the choice flips back and forth, then 20, 24, 32, 48, 64 and 128, the last standing for a
-prefill's hundreds of rows) and keeps another form than `F.linear` only where it was faster by
-a clear margin (WIN). CUDA devices keep
-`F.linear` (cuBLAS; not measured: no GPU in this work). Until 2026-12-01 only 1, 2, 3, 4, 8, 16,
-32 and 64 rows were measured and a count between took the lower one's choice: on SmolLM2 the
-choice of 8 rows (transposed, 0.60-0.90x `F.linear`) then ran products of 10-15 rows, where the
-transposed form takes 1.1-1.9x `F.linear`'s time, and forwards of 10-15 tokens in all (a
-3-token verify of 4 or 5 rows, a 2-token step of 6 or 7, a 5-7-token verify of 2) came out
-1.2-1.6x slower than their neighbours of 16 tokens.
+times every form for every weight shape of the model at the row counts of `ROWS` (every count to
+16, where the choice flips back and forth, then a few up to 128, the last standing for a
+prefill's hundreds of rows; a count between two measured ones would otherwise take a choice that
+is wrong for it) and keeps another form than `F.linear` only where it was faster by a clear
+margin (`WIN`). CUDA devices keep `F.linear` (cuBLAS; never measured by this code).
 
 The forms are the same dot products summed in another order: below 16 rows their float32
 results differ in the last bits (as between thread counts or batch sizes), at 16 rows and more
@@ -36,15 +22,14 @@ they were identical. A greedy output can therefore differ from `F.linear`'s only
 its top two logits (tests/engine/lossless.py), and between two loads only if a shape's choice at
 few rows flips, which the margin makes unlikely where the gap is 2-3x.
 
-Measuring takes seconds (SmolLM2 on a 2-core family-25 EPYC: a load took 12-15 s measuring,
-6 s without), and every worker start and every load paid it again for the same answer. A `FormsCache` keeps the timings of each
-weight shape on disk, keyed by everything they belong to: the CPU (vendor, model, family,
-stepping, cache; logical CPUs), torch's version and build, the threads in use, the shape and
-dtype, how many weights one pass reads, the row counts and the forms measured. A load on the same machine
-with the same torch and threads then takes the timings instead of measuring; anything else
-measures. The choice is still made here from the timings (`Forms.from_timings`), so a change of
-WIN needs no new measurement. A timing measured at a loaded moment is kept until the folder is
-removed: delete `$BATCHSPEC_CACHE/linear_forms` to measure again.
+Measuring takes seconds per load, the same answer every time, so a `FormsCache` keeps the
+timings of each weight shape on disk, keyed by everything they belong to: the CPU (vendor,
+model, family, stepping, cache; logical CPUs), torch's version and build, the threads in use, the
+shape and dtype, how many weights one pass reads, the row counts and the forms measured. A load
+on the same machine with the same torch and threads then takes the timings instead of measuring;
+anything else measures. The choice is still made here from the timings (`Forms.from_timings`), so
+a change of WIN needs no new measurement. A timing measured at a loaded moment is kept until the
+folder is removed: delete `$BATCHSPEC_CACHE/linear_forms` to measure again.
 """
 
 from __future__ import annotations
@@ -119,11 +104,8 @@ def float32_form(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     (exactly: every bfloat16 or float16 number is a float32 one; W into `widened`'s buffer where
     given), multiplied, and the result rounded back to x's dtype. The products of two such numbers
     are exact in float32 and torch's bfloat16 kernels sum them in float32 too, so the two forms
-    differ only in summation order, like the other two: measured on 1-400 rows of a 1536 x 576
-    bfloat16 weight, 0.01-0.07% of outputs one bfloat16 step apart, the same largest error against
-    a float64 product. On a CPU without bfloat16 instructions (AVX2 only) the widening pays from a
-    few rows on: 400 rows of that weight 87 ms in bfloat16, 11.5 ms widened (widening included); a
-    400-token prefill of SmolLM2-135M in bfloat16 spends 96% of its time in these products."""
+    differ only in summation order, like the other two (docs/engines/torch.md, "Linear forms").
+    On a CPU without bfloat16 instructions the widening pays from a few rows on."""
     wide = widened.of(weight) if widened is not None else weight.float()
     out = F.linear(x.float(), wide, None if bias is None else bias.float())
     return out.to(x.dtype)

@@ -4,7 +4,10 @@ from the row's own prompt and output so far. The rule and the tree are in suffix
 module holds one worker's trees (`SuffixTrees`, owned by its engine) and the drafter over them.
 
 The drafter is deterministic (no draft distribution): the accept rule treats it as n-gram lookup's,
-so greedy output is plain decoding's and sampled output follows the target's distribution.
+so greedy output is plain decoding's and sampled output follows the target's distribution. On a
+row with a grammar (structured output) it drafts as NgramDrafter does (drafters.py): the tokens
+the grammar forces first, then the draft over the context followed by them, the whole proposal cut
+at the first token the grammar forbids.
 """
 
 from __future__ import annotations
@@ -100,8 +103,19 @@ class SuffixDrafter:
     def admit(self, rows: list, device: torch.device) -> None:
         pass
 
-    def propose(self, rows: list, budgets: list[int], vocab: int) -> Drafts:
-        return Drafts([self.draft(r.index, r.context, k).tokens for r, k in zip(rows, budgets)], None)
+    def propose(self, rows: list, budgets: list[int], vocab: int, ahead: list[list[int]] | None = None) -> Drafts:
+        """Per row: the tokens its grammar forces (`ahead`), then the draft over its context
+        followed by them, within its budget; on a constrained row the whole proposal is cut at the
+        first token the grammar forbids (as NgramDrafter's)."""
+        out = []
+        for b, (r, k) in enumerate(zip(rows, budgets)):
+            forced = ahead[b] if ahead else []
+            context = r.context + forced if forced else r.context
+            proposal = forced + self.draft(r.index, context, k - len(forced)).tokens
+            if r.grammar is not None:
+                proposal = proposal[: r.grammar.valid_prefix(proposal)]
+            out.append(proposal)
+        return Drafts(out, None)
 
     def draft(self, index: int, context: Sequence[int], budget: int) -> Draft:
         """The draft for request `index` at `context` (prompt + output so far), counted."""

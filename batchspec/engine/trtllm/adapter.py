@@ -1,9 +1,10 @@
 """The TensorRT-LLM engine: a thin adapter over `tensorrt_llm.LLM` (1.2 LLM API, PyTorch backend).
 
 This module owns the library calls; the translation to and from TensorRT-LLM's API is pure and
-lives in translate.py, memory planning in memory.py. The rules it follows, each from TensorRT-LLM's
-source (file and offset in tests/engine/trtllm/fake_tensorrt_llm/SOURCES.md, where the stand-in
-that tests this module is written from the same reading):
+lives in translate.py, the iteration stats' parsing in iterstats.py, memory planning in memory.py
+(docs/engines/trtllm.md: the design and every source read). The rules it follows, each from
+TensorRT-LLM's source (file and offset in tests/engine/trtllm/fake_tensorrt_llm/SOURCES.md, where
+the stand-in that tests this module is written from the same reading):
 
 - One live LLM per worker. Each LLM takes its weights plus `free_gpu_memory_fraction` of the
   memory still free and holds it until `shutdown()`; a second one would run out of memory or get
@@ -15,7 +16,11 @@ that tests this module is written from the same reading):
 - Iteration stats: the executor keeps at most `max_stats_len` and drops the oldest
   (py_executor.py `_append_iter_stats`), so the adapter drains `get_stats()` after every finished
   request and sizes `max_stats_len` for the gap between drains; the totals are then checked against
-  the per-request counts (`stats_gap`), and figures that could not be checked are labelled.
+  the per-request counts (`stats_gap`), and figures that could not be checked are labelled. Per-
+  request stats give each row's accepted drafts per step and each decode iteration a `Step`
+  (seconds, rows, context) for calibration's cost table.
+- Several GPUs: one LLM spans all of the worker's GPUs (tensor x pipeline parallel sizes, checked
+  against worker.num_gpus before the run); memory is planned and reported per GPU.
 - Per request: accepted = len(token_ids) - decoding_iter, target steps = decoding_iter - 1
   (executor/result.py `decoding_iter` counts the context step, which yields one token). Proposed
   tokens are counted per iteration only (`numDraftTokens`, what each request really carried: NGram
@@ -46,6 +51,7 @@ from batchspec.engine.base import (
     SpecConfig,
     Timing,
 )
+from batchspec.engine.trtllm.guided import guided_kwargs, split_unguided, with_guided_backend
 from batchspec.engine.trtllm.memory import (
     DEFAULT_FREE_GPU_MEMORY_FRACTION,
     free_gpu_bytes,
@@ -53,22 +59,30 @@ from batchspec.engine.trtllm.memory import (
     plan_draft_memory,
     release_gpu_memory,
 )
+from batchspec.engine.trtllm.iterstats import (
+    IterationSpecStats,
+    apportion_drafts,
+    attach_request_steps,
+    parse_entries,
+    peak_gpu_memory,
+    request_traces,
+    stats_from_iterations,
+    stats_gap,
+    steps_from_iterations,
+)
 from batchspec.engine.trtllm.translate import (
     DTYPES,
     METHOD_TO_DECODING_TYPE,
     NESTED_CLASSES,
     SPEC_PREFIX,
     TRTLLM_RELEASE,
-    IterationSpecStats,
-    apportion_drafts,
     completion_from_output,
     conflicting_options,
     llm_kwargs,
     one_model,
     sampling_kwargs,
     spec_options,
-    stats_from_iterations,
-    stats_gap,
+    world_size,
 )
 from batchspec.errors import ConfigError, EngineUnavailable, one_line
 
@@ -109,10 +123,13 @@ class _Built:
     llm: Any
     spec: SpecConfig  # what the LLM actually runs
     key: tuple  # (arm asked for, batch size)
+    options: dict | None = None  # the LLM options it was built with (the run's, a guided decoding backend added: guided.py)
+    guided: bool = False  # built for rows with a response_format
 
 
 class TrtllmEngine:
-    """The `Engine` protocol over `tensorrt_llm.LLM`; one instance per worker (one GPU)."""
+    """The `Engine` protocol over `tensorrt_llm.LLM`; one instance per worker, whose LLM spans all
+    of the worker's GPUs (its LLM options' tensor x pipeline parallel sizes)."""
 
     name = "trtllm"
     arms_are_builds = True  # switching arms builds an LLM: calibration counts and caps builds
@@ -130,6 +147,7 @@ class TrtllmEngine:
         self.stats_timeout_s = stats_timeout_s
         self.builds: list[BuildRecord] = []
         self.last_iteration_stats = IterationSpecStats()
+        self.peak_gpu_bytes: int | None = None  # most memory seen in use on one of the LLM's GPUs
         self._live: _Built | None = None
 
     @property
@@ -149,13 +167,19 @@ class TrtllmEngine:
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int) -> GenerateResult:
         self.check(spec)
         self._check_sampling(spec, requests)
-        built = self._llm_for(spec, batch_size)
+        built = self._llm_for(spec, batch_size, guided=any(r.response_format is not None for r in requests))
         llm, params = built.llm, self._trtllm.SamplingParams
+        guided = importlib.import_module("tensorrt_llm.sampling_params").GuidedDecodingParams
+        unguided = split_unguided(requests, built.spec, built.options)
         start = self.clock()
         futures: list[Any] = []
-        for request in requests:
+        for i, request in enumerate(requests):
+            if i in unguided:
+                futures.append(Completion.failed(request.id, unguided[i]))
+                continue
             try:
-                futures.append(llm.generate_async(self._prompt(llm, request), params(**sampling_kwargs(request.params))))
+                sampling = params(**sampling_kwargs(request.params), **guided_kwargs(request, guided))
+                futures.append(llm.generate_async(self._prompt(llm, request), sampling))
             except Exception as exc:  # a bad row (empty, too long) fails alone
                 futures.append(Completion.failed(request.id, one_line(exc)))
         entries: list[Any] = []
@@ -165,8 +189,30 @@ class TrtllmEngine:
             entries.extend(llm.get_stats(timeout=self.stats_timeout_s))  # drain: the queue drops the oldest
         wall = self.clock() - start
         entries.extend(llm.get_stats(timeout=self.stats_timeout_s))
+        entries = parse_entries(entries)
+        submitted = [(c, r.params.max_tokens) for r, c, f in zip(requests, completions, futures) if not isinstance(f, Completion)]
+        caveats: dict[str, str] = {}
+        gap = attach_request_steps(submitted, request_traces(entries)) if built.spec.method != "none" else None
+        if gap is not None:
+            caveats["accepted_steps"] = f"not reported: {gap}"
+        peak = peak_gpu_memory(entries)
+        self.peak_gpu_bytes = max(filter(None, (self.peak_gpu_bytes, peak)), default=None)
         stats = self.last_iteration_stats = stats_from_iterations(entries)
-        return self._result(built.spec, completions, stats, wall)
+        result = self._result(built.spec, completions, stats, wall, caveats)
+        result.steps = steps_from_iterations(entries, built.spec)
+        if result.steps and not any(s.context for s in result.steps):
+            result.caveats["steps"] = "context not measured: TensorRT-LLM reported no per-request iteration stats"
+        return result
+
+    def gpu_memory_per_gpu(self) -> int | None:
+        """The most device memory seen in use on one GPU of this worker's LLMs (iteration stats'
+        gpuMemUsage); None before any call reported it."""
+        return self.peak_gpu_bytes
+
+    @property
+    def gpus(self) -> int:
+        """GPUs each LLM of this engine spans (tensor x pipeline x context parallel sizes)."""
+        return world_size(self.run_options)
 
     def build_seconds(self, spec: SpecConfig) -> float:
         """Seconds spent building the LLM(s) for `spec`'s label (calibration counts them as cost)."""
@@ -177,8 +223,8 @@ class TrtllmEngine:
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _result(self, spec: SpecConfig, completions: list[Completion], stats: IterationSpecStats, wall: float) -> GenerateResult:
-        caveats: dict[str, str] = {}
+    def _result(self, spec: SpecConfig, completions: list[Completion], stats: IterationSpecStats, wall: float,
+                caveats: dict[str, str]) -> GenerateResult:
         draft_s = 0.0
         if spec.method != "none":
             gap = stats_gap(stats, completions)
@@ -203,16 +249,21 @@ class TrtllmEngine:
                     f"temperature > 0 rows greedily on one-model {METHOD_TO_DECODING_TYPE[spec.method]}; remove it or set it true"
                 )
 
-    def _llm_for(self, spec: SpecConfig, batch_size: int) -> _Built:
+    def _llm_for(self, spec: SpecConfig, batch_size: int, guided: bool = False) -> _Built:
+        """The live LLM for `spec`, built anew when none runs it; a call with constrained rows
+        needs one built with a guided decoding backend (guided.py), which serves unconstrained
+        rows too; a call without them builds as before structured output (no guided decoder)."""
         key = (spec, batch_size)
-        if self._live is not None and self._live.key == key:
-            return self._live
+        live = self._live
+        if live is not None and live.key == key and (live.guided or not guided):
+            return live
         self._shutdown_live()  # one live LLM: its memory is back before the next plan and build
+        options = with_guided_backend(self.run_options) if guided else self.run_options
         start = self.clock()
         effective, reason = self._fit_memory(spec, batch_size)
-        llm = self._build(llm_kwargs(self.model_name, effective, self.run_options, batch_size))
+        llm = self._build(llm_kwargs(self.model_name, effective, options, batch_size))
         self.builds.append(BuildRecord(spec.label, self.clock() - start, effective.label, reason))
-        self._live = _Built(llm, effective, key)
+        self._live = _Built(llm, effective, key, options, guided)
         return self._live
 
     def _shutdown_live(self) -> None:
@@ -242,7 +293,7 @@ class TrtllmEngine:
         return self._trtllm.LLM(**kwargs)
 
     def _fit_memory(self, spec: SpecConfig, batch_size: int) -> tuple[SpecConfig, str | None]:
-        """Plan a DraftTarget arm's memory on the GPU as it is now: with nothing resident."""
+        """Plan a Draft_Target arm's memory on the worker's GPUs as they are now: nothing resident."""
         if spec.method != "draft_target":
             return spec, None
         target, draft = model_size(locate_model(self.model_name)), model_size(locate_model(spec.draft_model or ""))
@@ -252,7 +303,7 @@ class TrtllmEngine:
         fraction = (options.get("kv_cache_config") or {}).get("free_gpu_memory_fraction") or DEFAULT_FREE_GPU_MEMORY_FRACTION
         plan = plan_draft_memory(
             free_gpu_bytes(), target, draft, fraction=fraction, batch_size=batch_size,
-            max_seq_len=int(options.get("max_seq_len") or 4096), draft_len=spec.draft_len,
+            max_seq_len=int(options.get("max_seq_len") or 4096), draft_len=spec.draft_len, gpus=self.gpus,
         )
         if plan.draft_len == spec.draft_len:
             return spec, None
@@ -263,8 +314,10 @@ class TrtllmEngine:
     @staticmethod
     def _prompt(llm: Any, request: Request) -> list[int] | str:
         """Token ids where batchspec holds them (chat templates are tokenized here, with the BOS the
-        template writes and no other); plain text goes in as text, which TensorRT-LLM tokenizes with
-        add_special_tokens=True like the torch engine does."""
+        template writes and no other, as Ray Data LLM's chat-template stage does before its engine;
+        under prompt_format chat a text prompt arrives as one user message, batchspec.parse); a raw
+        prompt goes in as text, which TensorRT-LLM tokenizes with add_special_tokens=True like the
+        torch engine does."""
         if request.prompt_token_ids is not None:
             if not request.prompt_token_ids:
                 raise ValueError("empty prompt_token_ids")

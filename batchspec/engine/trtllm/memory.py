@@ -1,5 +1,8 @@
-"""Memory planning for TensorRT-LLM arms: whether a DraftTarget arm's draft weights and KV cache
-fit next to the target under `kv_cache_config.free_gpu_memory_fraction`, else a shorter draft or none."""
+"""Memory planning for TensorRT-LLM arms: whether a Draft_Target arm's draft weights and KV cache
+fit next to the target under `kv_cache_config.free_gpu_memory_fraction`, else a shorter draft or
+none. Planned per GPU: an LLM across N GPUs (tensor x pipeline parallel) holds about 1/N of the
+weights and of each token's KV cache on each of them, and takes the fraction of each one's free
+memory."""
 
 from __future__ import annotations
 
@@ -26,17 +29,18 @@ class MemoryPlan:
 
 def plan_draft_memory(
     free_bytes: int, target: ModelSize, draft: ModelSize, *, fraction: float,
-    batch_size: int, max_seq_len: int, draft_len: int,
+    batch_size: int, max_seq_len: int, draft_len: int, gpus: int = 1,
 ) -> MemoryPlan:
-    """Fit a DraftTarget arm on a GPU with `free_bytes` free before anything is loaded.
+    """Fit a Draft_Target arm on `gpus` GPUs, each with `free_bytes` free before anything is loaded.
 
     TensorRT-LLM loads both models' weights, then gives `fraction` of the remaining free memory to
     the KV cache, which holds both models' KV for every sequence, each reserving max_seq_len plus
-    draft_len slots. Keep `draft_len` if that fits; else the longest shorter draft that does; else
-    none (the target alone, with all of the KV budget), with the reason.
+    draft_len slots; across `gpus` GPUs each holds its share of both. Keep `draft_len` if that fits;
+    else the longest shorter draft that does; else none (the target alone, with all of the KV
+    budget), with the reason.
     """
-    kv_budget = fraction * (free_bytes - target.weight_bytes - draft.weight_bytes)
-    per_token = target.kv_bytes_per_token + draft.kv_bytes_per_token
+    kv_budget = fraction * (free_bytes - (target.weight_bytes + draft.weight_bytes) / gpus)
+    per_token = (target.kv_bytes_per_token + draft.kv_bytes_per_token) / gpus
 
     def needed(k: int) -> float:
         return batch_size * (max_seq_len + k) * per_token
@@ -48,8 +52,8 @@ def plan_draft_memory(
             return MemoryPlan(k, f"draft_len {draft_len} does not fit next to the draft model's memory; using {k}")
     gib = 2**30
     return MemoryPlan(0, (
-        f"draft model does not fit: needs {(draft.weight_bytes + needed(1)) / gib:.1f} GiB of weights and KV cache "
-        f"beside the target, {max(kv_budget, 0) / gib:.1f} GiB of KV budget left; running without speculation"
+        f"draft model does not fit: needs {(draft.weight_bytes / gpus + needed(1)) / gib:.1f} GiB of weights and KV cache "
+        f"per GPU beside the target, {max(kv_budget, 0) / gib:.1f} GiB of KV budget left; running without speculation"
     ))
 
 
@@ -71,7 +75,8 @@ def model_size(model_dir: str | os.PathLike, dtype_bytes: int = 2) -> ModelSize 
 
 
 def free_gpu_bytes() -> int:
-    """Free memory on this worker's GPU now (torch.cuda.mem_get_info)."""
+    """Free memory on this worker's first GPU now (torch.cuda.mem_get_info); the worker's GPUs
+    start alike, each empty."""
     import torch
 
     return int(torch.cuda.mem_get_info()[0])

@@ -3,32 +3,38 @@
 Everything here is plain Python over plain values, so it runs (and is tested) on machines without
 TensorRT-LLM: the decoding-config key tables the option-file validator checks against, what
 `SpecConfig.options` holds split back into speculative and LLM arguments, `LLM(...)` and
-`SamplingParams(...)` keyword arguments, and the parsing of `RequestOutput`s and iteration stats.
-See adapter.py's docstring for the sources each rule comes from.
+`SamplingParams(...)` keyword arguments, and the parsing of `RequestOutput`s (iteration stats:
+iterstats.py). See adapter.py's docstring for the sources each rule comes from.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from batchspec.engine.base import (
     Completion,
     Request,
     SamplingParams,
     SpecConfig,
-    acceptance_rate,
+    freeze,
     thaw,
 )
+from batchspec.errors import ConfigError
 
-# decoding_type (as written in TensorRT-LLM option files) -> batchspec method name
-DECODING_TYPES = {"Eagle3": "eagle3", "DraftTarget": "draft_target", "NGram": "ngram", "MTP": "mtp", "Suffix": "suffix"}
-METHOD_TO_DECODING_TYPE = {method: name for name, method in DECODING_TYPES.items()}
+# decoding_type, as TensorRT-LLM 1.2's classes spell their tags -> batchspec method name. The
+# union TorchLlmArgs.speculative_config is keyed on these tags (llm_args.py SpeculativeConfig,
+# DraftTargetDecodingConfig.decoding_type Literal["Draft_Target"]; docs/engines/trtllm.md cites
+# offsets), so trtllm-serve --config refuses any other spelling; so does batchspec.
 # `Suffix` is batchspec's own decoding_type, not TensorRT-LLM's: suffix drafting over the finished
 # rows of a shard key (vLLM's `method: suffix`, SuffixDecoding), run by the torch engine only.
-# TensorRT-LLM 1.2 has nothing like it (L12 has no suffix or SA decoding config; main's
+DECODING_TYPES = {"Eagle3": "eagle3", "Draft_Target": "draft_target", "NGram": "ngram", "MTP": "mtp", "Suffix": "suffix"}
+METHOD_TO_DECODING_TYPE = {method: name for name, method in DECODING_TYPES.items()}
+# Spellings earlier releases took (1.0/1.1 DecodingBaseConfig.from_dict keyed "DraftTarget") that
+# 1.2's union refuses: named in the refusal so a user knows what to write instead.
+RESPELLED = {"DraftTarget": "Draft_Target"}
+# TensorRT-LLM 1.2 has nothing like suffix drafting (L12 has no suffix or SA decoding config; main's
 # SADecodingConfig, decoding_type "SA", came later): docs/suffix.md. Refused for trtllm at the edge:
 TRTLLM_REFUSED_METHODS = {
     "suffix": "TensorRT-LLM 1.2 has no suffix drafting (its SA decoding came after 1.2); the nearest it offers "
@@ -38,8 +44,8 @@ TRTLLM_REFUSED_METHODS = {
 # Pinned to one release: TensorRT-LLM 1.2 (tensorrt_llm/llmapi/llm_args.py, the 1.2-era copy cited
 # in tests/engine/trtllm/fake_tensorrt_llm/SOURCES.md as L12). speculative_config fields per
 # decoding_type, exactly as 1.2's pydantic classes declare them (they refuse any other key):
-# DecodingBaseConfig (L12 ~24,200), EagleDecodingConfig (~33,900), NGramDecodingConfig (~45,900),
-# DraftTargetDecodingConfig (~47,300), MTPDecodingConfig (~47,900). `speculative_model_dir` is
+# DecodingBaseConfig (L12 ~24,900), EagleDecodingConfig (~33,900), NGramDecodingConfig (~45,900),
+# DraftTargetDecodingConfig (~47,300), MTPDecodingConfig (~48,000). `speculative_model_dir` is
 # 1.2's validation alias of `speculative_model`. Main-branch fields (acceptance_rate_window_size,
 # acceptance_rate_threshold, use_rejection_sampling, advanced_sampling_mode, enable_penalty,
 # sa_config, use_sa_spec, sa_spec_threshold) are refused: 1.2 rejects them.
@@ -64,32 +70,63 @@ _SUFFIX_KEYS = ("decoding_type", "max_draft_len", "max_spec_factor", "min_token_
 SPEC_KEYS = {
     "Suffix": _SUFFIX_KEYS,
     "NGram": _BASE_KEYS + _NGRAM_KEYS,
-    "DraftTarget": _BASE_KEYS,
+    "Draft_Target": _BASE_KEYS,
     "Eagle3": _BASE_KEYS + _EAGLE_KEYS,
     "MTP": _BASE_KEYS + _MTP_KEYS,
 }
-# Top-level LLM arguments (1.2 BaseLlmArgs/TorchLlmArgs, PyTorch backend) an option file may set
-# for batchspec's adapter. Anything else is refused at validation: it is either not a 1.2 argument
-# (1.2 would refuse it when the first LLM is built, on the GPU node) or one the adapter owns.
-LLM_ARGS = (
-    "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code", "dtype", "revision",
-    "tokenizer_revision", "max_batch_size", "max_num_tokens", "max_seq_len", "max_input_len",
-    "max_beam_width", "kv_cache_config", "cuda_graph_config", "disable_overlap_scheduler",
-    "enable_chunked_prefill", "enable_attention_dp", "enable_iter_perf_stats", "enable_iter_req_stats",
-    "print_iter_log", "attn_backend", "sampler_type", "moe_config", "scheduler_config",
-    "peft_cache_config", "load_format", "enable_autotuner", "stream_interval", "num_postprocess_workers",
-    "garbage_collection_gen0_threshold", "batch_wait_timeout_ms", "torch_compile_config",
-    "enable_min_latency", "quant_config", "max_stats_len",
+# Every field of 1.2's TorchLlmArgs (L12 BaseLlmArgs 80,910 and TorchLlmArgs ~117,600), in
+# declaration order: the LLM arguments there are. A fact list; the stand-in's class is pinned to
+# the same list with defaults (tests/engine/trtllm/test_fake_tensorrt_llm.py). guided_decoding_backend
+# is among them: structured output sets it (guided.py).
+TORCH_LLM_ARGS = (
+    "model", "tokenizer", "tokenizer_mode", "custom_tokenizer", "skip_tokenizer_init", "trust_remote_code",
+    "tensor_parallel_size", "dtype", "revision", "tokenizer_revision", "model_kwargs", "pipeline_parallel_size",
+    "context_parallel_size", "gpus_per_node", "moe_cluster_parallel_size", "moe_tensor_parallel_size",
+    "moe_expert_parallel_size", "enable_attention_dp", "enable_lm_head_tp_in_adp", "pp_partition", "cp_config",
+    "load_format", "enable_lora", "lora_config", "kv_cache_config", "enable_chunked_prefill", "guided_decoding_backend",
+    "batched_logits_processor", "iter_stats_max_iterations", "request_stats_max_iterations", "peft_cache_config",
+    "scheduler_config", "cache_transceiver_config", "sparse_attention_config", "speculative_config", "max_batch_size",
+    "max_input_len", "max_seq_len", "max_beam_width", "max_num_tokens", "gather_generation_logits",
+    "num_postprocess_workers", "postprocess_tokenizer_dir", "reasoning_parser", "decoding_config", "mpi_session",
+    "otlp_traces_endpoint", "return_perf_metrics", "perf_metrics_max_requests", "orchestrator_type", "env_overrides",
+    "garbage_collection_gen0_threshold", "cuda_graph_config", "attention_dp_config", "disable_overlap_scheduler",
+    "moe_config", "nvfp4_gemm_config", "attn_backend", "sampler_type", "sampler_force_async_worker",
+    "enable_iter_perf_stats", "enable_iter_req_stats", "print_iter_log", "batch_wait_timeout_ms",
+    "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio", "torch_compile_config", "enable_autotuner",
+    "enable_layerwise_nvtx_marker", "enable_min_latency", "stream_interval", "force_dynamic_quantization",
+    "allreduce_strategy", "checkpoint_loader", "checkpoint_format", "kv_connector_config", "mm_encoder_only",
+    "ray_worker_extension_cls", "ray_placement_config", "enable_sleep", "use_cute_dsl_blockscaling_mm",
+    "use_cute_dsl_blockscaling_bmm", "disable_flashinfer_sampling", "max_stats_len", "layer_wise_benchmarks_config",
+    "backend",
 )
-# Arguments the adapter owns or cannot honour (one GPU per worker, the PyTorch backend).
+_PLACEMENT = ("batchspec places each LLM on its worker's GPUs itself (worker.num_gpus, one Ray actor per LLM); "
+              "TensorRT-LLM's Ray orchestrator would start GPU actors of its own and wait for GPUs the worker holds")
+# What an option file or llm_options may not say, with what to do instead: arguments the adapter
+# owns, Python objects a file cannot hold, and names users reach for that are not 1.2 arguments.
 LLM_ARGS_REFUSED = {
     "model": "the target model is not part of an option file; pass it with --model",
+    "speculative_config": "belongs in a TensorRT-LLM option file (--spec or a candidates file), not in llm_options",
     "speculative_model": "belongs inside speculative_config",
     "backend": "batchspec's adapter runs TensorRT-LLM's PyTorch backend only",
-    "tensor_parallel_size": "one GPU per worker: batchspec runs one LLM per GPU",
-    "pipeline_parallel_size": "one GPU per worker: batchspec runs one LLM per GPU",
-    "device": "TensorRT-LLM runs on the worker's GPU; it takes no device argument",
+    "device": "TensorRT-LLM runs on the worker's GPUs; it takes no device argument",
+    "quant_config": (f"not a TensorRT-LLM {TRTLLM_RELEASE} LLM argument (TorchLlmArgs.quant_config is a property, "
+                     "read from the checkpoint); point model at a quantized checkpoint (for example one exported by "
+                     "NVIDIA ModelOpt), and set kv_cache_config.dtype: fp8 for an FP8 KV cache"),
+    "orchestrator_type": _PLACEMENT,
+    "ray_worker_extension_cls": _PLACEMENT,
+    "ray_placement_config": _PLACEMENT,
+    "gpus_per_node": "set from the GPUs the worker holds (worker.num_gpus)",
+    "mpi_session": "a Python object; batchspec starts the LLM's workers itself",
+    "decoding_config": "deprecated in TensorRT-LLM 1.2; speculation goes in speculative_config (an option file)",
+    "batched_logits_processor": "a Python object, which a file cannot hold",
+    "checkpoint_loader": "a Python object, which a file cannot hold; use checkpoint_format",
 }
+# Top-level LLM arguments an option file or a pipeline's llm_options may set: every 1.2 argument
+# but those refused above. What batchspec reads is type-checked (config/spec.py); TensorRT-LLM
+# validates the rest when the LLM is built.
+LLM_ARGS = tuple(name for name in TORCH_LLM_ARGS if name not in LLM_ARGS_REFUSED)
+# The parallel sizes whose product is the GPUs one LLM spans (L12 _ParallelConfig.world_size).
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size")
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": "auto"}  # LLM(dtype=...)
 
 SPEC_PREFIX = "speculative_config."  # SpecConfig.options keys from the speculative_config block
@@ -97,7 +134,7 @@ SPEC_PREFIX = "speculative_config."  # SpecConfig.options keys from the speculat
 # decoding_type -> the LLM-API class (tensorrt_llm.llmapi) that takes its fields
 DECODING_CLASSES = {
     "Eagle3": "Eagle3DecodingConfig",
-    "DraftTarget": "DraftTargetDecodingConfig",
+    "Draft_Target": "DraftTargetDecodingConfig",
     "NGram": "NGramDecodingConfig",
     "MTP": "MTPDecodingConfig",
 }
@@ -132,6 +169,73 @@ def one_model(spec: SpecConfig) -> bool:
     if spec.method == "mtp":
         return True
     return spec.method == "eagle3" and spec_options(spec).get("eagle3_one_model", True) is not False
+
+
+def world_size(options: dict[str, Any]) -> int:
+    """The GPUs one LLM built with these LLM options spans: tensor x pipeline x context parallel
+    sizes (TensorRT-LLM 1.2 llm_args.py _ParallelConfig.world_size)."""
+    size = 1
+    for key in PARALLEL_SIZES:
+        size *= int(options.get(key) or 1)
+    return size
+
+
+def check_draft_len_schedule(where: str, schedule: Any, draft_len: int, spec: SpecConfig) -> dict[int, int]:
+    """A speculative_config.draft_len_schedule as TensorRT-LLM 1.2 takes it, or a one-line ConfigError.
+
+    1.2's rules (llm_args.py DecodingBaseConfig.validate_draft_len_schedule_and_sort): batch-size
+    thresholds >= 1, draft lengths >= 0 (0 turns speculation off), batch size 1 present and mapped
+    to max_draft_len, no length above it. What it does (drafter.py Drafter.get_draft_len_for_batch_size,
+    py_executor.py _prepare_and_schedule_batch): each iteration the drafter takes the length of the
+    largest threshold <= the number of active requests. Only a drafter applies it, and one-model
+    paths (Eagle3 one-model, MTP) have none in 1.2, so there the schedule is refused."""
+    key = SPEC_PREFIX + "draft_len_schedule"
+    _drafter_only(where, key, spec)
+    if not isinstance(schedule, dict) or not schedule:
+        raise ConfigError(f"{where}: {key}: expected a non-empty mapping of batch size -> draft length, got {schedule!r}")
+    for batch, k in schedule.items():
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ConfigError(f"{where}: {key}: expected batch-size keys >= 1, got {batch!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= draft_len:
+            raise ConfigError(f"{where}: {key}[{batch}]: expected a draft length from 0 to max_draft_len {draft_len}, got {k!r}")
+    if schedule.get(1) != draft_len:
+        got = "nothing" if 1 not in schedule else schedule[1]
+        raise ConfigError(f"{where}: {key}[1]: expected max_draft_len {draft_len} at batch size 1 (TensorRT-LLM {TRTLLM_RELEASE} requires it), got {got}")
+    return dict(sorted(schedule.items()))
+
+
+def check_max_concurrency(where: str, value: Any, spec: SpecConfig) -> int:
+    """speculative_config.max_concurrency (1.2: speculation off while more requests are active,
+    Drafter.should_use_spec_decode), an integer >= 0 on a path with a drafter, or a ConfigError."""
+    key = SPEC_PREFIX + "max_concurrency"
+    _drafter_only(where, key, spec)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{where}: {key}: expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _drafter_only(where: str, key: str, spec: SpecConfig) -> None:
+    """py_executor.py (1.2) consults draft_len_schedule and max_concurrency only through its
+    drafter (`if self.drafter is not None`); one-model paths (Eagle3 one-model, MTP) have none."""
+    if one_model(spec):
+        raise ConfigError(
+            f"{where}: {key}: TensorRT-LLM {TRTLLM_RELEASE} applies it in the drafter, which one-model "
+            f"{METHOD_TO_DECODING_TYPE[spec.method]} does not run; remove it (or set eagle3_one_model: false for Eagle3)")
+
+
+def with_draft_len_schedule(spec: SpecConfig, schedule: dict[int, int]) -> SpecConfig:
+    """`spec` whose LLM drafts by `schedule` (checked as a file's would be): how calibration
+    hands TensorRT-LLM a schedule fitted to the concurrency a shard drains through."""
+    checked = check_draft_len_schedule(spec.label, schedule, spec.draft_len, spec)
+    options = tuple((k, v) for k, v in spec.options if k != SPEC_PREFIX + "draft_len_schedule")
+    return dataclasses.replace(spec, options=options + ((SPEC_PREFIX + "draft_len_schedule", freeze(checked)),))
+
+
+def draft_len_for(schedule: dict[int, int] | None, active: int, draft_len: int) -> int:
+    """The draft length a 1.2 drafter runs with `active` requests: the largest threshold <= active."""
+    if not schedule:
+        return draft_len
+    return next((k for batch, k in sorted(schedule.items(), reverse=True) if batch <= active), 0)
 
 
 def decoding_config_spec(spec: SpecConfig) -> DecodingConfigSpec | None:
@@ -173,12 +277,14 @@ def llm_kwargs(model: str, spec: SpecConfig, run_options: dict[str, Any], batch_
     Every arm of a run is built with the same non-speculative arguments, `run_options` (the run's,
     merged once from its option files by config/spec.py `run_llm_options`), so "none" is measured
     like for like; `conflicting_options` refuses an arm whose file says otherwise. batchspec turns on
-    iteration stats (its acceptance figures come from them), sizes max_stats_len so none is dropped
+    iteration stats with per-request ones (its acceptance figures and decode steps come from them),
+    sizes max_stats_len so none is dropped
     between drains, and runs at most the production batch size at once.
     """
     kwargs: dict[str, Any] = {"model": model, **run_options}
     kwargs["max_batch_size"] = batch_size
     kwargs["enable_iter_perf_stats"] = True
+    kwargs["enable_iter_req_stats"] = True  # per-request counts: each request's accepted drafts per step
     kwargs["max_stats_len"] = max(int(kwargs.get("max_stats_len") or 0), max_stats_len(batch_size, kwargs.get("max_seq_len")))
     kwargs["speculative_config"] = decoding_config_spec(spec)
     return kwargs
@@ -238,94 +344,3 @@ def completion_from_output(request: Request, output: Any, draft_len: int = 0) ->
         accepted_tokens=accepted,
         target_steps=steps,
     )
-
-
-@dataclass
-class IterationSpecStats:
-    """Shard-level speculative figures summed over `llm.get_stats()` iterations. Merges with `+`."""
-
-    iterations: int = 0
-    spec_iterations: int = 0  # iterations that proposed at least one draft token
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    requests_with_drafts: int = 0  # summed per iteration: request-steps that speculated
-    iter_latency_s: float = 0.0
-    draft_latency_s: float = 0.0  # specDecodingStats.iterLatencyMS: drafting part of each step
-    context_requests: int = 0  # inflightBatchingStats.numContextRequests, summed
-    generation_steps: int = 0  # inflightBatchingStats.numGenRequests, summed: request-steps in decode
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return acceptance_rate(self.accepted_tokens, self.draft_tokens)
-
-    @property
-    def mean_accepted_len(self) -> float | None:
-        """Tokens committed per speculative request-step, bonus included (TensorRT-LLM's
-        acceptanceLength, as its tests compute it: (accepted + requests) / requests)."""
-        n = self.requests_with_drafts
-        return (self.accepted_tokens + n) / n if n else None
-
-    def __add__(self, other: "IterationSpecStats") -> "IterationSpecStats":
-        return IterationSpecStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
-
-
-def stats_from_iterations(entries: Sequence[Any]) -> IterationSpecStats:
-    """Sum `llm.get_stats()` entries: dicts, or JSON strings in older releases (its docstring)."""
-    stats = IterationSpecStats()
-    for entry in entries:
-        it = json.loads(entry) if isinstance(entry, str) else entry
-        stats.iterations += 1
-        stats.iter_latency_s += float(it.get("iterLatencyMS") or 0.0) / 1000
-        batching = it.get("inflightBatchingStats") or {}
-        stats.context_requests += int(batching.get("numContextRequests") or 0)
-        stats.generation_steps += int(batching.get("numGenRequests") or 0)
-        spec = it.get("specDecodingStats") or {}
-        drafted = int(spec.get("numDraftTokens") or 0)
-        if drafted <= 0:
-            continue
-        stats.spec_iterations += 1
-        stats.draft_tokens += drafted
-        stats.accepted_tokens += int(spec.get("numAcceptedTokens") or 0)
-        stats.requests_with_drafts += int(spec.get("numRequestsWithDraftTokens") or 0)
-        stats.draft_latency_s += float(spec.get("iterLatencyMS") or 0.0) / 1000
-    return stats
-
-
-def stats_gap(stats: IterationSpecStats, completions: Sequence[Completion]) -> str | None:
-    """Why the iteration stats do not account for every request of a call (None when they do):
-    every request's context step and decode steps must appear in some iteration, and the accepted
-    tokens summed over iterations must equal those counted per request (len(token_ids) -
-    decoding_iter), up to one per request that stopped on its end token."""
-    done = [c for c in completions if c.finish_reason != "error"]
-    steps = sum(c.target_steps for c in done)
-    accepted = sum(c.accepted_tokens for c in done)
-    # a row that ended on its end token may count one accepted token less per request: the end
-    # token is not in token_ids, so len(token_ids) - decoding_iter misses it when it was accepted
-    stopped = sum(c.finish_reason == "stop" for c in done)
-    if stats.iterations == 0 and done:
-        return "get_stats() returned no iterations"
-    if stats.context_requests and stats.context_requests < len(done):
-        return f"iteration stats hold {stats.context_requests} context steps for {len(done)} requests"
-    if stats.generation_steps and stats.generation_steps < steps:
-        return f"iteration stats hold {stats.generation_steps} of {steps} decode steps"
-    if not 0 <= stats.accepted_tokens - accepted <= stopped:
-        return f"iteration stats count {stats.accepted_tokens} accepted tokens, the requests {accepted}"
-    return None
-
-
-def apportion_drafts(completions: Sequence[Completion], total: int, draft_len: int) -> None:
-    """Share the exact proposed-token total of a call (iteration stats) out over its rows, in
-    proportion to each row's decode steps, within [accepted, draft_len x steps] per row: the sum is
-    exact, a row's share is not (TensorRT-LLM counts proposals per iteration, not per request)."""
-    rows = [c for c in completions if c.finish_reason != "error" and c.target_steps > 0]
-    room = {id(c): draft_len * c.target_steps - c.accepted_tokens for c in rows}
-    spare = max(total - sum(c.accepted_tokens for c in rows), 0)
-    steps = sum(c.target_steps for c in rows) or 1
-    share = {id(c): min(room[id(c)], spare * c.target_steps // steps) for c in rows}
-    left = spare - sum(share.values())
-    for c in rows:  # what rounding and the caps left over goes to rows with room, in order
-        more = min(left, room[id(c)] - share[id(c)])
-        share[id(c)] += more
-        left -= more
-    for c in rows:
-        c.draft_tokens = c.accepted_tokens + share[id(c)]

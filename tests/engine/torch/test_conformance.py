@@ -20,4 +20,4 @@ class TestTorchEngine(EngineConformance):
 
     @pytest.fixture(scope="class")
     def unsupported_arm(self):
-        return SpecConfig("mtp", 1)  # the torch engine runs NGram, DraftTarget and Suffix only
+        return SpecConfig("mtp", 1)  # the torch engine runs NGram, Draft_Target and Suffix only

@@ -245,6 +245,28 @@ def test_chat_messages_go_through_the_chat_template(smol_engine):
     assert (a.prompt_tokens, a.token_ids) == (b.prompt_tokens, b.token_ids)
 
 
+def test_a_prompt_under_chat_is_the_templated_user_message_and_under_raw_its_own_tokens(smol_engine):
+    """prompt_format (batchspec.parse): chat wraps the prompt in the model's chat template as one
+    user message, with the generation prompt after it; raw tokenizes the text alone."""
+    import pyarrow as pa
+
+    from batchspec.parse import RowDefaults, parse_rows
+
+    text = "Write a Python function that adds two numbers."
+    table = pa.table({"prompt": [text]})
+    chat, raw = (parse_rows(table, ["r"], RowDefaults(8, 0.0, 1.0, 0, fmt))[0].request for fmt in ("chat", "raw"))
+    tok = smol_engine.tokenizer
+    chat_ids, raw_ids = smol_engine.encode(chat), smol_engine.encode(raw)
+    assert raw_ids == tok(text, add_special_tokens=True)["input_ids"]
+    templated = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    assert chat_ids == tok(templated, add_special_tokens=False)["input_ids"] and len(chat_ids) > len(raw_ids)
+    rendered = tok.decode(chat_ids)
+    assert rendered.startswith("<|im_start|>") and f"<|im_start|>user\n{text}<|im_end|>" in rendered
+    assert rendered.endswith("<|im_start|>assistant\n"), rendered[-40:]
+    a, b = smol_engine.generate([chat, raw], SpecConfig(), 2).completions
+    assert (a.prompt_tokens, b.prompt_tokens) == (len(chat_ids), len(raw_ids))
+
+
 def test_a_prompts_ids_are_kept_for_the_request_that_asked(smol_engine, monkeypatch):
     """TorchEngine.encode keeps the ids of the requests it encoded (calibration asks again at
     every drift check): the same request is not templated twice, a caller's change to the list
@@ -508,6 +530,8 @@ def test_the_ngram_index_proposes_what_the_lookup_finds_at_every_position():
                 assert [index.propose(k) for k in (1, 4)] == [ngram_lookup(np.asarray(seq), max_ngram, k) for k in (1, 4)]
 
     class Row:
+        grammar = None  # an unconstrained row (structured output: tests/engine/torch/test_structured.py)
+
         def __init__(self, context):
             self.context = context
 

@@ -18,6 +18,7 @@ a GPU node.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -29,14 +30,13 @@ from batchspec.config.spec import load_spec_file, run_llm_options
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams
 from batchspec.engine.trtllm.adapter import TrtllmEngine, require_trtllm
 from batchspec.engine.trtllm.memory import ModelSize, model_size, plan_draft_memory
+from batchspec.engine.trtllm.iterstats import IterationSpecStats, parse_entries, stats_from_iterations
 from batchspec.engine.trtllm.translate import (
     SPEC_KEYS,
     DecodingConfigSpec,
-    IterationSpecStats,
     completion_from_output,
     llm_kwargs,
     sampling_kwargs,
-    stats_from_iterations,
 )
 from batchspec.errors import EngineUnavailable
 
@@ -82,7 +82,7 @@ def test_ngram_file_becomes_llm_kwargs():
 
 @pytest.mark.parametrize("name, class_name, decoding_type", [
     ("eagle3.yaml", "Eagle3DecodingConfig", "Eagle3"),
-    ("draft_target.yaml", "DraftTargetDecodingConfig", "DraftTarget"),
+    ("draft_target.yaml", "DraftTargetDecodingConfig", "Draft_Target"),
     ("ngram.yaml", "NGramDecodingConfig", "NGram"),
 ])
 def test_speculative_kwargs_are_fields_of_the_tensorrt_llm_class(name, class_name, decoding_type):
@@ -172,7 +172,7 @@ def test_stats_from_iterations():
         iteration(2, 8, 6, 2),
         json.dumps(iteration(3, 8, 2, 2)),  # older releases hand back JSON strings
     ]
-    stats = stats_from_iterations(entries)
+    stats = stats_from_iterations(parse_entries(entries))
     assert (stats.iterations, stats.spec_iterations, stats.draft_tokens, stats.accepted_tokens, stats.requests_with_drafts) == (4, 2, 16, 8, 4)
     assert stats.acceptance_rate == 0.5 and stats.mean_accepted_len == 3.0
     assert stats.iter_latency_s == pytest.approx(0.05) and stats.draft_latency_s == pytest.approx(0.002)
@@ -239,3 +239,16 @@ def test_gpu_check_flow_over_the_stand_in(monkeypatch, capsys):
     assert "ngram.yaml: ngram:k=4 OK acceptance=" in out and "eagle3.yaml: eagle3:k=3 OK" in out
     assert "none.yaml: no speculation" in out
     assert fake_tensorrt_llm.state().max_live == 1
+    assert out.count("loads as trtllm-serve --config loads it") == 3
+    assert "ngram.yaml: ngram:k=4 OK" in out and "  steps: " in out and "accepted_steps for 4 of 4 rows" in out
+
+
+def test_gpu_check_covers_a_worker_of_two_gpus(tmp_path):
+    # a process of its own: the check starts a local Ray cluster (here of two fake GPUs) whose
+    # worker imports the stand-in through shim/
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests' / 'engine' / 'trtllm' / 'shim'}{os.pathsep}{ROOT}",
+           "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": ""}
+    done = subprocess.run([sys.executable, str(ROOT / "jobs" / "gpu_check.py"), "--config", str(CONFIGS / "ngram.yaml"),
+                           "--max-tokens", "16", "--gpus", "2"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "multi-GPU worker (2 GPUs, tensor_parallel_size 2): OK 12 rows, 0 errors" in done.stdout

@@ -99,7 +99,7 @@ def test_sampled_rows_under_one_model_eagle3_are_sampled(trt):
 def test_a_file_that_forbids_advanced_sampling_refuses_sampled_rows(trt, tmp_path):
     path = tmp_path / "eagle3_greedy.yaml"
     path.write_text((CONFIGS / "eagle3.yaml").read_text() + "\n")
-    text = path.read_text().replace("  eagle3_one_model: true", "  eagle3_one_model: true\n  allow_advanced_sampling: false")
+    text = path.read_text().replace("  allow_advanced_sampling: true", "  allow_advanced_sampling: false")
     path.write_text(text)
     spec = load_spec_file(str(path)).spec
     engine = engine_for(spec)
@@ -128,6 +128,25 @@ def test_chat_rows_carry_one_bos(trt):
     c = engine.generate([Request("chat", messages=messages, params=SamplingParams(max_tokens=8))], NO_SPEC, 1).completions[0]
     template = fake._sim.FakeTokenizer().apply_chat_template(list(messages), tokenize=True, add_generation_prompt=True)
     assert c.error is None and c.prompt_tokens == len(template)
+    engine.close()
+
+
+def test_a_prompt_row_goes_through_the_chat_template_under_chat_and_as_text_under_raw(trt):
+    """prompt_format (batchspec.parse): chat makes a prompt one user message, which the adapter
+    templates before the LLM, as Ray Data LLM's chat-template stage does; raw leaves the text to
+    TensorRT-LLM's own tokenizer."""
+    import pyarrow as pa
+
+    from batchspec.parse import RowDefaults, parse_rows
+
+    engine = TrtllmEngine(TARGET)
+    text = "Name three colours."
+    chat, raw = (parse_rows(pa.table({"prompt": [text]}), [fmt], RowDefaults(8, 0.0, 1.0, 0, fmt))[0].request for fmt in ("chat", "raw"))
+    a, b = engine.generate([chat, raw], NO_SPEC, 2).completions
+    tokenizer = fake._sim.FakeTokenizer()
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True)
+    assert (a.error, b.error) == (None, None)
+    assert a.prompt_tokens == len(templated) and b.prompt_tokens == len(tokenizer.encode(text)) < a.prompt_tokens
     engine.close()
 
 
@@ -217,12 +236,13 @@ def test_a_shard_worker_builds_its_engine_with_the_run_options(trt):
     import types
 
     from batchspec.config.run import WorkerConfig
+    from batchspec.parse import RowDefaults
     from batchspec.workers import ShardWorker
 
     options = run_llm_options({"dtype": "bfloat16"}, [arm("ngram.yaml")])
     job = types.SimpleNamespace(engine="trtllm", model=TARGET, draft_model=None, dtype="bfloat16", device=None,
                                 worker=WorkerConfig(torch_threads=1), storage_options=(),
-                                llm_options=tuple(options.items()))
+                                llm_options=tuple(options.items()), defaults=RowDefaults(8, 0.0, 1.0, 0))
     worker = ShardWorker(job)
     assert worker.start() == TARGET
     worker.engine.generate(rows(1), NO_SPEC, 2)  # "none" is built with the run's options too

@@ -1,7 +1,7 @@
 """A stand-in `tensorrt_llm` (1.2 LLM API, PyTorch backend) for tests on machines without it.
 
 Written from TensorRT-LLM's source (see SOURCES.md for every file read and what was taken from
-it); not a copy of its code. It simulates one GPU per process with a fixed memory size, a clock,
+it); not a copy of its code. It simulates the GPUs a process sees (one, or a Ray actor's several), a clock,
 and deterministic toy models, and behaves as the cited source does where an adapter can go wrong:
 memory held until shutdown(), BOS added to text prompts, iteration stats bounded by max_stats_len,
 one-model speculation greedy without allow_advanced_sampling, one-model draft latency not
@@ -24,18 +24,30 @@ from .sampling_params import SamplingParams  # noqa: F401
 __version__ = "1.2.0+batchspec.standin"
 
 
+def mem_get_info(device=None) -> tuple[int, int]:
+    """torch.cuda.mem_get_info over the simulated GPUs (device: None for the first, an index, or 'cuda:N')."""
+    if device is None:
+        index = 0
+    elif isinstance(device, int):
+        index = device
+    else:
+        index = int(str(device).partition(":")[2] or 0)
+    return _sim.STATE.gpus[index].mem_get_info()
+
+
 def state() -> _sim.State:
     return _sim.STATE
 
 
-def install(monkeypatch, gpu_bytes: int = 80 * GIB, build_seconds: float = 0.0) -> _sim.State:
-    """Make `import tensorrt_llm` give this stand-in for the current test, on a fresh GPU."""
+def install(monkeypatch, gpu_bytes: int = 80 * GIB, build_seconds: float = 0.0, gpus: int = 1) -> _sim.State:
+    """Make `import tensorrt_llm` give this stand-in for the current test, on `gpus` fresh GPUs."""
     import torch
 
     this = sys.modules[__name__]
     monkeypatch.setitem(sys.modules, "tensorrt_llm", this)
     monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi.llm_args", llm_args)
     monkeypatch.setitem(sys.modules, "tensorrt_llm.sampling_params", sampling_params)
-    st = reset(gpu_bytes, build_seconds)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: _sim.STATE.gpu.mem_get_info(device))
+    st = reset(gpu_bytes, build_seconds, gpus)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
     return st

@@ -1,8 +1,9 @@
 """What the stand-in simulates instead of a GPU: device memory, a clock, models and a tokenizer.
 
-One simulated GPU per process (like one `num_gpus=1` Ray actor), with a fixed size. Each LLM
-takes its weights, then `free_gpu_memory_fraction` of what is still free for its KV cache, and
-holds both until `shutdown()` (SOURCES.md: the behaviour issue 13 read from llm_args.py /
+The GPUs a process sees (like a Ray actor's: as many as CUDA_VISIBLE_DEVICES names, else one),
+each of a fixed size. Each LLM spans tensor_parallel_size x pipeline_parallel_size of them; on each
+it takes its share of the weights, then `free_gpu_memory_fraction` of what is still free for its
+KV cache, and holds both until `shutdown()` (SOURCES.md: the behaviour issue 13 read from llm_args.py /
 KvCacheConfig and the executor's KV-cache sizing). A simulated clock advances with builds and
 iterations so timings are deterministic; nothing here sleeps.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,9 +89,15 @@ DEFAULT_MODELS = {
 }
 
 
+def visible_gpus() -> int:
+    """How many GPUs this process sees: CUDA_VISIBLE_DEVICES (Ray sets it for an actor's GPUs), else one."""
+    names = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return len(names) or 1
+
+
 @dataclass
 class State:
-    gpu: SimulatedGPU = field(default_factory=SimulatedGPU)
+    gpus: list[SimulatedGPU] = field(default_factory=lambda: [SimulatedGPU() for _ in range(visible_gpus())])
     clock: SimClock = field(default_factory=SimClock)
     models: dict[str, FakeModel] = field(default_factory=lambda: dict(DEFAULT_MODELS))
     build_seconds: float = 0.0  # simulated seconds each LLM build takes (load + CUDA graph capture)
@@ -100,13 +108,19 @@ class State:
     audit: list = field(default_factory=list)  # every iteration's stats, never dropped (the truth tests compare with)
 
 
+    @property
+    def gpu(self) -> SimulatedGPU:
+        """The first GPU (rank 0's; the one a one-GPU LLM uses)."""
+        return self.gpus[0]
+
+
 STATE = State()
 
 
-def reset(gpu_bytes: int = 80 * GIB, build_seconds: float = 0.0) -> State:
-    """A fresh process: an empty GPU of `gpu_bytes`, a new clock, the default models."""
+def reset(gpu_bytes: int = 80 * GIB, build_seconds: float = 0.0, gpus: int = 1) -> State:
+    """A fresh process: `gpus` empty GPUs of `gpu_bytes` each, a new clock, the default models."""
     global STATE
-    STATE = State(gpu=SimulatedGPU(gpu_bytes), build_seconds=build_seconds)
+    STATE = State(gpus=[SimulatedGPU(gpu_bytes) for _ in range(gpus)], build_seconds=build_seconds)
     return STATE
 
 
@@ -223,15 +237,3 @@ def draft_token(context: list[int], agree: float, salt: int) -> int:
         return g
     wrong = ALPHABET[(ALPHABET.index(g) + 1) % len(ALPHABET)] if g in ALPHABET else ALPHABET[0]
     return wrong
-
-
-def ngram_proposal(history: list[int], max_ngram: int, k: int, use_oldest: bool) -> list[int]:
-    """Prompt lookup (the NGram drafter): the tokens that followed an earlier occurrence of the
-    last n tokens, longest n first; as many as there are, up to k (often fewer, or none)."""
-    for n in range(min(max_ngram, len(history) - 1), 0, -1):
-        tail = history[-n:]
-        starts = [i for i in range(len(history) - n) if history[i:i + n] == tail]
-        if starts:
-            i = starts[0] if use_oldest else starts[-1]
-            return history[i + n:i + n + k]
-    return []

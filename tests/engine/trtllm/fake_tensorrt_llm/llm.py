@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from . import _sim
+from . import _ngram, _sim
 from .llm_args import (
     DecodingBaseConfig,
     DraftTargetDecodingConfig,
@@ -23,6 +23,8 @@ from .llm_args import (
     TorchLlmArgs,
 )
 from .sampling_params import SamplingParams
+
+BACKEND_ID_BASE = 1 << 20  # executor request ids differ from the LLM API's RequestOutput.request_id
 
 # Simulated iteration cost (milliseconds on the simulated clock; fixtures, not measurements).
 BASE_MS, PER_TOKEN_MS, PER_CONTEXT_MS = 8.0, 0.02, 0.5
@@ -106,12 +108,18 @@ class LLM:
         if isinstance(spec, MTPDecodingConfig) and self._target.mtp_layers < spec.num_nextn_predict_layers:
             raise ValueError(f"MTP needs {spec.num_nextn_predict_layers} MTP modules; {self.args.model} has {self._target.mtp_layers}")
         self.max_seq_len = self.args.max_seq_len or self._target.max_position_embeddings
+        self.guided_decoder = _guided_decoder(self.args)
+        self.guided: list[Any] = []  # the GuidedDecodingParams of each request, in order (None: unguided)
         self._claim_memory()
         _sim.STATE.clock.advance(_sim.STATE.build_seconds)
         _sim.STATE.builds += 1
         _sim.STATE.live.add(id(self))
         _sim.STATE.max_live = max(_sim.STATE.max_live, len(_sim.STATE.live))
         _sim.STATE.built.append(self.args)
+        self._ngram = None
+        if isinstance(spec, NGramDecodingConfig):  # NG: one NGramPoolManager per LLM
+            self._ngram = _ngram.NGramPoolManager(spec.max_total_draft_tokens, spec.max_matching_ngram_size,
+                                                  spec.is_keep_all, spec.is_use_oldest, spec.is_public_pool)
         self._queue: list[_Req] = []
         self._active: list[_Req] = []
         self._stats: list[dict] = []
@@ -120,20 +128,30 @@ class LLM:
         self._shutdown = False
 
     def _claim_memory(self) -> None:
-        """Weights, then free_gpu_memory_fraction of what is still free for the KV cache, held
-        until shutdown(). A KV budget below one sequence of max_seq_len is an error."""
-        gpu, me = _sim.STATE.gpu, id(self)
-        weights = self._target.weight_bytes + (self._draft.weight_bytes if self._draft else 0)
-        gpu.allocate(me, "weights", weights)
-        kv_budget = int(self.args.kv_cache_config.fraction * gpu.free_bytes())
-        per_token = self._target.kv_bytes_per_token + (self._draft.kv_bytes_per_token if self._draft else 0)
-        if kv_budget < per_token * self.max_seq_len:
-            gpu.release(me)
-            raise RuntimeError(
-                f"The KV cache budget ({kv_budget / _sim.GIB:.2f} GiB) cannot hold one sequence of max_seq_len "
-                f"{self.max_seq_len} ({per_token * self.max_seq_len / _sim.GIB:.2f} GiB); free GPU memory or lower max_seq_len"
-            )
-        gpu.allocate(me, "kv cache", kv_budget)
+        """On each of the tensor_parallel_size x pipeline_parallel_size GPUs: its share of the
+        weights, then free_gpu_memory_fraction of what is still free for the KV cache, held until
+        shutdown(). A world larger than the GPUs this process sees, or a KV budget below one
+        sequence of max_seq_len, is an error."""
+        world, gpus, me = self.args.world_size, _sim.STATE.gpus, id(self)
+        if world > len(gpus):
+            raise RuntimeError(f"tensor_parallel_size x pipeline_parallel_size = {world} GPUs, but this process sees {len(gpus)}")
+        weights = (self._target.weight_bytes + (self._draft.weight_bytes if self._draft else 0)) // world
+        per_token = (self._target.kv_bytes_per_token + (self._draft.kv_bytes_per_token if self._draft else 0)) // world
+        self.gpus = gpus[:world]
+        try:
+            for gpu in self.gpus:
+                gpu.allocate(me, "weights", weights)
+                kv_budget = int(self.args.kv_cache_config.free_gpu_memory_fraction * gpu.free_bytes())
+                if kv_budget < per_token * self.max_seq_len:
+                    raise RuntimeError(
+                        f"The KV cache budget ({kv_budget / _sim.GIB:.2f} GiB) cannot hold one sequence of max_seq_len "
+                        f"{self.max_seq_len} ({per_token * self.max_seq_len / _sim.GIB:.2f} GiB); free GPU memory or lower max_seq_len"
+                    )
+                gpu.allocate(me, "kv cache", kv_budget)
+        except Exception:
+            for gpu in self.gpus:
+                gpu.release(me)
+            raise
         self.kv_cache_bytes = kv_budget
 
     # -- requests ----------------------------------------------------------------------------------
@@ -152,6 +170,9 @@ class LLM:
             raise ValueError("The prompt must not be empty")
         if len(ids) + params.max_tokens > self.max_seq_len:
             raise ValueError(f"The sum of prompt length ({len(ids)}) and max_tokens ({params.max_tokens}) exceeds max_seq_len ({self.max_seq_len})")
+        if params.guided_decoding is not None:
+            params.guided_decoding._validate()
+        self.guided.append(params.guided_decoding)
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**31)
         req = _Req(self._next_id, prompt, ids, params, self.tokenizer, random.Random(seed))
         self._next_id += 1
@@ -171,7 +192,8 @@ class LLM:
     def shutdown(self) -> None:
         if not self._shutdown:
             self._shutdown = True
-            _sim.STATE.gpu.release(id(self))
+            for gpu in self.gpus:
+                gpu.release(id(self))
             _sim.STATE.live.discard(id(self))
 
     def __enter__(self):
@@ -181,6 +203,14 @@ class LLM:
         self.shutdown()
 
     # -- the executor ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _request_stat(req: _Req) -> dict:
+        """PYX _populate_req_stats for an active or just finished request: numGeneratedTokens is
+        max_beam_num_tokens - orig_prompt_len; the id is the executor's request id, not RequestOutput's."""
+        stage = "GENERATION_COMPLETE" if req.finished else "GENERATION_IN_PROGRESS"
+        return {"id": BACKEND_ID_BASE + req.id, "stage": stage, "contextPrefillPosition": len(req.prompt_ids),
+                "numGeneratedTokens": len(req.out), "avgNumDecodedTokensPerIter": 0, "scheduled": True, "paused": False}
 
     @property
     def _spec(self) -> Optional[DecodingBaseConfig]:
@@ -201,8 +231,8 @@ class LLM:
     def _proposal(self, req: _Req) -> list[int]:
         spec, history = self._spec, req.prompt_ids + req.out
         k = spec.max_draft_len
-        if isinstance(spec, NGramDecodingConfig):
-            return _sim.ngram_proposal(history, spec.max_matching_ngram_size, k, spec.is_use_oldest)
+        if self._ngram is not None:  # NG NGramDrafter.prepare_draft_tokens: prompt + output so far
+            return self._ngram.get_draft_tokens(history, req.id, len(req.prompt_ids) + req.params.max_tokens)
         agree = self._target.mtp_agree if isinstance(spec, MTPDecodingConfig) else self._draft.agree
         drafts: list[int] = []
         for j in range(k):
@@ -255,6 +285,9 @@ class LLM:
                     break
                 accepted += 1
         self._record(context, generation, drafted, accepted, with_drafts)
+        for req in context + generation:  # NG update_resources: a finished request's private pool goes
+            if req.finished and self._ngram is not None:
+                self._ngram.release(req.id)
         self._active = [r for r in self._active if not r.finished]
 
     def _record(self, context, generation, drafted, accepted, with_drafts) -> None:
@@ -273,12 +306,20 @@ class LLM:
         self._iter += 1
         if not self.args.enable_iter_perf_stats:
             return
-        entry: dict[str, Any] = {
+        entry: dict[str, Any] = {  # JSON names: executor/jsonSerialization.cpp (JS in SOURCES.md)
             "iter": self._iter, "iterLatencyMS": iter_ms, "numActiveRequests": len(self._active),
             "numNewActiveRequests": len(context), "maxNumActiveRequests": self.args.max_batch_size,
-            "inflightBatchingStats": {"numContextRequests": len(context), "numGenRequests": len(generation),
-                                      "numScheduledRequests": len(context) + len(generation)},
+            "numQueuedRequests": len(self._queue), "numCompletedRequests": sum(r.finished for r in self._active),
+            # PYX _update_iter_stats: total - free of this rank's GPU (rank 0: the first of the LLM's)
+            "gpuMemUsage": self.gpus[0].total_bytes - self.gpus[0].free_bytes(),
+            "inflightBatchingStats": {"numScheduledRequests": len(context) + len(generation), "numContextRequests": len(context),
+                                      "numGenRequests": len(generation), "numPausedRequests": 0, "numCtxTokens": 0,
+                                      "microBatchId": 0, "avgNumDecodedTokensPerIter": 0},
         }
+        if self.args.enable_iter_req_stats:  # PYX _populate_req_stats; the worker's serializer adds them as requestStats
+            entry["requestStats"] = [self._request_stat(r) for r in self._active] + [
+                {"id": BACKEND_ID_BASE + r.id, "stage": "QUEUED", "contextPrefillPosition": 0, "numGeneratedTokens": 0,
+                 "avgNumDecodedTokensPerIter": 0, "scheduled": False, "paused": False} for r in self._queue]
         if spec is not None:
             # PYX: iterLatencyMS of specDecodingStats comes from `self.drafter.last_draft_latency_ms`,
             # "only for two-model mode": one-model drafters (Eagle3 one-model, MTP) report 0.0.
@@ -292,3 +333,15 @@ class LLM:
         if len(self._stats) > self.args.max_stats_len:  # PYX _append_iter_stats: drop the oldest, then append
             self._stats.pop(0)
         self._stats.append(entry)
+
+
+def _guided_decoder(args: TorchLlmArgs) -> Optional[str]:
+    """The guided decoder the executor builds (py_executor_creator.py `create_py_executor`, with
+    interface.py's SpeculativeDecodingMode rules): none without a backend; a GuidedDecoder without
+    speculation or with a separate drafter (NGram, DraftTarget, two-model Eagle3); a
+    CapturableGuidedDecoder in the model engine for one-model Eagle3 and MTP. Every config class
+    here is one of those, so none is refused (the source raises for any other mode)."""
+    if args.guided_decoding_backend is None:
+        return None
+    spec = args.speculative_config
+    return "CapturableGuidedDecoder" if spec is not None and spec.one_model else "GuidedDecoder"

@@ -3,8 +3,24 @@ fields batchspec could pass. Unknown keywords are a TypeError, as with the real 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional, Union
+from dataclasses import dataclass, fields
+from typing import Any, List, Optional, Union
+
+
+@dataclass(kw_only=True)
+class GuidedDecodingParams:
+    """As tensorrt_llm/sampling_params.py: one guide per request (`_validate` counts the set ones)."""
+
+    json: Optional[Union[str, dict, Any]] = None
+    regex: Optional[str] = None
+    grammar: Optional[str] = None
+    json_object: bool = False
+    structural_tag: Optional[str] = None
+
+    def _validate(self) -> None:
+        num_guides = sum(bool(getattr(self, f.name)) for f in fields(self))
+        if num_guides > 1:
+            raise ValueError(f"Only one guide can be used for a request, but got {num_guides}.")
 
 
 @dataclass
@@ -27,6 +43,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     return_perf_metrics: bool = False
     logprobs: Optional[int] = None
+    guided_decoding: Optional[GuidedDecodingParams] = None
 
     @property
     def greedy(self) -> bool:

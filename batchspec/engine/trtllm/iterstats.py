@@ -1,0 +1,207 @@
+"""TensorRT-LLM's iteration statistics (`llm.get_stats()`), parsed: the speculative totals of a
+call, the decode steps it ran, and each request's accepted drafts per step.
+
+Key names are the C++ executor's JSON serialization (cpp/tensorrt_llm/executor/jsonSerialization.cpp:
+IterationStats iter, iterLatencyMS, gpuMemUsage, inflightBatchingStats {numContextRequests,
+numGenRequests, ...}, specDecodingStats {numDraftTokens, numAcceptedTokens,
+numRequestsWithDraftTokens, acceptanceLength, iterLatencyMS, draftOverhead}; RequestStats id,
+stage, contextPrefillPosition, numGeneratedTokens, scheduled, ...); the PyTorch executor fills
+them in py_executor.py `_update_iter_stats` and `_populate_req_stats`, and the worker's
+`_stats_serializer` adds a per-iteration "requestStats" list when enable_iter_req_stats is on.
+docs/engines/trtllm.md cites the copies read. Plain Python over plain values: tested without
+TensorRT-LLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from batchspec.engine.base import Completion, SpecConfig, Step, acceptance_rate
+
+
+def parse_entries(entries: Sequence[Any]) -> list[dict]:
+    """`llm.get_stats()` entries as dicts (JSON strings in older releases, per its docstring)."""
+    return [json.loads(e) if isinstance(e, str) else e for e in entries]
+
+
+@dataclass
+class IterationSpecStats:
+    """Shard-level speculative figures summed over `llm.get_stats()` iterations. Merges with `+`."""
+
+    iterations: int = 0
+    spec_iterations: int = 0  # iterations that proposed at least one draft token
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    requests_with_drafts: int = 0  # summed per iteration: request-steps that speculated
+    iter_latency_s: float = 0.0
+    draft_latency_s: float = 0.0  # specDecodingStats.iterLatencyMS: drafting part of each step
+    context_requests: int = 0  # inflightBatchingStats.numContextRequests, summed
+    generation_steps: int = 0  # inflightBatchingStats.numGenRequests, summed: request-steps in decode
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return acceptance_rate(self.accepted_tokens, self.draft_tokens)
+
+    @property
+    def mean_accepted_len(self) -> float | None:
+        """Tokens committed per speculative request-step, bonus included (TensorRT-LLM's
+        acceptanceLength, as its tests compute it: (accepted + requests) / requests)."""
+        n = self.requests_with_drafts
+        return (self.accepted_tokens + n) / n if n else None
+
+    def __add__(self, other: "IterationSpecStats") -> "IterationSpecStats":
+        return IterationSpecStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+
+def stats_from_iterations(entries: Sequence[dict]) -> IterationSpecStats:
+    """Sum the speculative figures of parsed `llm.get_stats()` entries."""
+    stats = IterationSpecStats()
+    for it in entries:
+        stats.iterations += 1
+        stats.iter_latency_s += float(it.get("iterLatencyMS") or 0.0) / 1000
+        batching = it.get("inflightBatchingStats") or {}
+        stats.context_requests += int(batching.get("numContextRequests") or 0)
+        stats.generation_steps += int(batching.get("numGenRequests") or 0)
+        spec = it.get("specDecodingStats") or {}
+        drafted = int(spec.get("numDraftTokens") or 0)
+        if drafted <= 0:
+            continue
+        stats.spec_iterations += 1
+        stats.draft_tokens += drafted
+        stats.accepted_tokens += int(spec.get("numAcceptedTokens") or 0)
+        stats.requests_with_drafts += int(spec.get("numRequestsWithDraftTokens") or 0)
+        stats.draft_latency_s += float(spec.get("iterLatencyMS") or 0.0) / 1000
+    return stats
+
+
+def stats_gap(stats: IterationSpecStats, completions: Sequence[Completion]) -> str | None:
+    """Why the iteration stats do not account for every request of a call (None when they do):
+    every request's context step and decode steps must appear in some iteration, and the accepted
+    tokens summed over iterations must equal those counted per request (len(token_ids) -
+    decoding_iter), up to one per request that stopped on its end token."""
+    done = [c for c in completions if c.finish_reason != "error"]
+    steps = sum(c.target_steps for c in done)
+    accepted = sum(c.accepted_tokens for c in done)
+    # a row that ended on its end token may count one accepted token less per request: the end
+    # token is not in token_ids, so len(token_ids) - decoding_iter misses it when it was accepted
+    stopped = sum(c.finish_reason == "stop" for c in done)
+    if stats.iterations == 0 and done:
+        return "get_stats() returned no iterations"
+    if stats.context_requests and stats.context_requests < len(done):
+        return f"iteration stats hold {stats.context_requests} context steps for {len(done)} requests"
+    if stats.generation_steps and stats.generation_steps < steps:
+        return f"iteration stats hold {stats.generation_steps} of {steps} decode steps"
+    if not 0 <= stats.accepted_tokens - accepted <= stopped:
+        return f"iteration stats count {stats.accepted_tokens} accepted tokens, the requests {accepted}"
+    return None
+
+
+def apportion_drafts(completions: Sequence[Completion], total: int, draft_len: int) -> None:
+    """Share the exact proposed-token total of a call (iteration stats) out over its rows, in
+    proportion to each row's decode steps, within [accepted, draft_len x steps] per row: the sum is
+    exact, a row's share is not (TensorRT-LLM counts proposals per iteration, not per request)."""
+    rows = [c for c in completions if c.finish_reason != "error" and c.target_steps > 0]
+    room = {id(c): draft_len * c.target_steps - c.accepted_tokens for c in rows}
+    spare = max(total - sum(c.accepted_tokens for c in rows), 0)
+    steps = sum(c.target_steps for c in rows) or 1
+    share = {id(c): min(room[id(c)], spare * c.target_steps // steps) for c in rows}
+    left = spare - sum(share.values())
+    for c in rows:  # what rounding and the caps left over goes to rows with room, in order
+        more = min(left, room[id(c)] - share[id(c)])
+        share[id(c)] += more
+        left -= more
+    for c in rows:
+        c.draft_tokens = c.accepted_tokens + share[id(c)]
+
+
+def peak_gpu_memory(entries: Sequence[dict]) -> int | None:
+    """The most device memory in use on the LLM's first GPU in these iterations (gpuMemUsage:
+    total - free on that rank's device, py_executor.py _update_iter_stats); with tensor or
+    pipeline parallelism every rank holds about as much. None when not reported."""
+    seen = [int(e["gpuMemUsage"]) for e in entries if e.get("gpuMemUsage") is not None]
+    return max(seen) if seen else None
+
+
+@dataclass
+class RequestTrace:
+    """One executor request as requestStats show it: its prompt (contextPrefillPosition) and its
+    numGeneratedTokens after each iteration it was scheduled in, context step first."""
+
+    prompt: int
+    counts: list[int] = field(default_factory=list)
+
+
+def request_traces(entries: Sequence[dict]) -> dict[int, RequestTrace]:
+    """Every request that ran in these iterations, by executor request id, ids ascending (the
+    executor numbers requests in the order they were enqueued)."""
+    traces: dict[int, RequestTrace] = {}
+    for entry in entries:
+        for r in entry.get("requestStats") or ():
+            if r.get("stage") == "QUEUED" or not r.get("scheduled", True):
+                continue
+            trace = traces.setdefault(int(r["id"]), RequestTrace(int(r.get("contextPrefillPosition") or 0)))
+            trace.counts.append(int(r["numGeneratedTokens"]))
+    return dict(sorted(traces.items()))
+
+
+def steps_from_iterations(entries: Sequence[dict], spec: SpecConfig) -> list[Step]:
+    """The decode steps of these iterations, for the calibration controller's cost table. An
+    iteration that also ran a context (prefill) request is left out: its seconds are not a decode
+    step's. `context` is the mean cache length of the step's rows before it (paged KV: each row
+    reads its own), from requestStats; 0 where they are not reported. `tokens` is 1 + the arm's
+    draft length (1.2 pads every row's drafts to it for its CUDA graphs: drafter.py
+    pad_draft_tokens_for_cuda_graph)."""
+    width = 1 + (spec.draft_len if spec.method != "none" else 0)
+    last: dict[int, int] = {}
+    steps = []
+    for entry in entries:
+        rows = [r for r in entry.get("requestStats") or () if r.get("stage") != "QUEUED" and r.get("scheduled", True)]
+        gen = [(int(r["id"]), int(r.get("contextPrefillPosition") or 0), int(r["numGeneratedTokens"])) for r in rows
+               if int(r["id"]) in last]
+        batching = entry.get("inflightBatchingStats") or {}
+        decode_rows = int(batching.get("numGenRequests") or 0)
+        if decode_rows and not int(batching.get("numContextRequests") or 0):
+            if gen:
+                context = sum(prompt + last[i] - 1 for i, prompt, _ in gen) / len(gen)
+                committed = sum(n - last[i] for i, _, n in gen)
+            else:  # no per-request stats: the totals
+                context = 0
+                committed = int((entry.get("specDecodingStats") or {}).get("numAcceptedTokens") or 0) + decode_rows
+            steps.append(Step(decode_rows, round(context), width, committed, float(entry.get("iterLatencyMS") or 0.0) / 1000,
+                              spec.method))
+        for r in rows:
+            last[int(r["id"])] = int(r["numGeneratedTokens"])
+    return steps
+
+
+def attach_request_steps(done: Sequence[tuple[Completion, int]], traces: dict[int, RequestTrace]) -> str | None:
+    """Give each completion (with its max_tokens, in submission order) its accepted drafts per step,
+    from the traces (ids ascending = submission order); None when every request checked out, else
+    why none was given.
+
+    A step commits accepted + 1 tokens. numGeneratedTokens leaves the end token out, as the output
+    ids do, so the last step of a row that ended on it (stop before max_tokens) committed one more
+    than its count says. A row is given its steps only where they account for all of it: as many
+    steps as decoding_iter - 1 (its target_steps), and every output token."""
+    if len(traces) != len(done):
+        return f"requestStats show {len(traces)} requests for {len(done)} submitted"
+    given = []
+    for (c, max_tokens), trace in zip(done, traces.values()):
+        if c.finish_reason == "error":
+            continue
+        ended_early = c.finish_reason == "stop" and c.output_tokens < max_tokens
+        counts = trace.counts
+        steps = [b - a - 1 for a, b in zip(counts, counts[1:])]
+        if steps and ended_early:
+            steps[-1] += 1
+        if not counts or counts[-1] != c.output_tokens or len(steps) != c.target_steps or min(steps, default=0) < 0:
+            return f"request {c.id}: requestStats count {counts[-1] if counts else 0} tokens in {len(steps)} steps, the output {c.output_tokens} in {c.target_steps}"
+        given.append((c, steps))
+    for c, steps in given:
+        c.accepted_steps = steps
+        c.accepted_at = [sum(a > j for a in steps) for j in range(max(steps, default=0))]
+        c.accepted_tokens = sum(steps)
+    return None

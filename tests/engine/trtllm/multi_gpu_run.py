@@ -1,0 +1,37 @@
+"""A pipeline run over the stand-in on a local Ray cluster of fake GPUs, in its own process (Ray
+initialized with `num_gpus`, the stand-in importable as tensorrt_llm via shim/). Used by
+test_multi_gpu.py; runs each pipeline file in turn on one cluster and prints one JSON line per run:
+its summary and the GPUs free after it, or its one-line refusal.
+
+    python -m tests.engine.trtllm.multi_gpu_run GPUS INPUT OUTPUT PIPELINE [OUTPUT PIPELINE ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import ray
+
+from batchspec import pipeline
+from batchspec.config.run import build_config
+from batchspec.errors import BatchspecError
+
+
+def main(gpus: int, input: str, runs: list[str]) -> None:
+    env = {"PYTHONPATH": os.environ["PYTHONPATH"], "HF_HUB_OFFLINE": "1"}
+    ray.init(address="local", num_cpus=2, num_gpus=gpus, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": env})
+    for output, pipeline_file in zip(runs[::2], runs[1::2]):
+        try:
+            summary = pipeline.run(build_config(input, output, pipeline_file))
+        except BatchspecError as exc:
+            print(json.dumps({"error": str(exc)}), flush=True)
+            continue
+        print(json.dumps({"rows": summary.rows, "error_rows": summary.error_rows, "complete": summary.complete,
+                          "free_gpus": ray.available_resources().get("GPU", 0)}), flush=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2], sys.argv[3:])

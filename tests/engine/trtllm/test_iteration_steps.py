@@ -1,0 +1,74 @@
+"""What the adapter reads out of TensorRT-LLM's iteration stats for calibration (issue 58 item 2):
+the decode steps a call ran (GenerateResult.steps, for the controller's cost table) and each row's
+accepted drafts per step (Completion.accepted_steps / accepted_at), over the stand-in, whose stats
+carry the real key names (fake_tensorrt_llm/SOURCES.md JS, PYX)."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from batchspec.config.spec import load_spec_file, run_llm_options
+from batchspec.engine.base import NO_SPEC, Request, SamplingParams
+from batchspec.engine.trtllm.adapter import TrtllmEngine
+from batchspec.engine.trtllm.iterstats import attach_request_steps, request_traces
+from batchspec.predict.acceptance import PlainRow
+from batchspec.predict.trt_ngram import NGramPoolRules, trt_ngram_acceptance
+from tests.engine.trtllm.conftest import TARGET
+
+CONFIGS = files("batchspec.data") / "trt_configs"
+TEXTS = ["abc abc abc abc", "def fib(n): return fib(n-1) + fib(", "the cat sat on the mat; the cat", "zq"]
+
+
+def requests(n: int, max_tokens: int = 40) -> list[Request]:
+    ids = [[3 + b for b in f"{TEXTS[i % len(TEXTS)]} {i}".encode()] for i in range(n)]
+    return [Request(f"r{i}", prompt_token_ids=tuple(p), params=SamplingParams(max_tokens=max_tokens)) for i, p in enumerate(ids)]
+
+
+def test_steps_are_the_decode_iterations(trt):
+    arm = load_spec_file(str(CONFIGS / "ngram.yaml")).spec.with_draft_len(4)
+    engine = TrtllmEngine(TARGET, run_llm_options({}, [arm]))
+    result = engine.generate(requests(6), arm, 3)
+    decode = [e for e in trt.audit if e["inflightBatchingStats"]["numGenRequests"] and not e["inflightBatchingStats"]["numContextRequests"]]
+    assert [s.rows for s in result.steps] == [e["inflightBatchingStats"]["numGenRequests"] for e in decode]
+    assert [s.seconds for s in result.steps] == [e["iterLatencyMS"] / 1000 for e in decode]
+    assert {s.tokens for s in result.steps} == {5} and {s.method for s in result.steps} == {"ngram"}
+    assert all(s.context > 0 for s in result.steps) and "steps" not in result.caveats
+    # one row at a time no iteration mixes a prefill in: the steps commit every output token but
+    # each row's first (its context step's), none twice
+    alone = engine.generate(requests(3), arm, 1)
+    assert sum(s.committed for s in alone.steps) + 3 == alone.output_tokens
+    first = alone.steps[0]  # the first row's first step: its cache holds its prompt
+    assert first.context == len(requests(3)[0].prompt_token_ids) and first.rows == 1
+    engine.close()
+
+
+def test_rows_get_their_accepted_drafts_per_step_and_the_replay_predicts_them(trt):
+    # the chain calibration relies on: a plain run, TensorRT-LLM's NGram rules replayed over it, and
+    # the NGram LLM's own per-step counts agree step for step (greedy, private pool as shipped)
+    arm = load_spec_file(str(CONFIGS / "ngram.yaml")).spec.with_draft_len(4)
+    engine = TrtllmEngine(TARGET, run_llm_options({}, [arm]))
+    rows = requests(6)
+    plain = engine.generate(rows, NO_SPEC, 3)
+    assert all(not c.accepted_steps for c in plain.completions)  # "none" drafts nothing
+    spec = engine.generate(rows, arm, 3)
+    assert "accepted_steps" not in spec.caveats
+    for c in spec.completions:
+        assert len(c.accepted_steps) == c.target_steps and sum(c.accepted_steps) == c.accepted_tokens
+        assert c.accepted_at == [sum(a > j for a in c.accepted_steps) for j in range(max(c.accepted_steps, default=0))]
+    plain_rows = [PlainRow(r.prompt_token_ids, c.token_ids, r.params.max_tokens) for r, c in zip(rows, plain.completions)]
+    rules = NGramPoolRules(max_matching_ngram_size=3, is_public_pool=False)  # ngram.yaml's
+    predicted = trt_ngram_acceptance(plain_rows, [4], rules, batch_size=3)[4]
+    assert [c.accepted_steps for c in spec.completions] == predicted.steps
+    assert sum(map(sum, predicted.steps)) > 0
+    engine.close()
+
+
+def test_counts_that_do_not_add_up_give_no_steps():
+    from batchspec.engine.base import Completion
+
+    c = Completion("a", "x", token_ids=[1, 2, 3], output_tokens=3, finish_reason="length", target_steps=2)
+    entries = [{"requestStats": [{"id": 7, "stage": "GENERATION_IN_PROGRESS", "numGeneratedTokens": n, "scheduled": True}]}
+               for n in (1, 3)]  # an iteration dropped: one step seen of two
+    assert "in 1 steps, the output 3 in 2" in attach_request_steps([(c, 8)], request_traces(entries))
+    assert c.accepted_steps == []
+    assert "requestStats show 1 requests for 2" in attach_request_steps([(c, 8), (c, 8)], request_traces(entries))

@@ -1,0 +1,92 @@
+"""Product code says what and why, never when: no dates, machine names, commit hashes, bench
+paths or references to files outside the repository in `batchspec/`. The evidence behind a
+constant lives in docs/ beside the constant's name (docs/CONTRIBUTING.md, "Style")."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "batchspec"
+
+# A hex word of 7-12 characters holding a letter and a digit, standing alone as a commit is
+# written: not part of a longer hex string (a sha256), a file or cache name (`name-b179c9523d0e`)
+# or an identifier.
+_ALONE_BEFORE = r"(?<![0-9A-Za-z_\-./])"
+_ALONE_AFTER = r"(?![0-9A-Za-z_\-/])"
+COMMIT = re.compile(_ALONE_BEFORE + r"(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}" + _ALONE_AFTER)
+
+RULES: dict[str, re.Pattern[str]] = {
+    "a date": re.compile(r"\b(19|20)\d\d-[01]\d-[0-3]\d\b"),
+    # CPU model strings; GPU product names (H100, H200) are data names and allowed.
+    "a machine name": re.compile(
+        r"\b(xeon|epyc|ryzen|threadripper|opteron|graviton|core i[3579]|model[- ]\d{2,3}|family[- ]\d{2})\b",
+        re.IGNORECASE,
+    ),
+    "a commit hash": COMMIT,
+    "a bench path": re.compile(r"\bbench/"),
+    "a reference to a file outside the repository": re.compile(r"\b(DESIGN|ENVIRONMENT|STYLE)\.md"),
+}
+
+SUFFIXES = {".py", ".yaml", ".yml", ".md", ".txt", ".json", ".toml", ".cfg"}
+
+
+def offences(text: str, name: str) -> list[str]:
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for what, pattern in RULES.items():
+            for match in pattern.finditer(line):
+                found.append(f"{name}:{number}: {what}: {match.group(0)!r} in {line.strip()[:100]!r}")
+    return found
+
+
+def package_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+
+
+def test_product_code_says_what_and_why_not_when() -> None:
+    found = []
+    for path in package_files():
+        found += offences(path.read_text(encoding="utf-8"), str(path.relative_to(PACKAGE.parent)))
+    assert not found, "move these to docs/ (see docs/CONTRIBUTING.md):\n" + "\n".join(found)
+
+
+def test_the_package_is_scanned() -> None:
+    names = {p.relative_to(PACKAGE).as_posix() for p in package_files()}
+    assert {"stats.py", "engine/torch/kv.py", "data/pipelines/local.yaml"} <= names
+
+
+@pytest.mark.parametrize(
+    "line, what",
+    [
+        ("    0.61 ms; bfloat16 with its conversion to float, as until 2026-12-05, 5.4 ms", "a date"),
+        ("float32 sgemm on this 2-core AMD EPYC (torch 2.13)", "a machine name"),
+        ("shard at batch 8 (128 held-out rows, Xeon 167)", "a machine name"),
+        ("the model-167 machine", "a machine name"),
+        ("interleaved, 1.13x plain at f6a3dae; see README", "a commit hash"),
+        ("(since commit 544c111)", "a commit hash"),
+        ("most of a step the rule had been 20-30% of it (bench/fast_model.py).", "a bench path"),
+        ('"""One row of OUTPUT/stats: DESIGN.md\'s stats columns first."""', "a reference to a file outside the repository"),
+        ("dtype: float32  # exact greedy equality (ENVIRONMENT.md)", "a reference to a file outside the repository"),
+    ],
+)
+def test_each_rule_catches_its_offence(line: str, what: str) -> None:
+    assert [o for o in offences(line, "x.py") if f": {what}: " in o], line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # sha256 checksums, cache folder names, identifiers and GPU product names are not offences.
+        '    sha256="3b2b6c62f5b7a3e5d8e0f4e7c9f9b0f4a2d6e1c3b5a7f9e1d3c5b7a9f1e3d5c7",',
+        "    PosixPath('/root/.cache/batchspec/models/smollm2-135m-b179c9523d0e')",
+        "REGIMES = ('cpu', 'h200-torch', 'gpu-roofline')  # an H100 or H200",
+        "    x = deadbeef + 1234567  # hex words without a digit, or digits alone",
+        "float32 and bfloat16 on AVX2 and AVX-512",
+        "batchspec run --run-date \"$(date -u +%F)\"",
+    ],
+)
+def test_legitimate_text_passes(line: str) -> None:
+    assert offences(line, "x.py") == []
