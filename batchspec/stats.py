@@ -122,7 +122,7 @@ class OutputRow:
     output_tokens: int
     finish_reason: str  # stop | length | error
     error: str | None  # null, or a one-line reason
-    spec_method: str  # the setting the row ran under: none | ngram | draft_target | eagle3 | mtp
+    spec_method: str  # the setting the row ran under: none | ngram | draft_target | eagle3 | mtp | suffix
     draft_len: int
     draft_tokens: int  # proposed
     accepted_tokens: int
@@ -302,6 +302,12 @@ class ShardStats:
     empty_rows: int = 0  # rows that ran and returned an empty text (many: a likely prompt-format mismatch)
     constrained_rows: int = 0  # rows with a response_format (structured output)
     forced_tokens: int = 0  # of accepted_tokens: drafts their grammar forced (see Completion)
+    # The suffix arm (`suffix_columns`): the shard key's tree on this worker when the shard ended,
+    # and the share of the suffix drafter's lookups in this shard that the tree (other rows'
+    # outputs) answered rather than the row's own context. None where the engine keeps no trees.
+    tree_bytes: int | None = None
+    tree_rows: int | None = None
+    tree_hit_rate: float | None = None
     events: list[Event] = field(default_factory=list)  # what calibration decided and what happened, in order
 
     @property
@@ -314,6 +320,16 @@ class ShardStats:
     @classmethod
     def from_row(cls, row: dict) -> "ShardStats":
         return from_columns(cls, row)
+
+
+def suffix_columns(completions: Iterable[Completion], usage: tuple[int, int] | None) -> dict[str, Any]:
+    """ShardStats' tree columns from a shard's completions and its key's tree `usage` (bytes, rows:
+    the torch engine's `trees.usage(key)`; None for an engine without trees)."""
+    completions = list(completions)
+    lookups = sum(c.tree_lookups for c in completions)
+    hits = sum(c.tree_drafts for c in completions)
+    tree_bytes, tree_rows = usage if usage is not None else (None, None)
+    return {"tree_bytes": tree_bytes, "tree_rows": tree_rows, "tree_hit_rate": hits / lookups if lookups else None}
 
 
 STATS_FIELDS = arrow_fields(ShardStats)

@@ -193,7 +193,7 @@ class ShardWorker:
         if draft and self.job.engine == "torch":
             draft = str(resolve_model(draft, storage_options=opts))
         self.engine = create_engine(self.job.engine, model, draft_model=draft, dtype=self.job.dtype, device=self.job.device,
-                                    llm_options=dict(self.job.llm_options))
+                                    llm_options=dict(self.job.llm_options), suffix_tree_mb=w.suffix_tree_mb)
         return self.engine.model_name
 
     def adopt(self, job: WorkerJob) -> str:

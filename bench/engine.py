@@ -21,6 +21,12 @@ writes every detail (DIR/engine.json, DIR/engine.md).
 runs structured output on an extraction workload instead (bench/common/structured.py): constrained
 against unconstrained plain decoding per output token, grammar-forced drafts with n-gram lookup
 against constrained plain, and the share of tokens forced.
+
+    python bench/engine.py --suffix [--suffix-rows 128] [--max-tokens 64] [--suffix-k 8] [--record]
+
+runs the suffix arm instead (bench/common/suffix.py): n-gram and suffix drafting side by side on
+held-out workloads whose rows share structure and on prose (float32, batch 1), every arm's
+counterfactual tokens per step, and the suffix tree's memory.
 """
 
 from __future__ import annotations
@@ -121,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--out", default=None, metavar="DIR", help="write every detail to DIR/engine.json and DIR/engine.md")
     parser.add_argument("--structured", action="store_true",
                         help="instead: structured output on an extraction workload with --model (bench/common/structured.py)")
+    parser.add_argument("--suffix", action="store_true", help="instead: the suffix arm on rows that share structure "
+                        "and on prose, --model, batch 1, float32 (bench/common/suffix.py)")
+    parser.add_argument("--suffix-rows", type=int, default=128, help="with --suffix: rows per structured workload (prose: a quarter, at least 16; 0: the memory check only)")
+    parser.add_argument("--suffix-memory-rows", type=int, default=10_000, help="with --suffix: rows of 200 tokens in the memory check")
+    parser.add_argument("--suffix-k", type=int, default=8, help="with --suffix: the draft length of both arms")
     results.add_options(parser)
     args = parser.parse_args(argv)
 
@@ -128,12 +139,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
     sizes = Sizes.pick(args.quick)
     if args.max_tokens:
         sizes = Sizes(sizes.batch_prompts, sizes.copy_prompts, sizes.code_prompts, args.max_tokens)
-    info = machine(threads, args.dtype)
+    info = machine(threads, "float32" if args.suffix else args.dtype)
     print(f"machine: {info}", flush=True)
     if args.structured:
         from common import structured
 
         return structured.main(args, argv, info)
+    if args.suffix:
+        from common import suffix
+
+        return suffix.main(args, argv, info)
     comparisons: list[Comparison] = []
     engines = {}
 

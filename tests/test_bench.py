@@ -100,6 +100,35 @@ def test_engine_bench_structured_option_runs_the_extraction_arms_and_records_the
     assert line["metrics"]["forced_ngram_vs_constrained_b1"] == round(data["best_speedup"], 3)
 
 
+def test_engine_bench_suffix_option_runs_the_shared_workloads_and_the_memory_check(models, tmp_path):
+    """--suffix: n-gram and suffix side by side on every shared workload and prose (plain decoding
+    too there), lossless in float32, every arm's counterfactual, the memory check; recorded only
+    when asked, its details under --out."""
+    import engine
+    from common import workloads
+
+    for name in workloads.SHARED_WORKLOADS:
+        assert len(set(workloads.prompts(name, 6, seed=57))) == 6, name
+    target, _ = models
+    argv = ["--suffix", "--model", target, "--suffix-rows", "4", "--max-tokens", "6", "--suffix-memory-rows", "40", "--threads", "1"]
+    data = engine.main([*argv, "--out", str(tmp_path), "--record", "--results", str(tmp_path / "r.jsonl")])
+    (line,) = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert line == data["record"] and line["bench"] == "engine" and line["args"]["suffix"] is True
+    assert line["command"] == "python bench/engine.py " + " ".join(argv)
+    assert [w["workload"] for w in data["workloads"]] == [*workloads.SHARED_WORKLOADS, "prose"]
+    for w in data["workloads"]:
+        assert w["lossless"] and set(w["measured"]) >= {"ngram:k=8", "suffix:k=8"}
+        assert set(w["counterfactual_tokens_per_step"]) == {"ngram:k=2", "ngram:k=4", "ngram:k=6", "ngram:k=8",
+                                                            "suffix:k=4", "suffix:k=8", "suffix:k=16"}
+        assert line["metrics"][f"suffix_vs_ngram_tokens_per_step@{w['workload']}"] == round(w["suffix_over_ngram_tokens_per_step"], 3)
+    assert "none" in data["workloads"][-1]["measured"]  # prose runs plain decoding too
+    memory = data["memory"]
+    assert memory["random"]["rows"] == memory["structured"]["rows"] == 40 and memory["cap_8mb"]["held"]
+    assert line["metrics"]["cap_8mb_held"] is True and line["metrics"]["tree_mb_counted@random"] > 0
+    assert json.loads((tmp_path / "engine_suffix.json").read_text())["memory"]["random"]["rows"] == 40
+    assert "| workload |" in (tmp_path / "engine_suffix.md").read_text()
+
+
 def test_calibrate_bench_sets_each_calibrated_shard_beside_its_oracle_and_records_when_asked(models, tmp_path):
     import calibrate
 

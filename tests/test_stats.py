@@ -149,3 +149,13 @@ def test_the_speedup_total_weighs_each_shard_by_its_decode_time():
     both = speedup_total([shard(2.0, 1.5, 30.0, predicted=9.0), shard(6.0, None, 20.0, predicted=2.0)])
     assert both.speedup == pytest.approx((2.0 * 1.5 + 6.0 * 2.0) / 8.0)
     assert both.predicted_share == pytest.approx(6.0 / 8.0)
+
+
+def test_the_suffix_tree_columns_come_from_completions_and_the_keys_tree():
+    from batchspec.engine.base import Completion
+    from batchspec.stats import STATS_SCHEMA, suffix_columns
+
+    done = [Completion("a", "x", tree_lookups=10, tree_drafts=4), Completion("b", "y", tree_lookups=6, tree_drafts=0)]
+    assert suffix_columns(done, (4096, 12)) == {"tree_bytes": 4096, "tree_rows": 12, "tree_hit_rate": 0.25}
+    assert suffix_columns([Completion("c", "z")], None) == {"tree_bytes": None, "tree_rows": None, "tree_hit_rate": None}
+    assert {"tree_bytes", "tree_rows", "tree_hit_rate"} <= set(STATS_SCHEMA.names)

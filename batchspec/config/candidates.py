@@ -38,7 +38,7 @@ from batchspec.config.spec import (
 )
 from batchspec.data import CANDIDATES_DIR
 from batchspec.engine.base import ENGINE_METHODS, SpecConfig
-from batchspec.engine.trtllm.translate import METHOD_TO_DECODING_TYPE, SPEC_PREFIX
+from batchspec.engine.trtllm.translate import METHOD_TO_DECODING_TYPE, SPEC_PREFIX, TRTLLM_REFUSED_METHODS
 from batchspec.errors import ConfigError
 
 CANDIDATE_KEYS = ("config", "max_draft_len", "speculative_model_dir", "speculative_model")
@@ -129,6 +129,9 @@ def check_engine_supports(spec: SpecConfig, engine_name: str) -> None:
         raise ConfigError(f"--engine: expected one of {', '.join(ENGINE_METHODS)}, got {engine_name!r}")
     if spec.method in supported:
         return
+    if engine_name == "trtllm" and spec.method in TRTLLM_REFUSED_METHODS:
+        raise ConfigError(f"{spec.source or '--spec'}: decoding_type {METHOD_TO_DECODING_TYPE[spec.method]}: "
+                          f"{TRTLLM_REFUSED_METHODS[spec.method]}; use --engine torch")
     names = ", ".join(METHOD_TO_DECODING_TYPE[m] for m in supported if m != "none")
     others = [e for e, methods in ENGINE_METHODS.items() if spec.method in methods]
     hint = f"; use --engine {others[0]}" if others else ""

@@ -14,7 +14,7 @@ nested sections:
     max_tokens: 64
     prompt_format: chat           # chat: a prompt is one user message through the model's chat template; raw: as is
     response_format: null         # a JSON file: the default response_format of rows without one
-    worker: {num_cpus: 1, num_gpus: 0, torch_threads: null, max_attempts: 3, wait_for_workers_s: 0}
+    worker: {num_cpus: 1, num_gpus: 0, torch_threads: null, max_attempts: 3, wait_for_workers_s: 0, suffix_tree_mb: 256}
     calibration: {sample_size: 8, max_tokens: 16, ...}   # batchspec.calibrate.CalibrationSettings
     storage_options: {}           # fsspec options for INPUT and OUTPUT (endpoint, credentials)
 
@@ -38,7 +38,7 @@ import fsspec
 
 from batchspec.config.kit import check_fields, check_value, exists, field_rules, read_yaml, relative_to
 from batchspec.data import DEFAULT_PIPELINE, PIPELINES_DIR  # noqa: F401  (PIPELINES_DIR re-exported for the CLI)
-from batchspec.engine.base import DTYPES, PROMPT_FORMATS
+from batchspec.engine.base import DTYPES, PROMPT_FORMATS, SUFFIX_TREE_MB_DEFAULT
 from batchspec.engine.factory import ENGINES
 from batchspec.engine.response_format import ResponseFormat, parse_json, parse_response_format
 from batchspec.errors import ConfigError, one_line
@@ -72,6 +72,9 @@ class WorkerConfig:
     # passed (Ray Data's `wait_for_min_actors_s`). 0: a worker starts on shards as soon as it is
     # ready, and on a fast pool the first ready one may take every shard of a short run.
     wait_for_workers_s: float = field(default=0.0, metadata={"min": 0})
+    # The suffix arm's trees (finished rows' outputs by shard key), all keys together, in MiB: past
+    # it the oldest rows are evicted. About 9 bytes a token (docs/suffix.md): 256 MiB holds ~28M.
+    suffix_tree_mb: float = field(default=SUFFIX_TREE_MB_DEFAULT, metadata={"min": 1, "max": 65536})
 
 
 @dataclass(frozen=True)

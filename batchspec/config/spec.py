@@ -9,7 +9,7 @@ A TensorRT-LLM LLM-API option file (`trt_configs/*.yaml`): exactly the YAML that
    it straight to those tools. Its `speculative_config:` block is the arm::
 
        speculative_config:
-         decoding_type: NGram          # Eagle3 | Draft_Target | NGram | MTP (1.2's tags)
+         decoding_type: NGram          # Eagle3 | Draft_Target | NGram | MTP (1.2's tags) | Suffix (batchspec's own)
          max_draft_len: 4              # integer >= 1
          max_matching_ngram_size: 3    # NGram only
        disable_overlap_scheduler: true # every other top-level key is an LLM argument
@@ -67,7 +67,7 @@ from batchspec.errors import ConfigError
 
 # Fields lifted into SpecConfig's own attributes; everything else goes to SpecConfig.options.
 _LIFTED = ("decoding_type", "max_draft_len", "speculative_model", "speculative_model_dir",
-           "max_matching_ngram_size", "num_nextn_predict_layers")
+           "max_matching_ngram_size", "num_nextn_predict_layers", "max_spec_factor", "min_token_prob")
 
 
 
@@ -162,6 +162,12 @@ def parse_spec_section(path: str, section: Any, *, require_draft: bool = True) -
         for key in ("is_keep_all", "is_use_oldest", "is_public_pool"):
             if key in section:
                 need_bool(path, SPEC_PREFIX + key, section[key])
+    suffix = {}
+    if kind == "Suffix":
+        if "max_spec_factor" in section:
+            suffix["spec_factor"] = _need_positive(path, SPEC_PREFIX + "max_spec_factor", section["max_spec_factor"])
+        if "min_token_prob" in section:
+            suffix["min_token_prob"] = _need_probability(path, SPEC_PREFIX + "min_token_prob", section["min_token_prob"])
     if kind == "Eagle3":
         if draft_model is None:
             raise ConfigError(f"{path}: speculative_config.speculative_model_dir: Eagle3 needs the location of its EAGLE-3 head, got none")
@@ -174,13 +180,25 @@ def parse_spec_section(path: str, section: Any, *, require_draft: bool = True) -
     options = tuple((SPEC_PREFIX + k, freeze(v)) for k, v in section.items() if k not in _LIFTED)
     spec = SpecConfig(
         method=DECODING_TYPES[kind], draft_len=draft_len, draft_model=draft_model,
-        ngram_size=ngram_size, options=options, source=path,
+        ngram_size=ngram_size, options=options, source=path, **suffix,
     )
     if section.get("draft_len_schedule") is not None:
         check_draft_len_schedule(path, section["draft_len_schedule"], draft_len, spec)
     if section.get("max_concurrency") is not None:
         check_max_concurrency(path, section["max_concurrency"], spec)
     return spec
+
+
+def _need_positive(path: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{path}: {key}: expected a number > 0, got {describe(value)}")
+    return float(value)
+
+
+def _need_probability(path: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"{path}: {key}: expected a number in [0, 1], got {describe(value)}")
+    return float(value)
 
 
 def _draft_len(path: str, kind: str, section: dict) -> int:

@@ -23,12 +23,12 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from batchspec.engine.response_format import ResponseFormat
 
-SPEC_METHODS = ("none", "ngram", "draft_target", "eagle3", "mtp")
+SPEC_METHODS = ("none", "ngram", "draft_target", "eagle3", "mtp", "suffix")
 FINISH_REASONS = ("stop", "length", "error")
 # Which speculative methods each engine runs ("none" always); factory.py builds them by these names.
 ENGINE_METHODS: dict[str, tuple[str, ...]] = {
-    "torch": ("none", "ngram", "draft_target"),
-    "trtllm": SPEC_METHODS,
+    "torch": ("none", "ngram", "draft_target", "suffix"),
+    "trtllm": ("none", "ngram", "draft_target", "eagle3", "mtp"),  # suffix: not in TensorRT-LLM 1.2 (docs/suffix.md)
 }
 # Weight dtypes a run may ask for, by torch name (engine/torch/load.py maps them to torch dtypes).
 DTYPES = ("float32", "bfloat16", "float16")
@@ -58,13 +58,19 @@ class Request:
     """One row to complete: a plain `prompt` (tokenized as is, with the tokenizer's special tokens),
     chat `messages` ([{role, content}, ...], through the model's chat template), or
     `prompt_token_ids` (already tokenized, as vLLM's TokensPrompt). A `response_format` constrains
-    the output to its JSON schema (structured output: docs/structured-output.md)."""
+    the output to its JSON schema (structured output: docs/structured-output.md).
+
+    `draft_scope`: rows with the same scope on one engine draft from each other's finished
+    outputs (the suffix arm); meant to be a shard's key, set by whoever runs the shard (docs/suffix.md,
+    "Scope"). None: the row drafts from its own context only. Engines without cross-row drafting
+    ignore it."""
 
     id: str
     prompt: str | None = None
     messages: tuple[dict[str, str], ...] | None = None
     params: SamplingParams = SamplingParams()
     prompt_token_ids: tuple[int, ...] | None = None
+    draft_scope: str | None = None
     response_format: ResponseFormat | None = None
 
 
@@ -73,6 +79,12 @@ class Request:
 # the same in the 1.x reference docs through 1.4.0rc4). The one default for every engine, so an
 # option file without the key means the same thing to trtllm-serve and to the torch engine.
 NGRAM_SIZE_DEFAULT = 2
+# The suffix arm's max_spec_factor and min_token_prob defaults: SuffixDecoding's (arXiv 2411.04975),
+# vLLM's suffix_decoding_max_spec_factor / suffix_decoding_min_token_prob, Arctic Inference's.
+SPEC_FACTOR_DEFAULT = 1.0
+MIN_TOKEN_PROB_DEFAULT = 0.1
+# The cap on one worker's suffix trees, MiB (the pipeline's worker.suffix_tree_mb; engine/torch/suffix.py).
+SUFFIX_TREE_MB_DEFAULT = 256.0
 
 
 def spec_label(method: str, draft_len: int) -> str:
@@ -86,14 +98,18 @@ class SpecConfig:
 
     `method` is one of SPEC_METHODS; `draft_len` is TensorRT-LLM's `max_draft_len` (0 for none);
     `draft_model` is the draft/EAGLE head location for draft_target/eagle3; `ngram_size` is
-    `max_matching_ngram_size`. `options` keeps every other field of the source file untouched
-    so the TensorRT-LLM adapter can pass it through.
+    `max_matching_ngram_size`. `spec_factor` and `min_token_prob` are the suffix arm's
+    `max_spec_factor` and `min_token_prob` (SuffixDecoding's names; engine/torch/suffix.py).
+    `options` keeps every other field of the source file untouched so the TensorRT-LLM adapter
+    can pass it through.
     """
 
     method: str = "none"
     draft_len: int = 0
     draft_model: str | None = None
     ngram_size: int = NGRAM_SIZE_DEFAULT
+    spec_factor: float = SPEC_FACTOR_DEFAULT
+    min_token_prob: float = MIN_TOKEN_PROB_DEFAULT
     options: tuple[tuple[str, Any], ...] = ()
     source: str | None = None  # the file it came from, for error messages
 
@@ -165,6 +181,10 @@ class Completion:
     # Drafts accepted at each of the row's target steps, in order (counts only tokens committed:
     # drafts accepted past the row's end are not output). Empty when the engine does not report it.
     accepted_steps: list[int] = field(default_factory=list)
+    # The suffix arm: its lookups for this row (one a step it drafted at) and how many of them
+    # the shared tree (other rows' outputs) answered, not the row's own context.
+    tree_lookups: int = 0
+    tree_drafts: int = 0
     # Of accepted_tokens: drafts the row's grammar forced (the only continuation it allowed, as the
     # grammar library tokenizes it) that the target kept. 0 for an unconstrained row.
     forced_tokens: int = 0

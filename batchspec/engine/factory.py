@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batchspec.engine.base import ENGINE_METHODS, Engine
+from batchspec.engine.base import ENGINE_METHODS, SUFFIX_TREE_MB_DEFAULT, Engine
 from batchspec.errors import ConfigError
 
 ENGINES = tuple(ENGINE_METHODS)
@@ -12,13 +12,15 @@ def create_engine(engine: str, model: str, draft_model: str | None = None, dtype
                   device: str | None = None, **options) -> Engine:
     """Load `model` (and optionally `draft_model`) into the named engine.
 
-    `options` are engine-specific. For trtllm, `llm_options`: the run's non-speculative LLM
+    `options` are engine-specific. For torch, `suffix_tree_mb`: the cap on the suffix arm's trees
+    (the pipeline's worker.suffix_tree_mb). For trtllm, `llm_options`: the run's non-speculative LLM
     arguments, which every arm is built with (config/spec.py `run_llm_options`); `dtype` becomes
     the LLM's dtype; TensorRT-LLM runs on the worker's GPU, so a `device` other than cuda is refused."""
     if engine == "torch":
         from batchspec.engine.torch.engine import TorchEngine
 
-        return TorchEngine.load(model, draft_model=draft_model, dtype=dtype, device=device)
+        return TorchEngine.load(model, draft_model=draft_model, dtype=dtype, device=device,
+                                suffix_tree_mb=options.get("suffix_tree_mb") or SUFFIX_TREE_MB_DEFAULT)
     if engine == "trtllm":
         from batchspec.engine.trtllm.adapter import TrtllmEngine
 

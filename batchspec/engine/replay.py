@@ -24,7 +24,7 @@ import torch
 from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Request, SpecConfig
 from batchspec.engine.regimes import Regime
 from batchspec.engine.torch.decode import Decoder, Row
-from batchspec.engine.torch.drafters import Drafts, NgramDrafter
+from batchspec.engine.torch.drafters import Drafts
 from batchspec.engine.torch.engine import TorchEngine
 from batchspec.errors import ConfigError
 
@@ -140,8 +140,8 @@ class ReplayEngine(TorchEngine):
         self._prompts: dict | None = None
 
     def check(self, spec: SpecConfig) -> None:
-        if spec.method not in ("none", "ngram", "draft_target"):
-            raise ConfigError(f"the simulator replays none, ngram and draft_target arms, not {spec.method}")
+        if spec.method not in ("none", "ngram", "draft_target", "suffix"):
+            raise ConfigError(f"the simulator replays none, ngram, suffix and draft_target arms, not {spec.method}")
         if spec.method == "draft_target":
             missing = [i for i, r in self.recorded.items() if spec.draft_model not in r.proposals][:1]
             if missing:
@@ -168,11 +168,12 @@ class ReplayEngine(TorchEngine):
             self._prompts = {r.prompt_ids: r for r in self.recorded.values()}
         return self._prompts
 
-    def _decoder(self) -> Decoder:
+    def _decoder(self, scopes, lookups) -> Decoder:
         outputs = {i: self.recorded[rid].output_ids for i, rid in enumerate(self._ids)}
-        return Decoder(ReplayTarget(outputs), self.tokenizer, self.eos_ids, self.vocab, self.device, self._drafter)
+        return Decoder(ReplayTarget(outputs), self.tokenizer, self.eos_ids, self.vocab, self.device,
+                       lambda spec: self._drafter(spec, scopes, lookups))
 
-    def _drafter(self, spec: SpecConfig):
+    def _drafter(self, spec: SpecConfig, scopes, lookups):
         if spec.method == "draft_target":
             return RecordedDrafter({i: self.recorded[rid].proposals[spec.draft_model] for i, rid in enumerate(self._ids)})
-        return NgramDrafter(spec.ngram_size if spec.method == "ngram" else 0)
+        return super()._drafter(spec, scopes, lookups)  # n-gram and suffix drafters read only the rows

@@ -194,7 +194,53 @@ def prose_text(rng: random.Random) -> str:
     return f"Write {rng.choice(STORIES)} about {rng.choice(HEROES)}."
 
 
-MAKERS = {"code": code_text, "extract": extract_text, "edit": edit_text, "prose": prose_text}
+# Workloads whose rows share structure (issue 57: suffix drafting across the rows of a shard): one
+# output schema, one boilerplate, one template per workload, filled from seeded fields. Not in
+# WORKLOADS (the other benches' mix); bench/common/suffix.py runs them beside prose.
+SHARED_WORKLOADS = ("schema", "boilerplate", "templated")
+ISSUES = ["arrived damaged", "was never delivered", "was charged twice", "stopped working after a week", "is missing a part"]
+COMPANIES = ["Northwind", "Blue Harbor", "Kestrel Labs", "Mosaic Foods", "Tidewater", "Ardent Print"]
+VERBS = ["scale", "merge", "filter", "parse", "score", "rank", "load", "split"]
+NOUNS = ["orders", "records", "events", "readings", "invoices", "users", "rows", "tickets"]
+CHANGES = ["faster exports", "a dark mode", "offline sync", "two-factor sign-in", "bulk editing", "a new reports page"]
+
+
+def schema_text(rng: random.Random) -> str:
+    """A support message, extracted to one fixed JSON schema (the same keys in every row)."""
+    f = dict(name=rng.choice(mp.NAMES), company=rng.choice(COMPANIES), city=rng.choice(mp.CITIES),
+             product=rng.choice(mp.PRODUCTS), qty=rng.randint(1, 40), day=rng.randint(1, 28),
+             order=rng.randint(10000, 99999), issue=rng.choice(ISSUES))
+    message = (f"Hello, this is {f['name']} from {f['company']} in {f['city']}. Our order #{f['order']} of {f['qty']} "
+               f"{f['product']}s placed on 2025-04-{f['day']:02d} {f['issue']}. Please advise.")
+    return ("Extract the fields below from the message as a JSON object with exactly these keys, in this order: "
+            "customer, company, city, order_id, product, quantity, order_date, issue, priority. Reply with the JSON only.\n\n"
+            f"Message: {message}")
+
+
+def boilerplate_text(rng: random.Random) -> str:
+    """A small function to wrap in the same logging boilerplate (import, logger, entry/exit logs)."""
+    verb, noun = rng.choice(VERBS), rng.choice(NOUNS)
+    arg, factor = rng.choice(["items", "values", "data", "batch"]), rng.randint(2, 9)
+    body = (f"def {verb}_{noun}({arg}, limit={rng.randint(5, 50)}):\n    out = []\n    for x in {arg}[:limit]:\n"
+            f"        out.append(x * {factor})\n    return out\n")
+    return ("Add logging to the function below: `import logging` at the top, `logger = logging.getLogger(__name__)`, "
+            "a `logger.debug` call logging the arguments on entry and one logging the result before it returns. "
+            f"Return the whole code, otherwise unchanged, in one code block.\n\n```python\n{body}```")
+
+
+def templated_text(rng: random.Random) -> str:
+    """A release note rewritten into one fixed announcement template."""
+    product, change = rng.choice(mp.PRODUCTS).title(), rng.choice(CHANGES)
+    version = f"{rng.randint(1, 9)}.{rng.randint(0, 20)}"
+    note = f"v{version} of {product} ships {change}; users on plan {rng.choice('ABC')} get it first, others on day {rng.randint(2, 30)}."
+    return ("Rewrite the release note below into this announcement template, filling in every bracket and keeping "
+            "the rest word for word:\n\nDear customer,\nWe are happy to announce [product] [version].\n"
+            "What is new: [change].\nWho gets it: [who].\nThank you for choosing us.\n\n"
+            f"Release note: {note}")
+
+
+MAKERS = {"code": code_text, "extract": extract_text, "edit": edit_text, "prose": prose_text,
+          "schema": schema_text, "boilerplate": boilerplate_text, "templated": templated_text}
 
 
 def prompts(workload: str, n: int, seed: int = 0) -> list[str]:

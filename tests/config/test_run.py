@@ -93,6 +93,7 @@ def test_a_new_field_needs_only_its_declaration():
     ({"worker": {"torch_threads": 0}}, "worker.torch_threads: expected an integer >= 1 or null, got 0"),
     ({"worker": {"max_attempts": "3"}}, "worker.max_attempts: expected an integer >= 1, got '3'"),
     ({"worker": {"wait_for_workers_s": "soon"}}, "worker.wait_for_workers_s: expected a number >= 0, got 'soon'"),
+    ({"worker": {"suffix_tree_mb": 0}}, "worker.suffix_tree_mb: expected a number in [1, 65536], got 0"),
     ({"ray_num_cpus": 0}, "ray_num_cpus: expected an integer >= 1 or null, got 0"),
     ({"top_p": 0}, "top_p: expected a number in (0, 1], got 0"),
     ({"temperature": -0.1}, "temperature: expected a number >= 0, got -0.1"),

@@ -65,12 +65,33 @@ def test_shipped_option_files_translate_as_documented():
     assert none.spec.method == "none" and llm_options(none.spec)["kv_cache_config"]["free_gpu_memory_fraction"] == 0.85
 
 
-def test_torch_default_candidates_are_ngram_and_the_packaged_draft():
+def test_torch_default_candidates_are_ngram_suffix_and_the_packaged_draft():
     arms = load_candidates(default_candidates_path("torch"))
     assert [a.label for a in arms] == ["ngram:k=2", "ngram:k=4", "ngram:k=6", "ngram:k=8",
+                                       "suffix:k=4", "suffix:k=8", "suffix:k=16",
                                        "draft_target:k=2", "draft_target:k=4", "draft_target:k=6"]
     assert {a.draft_model for a in arms if a.method == "draft_target"} == {"qwen2.5-coder-0.5b"}
-    assert all(a.source.endswith(("trt_configs/ngram.yaml", "trt_configs/draft_target.yaml")) for a in arms)
+    assert all(a.source.endswith(("trt_configs/ngram.yaml", "trt_configs/draft_target.yaml", "trt_configs/suffix.yaml"))
+               for a in arms)
+
+
+def test_the_suffix_file_is_an_arm_for_the_torch_engine_and_refused_for_trtllm_in_one_line():
+    path = str(ROOT / "trt_configs" / "suffix.yaml")
+    spec = resolve_spec_arg(path, None, "torch", None).fixed
+    assert (spec.method, spec.draft_len, spec.spec_factor, spec.min_token_prob, spec.options) == ("suffix", 8, 1.0, 0.1, ())
+    message = error_of(resolve_spec_arg, path, None, "trtllm", None)
+    assert message.startswith(f"{path}: decoding_type Suffix: TensorRT-LLM 1.2 has no suffix drafting")
+    assert "NGram with is_public_pool: true" in message and message.endswith("use --engine torch")
+
+
+@pytest.mark.parametrize("body, key, expectation", [
+    ("  max_spec_factor: 0\n", "speculative_config.max_spec_factor", "expected a number > 0, got 0"),
+    ("  min_token_prob: 1.5\n", "speculative_config.min_token_prob", "expected a number in [0, 1], got 1.5"),
+    ("  max_matching_ngram_size: 3\n", "speculative_config.max_matching_ngram_size", "unknown field for decoding_type Suffix"),
+])
+def test_broken_suffix_settings_name_the_key(tmp_path, body, key, expectation):
+    path = write(tmp_path, "s.yaml", "speculative_config:\n  decoding_type: Suffix\n  max_draft_len: 4\n" + body)
+    assert f"{path}: {key}: {expectation}" in error_of(load_spec_file, path)
 
 
 # ---- broken option files ---------------------------------------------------------------------
@@ -88,7 +109,7 @@ def test_bad_yaml_names_file_and_line(tmp_path):
 @pytest.mark.parametrize(
     "body, key, expectation",
     [
-        ("decoding_type: Medusa\n  max_draft_len: 4", "speculative_config.decoding_type", "expected one of Eagle3, Draft_Target, NGram, MTP, got 'Medusa'"),
+        ("decoding_type: Medusa\n  max_draft_len: 4", "speculative_config.decoding_type", "expected one of Eagle3, Draft_Target, NGram, MTP, Suffix, got 'Medusa'"),
         ("decoding_type: NGram\n  max_draft_len: 0", "speculative_config.max_draft_len", "expected an integer >= 1, got 0"),
         ("decoding_type: NGram\n  max_draft_len: -2", "speculative_config.max_draft_len", "expected an integer >= 1, got -2"),
         ("decoding_type: NGram\n  max_draft_len: four", "speculative_config.max_draft_len", "expected an integer >= 1, got 'four' (str)"),
@@ -228,7 +249,7 @@ def test_spec_none_and_auto():
     none = resolve_spec_arg("none", None, "torch", None)
     assert (none.arms, none.calibrate, none.fixed) == ((), False, None)
     auto = resolve_spec_arg("auto", None, "torch", None)
-    assert auto.calibrate and len(auto.arms) == 7 and all(a.method != "none" for a in auto.arms)
+    assert auto.calibrate and len(auto.arms) == 10 and all(a.method != "none" for a in auto.arms)
     assert auto.source == default_candidates_path("torch")
 
 
@@ -272,7 +293,7 @@ def test_eagle3_offered_to_the_torch_engine_fails_clearly():
     path = str(ROOT / "trt_configs" / "eagle3.yaml")
     message = error_of(resolve_spec_arg, path, None, "torch", None)
     assert message == (f"{path}: decoding_type Eagle3 is not supported by the torch engine "
-                       "(supported: NGram, Draft_Target); use --engine trtllm")
+                       "(supported: NGram, Draft_Target, Suffix); use --engine trtllm")
     assert resolve_spec_arg(path, None, "trtllm", None).fixed.method == "eagle3"
 
 

@@ -21,6 +21,7 @@ import torch
 
 from batchspec.engine.base import (
     ENGINE_METHODS,
+    SUFFIX_TREE_MB_DEFAULT,
     Completion,
     Control,
     GenerateResult,
@@ -39,6 +40,7 @@ from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.torch.grammar import Grammar, GrammarError, Grammars
 from batchspec.engine.torch.kv import Batch
 from batchspec.engine.torch.load import check_same_tokenizer, load_pretrained
+from batchspec.engine.torch.suffix import Lookups, SuffixDrafter, SuffixTrees
 from batchspec.errors import ConfigError, ModelError, one_line
 
 SUPPORTED = ENGINE_METHODS["torch"]
@@ -55,7 +57,7 @@ class TorchEngine:
     builds: tuple = ()
 
     def __init__(self, model, tokenizer, model_name: str = "model", device: str | None = None,
-                 draft_loader=None, regime: Regime | None = None) -> None:
+                 draft_loader=None, regime: Regime | None = None, suffix_tree_mb: float = SUFFIX_TREE_MB_DEFAULT) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -71,11 +73,15 @@ class TorchEngine:
         self.probe_seeds: dict[str, Batch] = {}  # model -> the one short row its cost probes fork from (measure.profile)
         self.warmed = False  # the target has decoded rows: a cost profile needs no warm-up forward (measure.profile)
         self.regime = regime  # a cost regime: every second this engine reports is simulated (engine/regimes.py)
+        # Finished rows' outputs by draft scope, for the suffix arm: every row with a scope joins its
+        # scope's tree when it finishes, under any arm, so the tree is warm when calibration turns
+        # the arm on; capped per worker (the pipeline's worker.suffix_tree_mb).
+        self.trees = SuffixTrees(int(suffix_tree_mb * 2**20))
         self.grammars = Grammars(tokenizer, self.vocab, self.eos_ids)  # structured output: schemas compiled once
 
     @classmethod
     def load(cls, model: str, draft_model: str | None = None, dtype: str = "float32",
-             device: str | None = None) -> "TorchEngine":
+             device: str | None = None, suffix_tree_mb: float = SUFFIX_TREE_MB_DEFAULT) -> "TorchEngine":
         """Load the target (registry name, local folder or fsspec URL) and preload a draft model."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -83,7 +89,7 @@ class TorchEngine:
             return load_pretrained(name, dtype, device)
 
         target, tokenizer = loader(model)
-        engine = cls(target, tokenizer, model_name=model, device=device, draft_loader=loader)
+        engine = cls(target, tokenizer, model_name=model, device=device, draft_loader=loader, suffix_tree_mb=suffix_tree_mb)
         if draft_model:
             engine.check(SpecConfig("draft_target", 1, draft_model=draft_model))
         return engine
@@ -94,7 +100,7 @@ class TorchEngine:
         if spec.method not in SUPPORTED:
             raise ConfigError(
                 f"{spec.source or 'spec'}: decoding_type {spec.method} is not supported by the torch engine "
-                "(supported: NGram, Draft_Target); use --engine trtllm"
+                "(supported: NGram, Draft_Target, Suffix); use --engine trtllm"
             )
         if spec.method == "draft_target":
             if not spec.draft_model:
@@ -116,6 +122,10 @@ class TorchEngine:
                 rows.append(row_or_error)
         done: list[int] = []
         current = [spec]
+        scopes = [r.draft_scope for r in requests]
+        for scope in {s for s in scopes if s is not None}:  # a row run again must not draft from its own last run
+            self.trees.forget(scope, {r.id for r in requests if r.draft_scope == scope})
+        lookups = Lookups()
 
         def step(active: list[Row], queued: int) -> SpecConfig | None:
             progress = Progress(current[0], done[:], completions, _Outputs({r.index: r for r in active}), queued,
@@ -129,11 +139,13 @@ class TorchEngine:
 
         self.warmed = self.warmed or bool(rows)  # a profile inside `control` runs after this call's first forwards
         with torch.inference_mode():
-            run = self._decoder().run(rows, spec, max(1, batch_size), clock, control.first if control else (),
-                                      step if control else None)
-            for row in run:
-                completions[row.index] = self._finish(requests[row.index], row)
+            run = self._decoder(scopes, lookups).run(rows, spec, max(1, batch_size), clock,
+                                                     control.first if control else (), step if control else None)
+            for row in run:  # the next step's drafts see this row (decode.Decoder.retire yields before it steps on)
+                completions[row.index] = self._finish(requests[row.index], row, lookups)
                 done.append(row.index)
+                if scopes[row.index] is not None:
+                    self.trees.add(scopes[row.index], requests[row.index].id, row.output)
         clock.timing.wall_s = time.perf_counter() - start if self.regime is None else \
             clock.timing.prefill_s + clock.timing.decode_s
         self.last_steps = clock.steps
@@ -209,7 +221,7 @@ class TorchEngine:
         constrained rows walks one along each plain row (batchspec.predict.constrained)."""
         return None if request.response_format is None else self.grammars.matcher(request.response_format)
 
-    def _finish(self, request: Request, row: Row) -> Completion:
+    def _finish(self, request: Request, row: Row, lookups: Lookups) -> Completion:
         out = row.output
         text = self.tokenizer.decode(out, skip_special_tokens=True)
         if row.stop_at is not None:
@@ -219,11 +231,12 @@ class TorchEngine:
             finish_reason=row.finish or "length", error=row.error, draft_tokens=row.draft_tokens,
             accepted_tokens=row.accepted_tokens, target_steps=row.target_steps,
             accepted_at=row.accepted_at, accepted_steps=row.accepted_steps, forced_tokens=row.forced_tokens,
+            tree_lookups=lookups.lookups.get(row.index, 0), tree_drafts=lookups.tree_drafts.get(row.index, 0),
         )
 
-    def _decoder(self) -> Decoder:
+    def _decoder(self, scopes: Sequence[str | None], lookups: Lookups) -> Decoder:
         return Decoder(ModelTarget(self.model, self.pad_id, self.device), self.tokenizer, self.eos_ids, self.vocab,
-                       self.device, self._drafter)
+                       self.device, lambda spec: self._drafter(spec, scopes, lookups))
 
     # -- what calibration needs besides generate (batchspec.predict replays and prices) ----------
 
@@ -252,9 +265,12 @@ class TorchEngine:
 
     # -- drafters --------------------------------------------------------------------------------
 
-    def _drafter(self, spec: SpecConfig):
+    def _drafter(self, spec: SpecConfig, scopes: Sequence[str | None], lookups: Lookups):
+        """A fresh drafter for `spec`; `scopes` (by request index) and `lookups` are the call's."""
         if spec.method == "ngram":
             return NgramDrafter(spec.ngram_size)
+        if spec.method == "suffix":
+            return SuffixDrafter(self.trees, scopes, lookups, spec.spec_factor, spec.min_token_prob)
         if spec.method == "draft_target":
             return ModelDrafter(self._draft(spec.draft_model), self.pad_id)
         return NgramDrafter(0)  # "none": never called, budgets are 0

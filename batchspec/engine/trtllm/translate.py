@@ -27,11 +27,19 @@ from batchspec.errors import ConfigError
 # union TorchLlmArgs.speculative_config is keyed on these tags (llm_args.py SpeculativeConfig,
 # DraftTargetDecodingConfig.decoding_type Literal["Draft_Target"]; docs/engines/trtllm.md cites
 # offsets), so trtllm-serve --config refuses any other spelling; so does batchspec.
-DECODING_TYPES = {"Eagle3": "eagle3", "Draft_Target": "draft_target", "NGram": "ngram", "MTP": "mtp"}
+# `Suffix` is batchspec's own decoding_type, not TensorRT-LLM's: suffix drafting over the finished
+# rows of a shard key (vLLM's `method: suffix`, SuffixDecoding), run by the torch engine only.
+DECODING_TYPES = {"Eagle3": "eagle3", "Draft_Target": "draft_target", "NGram": "ngram", "MTP": "mtp", "Suffix": "suffix"}
 METHOD_TO_DECODING_TYPE = {method: name for name, method in DECODING_TYPES.items()}
 # Spellings earlier releases took (1.0/1.1 DecodingBaseConfig.from_dict keyed "DraftTarget") that
 # 1.2's union refuses: named in the refusal so a user knows what to write instead.
 RESPELLED = {"DraftTarget": "Draft_Target"}
+# TensorRT-LLM 1.2 has nothing like suffix drafting (L12 has no suffix or SA decoding config; main's
+# SADecodingConfig, decoding_type "SA", came later): docs/suffix.md. Refused for trtllm at the edge:
+TRTLLM_REFUSED_METHODS = {
+    "suffix": "TensorRT-LLM 1.2 has no suffix drafting (its SA decoding came after 1.2); the nearest it offers "
+              "is NGram with is_public_pool: true (one n-gram pool shared by every request of the LLM)",
+}
 
 # Pinned to one release: TensorRT-LLM 1.2 (tensorrt_llm/llmapi/llm_args.py, the 1.2-era copy cited
 # in tests/engine/trtllm/fake_tensorrt_llm/SOURCES.md as L12). speculative_config fields per
@@ -58,7 +66,9 @@ _MTP_KEYS = (
     "relaxed_delta", "use_mtp_vanilla", "mtp_eagle_one_model",
     "begin_thinking_phase_token", "end_thinking_phase_token",
 )
+_SUFFIX_KEYS = ("decoding_type", "max_draft_len", "max_spec_factor", "min_token_prob")  # SuffixDecoding's names
 SPEC_KEYS = {
+    "Suffix": _SUFFIX_KEYS,
     "NGram": _BASE_KEYS + _NGRAM_KEYS,
     "Draft_Target": _BASE_KEYS,
     "Eagle3": _BASE_KEYS + _EAGLE_KEYS,

@@ -16,8 +16,8 @@ class TestTorchEngine(EngineConformance):
 
     @pytest.fixture(scope="class")
     def spec_arms(self, tiny_draft_dir):
-        return [SpecConfig("ngram", 3), SpecConfig("draft_target", 2, draft_model=str(tiny_draft_dir))]
+        return [SpecConfig("ngram", 3), SpecConfig("draft_target", 2, draft_model=str(tiny_draft_dir)), SpecConfig("suffix", 4)]
 
     @pytest.fixture(scope="class")
     def unsupported_arm(self):
-        return SpecConfig("mtp", 1)  # the torch engine runs NGram and DraftTarget only
+        return SpecConfig("mtp", 1)  # the torch engine runs NGram, Draft_Target and Suffix only

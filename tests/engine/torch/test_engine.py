@@ -52,7 +52,7 @@ def test_plain_greedy_matches_huggingface_generate(word_models, plain_reference,
 
 @pytest.mark.parametrize("draft_len", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("batch_size", [1, 4])
-@pytest.mark.parametrize("method,draft", [("ngram", None), ("draft_target", "close"), ("draft_target", "far")])
+@pytest.mark.parametrize("method,draft", [("ngram", None), ("draft_target", "close"), ("draft_target", "far"), ("suffix", None)])
 def test_greedy_speculation_equals_plain_greedy(word_models, plain_reference, method, draft, draft_len, batch_size):
     spec = SpecConfig(method, draft_len, draft_model=draft)
     result = word_engine(word_models).generate(word_requests(6), spec, batch_size)
@@ -199,7 +199,7 @@ def wrong_rule(draft_tokens, draft_probs, num_drafts, target_probs, u_accept, u_
 
 
 @pytest.mark.parametrize("rule_is_right", [True, False])
-@pytest.mark.parametrize("method", ["draft_target", "ngram"])
+@pytest.mark.parametrize("method", ["draft_target", "ngram"])  # suffix: tests/engine/torch/test_suffix.py
 def test_sampled_speculation_follows_the_target_distribution(monkeypatch, rule_is_right, method):
     V, n = 5, 16_000
     engine, target, prompt, requests = five_word_case(V, n)

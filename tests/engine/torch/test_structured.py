@@ -2,14 +2,15 @@
 
 On tiny random models (a 4-layer target and a 1-layer draft over SmolLM2's tokenizer): constrained
 greedy speculative output equals constrained greedy plain output for every arm (n-gram lookup
-behind the grammar's forced tokens, forced tokens alone, a draft model drafting under the mask),
-at batch 1 and 3; every row that stops is valid JSON of its schema (checked with `jsonschema`);
+behind the grammar's forced tokens, forced tokens alone, a draft model drafting under the mask,
+suffix drafting over a tree the rows share), at batch 1 and 3; every row that stops is valid JSON of its schema (checked with `jsonschema`);
 bad schemas fail their row only; and over a seven-token vocabulary where every outcome can be
 enumerated, sampled constrained output follows the target's distribution restricted to the
 tokens the grammar allows (a chi-square test, with a broken mask as its negative control)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
@@ -82,6 +83,57 @@ def test_constrained_greedy_speculation_equals_constrained_greedy_plain(engine, 
     if spec.ngram_size == 0:  # forced drafts alone: the grammar's tokens, every one kept
         assert ran.accepted_tokens == ran.draft_tokens == forced
     assert ran.completions[-1].forced_tokens == 0  # the unconstrained row has no grammar
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("k", [4, 8])
+def test_constrained_greedy_suffix_speculation_equals_constrained_greedy_plain(engine, plain, k, batch_size):
+    """The suffix arm behind the grammar's forced tokens, its rows sharing one tree (a later row
+    drafts from the outputs of the rows of its schema that finished before it)."""
+    scope = f"constrained-{k}-{batch_size}"
+    requests = [dataclasses.replace(r, draft_scope=scope) for r in constrained_requests()]
+    ran = engine.generate(requests, SpecConfig("suffix", k), batch_size)
+    for c, p in zip(ran.completions, plain.completions):
+        assert (c.id, c.token_ids, c.finish_reason) == (p.id, p.token_ids, p.finish_reason)
+        assert c.forced_tokens <= c.accepted_tokens <= c.draft_tokens <= k * c.target_steps
+    assert sum(c.forced_tokens for c in ran.completions) > 0
+    assert sum(c.tree_drafts for c in ran.completions) > 0  # the shared tree answered lookups
+
+
+def test_the_suffix_drafter_proposes_forced_tokens_then_its_draft_cut_where_the_grammar_forbids(engine, plain):
+    """A tree row that is a finished record of the row's schema followed by text no JSON allows.
+    Behind each prefix of the record, the drafter proposes the grammar's forced tokens, then its
+    draft over the context followed by them; with the grammar the whole proposal is cut at the
+    first token it forbids (without, it is not): where the tree answers, the proposal keeps the
+    record's rest and stops where the text begins."""
+    from batchspec.engine.torch.decode import Row
+    from batchspec.engine.torch.suffix import Lookups, SuffixDrafter, SuffixTrees
+
+    request = constrained_requests()[0]  # POINT
+    record = [t for t in plain.completions[0].token_ids if t not in engine.eos_ids]
+    text = engine.tokenizer.encode("hello there", add_special_tokens=False)
+    trees = SuffixTrees(cap_bytes=1 << 20)
+    trees.add("key", "earlier", record + text)
+    drafter = SuffixDrafter(trees, ["key"], Lookups(), max_spec_factor=64.0, min_token_prob=0.0)  # drafts run to the budget
+    prompt = engine.encode(request)
+    cut_in_the_tree = 0
+    for j in range(1, len(record)):
+        grammar = engine.grammar(request)
+        assert grammar.consume(record[:j])
+        forced = grammar.forced()
+        row = Row(0, request.params, len(prompt), prompt + record[:j], None, grammar=grammar)
+        free = Row(0, request.params, len(prompt), prompt + record[:j], None)
+        (proposal,), (uncut,) = (drafter.propose([r], [64], engine.vocab, [forced]).tokens for r in (row, free))
+        draft = drafter.draft(0, row.context + forced, 64 - len(forced))
+        assert uncut == forced + draft.tokens
+        assert proposal == uncut[: grammar.valid_prefix(uncut)]
+        assert grammar.valid_prefix(proposal) == len(proposal) >= len(forced)  # nothing consumed by proposing
+        if draft.source == "tree":
+            follows = (record + text)[j + len(forced):]
+            assert draft.tokens == follows[: len(draft.tokens)]
+            assert proposal[len(forced):] == record[j + len(forced):][: len(draft.tokens)]
+            cut_in_the_tree += len(forced) < len(proposal) < len(uncut)
+    assert cut_in_the_tree > 0
 
 
 def test_the_lookup_after_forced_tokens_is_the_lookup_over_the_sequence_followed_by_them():
@@ -228,14 +280,18 @@ def array_expected():
     return expected
 
 
-@pytest.mark.parametrize("spec", [SpecConfig("ngram", 3), SpecConfig("draft_target", 3, draft_model="d"), SpecConfig()],
-                         ids=lambda s: s.label)
+@pytest.mark.parametrize("spec", [SpecConfig("ngram", 3), SpecConfig("draft_target", 3, draft_model="d"),
+                                  SpecConfig("suffix", 3), SpecConfig()], ids=lambda s: s.label)
 def test_sampled_constrained_output_follows_the_constrained_distribution(spec, array_expected):
     engine, target, prompt, requests = array_case(3000)
+    if spec.method == "suffix":  # the rows share one tree: later rows draft from earlier rows' sampled outputs
+        requests = [dataclasses.replace(r, draft_scope="pairs") for r in requests]
     result = engine.generate(requests, spec, 1000)
     if spec.method != "none":
         assert result.draft_tokens > len(requests)  # rows really drafted
         assert sum(c.forced_tokens for c in result.completions) > len(requests)
+    if spec.method == "suffix":
+        assert sum(c.tree_drafts for c in result.completions) > len(requests) / 4
     assert outcome_pvalue(result, array_expected) > 1e-3
 
 
