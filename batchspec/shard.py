@@ -12,12 +12,13 @@ This module knows nothing about Parquet, storage or Ray; the pipeline's workers 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from batchspec.calibrate import CalibrationSettings, Controller, Decision, WorkerState, fixed_decision, run_chunked
+from batchspec.calibrate.counterfactual import scope_of
 from batchspec.engine.base import NO_SPEC, Completion, Engine, GenerateResult, Request, SpecConfig
-from batchspec.stats import ShardStats
+from batchspec.stats import ShardStats, suffix_columns
 
 
 @dataclass
@@ -46,6 +47,9 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
     builds_before = len(engine.builds) if engine.arms_are_builds else 0
     worker = worker if worker is not None else WorkerState()
     spec_arms = [a for a in arms if a.method != "none"]
+    suffix = any(a.method == "suffix" for a in spec_arms)
+    if suffix:  # the key's rows share the suffix drafter's tree on this worker
+        shard = replace(shard, requests=[replace(r, draft_scope=scope_of(shard.shard_key)) for r in shard.requests])
     if calibrate and spec_arms:
         control = Controller(engine, shard.requests, spec_arms, batch_size, settings, worker, shard.shard_key, prior,
                              switch_s=_switch_s(engine), horizon_rows=horizon_rows)
@@ -63,6 +67,8 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
     stats = _stats(engine, shard, ran, decision, batch_size, time.perf_counter() - start, builds)
     if decision.profile_s:
         stats.cost_profile = list(worker.costs.points)
+    if suffix:
+        stats = replace(stats, **suffix_columns(ran.completions, engine.trees.usage(scope_of(shard.shard_key))))
     if calibrate and spec_arms and not any(a.predicted_speedup or a.measured for a in decision.arms if a.method != "none"):
         failed = "; ".join(f"{a.label}: {a.error}" for a in decision.arms if a.error)
         stats.speculation_unmeasured = (failed or "no speculative arm could be estimated or run (its acceptance cannot "

@@ -25,13 +25,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from batchspec.calibrate.counterfactual import measured_tallies, tallies
+from batchspec.calibrate.counterfactual import measured_tallies, scope_of, tallies
 from batchspec.calibrate.estimate import Estimate, Tally, Window, estimates
 from batchspec.calibrate.settings import CalibrationSettings, Decision
 from batchspec.calibrate.worker import WorkerState
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Progress, Request, SpecConfig, Step
 from batchspec.predict.acceptance import PlainRow
 from batchspec.predict.costs import profile_grid
+from batchspec.predict.suffix import SuffixTree
 from batchspec.stats import ArmResult, Event
 
 PROFILE_TRIES = 1  # the profile times each point once: the steps the worker runs correct its prices
@@ -66,6 +67,12 @@ class Controller:
         self.horizon_rows = horizon_rows  # rows of the key after this shard on this worker: what a build can repay over
         self.window = Window(settings.window_rows(batch_size), worker.history.get(str(key), ()))
         self.judged = False  # the rule has looked at the window (the key's history) once
+        # a suffix arm's counterfactual tree: the key's on the worker at the start, the shard's rows
+        # joining it as plain decoding would have finished them (the engine's own tree has them already)
+        self.tree = None
+        if any(a.method == "suffix" for a in self.arms):
+            held = engine.trees.trees.get(scope_of(key))
+            self.tree = held.copy() if held is not None else SuffixTree()
         self.totals = {"none": Tally()}  # this shard's rows, by arm label
         self.row_specs: dict[int, SpecConfig] = {}
         self.ran: dict[str, _Ran] = {}
@@ -137,7 +144,7 @@ class Controller:
         done = [i for i in progress.done if progress.completions[i].finish_reason != "error"]
         if done and self.engine.counterfactual:
             rows, exact = tallies(self.engine, [self._plain(i, progress.completions[i].token_ids) for i in done], self.arms,
-                                  [self.requests[i] for i in done])
+                                  [self.requests[i] for i in done], self.tree, self.batch_size, grow=True)
         elif done:
             rows, exact = [measured_tallies(progress.completions[i], progress.spec, self.arms) for i in done], False
         if done:
@@ -156,7 +163,8 @@ class Controller:
                 partial = [self._plain(i, progress.in_flight[i]) for i in flying]
                 per_row = self.totals["none"].tokens / self.counted if self.counted else ROW_TOKENS
                 self.effective = len(self.window) + sum(len(r.output_ids) for r in partial) / per_row
-                return list(self.window) + tallies(self.engine, partial, self.arms, [self.requests[i] for i in flying])[0]
+                return list(self.window) + tallies(self.engine, partial, self.arms, [self.requests[i] for i in flying],
+                                                   self.tree, self.batch_size)[0]
         if done or (not self.judged and self.window):
             self.judged = True
             return list(self.window)

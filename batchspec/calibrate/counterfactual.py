@@ -16,19 +16,22 @@ from batchspec.calibrate.estimate import Tally
 from batchspec.engine.base import Completion, Engine, Request, SpecConfig
 from batchspec.predict.acceptance import PlainRow, draft_acceptance, ngram_acceptance, proposal_acceptance
 from batchspec.predict.constrained import constrained_draft_acceptance, constrained_ngram_acceptance
+from batchspec.predict.suffix import SuffixTree, suffix_acceptance
 
 
 def computable(arms: Sequence[SpecConfig]) -> bool:
     """Whether every arm's acceptance can be computed from plain rows (n-gram and draft-model
     arms); EAGLE-3 and MTP heads are measured by running them."""
-    return all(a.method in ("none", "ngram", "draft_target") for a in arms)
+    return all(a.method in ("none", "ngram", "draft_target", "suffix") for a in arms)
 
 
-def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig],
-            requests: Sequence[Request] = ()) -> tuple[list[dict[str, Tally]], bool]:
+def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], requests: Sequence[Request] = (),
+            tree: SuffixTree | None = None, batch_size: int = 1, grow: bool = False) -> tuple[list[dict[str, Tally]], bool]:
     """Per row, every arm's tally ("none" included); and whether all of them are exact (greedy).
     Rows whose `requests` carry a response_format are constrained: every drafter's proposal starts
-    with the tokens their grammar forces and is cut where it forbids (predict/constrained.py)."""
+    with the tokens their grammar forces and is cut where it forbids (predict/constrained.py).
+    A suffix arm drafts from `tree`, its key's rows finished before these (predict/suffix.py;
+    with `grow` these rows join it, in order, for the next call's)."""
     out: list[dict[str, Tally]] = [{"none": _plain(row)} for row in rows]
     if not rows:
         return out, True
@@ -44,15 +47,20 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
         target_logits = [None] * len(rows)
         for i, lg in zip(sampled, logits):
             target_logits[i] = lg
+    exact = not sampled
     groups: dict[tuple, list[SpecConfig]] = defaultdict(list)
     for arm in arms:
         if arm.method == "ngram":
             groups[("ngram", arm.ngram_size)].append(arm)
         elif arm.method == "draft_target":
             groups[("draft_target", arm.draft_model)].append(arm)
+        elif arm.method == "suffix":
+            groups[("suffix", (arm.spec_factor, arm.min_token_prob))].append(arm)
     for (method, param), group in groups.items():
         ks = sorted({a.draft_len for a in group})
-        if method == "ngram" and constrained:
+        if method == "suffix":
+            by_k = suffix_acceptance(rows, ks, tree, *param, batch_size=batch_size, target_logits=target_logits, grow=grow)
+        elif method == "ngram" and constrained:
             by_k = constrained_ngram_acceptance(rows, ks, param, grammars(), target_logits)
         elif method == "ngram":
             by_k = ngram_acceptance(rows, ks, param, target_logits)
@@ -63,12 +71,19 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
         else:
             proposals = engine.draft_proposals([(r.prompt_ids, r.output_ids) for r in rows], param)
             by_k = proposal_acceptance(rows, ks, proposals)
+        exact = exact and all(a.exact for a in by_k.values())
         for arm in group:
             acc = by_k[arm.draft_len]
             for r, (steps, proposed) in enumerate(zip(acc.steps, acc.proposed)):
                 out[r][arm.label] = Tally(_tokens(rows[r]), float(len(steps)), float(sum(p == 0 for p in proposed)),
                                           float(sum(proposed)), float(sum(steps)))
-    return out, not sampled
+    return out, exact
+
+
+def scope_of(key: str | None) -> str:
+    """The suffix drafter's scope of a shard key's rows (engine.base.Request.draft_scope): the
+    key's rows share one tree on a worker; a job without --shard-by is one workload."""
+    return "*" if key is None else str(key)
 
 
 def _tokens(row: PlainRow) -> float:

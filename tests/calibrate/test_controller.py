@@ -126,3 +126,27 @@ def test_a_fixed_arm_runs_without_calibration(tiny_engine):
     assert all(s.label == "ngram:k=2" for s in ran.row_specs)
     off = run_shard(tiny_engine, ShardInput("s1", None, rows), [], True, 2)
     assert off.stats.spec_method == "none" and "speculation off" in off.stats.decision_reason
+
+
+def _shared_row(rng: random.Random, template: list[int]) -> tuple[list[int], list[int]]:
+    """A prompt of its own, and an output every row shares (one schema, one template): what the
+    shard's earlier rows wrote, the suffix drafter proposes; the row's own prompt does not hold it."""
+    return [rng.randrange(1, 32) for _ in range(10)], template + [0]
+
+
+def test_a_shard_whose_rows_share_their_output_switches_to_the_suffix_arm(tiny_engine):
+    rng = random.Random(7)
+    template = [rng.randrange(32, 64) for _ in range(40)]
+    requests, recorded = [], {}
+    for i in range(96):
+        prompt, output = _shared_row(rng, template)
+        requests.append(Request(f"t{i}", prompt_token_ids=tuple(prompt), params=SamplingParams(max_tokens=64)))
+        recorded[f"t{i}"] = Recorded(tuple(prompt), tuple(output))
+    arms = [SpecConfig("ngram", 8), SpecConfig("suffix", 8)]
+    engine = ReplayEngine(tiny_engine, recorded, regime("gpu-roofline"))
+    ran = run_shard(engine, ShardInput("s0", "template", requests), arms, True, 1, worker=WorkerState())
+    assert ran.decision.ended.method == "suffix" and ran.stats.tree_rows == 96
+    suffix = next(c for c in ran.stats.candidates if c.method == "suffix")
+    assert suffix.predicted_speedup > 3 and ran.stats.tree_hit_rate > 0.5
+    plain = engine.generate(requests, NO_SPEC, 1)
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain.completions]
