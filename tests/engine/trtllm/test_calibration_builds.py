@@ -52,8 +52,11 @@ def test_a_worker_calibrates_its_keys_by_running_each_method_once_within_its_bui
         results.append(ran.stats)
     engine.close()
     measured = [[e.arm for e in s.events if e.kind == "measure"] for s in results]
-    for first, later in ((0, 1), (2, 3)):  # per key: the longest draft of each method, once over its shards
-        assert sorted(measured[first] + measured[later]) == ["eagle3:k=3", "ngram:k=4"], measured
+    started = [s.events[0].arm for s in results]
+    for first, later in ((0, 1), (2, 3)):  # per key: each method run once over its shards, the longest draft measured
+        ran = measured[first] + measured[later]
+        assert len(ran) == len(set(ran)) and set(ran) <= {"eagle3:k=3", "ngram:k=4"}, measured
+        assert {a.split(":")[0] for a in ran + [started[first]]} >= {"eagle3", "ngram"}, (measured, started)
         assert all(c.predicted_speedup for c in results[later].candidates if c.method != "eagle3" or c.draft_len <= 3)
     assert sum(s.builds for s in results) == st.builds and st.max_live == 1
     assert st.builds <= settings.max_builds_per_worker + len(results)  # learning within the cap, switches beside
