@@ -46,14 +46,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from batchspec.calibrate import (
-    CalibrationSettings,
-    Decision,
-    WorkerCalibration,
-    calibrate,
-    calibrate_counterfactual,
-    counterfactual_ready,
-)
+from batchspec.calibrate import CalibrationSettings, Decision, WorkerState
 from batchspec.config.run import RunConfig, check_engine_options, default_response_format
 from batchspec.engine.base import NO_SPEC
 from batchspec.engine.factory import create_engine
@@ -63,6 +56,7 @@ from batchspec.models import local_folder, require_chat_template
 from batchspec.parse import ParsedRow, RowDefaults, parse_rows
 from batchspec.plan import Plan, check_resume, fingerprint, make_plan, plan_locally
 from batchspec.read import ID, list_input, open_input, passthrough_schema
+from batchspec.shard import ShardInput, run_shard
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
 from batchspec.worker_pool import WorkerPool
 from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, run_pool
@@ -360,7 +354,7 @@ def _versions() -> dict[str, str]:
 class KeyCalibration:
     shard_key: str | None
     rows: int  # rows of this key in the input
-    sampled: int  # rows calibration drew its sample from
+    sampled: int  # rows calibration ran: its first shard's
     decision: Decision
 
     def to_doc(self) -> dict:
@@ -368,8 +362,10 @@ class KeyCalibration:
         return {
             "shard_key": self.shard_key, "rows": self.rows, "sampled": self.sampled,
             "chosen": d.chosen.label, "spec_method": d.chosen.method, "draft_len": d.chosen.draft_len,
-            "reason": d.reason, "calibration_s": d.calibration_s, "overhead_s": d.overhead_s, "capped": d.capped,
+            "ended": d.ended.label, "reason": d.reason, "calibration_s": d.calibration_s, "overhead_s": d.overhead_s,
+            "predicted_speedup": d.predicted_speedup, "speedup": d.speedup,
             "baseline_tokens_per_s": d.baseline_tokens_per_s, "arms": [a.to_struct() for a in d.arms],
+            "events": [dataclasses.asdict(e) for e in d.events],
         }
 
 
@@ -407,7 +403,7 @@ def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
     engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
                            llm_options=run_llm_options(config, arms))
     settings = CalibrationSettings(**dict(config.calibration))
-    worker = WorkerCalibration()  # one engine: one cost profile for every key
+    worker = WorkerState()  # one engine: one cost table for every key
     results = []
     try:
         for sample in samples:
@@ -415,14 +411,8 @@ def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
             requests = [p.request for p in sample.parsed if p.error is None]
             if not requests:
                 raise InputError(f"shard key {key!r}: none of its first {len(sample.parsed)} rows can run (all are error rows)")
-            spec_arms = [a for a in arms if a.method != "none"]
-            if counterfactual_ready(engine, spec_arms):
-                decision = calibrate_counterfactual(engine, requests, spec_arms, config.batch_size, settings,
-                                                    shard_id=str(key), worker=worker, key=key)
-            else:
-                decision = calibrate(engine, requests, spec_arms, config.batch_size, settings, shard_id=str(key),
-                                     expected_rows=sample.rows)
-            results.append(KeyCalibration(key, sample.rows, len(requests), decision))
+            ran = run_shard(engine, ShardInput(str(key), key, requests), arms, True, config.batch_size, settings, worker=worker)
+            results.append(KeyCalibration(key, sample.rows, len(requests), ran.decision))
     finally:
         engine.close()
     return results

@@ -87,7 +87,6 @@ class GenerateStage:
         self.worker = ShardWorker(job)
         self.worker.start()
         self.shard_by = shard_by
-        self.decisions: dict[str | None, object] = {}  # per shard key: the last decision, reused by small parts
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from batchspec.parse import CONSUMED_COLUMNS, parse_rows
@@ -102,8 +101,7 @@ class GenerateStage:
             part = batch.take(pa.array(rows, pa.int64()))
             part_ids = [ids[i] for i in rows]
             shard_id = _shard_id(key, part_ids)
-            done = self.worker.generate(shard_id, key, parse_rows(part, part_ids, self.worker.job.defaults), self.decisions.get(key))
-            self.decisions[key] = done.decision
+            done = self.worker.generate(shard_id, key, parse_rows(part, part_ids, self.worker.job.defaults))
             parts.append(done.output_table(shard_id, part.select(passthrough.names), schema))
             order += rows
         table = pa.concat_tables(parts)

@@ -227,6 +227,25 @@ CANDIDATE_TYPE = arrow_type(ArmResult)
 
 
 # ---------------------------------------------------------------------------------------------
+# A calibration event: one struct of OUTPUT/stats' `events`
+
+
+@dataclass
+class Event:
+    """What calibration decided, or what happened, while a shard ran (batchspec.calibrate)."""
+
+    row: int  # rows of the shard finished when it happened
+    kind: str  # start | profile | measure | measured | switch
+    arm: str  # the arm concerned (its label)
+    predicted: float | None = None  # the arm's predicted speedup over plain decoding, where the rule used one
+    measured: float | None = None  # measured: the arm's speedup priced from its own steps; profile: its seconds
+    reason: str = ""  # one short line
+
+
+EVENT_TYPE = arrow_type(Event)
+
+
+# ---------------------------------------------------------------------------------------------
 # OUTPUT/stats: one row per shard
 
 
@@ -263,26 +282,19 @@ class ShardStats:
     accepted_tokens: int | None = None
     target_steps: int | None = None
     other_s: float | None = None
-    speedup: float | None = None  # chosen arm vs none, both measured in calibration (shard._measured_speedup)
-    calibration_capped: bool | None = None
-    calibration_rows_kept: int | None = None  # sample rows calibration generated to their end, kept as outputs
+    speedup: float | None = None  # the shard's goodput over plain decoding's, priced by the worker's cost table for the same tokens
     calibration_overhead_s: float | None = None  # calibration time whose work was not kept as output
-    decision_source: str | None = None  # calibrated | reused | fixed | too_small
-    decision_reason: str | None = None
-    drift_fallback_row: int | None = None  # row index where the shard fell back to "none", if it did
+    decision_source: str | None = None  # calibrated | fixed
+    decision_reason: str | None = None  # one short line; the whole story is `events`
     attempts: int = 1  # tries this shard took (a worker death or an exception is retried)
     note: str | None = None  # why every attempt failed (rows written as errors), or why the attempts before the last did
     builds: int = 0  # engine builds while this shard ran (TensorRT-LLM: one per arm switched to)
     build_s: float = 0.0  # their seconds, part of calibration_s when calibration caused them
     speculation_unmeasured: str | None = None  # why no speculative arm could be measured, if none could
     caveats: str | None = None  # figures that are estimates or were not measured, and why
-    predicted_speedup: float | None = None  # the chosen arm's, from counterfactual acceptance + cost profile
-    calibration_confirmed: bool = False  # a measured run of the chosen arm against none checked the prediction
-    profile_s: float = 0.0  # seconds this shard spent measuring the worker's cost profile (0: reused)
-    drift_switch_row: int | None = None  # row index where the shard first switched to an arm (from "none" or another arm), if it did
-    drift_switch_arm: str | None = None  # the arm it switched to
-    drift_switch_predicted: float | None = None  # that arm's predicted speedup over plain decoding on the rows that switched it
-    cost_profile: list[StepCost] = field(default_factory=list)  # the worker's measured step costs used
+    predicted_speedup: float | None = None  # the chosen arm's, from counterfactual acceptance + the cost table
+    profile_s: float = 0.0  # seconds this shard spent timing the worker's cost profile (0: the worker had one)
+    cost_profile: list[StepCost] = field(default_factory=list)  # the worker's profiled forwards
     node_id: str | None = None  # the Ray node whose worker ran the shard (None: written by the driver)
     gpus: float = 0.0  # GPUs the shard's worker held (worker.num_gpus; TensorRT-LLM: one LLM spans them all)
     gpu_memory_per_gpu: int | None = None  # bytes: the most device memory seen in use on one of them (None: a CPU)
@@ -296,6 +308,7 @@ class ShardStats:
     tree_bytes: int | None = None
     tree_rows: int | None = None
     tree_hit_rate: float | None = None
+    events: list[Event] = field(default_factory=list)  # what calibration decided and what happened, in order
 
     @property
     def chosen(self) -> ArmResult | None:
@@ -335,11 +348,11 @@ class Speedup:
 
 
 def shard_speedup(s: ShardStats) -> tuple[float | None, bool]:
-    """A shard's ratio over plain decoding and whether it is predicted: the measured one (chosen
-    arm vs none, side by side in calibration) when calibration ran it, else the counterfactual
-    prediction (a shard whose arm was chosen on prediction alone, never confirmed)."""
+    """A shard's ratio over plain decoding and whether it is predicted: its goodput against the
+    cost table's price of plain decoding for the same tokens (`speedup`), else the chosen arm's
+    prediction. Both are estimates where plain decoding did not run every row."""
     if s.speedup:
-        return s.speedup, False
+        return s.speedup, s.spec_method != "none"
     return (s.predicted_speedup, True) if s.predicted_speedup else (None, False)
 
 

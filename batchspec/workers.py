@@ -87,8 +87,9 @@ class WorkerJob:
 class ShardTask:
     plan: ShardPlan
     attempt: int = 1
-    prior: Any = None  # batchspec.calibrate.Decision of an earlier shard with the same key
+    prior: SpecConfig | None = None  # the arm the last shard of this key ended under (on any worker)
     failures: tuple[str, ...] = ()  # why earlier attempts failed (recorded in the stats' note)
+    horizon_rows: int = 0  # the key's rows after this shard, per worker: what an engine build can be repaid over
 
 
 @dataclass
@@ -129,7 +130,7 @@ class ShardRun:
     completions: list[Completion]
     specs: list[SpecConfig]
     stats: ShardStats
-    decision: Any
+    decision: SpecConfig | None  # the arm the shard ended under (the key's next shard starts there)
 
     def output_table(self, shard_id: str, passthrough: pa.Table, schema: pa.Schema) -> pa.Table:
         return output_table(shard_id, self.completions, self.specs, passthrough, schema)
@@ -172,7 +173,7 @@ class ShardWorker:
     def __init__(self, job: WorkerJob):
         self.job = job
         self.engine = None
-        self.calibration = None  # batchspec.calibrate.WorkerCalibration: the cost profile, for the actor's life
+        self.calibration = None  # batchspec.calibrate.WorkerState: the cost table and keys' last arms, for the actor's life
 
     def start(self) -> str:
         """Load the engine (a ModelError here stops the run with one line)."""
@@ -196,16 +197,14 @@ class ShardWorker:
         return self.engine.model_name
 
     def adopt(self, job: WorkerJob) -> str:
-        """Take a later run's job on the engine already loaded (`WorkerPool`). Only the cost profile
-        is kept: it belongs to the engine and is refreshed where a shard leaves what it measured.
-        The keys confirmed and the prediction errors belong to the run (its arms, rows and
-        settings), so a new run confirms its keys' first shards again."""
+        """Take a later run's job on the engine already loaded (`WorkerPool`). Only the cost table is
+        kept: it belongs to the engine. The keys' last arms belong to the run (its arms and rows)."""
         assert self.engine is not None and job.load_key() == self.job.load_key(), "a pool hands an actor only a job of its own engine"
         self.job = job
         if self.calibration is not None:
-            from batchspec.calibrate import WorkerCalibration
+            from batchspec.calibrate import WorkerState
 
-            self.calibration = WorkerCalibration(profile=self.calibration.profile)
+            self.calibration = WorkerState(costs=self.calibration.costs)
         return self.engine.model_name
 
     def process(self, task: ShardTask) -> ShardOutcome:
@@ -213,7 +212,7 @@ class ShardWorker:
 
         job, plan = self.job, task.plan
         rows = load_shard(job, plan)
-        done = self.generate(plan.shard_id, plan.shard_key, rows.parsed, task.prior, task.attempt)
+        done = self.generate(plan.shard_id, plan.shard_key, rows.parsed, task.prior, task.attempt, task.horizon_rows)
         node = ray.get_runtime_context().get_node_id()
         note = "; ".join(f"attempt {i} failed: {why}" for i, why in enumerate(task.failures, 1)) or None
         outcome = commit(job, plan, rows, done.completions, done.specs, replace(done.stats, node_id=node, note=note))
@@ -222,9 +221,10 @@ class ShardWorker:
         outcome.actor_id = ray.get_runtime_context().get_actor_id()
         return outcome
 
-    def generate(self, shard_id: str, shard_key: str | None, parsed: list[ParsedRow], prior: Any = None, attempt: int = 1) -> ShardRun:
+    def generate(self, shard_id: str, shard_key: str | None, parsed: list[ParsedRow], prior: SpecConfig | None = None,
+                 attempt: int = 1, horizon_rows: int = 0) -> ShardRun:
         """Calibrate and generate one shard's rows on this engine; error rows stay in place."""
-        from batchspec.calibrate import CalibrationSettings, WorkerCalibration
+        from batchspec.calibrate import CalibrationSettings, WorkerState
         from batchspec.shard import ShardInput, run_shard
 
         job = self.job
@@ -234,15 +234,15 @@ class ShardWorker:
         if good:
             arms = list(job.arms) if job.calibrate else [job.arms[0] if job.arms else NO_SPEC]
             settings = CalibrationSettings(**dict(job.calibration))
-            self.calibration = self.calibration or WorkerCalibration()
+            self.calibration = self.calibration or WorkerState()
             result = run_shard(self.engine, ShardInput(shard_id, shard_key, good), arms, job.calibrate,
-                               job.batch_size, settings, prior, worker=self.calibration)
+                               job.batch_size, settings, prior, worker=self.calibration, horizon_rows=horizon_rows)
             stats = replace(result.stats, model=job.model, prompt_format=job.defaults.prompt_format,  # the model as configured,
                             attempts=attempt, gpu_memory_per_gpu=self.engine.gpu_memory_per_gpu())  # not its resolved path
         else:
             stats = _unrun_stats(job, shard_id, shard_key, attempts=attempt, wall_s=time.perf_counter() - started)
         completions, specs = _merge(parsed, result)
-        return ShardRun(completions, specs, stats, result.decision if result is not None else prior)
+        return ShardRun(completions, specs, stats, result.decision.ended if result is not None else prior)
 
     def close(self) -> None:
         if self.engine is not None:
@@ -300,7 +300,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
         starting[actor.start.remote()] = actor
 
     idle: list[Any] = []
-    queue = collections.deque(ShardTask(p) for p in plans)
+    queue = collections.deque(ShardTask(p, horizon_rows=h) for p, h in zip(plans, horizons(plans, workers)))
     decisions: dict[str | None, Any] = {}
     in_flight: dict[Any, tuple[Any, ShardTask]] = {}
     report = PoolReport([], 0, [])
@@ -364,6 +364,19 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     finally:
         stop_actors([a for a in actors if not any(a is k for k in kept)])
     return report
+
+
+def horizons(plans: list[ShardPlan], workers: int) -> list[int]:
+    """Per shard, in plan order, its key's rows in the shards after it, over the workers that share
+    them: what a worker can expect to run of the key after this shard."""
+    left: dict[str | None, int] = {}
+    for p in plans:
+        left[p.shard_key] = left.get(p.shard_key, 0) + p.rows
+    out = []
+    for p in plans:
+        left[p.shard_key] -= p.rows
+        out.append(left[p.shard_key] // max(1, workers))
+    return out
 
 
 def _retry(job: WorkerJob, task: ShardTask, queue, report: PoolReport, on_done, reason: str) -> None:

@@ -1,4 +1,4 @@
-"""Smoke tests of the maintained benches (bench/engine.py, calibrate.py, pipeline.py, scale.py;
+"""Smoke tests of the maintained benches (bench/engine.py, calibrate.py, pipeline.py, scale.py, sim.py;
 peer.py in test_bench_peer.py): each has --help and runs end to end on tiny random models with a
 few prompts and tokens, and the one record of figures (bench/common/results.py) appends only when
 asked and makes docs/performance.md's table. No timing is asserted."""
@@ -34,7 +34,7 @@ def held_parquet(tmp_path: Path, rows: int, tasks: tuple[str, ...] = ("continue"
     return path
 
 
-@pytest.mark.parametrize("bench", ["engine", "calibrate", "pipeline", "peer", "scale"])
+@pytest.mark.parametrize("bench", ["engine", "calibrate", "pipeline", "peer", "scale", "sim"])
 def test_every_bench_has_help_with_the_recording_options(bench):
     done = subprocess.run([sys.executable, str(BENCH / f"{bench}.py"), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -129,167 +129,53 @@ def test_engine_bench_suffix_option_runs_the_shared_workloads_and_the_memory_che
     assert "| workload |" in (tmp_path / "engine_suffix.md").read_text()
 
 
-def test_calibrate_bench_writes_every_shard(models, tmp_path):
+def test_calibrate_bench_sets_each_calibrated_shard_beside_its_oracle_and_records_when_asked(models, tmp_path):
     import calibrate
 
     target, draft = models
-    calibrate.main(["--model", target, "--draft-model", draft, "--rows", "4", "--max-tokens", "4", "--batch-size", "2",
-                    "--workloads", "edit,prose", "--threads", "1", "--out", str(tmp_path)])
-    saved = json.loads((tmp_path / "calibrate.json").read_text())
-    assert [s["shard"] for s in saved["shards"]] == ["edit", "prose"]
-    assert any(a.startswith("draft_target") for a in saved["arms"])
-    for s in saved["shards"]:
-        assert {"chosen", "oracle", "vs_oracle", "vs_plain", "calibration_share", "calibration_arms"} <= set(s)
-        assert len(s["oracle_arms"]) == 1 + len(saved["arms"])
-        assert [a["arm"] for a in s["predicted_vs_measured"]] == saved["arms"]
-        for a in s["predicted_vs_measured"]:  # the cost model's error, the sample's left out (None without a profile)
-            assert {"predicted_from_whole_shard", "error_from_whole_shard", "chunk_errors", "measured_interval"} <= set(a)
-            assert a["predicted_from_whole_shard"] is None or a["predicted_from_whole_shard"] > 0
-            lo, hi = a["measured_interval"]  # the oracle's chunks redrawn: the measurement lies within its own interval
-            assert lo <= a["measured_speedup"] * (1 + 1e-9) and a["measured_speedup"] <= hi * (1 + 1e-9)
-    assert set(saved["met"]) == {"vs_oracle", "vs_plain", "calibration_share", "prediction_within_10pct"}
+    data = calibrate.main(["--model", target, "--draft-model", draft, "--rows", "6", "--max-tokens", "6", "--batch-size", "2",
+                           "--workloads", "edit,prose", "--threads", "1", "--later-shard",
+                           "--record", "--results", str(tmp_path / "r.jsonl")])
+    assert [s["key"] for s in data["shards"]] == ["edit", "prose"]
+    for s in data["shards"]:
+        assert s["rows"] == 6 and s["vs_oracle"] == pytest.approx(s["goodput"] / s["oracle_goodput"])
+        assert set(s["measured_speedups"]) == {"none", *s["predicted_speedups"]} and s["measured_speedups"]["none"] == 1.0
+        assert sum(s["ran"].values()) == 6 and s["events"][0].split(":")[1] == "start"
+    (line,) = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert line["bench"] == "calibrate" and line["metrics"] == data["metrics"]
 
 
-def test_calibrate_bench_in_flight_decides_as_the_pipeline_does(models, tmp_path):
+def test_calibrate_bench_shards_a_prompt_parquet_it_did_not_write_by_a_column(models, tmp_path):
     import calibrate
 
-    target, _ = models
-    with pytest.raises(SystemExit):  # not an arm of this bench: refused before a model loads
-        calibrate.main(["--model", target, "--in-flight", "--later-shard", "--ended-under", "ngram:k=3", "--out", str(tmp_path)])
-    calibrate.main(["--model", target, "--rows", "12", "--max-tokens", "4", "--batch-size", "2", "--workloads", "edit",
-                    "--threads", "1", "--in-flight", "--later-shard", "--ended-under", "ngram:k=2", "--out", str(tmp_path)])
-    saved = json.loads((tmp_path / "calibrate.json").read_text())
-    from batchspec.calibrate import CalibrationSettings
-
-    assert CalibrationSettings(min_rows=12).sample_rows(2, counterfactual=True) < 12  # rows beyond the sample: in flight
-    (shard,) = saved["shards"]
-    flight = shard["in_flight"]  # the shard ran once as the pipeline runs it, its rows under the settings it chose
-    assert saved["in_flight"] and flight["wall_s"] == shard["shard_wall_s"] > 0
-    assert sum(flight["rows_by_setting"].values()) == 12 and flight["goodput_vs_plain"] > 0
-    # goodput as everywhere else: tokens committed by decode steps (each row's first is prefill's)
-    assert flight["decode_tokens"] == flight["output_tokens"] - 12
-    assert flight["goodput"] == pytest.approx(flight["decode_tokens"] / flight["decode_s"])
-    assert "| rows per setting |" in (tmp_path / "calibrate.md").read_text()
-    # --later-shard: the benched shard is its key's second on the worker; its sample ran under the
-    # setting the first ended under, where the worker could price a run under it
-    first = shard["key_first_shard"]  # --ended-under: taken to have ended under k=2, whatever it chose
-    assert first["ended_under"] == "ngram:k=2" and first["ended_under_forced"]
-    assert saved["later_shard"] and first["wall_s"] > 0 and flight["sample_under"] in {first["ended_under"], "none"}
-    assert "| sample decoded under |" in (tmp_path / "calibrate.md").read_text()
-    # the shard's figure against the oracle is the settings it ran, priced on the interleaved run
-    assert shard["vs_oracle"] == pytest.approx(flight["settings_goodput"] / shard["oracle_tokens_per_s"])
-    assert shard["decision_vs_oracle"] == pytest.approx(shard["calibrated_tokens_per_s"] / shard["oracle_tokens_per_s"])
+    path = held_parquet(tmp_path, 4, tasks=("continue", "summarize"))
+    data = calibrate.main(["--model", models[0], "--input", str(path), "--rows", "4", "--max-tokens", "4", "--batch-size", "2",
+                           "--threads", "1"])
+    assert [s["key"] for s in data["shards"]] == ["continue", "summarize"]
 
 
-def test_calibrate_bench_shards_a_prompt_parquet_it_did_not_write_by_a_column(models, tmp_path, capsys):
-    """--input: prompts the project did not write (bench/peer_prompts.py writes such a Parquet),
-    read as `batchspec run` reads them, one shard per value of --key; rows that cannot run are
-    left out and counted, and a file that cannot make the shards asked for is refused in one line
-    before a model loads."""
-    import calibrate
+def test_sim_bench_replays_every_shard_against_its_exact_oracle(tiny_model_dir, tmp_path, monkeypatch):
+    import sim
+
+    monkeypatch.setattr(sim, "CACHE", tmp_path / "cache")
+    path = tmp_path / "in.parquet"
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    target, _ = models
-    path = held_parquet(tmp_path, 9, ("rewrite", "continue"))
-    table = pq.read_table(path)
-    broken = pa.table({"id": ["bad-0"], "task": ["rewrite"], "source": ["here"],
-                       "messages": pa.array([None], table.schema.field("messages").type), "prompt_tokens": [0]})
-    pq.write_table(pa.concat_tables([table, broken]), path)
-
-    for argv, words in ((["--key", "language"], "column 'language' is not in input"),
-                        (["--rows", "5"], "needs 10 rows"),  # two shards of 5 per key, 9 rows each
-                        (["--workloads", "poems"], "poems (0)")):
-        with pytest.raises(SystemExit):
-            calibrate.main(["--model", "not-a-model", "--input", str(path), "--rows", "4", "--in-flight", "--later-shard",
-                            *argv, "--out", str(tmp_path)])
-        assert words in capsys.readouterr().err
-    calibrate.main(["--model", target, "--input", str(path), "--rows", "4", "--max-tokens", "4", "--batch-size", "2",
-                    "--threads", "1", "--in-flight", "--later-shard", "--out", str(tmp_path)])
-    saved = json.loads((tmp_path / "calibrate.json").read_text())
-    assert saved["input"] == str(path) and saved["key"] == "task"
-    assert [s["shard"] for s in saved["shards"]] == ["rewrite", "continue"]  # file order
-    assert all(s["rows"] == 4 and sum(s["in_flight"]["rows_by_setting"].values()) == 4 for s in saved["shards"])
-    assert all(s["key_first_shard"]["wall_s"] > 0 for s in saved["shards"])
-    # a long job's steady state: the key's shards before the benched one, each recorded; the
-    # oracle's calls as many rows as asked (the shard as one call)
-    for argv in (["--earlier", "0"], ["--oracle-chunk", "0"]):
-        with pytest.raises(SystemExit):
-            calibrate.main(["--model", "not-a-model", "--input", str(path), "--rows", "3", "--in-flight", "--later-shard",
-                            *argv, "--out", str(tmp_path)])
-    calibrate.main(["--model", target, "--input", str(path), "--rows", "3", "--max-tokens", "4", "--batch-size", "2",
-                    "--threads", "1", "--in-flight", "--later-shard", "--earlier", "2", "--oracle-chunk", "3",
-                    "--workloads", "rewrite", "--out", str(tmp_path)])
-    saved = json.loads((tmp_path / "calibrate.json").read_text())
-    (shard,) = saved["shards"]
-    assert saved["earlier"] == 2 and saved["oracle_chunk"] == 3 and len(shard["key_earlier_shards"]) == 2
-    assert shard["key_first_shard"] == shard["key_earlier_shards"][-1] and all(e["reason"] for e in shard["key_earlier_shards"])
-    assert all(len(a["chunk_errors"]) <= 1 for a in shard["predicted_vs_measured"])  # one call: one chunk at most
-    assert "its key's shard 3 on this worker: 2 shards of other rows" in (tmp_path / "calibrate.md").read_text()
-
-    from common import workloads
-
-    groups, bad = workloads.from_input(str(path), "task", 7)
-    assert [len(g) for g in groups.values()] == [9, 9] and bad == ["bad-0: prompt and messages are both null"]
-    assert groups["rewrite"][0].messages == tuple(SAY) and groups["rewrite"][0].params.max_tokens == 7
-    assert [r.id for r in groups["continue"][:2]] == ["continue-0", "continue-1"]
-
-
-def test_the_settings_a_shard_ran_are_priced_chunk_by_chunk_on_the_interleaved_run():
-    """Chunk 0's four rows ran half under each arm, chunk 1's all under "none": each chunk's
-    time and tokens are the rows' shares of each arm's figures on that chunk."""
-    import calibrate
-    from common.measure import Measured
-
-    from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, SpecConfig, Timing
-
-    def part(seconds: float, rows: int = 4, tokens: int = 11) -> GenerateResult:
-        return GenerateResult([Completion(f"r{i}", "", output_tokens=tokens) for i in range(rows)], Timing(verify_s=seconds))
-
-    arm = SpecConfig("ngram", 4)
-    none, fast = Measured("none", NO_SPEC, 2), Measured(arm.label, arm, 2)
-    for m, (a, b) in ((none, (4.0, 8.0)), (fast, (2.0, 1.0))):
-        m.add(part(a))
-        m.add(part(b))
-    labels = ["none", arm.label, "none", arm.label] + ["none"] * 4
-    got = calibrate._as_ran({"none": none, arm.label: fast}, labels, chunk=4)
-    assert got == pytest.approx((40 * 0.5 + 40 * 0.5 + 40) / (0.5 * 4.0 + 0.5 * 2.0 + 8.0))
-
-
-def test_prices_split_an_arms_cost_from_plain_decodings_anchor():
-    """A profile that prices a forward at 1 ms per row and token; plain decoding measured at 2x it
-    with 0.1 ms of bookkeeping per row and step; the arm's 3-token verifies at 1.5x their price with
-    0.3 ms a row-step. `_prices` gives each ratio, and each run's steps priced as a prediction
-    prices them (forwards from the profile, plain's bookkeeping), set against plain decoding's."""
-    import calibrate
-    from common.measure import Measured
-
-    from batchspec.calibrate import WorkerCalibration
-    from batchspec.engine.base import NO_SPEC, GenerateResult, SpecConfig, Step, StepCost, Timing
-    from batchspec.predict.cost import CostProfile
-
-    worker = WorkerCalibration()
-    worker.profile = CostProfile([StepCost("target", "m", b, c, w, 0.001 * b * w)
-                                  for b in (1, 2) for c in (10, 1000) for w in (1, 2, 3)])
-    arm = SpecConfig("ngram", 2)
-    plain_steps, arm_steps = [Step(2, 100, 1, 2)] * 10, [Step(2, 100, 3, 4)] * 5
-    none, ran = Measured("none", NO_SPEC, 2), Measured(arm.label, arm, 2)
-    none.add(GenerateResult([], Timing(verify_s=10 * 2 * 0.002, other_s=20 * 0.0001)))
-    none.steps.append(plain_steps)
-    ran.add(GenerateResult([], Timing(verify_s=5 * 1.5 * 0.006, other_s=10 * 0.0003, draft_s=0.01)))
-    ran.steps.append(arm_steps)
-    got = calibrate._prices({"none": none, arm.label: ran}, worker, None)
-    assert got["none"]["forward_over_price"] == pytest.approx(2.0)
-    assert got["plain_anchor"]["other_us_per_row_step"] == pytest.approx(100)
-    assert got[arm.label]["forward_over_price"] == pytest.approx(1.5)
-    assert got[arm.label]["other_us_per_row_step"] == pytest.approx(300) and got[arm.label]["draft_us_per_row_step"] == pytest.approx(1000)
-    # priced as a prediction prices it: forwards from the profile plus plain's bookkeeping per row-step
-    assert got["none"]["decode_over_its_price"] == pytest.approx((0.04 + 0.002) / (0.02 + 0.002))
-    assert got[arm.label]["decode_over_its_price"] == pytest.approx((0.045 + 0.003) / (0.03 + 0.001))
-    # against plain's: the arm costs 1.548 / 1.909 of what the model says, relative to plain decoding
-    assert got[arm.label]["cost_vs_plain_over_model"] == pytest.approx((0.048 / 0.031) / (0.042 / 0.022))
-    assert got["none"]["cost_vs_plain_over_model"] == pytest.approx(1.0)
-    assert got["worker_anchor"] is None  # no decision anchored this worker
+    pq.write_table(pa.table({"task": ["a", "b"] * 8, "prompt": [f"w{i % 5 + 1} w{i % 3 + 2} w1 w2 w3" for i in range(16)]}), path)
+    argv = ["--input", str(path), "--shard-by", "task", "--regime", "gpu-roofline,trtllm", "--batch-size", "2",
+            "--rows", "8", "--model", str(tiny_model_dir), "--max-tokens", "8", "--prompt-format", "raw",
+            "--switch", "a,b", "--json", str(tmp_path / "sim.json")]
+    out = sim.main(argv)
+    again = sim.main(argv)  # recorded once; deterministic in virtual time
+    assert [r["job"] for r in out] == [r["job"] for r in again]
+    assert (tmp_path / "cache").exists() and json.loads((tmp_path / "sim.json").read_text())["simulated"] is True
+    for r in out:
+        assert [s["key"] for s in r["shards"]] == ["a", "b", "switch"]
+        for s in r["shards"]:
+            assert s["vs_oracle"] == pytest.approx(s["goodput"] / s["oracle_goodput"])
+            assert sum(s["ran"].values()) == s["rows"] == 8
+        assert r["job"]["oracle_goodput"] >= r["job"]["static_goodput"]
 
 
 def test_pipeline_bench_sets_the_pipeline_beside_the_engine_on_the_same_rows(ray_session, tiny_model_dir, tmp_path):

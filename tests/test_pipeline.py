@@ -22,7 +22,7 @@ from batchspec.worker_pool import WorkerPool
 from batchspec.workers import ShardWorker
 from tests.data import prompts_table, write_parquet
 
-FAST = {"sample_size": 4, "max_tokens": 4, "min_rows": 4}
+FAST = {"window": 4, "measure_steps": 4}
 
 
 def make_config(input, output, model, **overrides):
@@ -249,18 +249,18 @@ def test_workers_are_shared_only_by_jobs_that_load_the_same_engine(tmp_path):
         assert job("a", **other).load_key() != base, other
     assert dataclasses.replace(job("a"), llm_options=(("max_batch_size", 8),)).load_key() != base
 
-    # An adopted worker keeps its engine's cost profile, not the last run's confirmations.
+    # An adopted worker keeps its engine's cost table, not the last run's keys (their arms and rows).
     from types import SimpleNamespace
 
-    from batchspec.calibrate import WorkerCalibration
+    from batchspec.calibrate import WorkerState
+    from batchspec.engine.base import SpecConfig
 
     worker = ShardWorker(job("a"))
     worker.engine = SimpleNamespace(model_name="m")
-    worker.calibration = WorkerCalibration(confirmed_keys={"code"}, errors={"code": [0.3]}, recent=[0.3])
-    profile = worker.calibration.profile
+    worker.calibration = WorkerState(last={"code": SpecConfig("ngram", 4)}, history={"code": [{}]})
+    costs = worker.calibration.costs
     assert worker.adopt(job("b", max_tokens=1)) == "m" and worker.job.output == "b"
-    assert worker.calibration.profile is profile and not worker.calibration.confirmed_keys and not worker.calibration.errors
-    assert not worker.calibration.recent
+    assert worker.calibration.costs is costs and not worker.calibration.last and not worker.calibration.history
     with pytest.raises(AssertionError, match="only a job of its own engine"):
         worker.adopt(job("c", model="n"))
 

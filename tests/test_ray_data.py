@@ -13,7 +13,7 @@ from batchspec.ray_data import generate
 from batchspec.stats import OUTPUT_NAMES
 from tests.data import prompts_table
 
-FAST = {"sample_size": 4, "max_tokens": 4, "min_rows": 2}
+FAST = {"window": 4, "measure_steps": 4}
 
 
 def config_for(model, **overrides):

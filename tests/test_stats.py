@@ -13,6 +13,7 @@ import pytest
 from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.stats import (
     CANDIDATE_TYPE,
+    EVENT_TYPE,
     OUTPUT_NAMES,
     STATS_SCHEMA,
     ArmResult,
@@ -40,8 +41,10 @@ def test_schemas_are_the_dataclass_fields_design_columns_first():
     assert [f.name for f in CANDIDATE_TYPE] == ["label", *(f.name for f in dataclasses.fields(ArmResult))]
     assert STATS_SCHEMA.field("candidates").type == pa.list_(CANDIDATE_TYPE)
     kinds = {f.name: f.type for f in STATS_SCHEMA}
-    assert (kinds["rows"], kinds["acceptance_rate"], kinds["shard_key"], kinds["calibration_capped"]) == (
-        pa.int64(), pa.float64(), pa.string(), pa.bool_())
+    assert (kinds["rows"], kinds["acceptance_rate"], kinds["shard_key"], kinds["speculation_unmeasured"]) == (
+        pa.int64(), pa.float64(), pa.string(), pa.string())
+    assert [f.name for f in EVENT_TYPE] == ["row", "kind", "arm", "predicted", "measured", "reason"]
+    assert kinds["events"] == pa.list_(EVENT_TYPE)
     assert CANDIDATE_TYPE.field("accepted_at").type == pa.list_(pa.int64())
 
 

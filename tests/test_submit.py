@@ -232,7 +232,7 @@ def tiny_job(tmp_path_factory, tiny_model_dir):
         "candidates": str(REPO / "pipelines" / "candidates" / "torch_ngram.yaml"),
         "shard_size": 4, "workers": 1, "batch_size": 2, "max_tokens": 4,
         "worker": {"num_cpus": 1, "torch_threads": 1},
-        "calibration": {"min_rows": 2, "sample_size": 2, "max_tokens": 4},
+        "calibration": {"window": 4, "measure_steps": 4},
     }))
     n = 8
     pq.write_table(pa.table({"id": [f"r{i}" for i in range(n)], "task": ["code", "chat"] * (n // 2),

@@ -17,11 +17,12 @@ from batchspec.config.run import build_config
 @sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def command(input: str, pipeline: str | None, as_json: bool, **options) -> None:
-    """Measure every calibration arm on a sample of INPUT, per shard key, and show the choice.
+    """Run each shard key's first shard of INPUT under the calibration controller and show every
+    arm's estimate; writes nothing.
 
-    Runs the same calibration a `batchspec run` shard would (interleaved arms at the production
-    batch size, draft length predicted then confirmed, the margin rule) in this process, on the
-    first --shard-size rows of each key, and writes nothing.
+    Runs what a `batchspec run` shard would (the rows under the controller, counterfactual
+    acceptance of every arm from every finished row, step costs learned from the run, the margin
+    rule) in this process, on the first --shard-size rows of each key.
 
     \b
     Examples:
@@ -46,23 +47,19 @@ def _print_tables(results) -> None:
     console = Console(file=sys.stdout, width=max(100, Console().width))
     for r in results:
         d = r.decision
-        table = Table(title=f"shard key {r.shard_key!r}: {r.rows} rows, sample of {r.sampled}", title_justify="left")
-        for col in ("arm", "tokens/s", "predicted", "acceptance", "mean acc. len", "predicted vs none", "measured vs none", "choice"):
+        table = Table(title=f"shard key {r.shard_key!r}: {r.rows} rows, ran {r.sampled}", title_justify="left")
+        for col in ("arm", "rows", "measured tok/s", "acceptance", "mean acc. len", "predicted vs none", "choice"):
             table.add_column(col, justify="left" if col in ("arm", "choice") else "right")
-        base = d.baseline_tokens_per_s
         for a in d.arms:
-            ratio = a.vs_none(base)
-            speed = f"{ratio:.2f}x" if ratio is not None else ""
             table.add_row(
-                a.label,
-                f"{a.tokens_per_s:.1f}" if a.tokens_per_s else ("error" if a.error else "-"),
-                f"{a.predicted_tokens_per_s:.1f}" if a.predicted_tokens_per_s else "",
+                a.label, str(a.rows),
+                f"{a.tokens_per_s:.1f}" if a.tokens_per_s else "-",
                 f"{a.acceptance_rate:.2f}" if a.acceptance_rate is not None else "",
                 f"{a.mean_accepted_len:.2f}" if a.mean_accepted_len else "",
                 f"{a.predicted_speedup:.2f}x" if a.predicted_speedup else "",
-                speed,
-                "<- chosen" if a is d.chosen_arm else "",
+                "<- chosen" if a.label == d.chosen.label else "",
             )
         console.print(table)
-        console.print(f"choice: {d.chosen.label} ({d.reason}); calibration {d.calibration_s:.1f} s, "
-                      f"{d.overhead_s:.1f} s of it not kept as output\n")
+        for e in d.events:
+            console.print(f"  row {e.row}: {e.kind} {e.arm}" + (f" ({e.reason})" if e.reason else ""))
+        console.print(f"choice: {d.chosen.label} ({d.reason}); calibration {d.calibration_s:.1f} s\n")

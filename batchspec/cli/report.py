@@ -58,7 +58,7 @@ def _print_table(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from batchspec.report import table_rows
+    from batchspec.report import event_rows, table_rows
 
     header, rows, total = table_rows(report)
     title = f"batchspec report: {report.output}"
@@ -70,5 +70,10 @@ def _print_table(report) -> None:
         table.add_row(*row)
     console = Console(width=None if sys.stdout.isatty() else 180)  # piped: wide enough for every column
     console.print(table)
+    events = event_rows(report)
+    if events:
+        console.print("calibration events (shard, rows finished, event, arm, predicted, measured, why):")
+        for e in events:
+            console.print("  " + "  ".join(x for x in e if x and x != "-"), highlight=False)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")

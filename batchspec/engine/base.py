@@ -347,6 +347,16 @@ class Engine(Protocol):
 
     name: str  # "torch" | "trtllm"
     model_name: str
+    in_flight_control: bool  # generate takes control= and switches arms between decode steps
+    arms_are_builds: bool  # an arm switch builds a new engine; `builds` records each (label, seconds)
+    counterfactual: bool  # encode, teacher_forced_logits and draft_proposals give arms' acceptance from plain rows
+    regime: Any  # the engines.regimes.Regime pricing every second (a simulated run), or None (the wall clock)
+
+    def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
+                tries: int = 2) -> list[StepCost]:
+        """Time one forward per (batch, context, tokens per row) of the target and (draft model,
+        batch, context, tokens) of a draft, the fastest of at least `tries` ([] where forwards
+        cannot be timed apart from generate)."""
 
     def check(self, spec: SpecConfig) -> None:
         """Raise a BatchspecError (one line) if this engine cannot run `spec` with its models."""

@@ -1,32 +1,14 @@
-"""Acceptance and cost models: what an arm would deliver, without running it. No clock in any of
-them (the engine measures; these replay and price).
+"""What an arm would deliver, without running it. No clock in any of it (the engine measures;
+these replay and price).
 
-    acceptance   counterfactual acceptance: from a row decoded under "none", the accepted length of
-                 every step each arm would have taken, every draft length at once (exact for greedy)
-    cost         the worker's cost profile: step costs the engine measured, priced at any shape
-    replay       the replay of a sample's schedule that prices an arm from the profile
-    probe        goodput at other draft lengths from one measured probe (Leviathan et al.), for
-                 arms that must be measured by running (TensorRT-LLM's Eagle3 and MTP)
+    acceptance   counterfactual acceptance: from a row decoded under any arm (greedy), the
+                 accepted length of every step each arm would have taken, every draft length at once
+    costs        the worker's step-cost table: profiled forwards, and the ratio of what the decode
+                 loop's steps took to them, learned from every step
 
 Data flows down: batchspec.calibrate calls these; these call only the engine's own functions
-(`drafters.NgramIndex`, `sampling.probs_from_logits`) and the records in batchspec.stats.
+(`drafters.NgramIndex`, `sampling.probs_from_logits`) and its records.
 """
 
-from batchspec.predict.acceptance import (  # noqa: F401
-    Acceptance,
-    PlainRow,
-    draft_acceptance,
-    expected_walk,
-    greedy_runs,
-    ngram_acceptance,
-    ngram_runs,
-    walk,
-)
-from batchspec.predict.cost import CostProfile, profile_grid  # noqa: F401
-from batchspec.predict.replay import Predicted, RowPlan, predict_decode_s  # noqa: F401
-from batchspec.predict.probe import (  # noqa: F401
-    acceptance_from_mean_len,
-    expected_tokens_per_step,
-    predict_tokens_per_s,
-    tokens_per_step,
-)
+from batchspec.predict.acceptance import Acceptance, PlainRow, draft_acceptance, ngram_acceptance, proposal_acceptance  # noqa: F401
+from batchspec.predict.costs import CostTable, profile_grid  # noqa: F401

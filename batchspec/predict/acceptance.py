@@ -229,6 +229,18 @@ def draft_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], draft_
     return _acceptance("draft_target", rows, draft_lens, row_model, target_logits)
 
 
+def proposal_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int],
+                        proposals: Sequence[Sequence[int]]) -> dict[int, Acceptance]:
+    """Counterfactual steps of a draft model on greedy rows, from its greedy proposal at every
+    output position (`proposals[r][s]`: its argmax after prompt + output[:s]; exact)."""
+
+    def row_model(r: int, row: PlainRow, p: torch.Tensor | None) -> tuple:
+        assert p is None, "a sampled row needs the draft's distribution: draft_acceptance"
+        return greedy_runs(proposals[r], row.output_ids), None
+
+    return _acceptance("draft_target", rows, draft_lens, row_model, None)
+
+
 def _acceptance(method: str, rows: Sequence[PlainRow], draft_lens: Sequence[int], row_model: RowModel,
                 target_logits: Sequence[torch.Tensor] | None) -> dict[int, Acceptance]:
     """The per-row loop both drafters share: a greedy row walks its exact runs at every draft

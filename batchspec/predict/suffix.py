@@ -39,12 +39,16 @@ from batchspec.predict.acceptance import Acceptance, PlainRow, _agree, _probs, e
 
 def suffix_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], prior: SuffixTree | None = None,
                       spec_factor: float = SPEC_FACTOR_DEFAULT, min_token_prob: float = MIN_TOKEN_PROB_DEFAULT,
-                      batch_size: int = 1, target_logits: Sequence[torch.Tensor] | None = None) -> dict[int, Acceptance]:
+                      batch_size: int = 1, target_logits: Sequence[torch.Tensor] | None = None,
+                      grow: bool = False) -> dict[int, Acceptance]:
     """Counterfactual steps of the suffix arm at every draft length in `draft_lens`, for `rows` in
     the order plain decoding finished them, from the key's tree `prior` (the worker's
-    `engine.trees.trees.get(key)`, None for an empty one; copied, never changed)."""
+    `engine.trees.trees.get(key)`, None for an empty one; copied, never changed, unless `grow`:
+    then the rows are added to `prior` itself, for a caller that replays a shard's rows batch by
+    batch as they finish)."""
     k_max = max(draft_lens)
-    tree = prior.copy() if prior is not None else SuffixTree()
+    tree = prior if grow and prior is not None else (prior.copy() if prior is not None else SuffixTree())
+    first = tree.rows
     out = {k: Acceptance("suffix", k) for k in draft_lens}
     for r, row in enumerate(rows):
         drafts = _drafts(row, tree, k_max, spec_factor, min_token_prob)
@@ -61,7 +65,7 @@ def suffix_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], prior
             out[k].steps.append(accepted)
             out[k].proposed.append(proposed)
             out[k].exact = out[k].exact and row.greedy and batch_size == 1
-        tree.add(f"counterfactual-{r}", row.output_ids, serial=r)
+        tree.add(f"counterfactual-{first + r}", row.output_ids, serial=first + r)
     return out
 
 

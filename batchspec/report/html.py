@@ -52,6 +52,7 @@ th:first-child,td:first-child,th:nth-child(2),td:nth-child(2){{text-align:left}}
 {warn_html}<div class="cards">{card_html}</div>
 {fig_html}
 <section><h2>Per shard</h2>{_html_table(report)}</section>
+{_events_table(report)}
 </body></html>
 """
 
@@ -60,13 +61,34 @@ def table_rows(report: RunReport) -> tuple[list[str], list[list[str]], list[str]
     """Header, one row per shard, and the totals row: shared by the terminal and the HTML table."""
     header = ["shard", "key", "rows", "errors", "method", "k", "decision", "accept", "mean acc len", "tok/s", "baseline tok/s", "speedup", "calib share", "calib cost"]
     rows = [[s.shard_id, s.shard_key or "-", str(s.rows), str(s.error_rows), s.spec_method, str(s.draft_len) if s.spec_method != "none" else "-",
-             (s.decision_source or "-") + (f" (drift@{s.drift_fallback_row})" if s.drift_fallback_row is not None else ""),
+             (s.decision_source or "-") + _switches(s),
              _pct(s.acceptance_rate), _num(s.mean_accepted_len, 2), _num(s.tokens_per_s), _num(s.baseline_tokens_per_s), _x(s.speedup),
              _pct(s.calibration_share), _pct(s.calibration_cost)] for s in report.shards]
     t = report.totals
     total = ["total", f"{t.shards} shards", str(t.rows), str(t.error_rows), "", "", "", _pct(t.acceptance_rate), _num(t.mean_accepted_len, 2),
              _num(t.tokens_per_s), _num(t.baseline_tokens_per_s), _x(t.speedup), _pct(t.calibration_share), _pct(t.calibration_cost)]
     return header, rows, total
+
+
+def _switches(s) -> str:
+    """A shard's switches, as `switch@ROW->ARM` (the whole story is its events)."""
+    return "".join(f" {e.kind}@{e.row}->{e.arm}" for e in s.events if e.kind == "switch")
+
+
+def event_rows(report: RunReport) -> list[list[str]]:
+    """Every shard's calibration events, in order: shard, rows finished, kind, arm, predicted, measured, why."""
+    return [[s.shard_id, str(e.row), e.kind, e.arm, _x(e.predicted), _num(e.measured, 2), e.reason]
+            for s in report.shards for e in s.events]
+
+
+def _events_table(report: RunReport) -> str:
+    rows = event_rows(report)
+    if not rows:
+        return ""
+    cell = lambda tag, xs: "<tr>" + "".join(f"<{tag}>{html.escape(x)}</{tag}>" for x in xs) + "</tr>"  # noqa: E731
+    header = ["shard", "row", "event", "arm", "predicted", "measured", "why"]
+    return (f"<section><h2>Calibration events</h2><table><thead>{cell('th', header)}</thead>"
+            f"<tbody>{''.join(cell('td', r) for r in rows)}</tbody></table></section>")
 
 
 def _html_table(report: RunReport) -> str:

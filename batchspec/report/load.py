@@ -2,15 +2,15 @@
 
 This module owns reading a run's outputs and stats with polars from any fsspec URL, the numbers
 a report shows (a `RunReport` of `ShardReport`s and `Totals`), the self-contained HTML page
-(html.py) and its plots (plots.py) are built from them. It knows nothing about how the run was
-made; it trusts only the files of the output layout (docs/architecture.md "Output layout"). The
-CLI prints the table (batchspec/cli/report.py).
+(html.py) and its plots (plots.py) are built from them, and each shard's calibration events. It
+knows nothing about how the run was made; it trusts only the files of the output layout
+(docs/architecture.md "Output layout"). The CLI prints the table (batchspec/cli/report.py).
 
 Definitions (per shard, from its stats row; totals over every committed shard):
 
-    speedup            the stats' speedup: chosen arm vs "none", both measured in the shard's calibration;
-                       totals: sum(decode_s x speedup) / sum(decode_s), as `batchspec run` prints it
-                       (one function for both: batchspec.stats.speedup_total)
+    speedup            the stats' speedup: the shard's goodput over plain decoding's price for the same
+                       tokens (the worker's cost table); totals: sum(decode_s x speedup) / sum(decode_s),
+                       as `batchspec run` prints it (one function for both: batchspec.stats.speedup_total)
     calibration share  calibration_s / wall_s (all calibration time, rows it kept as outputs included)
     calibration cost   calibration_overhead_s / wall_s (the calibration work not kept as output)
     time split         prefill_s, draft_s, verify_s, calibration_s, and other = the rest of wall_s

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from batchspec.cli import cli
 from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.errors import OutputError
-from batchspec.stats import ArmResult, ShardStats
+from batchspec.stats import ArmResult, Event, ShardStats
 from batchspec.write import Output, output_schema, output_table, stats_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,9 +38,10 @@ def _shard(out: Output, shard_id: str, key: str, spec: SpecConfig, n: int, error
                                    mean_accepted_len=4.0 if spec.method != "none" else 1.0, output_tokens=8 * (n - errors),
                                    decode_s=8 * (n - errors) / tps, prefill_s=0.5, draft_s=0.2, verify_s=1.0,
                                    tokens_per_s=tps, baseline_tokens_per_s=base, calibration_s=1.0, wall_s=4.0,
-                                   speedup=tps / base,  # chosen arm vs none in calibration (the arms above)
+                                   speedup=tps / base,  # goodput over plain decoding's price for the same tokens
                                    engine="torch", model="tiny", batch_size=4, candidates=arms,
-                                   decision_source="calibrated", drift_fallback_row=2 if key == "prose" else None))
+                                   decision_source="calibrated",
+                                   events=[Event(0, "start", "none"), Event(2, "switch", "ngram:k=4", 1.4)] if key == "prose" else []))
     out.commit_shard(shard_id, table, stats)
 
 
@@ -87,7 +88,7 @@ def test_report_prints_a_row_per_shard_and_totals(written_run):
     total = next(line for line in lines if "total" in line and "2 shards" in line)
     assert " ngram " in code and " 4 " in code and "75%" in code and "3.00x" in code and "25%" in code
     assert " none " in prose and "1.00x" in prose
-    assert " calibrated " in code and "calibrated (drift@2)" in prose
+    assert " calibrated " in code and "calibrated switch@2->ngram:k=4" in prose
     # 24 + 32 tokens over 24/30 + 32/10 s of decode; speedup = (24/10 + 32/10) / (0.8 + 3.2)
     assert " 8 " in total and " 1 " in total and "14.0" in total and "1.40x" in total and "75%" in total
     assert "4.00" in total  # mean accepted length over the shards that speculated

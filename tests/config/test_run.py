@@ -29,16 +29,15 @@ def _pipeline(tmp_path: Path, doc: dict) -> Path:
 
 @pytest.mark.parametrize("section,message", [
     ({"margin": "high"}, "calibration.margin: expected a number in [0, 1], got 'high'"),
-    ({"sample_size": -3}, "calibration.sample_size: expected an integer >= 0, got -3"),
-    ({"rounds": 0}, "calibration.rounds: expected an integer >= 1, got 0"),
-    ({"max_tokens": 2.5}, "calibration.max_tokens: expected an integer >= 1, got 2.5"),
+    ({"window": -3}, "calibration.window: expected an integer >= 0, got -3"),
+    ({"measure_steps": 0}, "calibration.measure_steps: expected an integer >= 1, got 0"),
+    ({"measure_steps": 2.5}, "calibration.measure_steps: expected an integer >= 1, got 2.5"),
     ({"max_fraction": 1.5}, "calibration.max_fraction: expected a number in [0, 1], got 1.5"),
-    ({"drift_ratio": float("nan")}, "calibration.drift_ratio: expected a number in [0, 1], got nan"),
-    ({"confirm": "yes"}, "calibration.confirm: expected true or false, got 'yes'"),
-    ({"in_flight": "no"}, "calibration.in_flight: expected true or false, got 'no'"),
-    ({"min_rows": True}, "calibration.min_rows: expected an integer >= 0, got True"),
-    ({"warmup": 1}, "calibration.warmup: unknown key; expected one of sample_size, max_tokens"),
-    ([1, 2], "calibration: expected a mapping of sample_size, max_tokens"),
+    ({"margin": float("nan")}, "calibration.margin: expected a number in [0, 1], got nan"),
+    ({"window": True}, "calibration.window: expected an integer >= 0, got True"),
+    ({"max_builds_per_worker": 1}, "calibration.max_builds_per_worker: expected an integer >= 2, got 1"),
+    ({"sample_size": 8}, "calibration.sample_size: unknown key; expected one of margin, window"),
+    ([1, 2], "calibration: expected a mapping of margin, window"),
 ])
 def test_bad_calibration_values_name_file_key_value_and_expectation(tmp_path, section, message):
     path = _pipeline(tmp_path, {"calibration": section})
@@ -50,10 +49,10 @@ def test_bad_calibration_values_name_file_key_value_and_expectation(tmp_path, se
 
 
 def test_good_calibration_values_are_converted_and_reach_the_settings(tmp_path):
-    path = _pipeline(tmp_path, {"calibration": {"margin": 0, "sample_size": 8, "confirm": False}})
+    path = _pipeline(tmp_path, {"calibration": {"margin": 0, "window": 8, "measure_steps": 4}})
     config = build_config("in", "out", str(path))
     settings = CalibrationSettings(**dict(config.calibration))
-    assert (settings.margin, settings.sample_size, settings.confirm) == (0.0, 8, False)
+    assert (settings.margin, settings.window, settings.measure_steps) == (0.0, 8, 4)
     assert isinstance(settings.margin, float)
 
 
@@ -120,7 +119,7 @@ def test_every_field_has_one_rule():
 
 
 def test_bad_calibration_stops_validate_run_and_submit_before_anything_is_written(tmp_path):
-    path = _pipeline(tmp_path, {"calibration": {"margin": "high", "sample_size": -3}})
+    path = _pipeline(tmp_path, {"calibration": {"margin": "high", "window": -3}})
     runner = CliRunner()
     result = runner.invoke(cli, ["validate", str(path)])
     assert result.exit_code == 1 and "OK" not in result.stdout

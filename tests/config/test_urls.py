@@ -35,12 +35,12 @@ def test_pipeline_from_s3_resolves_relative_files_against_its_folder(bucket):
     fs.pipe(f"{url}/conf/cands/mine.yaml", yaml.safe_dump({"candidates": [{"config": "../ngram.yaml", "max_draft_len": [2, 3]}]}).encode())
     fs.pipe(f"{url}/conf/pipeline.yaml", yaml.safe_dump({
         "candidates": "cands/mine.yaml", "spec": "auto", "model": "smollm2-135m", "shard_size": 5,
-        "calibration": {"sample_size": 4},
+        "calibration": {"window": 4},
     }).encode())
     config = build_config("in", "out", f"{url}/conf/pipeline.yaml")
     assert config.candidates == f"{url}/conf/cands/mine.yaml"
     assert config.model == "smollm2-135m", "a name that is no file next to the pipeline stays a registry name"
-    assert (config.shard_size, dict(config.calibration)) == (5, {"sample_size": 4})
+    assert (config.shard_size, dict(config.calibration)) == (5, {"window": 4})
     choice = resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)
     assert [a.label for a in choice.arms] == ["ngram:k=2", "ngram:k=3"]
 

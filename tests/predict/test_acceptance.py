@@ -119,52 +119,6 @@ def test_sampling_estimate_stays_within_the_draft_length(plain, word_models):
     assert 0.0 < acceptance_rate(est.accepted_tokens, est.draft_tokens) < 1.0
 
 
-@pytest.mark.parametrize("batch_size", [1, 3, 8])
-def test_the_replay_runs_the_draft_steps_the_engine_runs(plain, word_models, batch_size, monkeypatch):
-    """The schedule batchspec.predict.replay replays from the counterfactual is the engine's: as many
-    target forwards, and the same draft steps that feed two tokens (a row's catch-up after all its
-    drafts were accepted), counted here by pricing only those."""
-    from batchspec.engine.torch import kv
-    from batchspec.predict.cost import CostProfile
-    from batchspec.predict.replay import RowPlan, predict_decode_s
-
-    engine, requests, result, rows = plain
-    logits = engine.teacher_forced_logits(pairs(rows), draft_model="close")
-    forwards: list[tuple[str, int]] = []
-    forward = kv.Batch.forward
-
-    def counted(self, model, tokens, pad_id=0, last_only=False):
-        if self.size:  # a prefill starts from an empty batch: not a step
-            forwards.append(("target" if model is engine.model else "draft", max(len(t) for t in tokens)))
-        return forward(self, model, tokens, pad_id, last_only)
-
-    monkeypatch.setattr(kv.Batch, "forward", counted)
-    class Counting(CostProfile):
-        """A target step costs 1; a one-token draft step 0, a two-token one 1; a draft's prefill 0."""
-
-        def target_s(self, batch, context, tokens):
-            return 1.0
-
-        def draft_s(self, model, batch, context, tokens=1):
-            return float(tokens == 2)
-
-        def draft_prefill_s(self, model, tokens):
-            return 0.0
-
-    profile = Counting()
-    two_wide = 0
-    for k in (1, 3, 8):
-        forwards.clear()
-        engine.generate(requests, SpecConfig("draft_target", k, draft_model="close"), batch_size)
-        acc = draft_acceptance(rows, [k], logits)[k]
-        plans = [RowPlan(len(r.prompt_ids), len(r.output_ids) - 1, s, p) for r, s, p in zip(rows, acc.steps, acc.proposed)]
-        got = predict_decode_s(plans, batch_size, profile, "draft_target", "close")
-        assert got.verify_s == sum(kind == "target" for kind, _ in forwards), k
-        assert got.draft_s == forwards.count(("draft", 2)), k
-        two_wide += got.draft_s
-    assert two_wide > 0  # the close draft has all its drafts accepted somewhere
-
-
 def test_a_plain_row_keeps_its_ids_in_four_bytes_each_and_replays_the_same():
     """A worker keeps many keys' last rows (KeyHistory): ids as 4-byte ints, not Python int lists.
     The replay reads them as it read lists."""

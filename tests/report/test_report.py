@@ -50,7 +50,7 @@ def real_run(tmp_path_factory, tiny_model_dir, ray_session):
         f"engine: torch\nmodel: {tiny_model_dir}\ndtype: float32\nspec: auto\n"
         f"candidates: {REPO / 'pipelines' / 'candidates' / 'torch_ngram.yaml'}\n"
         "shard_size: 6\nworkers: 1\nbatch_size: 2\nmax_tokens: 4\nworker: {num_cpus: 1, torch_threads: 1}\n"
-        "calibration: {min_rows: 2, sample_size: 2, max_tokens: 4}\n"
+        "calibration: {window: 4, measure_steps: 4}\n"
     )
     config = build_config(str(root / "in.parquet"), str(root / "out"), str(root / "pipeline.yaml"), shard_by="task")
     summary = run(config)  # in the session's Ray (one Ray for the whole suite)
@@ -75,18 +75,15 @@ def test_report_of_a_real_run_agrees_with_its_files(real_run):
         assert s.output_rows == s.rows == ROWS // 2
         assert sum(s.time_split[p] for p in TIME_PARTS) == pytest.approx(s.wall_s)
         assert all(v >= 0 for v in s.time_split.values())
-        measured = {a.label: a.tokens_per_s for a in s.candidates if a.tokens_per_s}
         chosen_label = "none" if s.spec_method == "none" else f"{s.spec_method}:k={s.draft_len}"
-        if s.decision_source == "calibrated" and measured.get("none") and measured.get(chosen_label):
-            # like for like: the chosen arm and none, measured on the same calibration rows
-            paired = next(a.speedup for a in s.candidates if a.label == chosen_label)
-            assert s.speedup == pytest.approx(paired if paired is not None else measured[chosen_label] / measured["none"])
-        assert "none" in [a.label for a in s.candidates]  # calibration always measures the baseline
+        assert s.decision_source == "calibrated" and s.speedup and s.events[0].kind == "start"
+        assert [e.kind for e in s.events].count("profile") <= 1  # one worker: one profile per batch size
+        assert "none" in [a.label for a in s.candidates]  # every arm is priced against plain decoding
         measured_arms = [a for a in s.candidates if a.measured]
         assert measured_arms and all(a.decode_tokens > 0 for a in measured_arms)  # written, not dropped
         assert s.chosen is not None and s.chosen.label == chosen_label and s.chosen.method == s.spec_method
         assert 0 <= s.calibration_cost <= s.calibration_share <= 1
-        assert s.decision_source in ("calibrated", "reused", "fixed", "too_small")
+        assert s.decision_source in ("calibrated", "fixed")
 
 
 def test_report_reads_s3_with_endpoint_and_credentials_from_the_environment(real_run, monkeypatch):

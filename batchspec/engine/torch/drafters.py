@@ -9,7 +9,8 @@
   generator so that its distribution q can be handed to the accept rule.
 
 A drafter keeps per-row state in the same row order as the engine's target batch, and follows
-it through `admit` (new rows), `commit` (what the target kept) and `select` (finished rows gone).
+it through `admit` (new rows), `commit` (what the target kept), `select` (finished rows gone) and
+`compact` (the batch's cache compacted).
 
 On a row with a grammar (structured output), `propose` gets `ahead`: the tokens the grammar
 forces next, which lead the row's drafts; the drafter proposes what follows them. N-gram lookup
@@ -170,6 +171,9 @@ class NgramDrafter:
     def select(self, keep: list[int]) -> None:
         pass
 
+    def compact(self) -> None:
+        pass
+
 
 class ModelDrafter:
     """Drafts with a small model. Its cache lags the target's by the tokens in `pending`."""
@@ -265,6 +269,10 @@ class ModelDrafter:
     def select(self, keep: list[int]) -> None:
         self.batch.select(keep)
         self.pending = [self.pending[i] for i in keep]
+
+    def compact(self) -> None:
+        if self.batch is not None:
+            self.batch.compact()
 
 
 def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -33,7 +33,9 @@ from batchspec.engine.base import (
     Timing,
 )
 from batchspec.engine.torch import measure
-from batchspec.engine.torch.decode import Clock, Decoder, Row
+from batchspec.engine.regimes import Regime
+from batchspec.engine.sampling import argmax
+from batchspec.engine.torch.decode import Clock, Decoder, ModelTarget, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.torch.grammar import Grammar, GrammarError, Grammars
 from batchspec.engine.torch.kv import Batch
@@ -50,9 +52,12 @@ class TorchEngine:
 
     name = "torch"
     in_flight_control = True  # generate takes control= (base.Engine.generate)
+    arms_are_builds = False
+    counterfactual = True
+    builds: tuple = ()
 
     def __init__(self, model, tokenizer, model_name: str = "model", device: str | None = None,
-                 draft_loader=None, suffix_tree_mb: float = SUFFIX_TREE_MB_DEFAULT) -> None:
+                 draft_loader=None, regime: Regime | None = None, suffix_tree_mb: float = SUFFIX_TREE_MB_DEFAULT) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -67,6 +72,7 @@ class TorchEngine:
         self.last_steps: list[Step] = []  # the decode steps of the last generate call, as it ran them (benches price them)
         self.probe_seeds: dict[str, Batch] = {}  # model -> the one short row its cost probes fork from (measure.profile)
         self.warmed = False  # the target has decoded rows: a cost profile needs no warm-up forward (measure.profile)
+        self.regime = regime  # a cost regime: every second this engine reports is simulated (engine/regimes.py)
         # Finished rows' outputs by draft scope, for the suffix arm: every row with a scope joins its
         # scope's tree when it finishes, under any arm, so the tree is warm when calibration turns
         # the arm on; capped per worker (the pipeline's worker.suffix_tree_mb).
@@ -104,7 +110,7 @@ class TorchEngine:
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int,
                  control: Control | None = None) -> GenerateResult:
         self.check(spec)
-        clock = Clock()
+        clock = Clock(self.regime)
         start = time.perf_counter()
         completions: list[Completion | None] = [None] * len(requests)
         rows: list[Row] = []
@@ -140,7 +146,8 @@ class TorchEngine:
                 done.append(row.index)
                 if scopes[row.index] is not None:
                     self.trees.add(scopes[row.index], requests[row.index].id, row.output)
-        clock.timing.wall_s = time.perf_counter() - start
+        clock.timing.wall_s = time.perf_counter() - start if self.regime is None else \
+            clock.timing.prefill_s + clock.timing.decode_s
         self.last_steps = clock.steps
         assert all(c is not None for c in completions)
         return GenerateResult(completions, clock.timing, steps=clock.steps)  # type: ignore[arg-type]
@@ -228,17 +235,21 @@ class TorchEngine:
         )
 
     def _decoder(self, scopes: Sequence[str | None], lookups: Lookups) -> Decoder:
-        return Decoder(self.model, self.tokenizer, self.eos_ids, self.pad_id, self.vocab, self.device,
-                       lambda spec: self._drafter(spec, scopes, lookups))
+        return Decoder(ModelTarget(self.model, self.pad_id, self.device), self.tokenizer, self.eos_ids, self.vocab,
+                       self.device, lambda spec: self._drafter(spec, scopes, lookups))
 
     # -- what calibration needs besides generate (batchspec.predict replays and prices) ----------
 
     def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
-                temperature: float = 0.0, reps: int = measure.REPS, least: int = 2) -> list[StepCost]:
+                tries: int = 2, temperature: float = 0.0, reps: int = measure.REPS) -> list[StepCost]:
         """Time one target forward for each (batch, context, tokens per row) in `target` and one draft
         forward for each (draft model, batch, context, tokens per row) in `drafts`, the fastest of
-        at least `least` tries (see measure.profile)."""
-        return measure.profile(self, target, drafts, temperature, reps, least=least)
+        at least `tries` (see measure.profile). Under a cost regime each point is the
+        regime's price of that forward, and nothing runs."""
+        if self.regime is not None:
+            return [StepCost("target", self.model_name, b, c, w, self.regime.forward_s(b, w, c)) for b, c, w in target] + \
+                   [StepCost("draft", d, b, c, w, self.regime.draft_fraction * self.regime.forward_s(b, w, c)) for d, b, c, w in drafts]
+        return measure.profile(self, target, drafts, temperature, max(reps, tries), least=tries)
 
     def teacher_forced_logits(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
                               draft_model: str | None = None, group: int = 8) -> list[torch.Tensor]:
@@ -246,6 +257,11 @@ class TorchEngine:
         measure.teacher_forced_logits)."""
         model = self.model if draft_model is None else self._draft(draft_model)
         return measure.teacher_forced_logits(model, sequences, self.vocab, self.pad_id, self.device, group)
+
+    def draft_proposals(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], draft_model: str) -> list[list[int]]:
+        """Per (prompt ids, output ids): a draft model's greedy proposal at every output position
+        (its argmax after prompt + output[:s]), from one teacher-forced forward."""
+        return [argmax(logits).tolist() for logits in self.teacher_forced_logits(sequences, draft_model)]
 
     # -- drafters --------------------------------------------------------------------------------
 

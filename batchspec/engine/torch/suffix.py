@@ -137,3 +137,6 @@ class SuffixDrafter:
 
     def select(self, keep: list[int]) -> None:
         pass
+
+    def compact(self) -> None:
+        pass

@@ -133,6 +133,9 @@ class TrtllmEngine:
 
     name = "trtllm"
     arms_are_builds = True  # switching arms builds an LLM: calibration counts and caps builds
+    in_flight_control = False  # an arm is a build: the controller chooses per chunk of rows
+    counterfactual = False  # no teacher-forced logits: acceptance is measured by running an arm
+    regime = None
 
     def __init__(self, model: str, llm_options: dict[str, Any] | None = None, *, dtype: str | None = None,
                  clock: Callable[[], float] = time.perf_counter, stats_timeout_s: float = 2.0):
@@ -213,6 +216,11 @@ class TrtllmEngine:
     def gpus(self) -> int:
         """GPUs each LLM of this engine spans (tensor x pipeline x context parallel sizes)."""
         return world_size(self.run_options)
+
+    def profile(self, target, drafts=(), tries: int = 2) -> list:
+        """Nothing: TensorRT-LLM times no forward apart from generate; the controller learns step
+        costs from the iteration statistics of the chunks it runs."""
+        return []
 
     def build_seconds(self, spec: SpecConfig) -> float:
         """Seconds spent building the LLM(s) for `spec`'s label (calibration counts them as cost)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import ray
 
@@ -30,7 +31,17 @@ def main(gpus: int, input: str, runs: list[str]) -> None:
             print(json.dumps({"error": str(exc)}), flush=True)
             continue
         print(json.dumps({"rows": summary.rows, "error_rows": summary.error_rows, "complete": summary.complete,
-                          "free_gpus": ray.available_resources().get("GPU", 0)}), flush=True)
+                          "free_gpus": free_gpus(gpus)}), flush=True)
+
+
+def free_gpus(gpus: int, wait_s: float = 60.0) -> float:
+    """The GPUs free once the run's placement group is given back. Ray frees a removed group's
+    resources asynchronously (the GCS tells the raylet), so poll until all are back or `wait_s`
+    passes, then report what is free: a group never given back still shows."""
+    deadline = time.monotonic() + wait_s
+    while (free := ray.available_resources().get("GPU", 0)) < gpus and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return free
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Calibration when an arm is a build (issue 13; DESIGN.md "Calibration" item 5), over the stand-in
-whose LLM builds take simulated time: one live LLM per worker, build seconds counted as calibration
-cost, a cap on builds per worker, later shards of a key reusing the decision. And a run where no
-speculative arm could be measured says so (stats, summary, report, exit status)."""
+"""Calibration when an arm is a build (docs/calibration.md "Engines"), over the stand-in whose LLM
+builds take simulated time: one live LLM per worker, build seconds counted as calibration cost, a
+build run only where the rows left repay it, within a cap per worker, a key's later shard judging
+on its last rows. And a run where no speculative arm could be measured says so (stats, summary,
+report, exit status)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from importlib.resources import files
 
 from click.testing import CliRunner
 
-from batchspec.calibrate import CalibrationSettings
+from batchspec.calibrate import CalibrationSettings, WorkerState
 from batchspec.config.spec import load_spec_file, run_llm_options
 from batchspec.engine.base import Request, SamplingParams
 from batchspec.engine.trtllm.adapter import TrtllmEngine
@@ -19,7 +20,7 @@ from tests.engine.trtllm import fake_tensorrt_llm as fake
 from tests.engine.trtllm.conftest import TARGET
 
 CONFIGS = files("batchspec.data") / "trt_configs"
-BUILD_S = 45.0  # simulated seconds per LLM build (an 8B load plus CUDA-graph capture)
+BUILD_S = 0.05  # simulated seconds per LLM build: small enough for a 48-row shard's rows to repay it
 TEXTS = {"code": "def add(a, b):\n    return a + b\n" * 3, "chat": "Tell me about the sea and the sky."}
 
 
@@ -33,32 +34,44 @@ def arms():
     return [ngram.with_draft_len(2), ngram.with_draft_len(4), eagle.with_draft_len(2), eagle.with_draft_len(3)]
 
 
-def test_builds_per_run_and_their_cost_share(monkeypatch):
+def test_a_worker_calibrates_its_keys_by_running_each_method_once_within_its_build_cap(monkeypatch):
+    """Over the stand-in, where an arm is a build: the controller runs each method at its longest
+    draft once per key (its shorter drafts estimated from that run), only where the rows left
+    repay the build, within the worker's cap; a key's later shard judges on its last rows, so it
+    builds nothing to learn; every row comes back once."""
     st = fake.install(monkeypatch, build_seconds=BUILD_S)
     candidates = arms()
     engine = TrtllmEngine(TARGET, run_llm_options({}, candidates), clock=st.clock)
-    settings = CalibrationSettings(sample_size=8, max_tokens=32, min_rows=4, max_builds_per_worker=5)
-    prior, results = {}, []
-    for i, key in enumerate(["code", "code", "code", "chat", "chat"]):
-        result = run_shard(engine, shard(i, key), candidates, True, 4, settings, prior.get(key))
-        prior[key] = result.decision
-        results.append(result.stats)
+    settings = CalibrationSettings(max_builds_per_worker=5)
+    worker = WorkerState()
+    results = []
+    for i, (key, horizon) in enumerate([("code", 96), ("code", 0), ("chat", 96), ("chat", 0)]):
+        ran = run_shard(engine, shard(i, key, 96), candidates, True, 4, settings, worker=worker, horizon_rows=horizon)
+        assert [c.id for c in ran.completions] == [r.id for r in shard(i, key, 96).requests]
+        assert all(c.finish_reason != "error" for c in ran.completions)
+        results.append(ran.stats)
     engine.close()
-    builds = [s.builds for s in results]
-    share = sum(s.build_s for s in results) / sum(s.wall_s for s in results)
-    print(f"builds per shard {builds}, total {sum(builds)}, build share of wall {share:.0%}")
-    # key "code": none + one probe per method (ngram, eagle3) = 3 calibration builds, no confirmations
-    first = results[0]
-    assert first.decision_source == "calibrated" and 3 <= first.builds <= 4
-    assert {c.label for c in first.candidates if c.measured} == {"none", "ngram:k=2", "eagle3:k=2"}
-    assert first.calibration_s >= 3 * BUILD_S  # build seconds are calibration cost
-    # later shards of the key reuse the decision: no calibration, at most the production build
-    assert [s.decision_source for s in results[1:3]] == ["reused", "reused"] and builds[1:3] == [0, 0]
-    # key "chat" on the same worker: the cap leaves room for none + one probe, and the decision says so
-    assert results[3].decision_source == "calibrated" and "build cap" in results[3].decision_reason
-    assert sum(builds) <= settings.max_builds_per_worker + 2  # the cap bounds calibration; production builds add
-    assert st.max_live == 1 and sum(builds) == st.builds
-    assert 0 < share < 1
+    measured = [[e.arm for e in s.events if e.kind == "measure"] for s in results]
+    started = [s.events[0].arm for s in results]
+    for first, later in ((0, 1), (2, 3)):  # per key: each method run once over its shards, the longest draft measured
+        ran = measured[first] + measured[later]
+        assert len(ran) == len(set(ran)) and set(ran) <= {"eagle3:k=3", "ngram:k=4"}, measured
+        assert {a.split(":")[0] for a in ran + [started[first]]} >= {"eagle3", "ngram"}, (measured, started)
+        assert all(c.predicted_speedup for c in results[later].candidates if c.method != "eagle3" or c.draft_len <= 3)
+    assert sum(s.builds for s in results) == st.builds and st.max_live == 1
+    assert st.builds <= settings.max_builds_per_worker + len(results)  # learning within the cap, switches beside
+    assert results[0].calibration_s >= BUILD_S  # builds calibration caused are its cost
+
+
+def test_a_build_the_rows_cannot_repay_is_not_run(monkeypatch):
+    st = fake.install(monkeypatch, build_seconds=3600.0)
+    candidates = arms()
+    engine = TrtllmEngine(TARGET, run_llm_options({}, candidates), clock=st.clock)
+    ran = run_shard(engine, shard(0, "code", 48), candidates, True, 4, CalibrationSettings(), worker=WorkerState())
+    engine.close()
+    assert st.builds == 1 and ran.stats.spec_method == "none"  # none only: an hour's build repays nothing here
+    assert not [e for e in ran.stats.events if e.kind == "measure"]
+    assert "did not repay" in ran.stats.speculation_unmeasured
 
 
 def test_a_run_where_no_arm_could_be_measured_is_loud(monkeypatch, tmp_path):
@@ -66,7 +79,7 @@ def test_a_run_where_no_arm_could_be_measured_is_loud(monkeypatch, tmp_path):
     eagle = load_spec_file(str(CONFIGS / "eagle3.yaml")).spec
     broken = [dataclasses.replace(eagle, draft_model="nowhere/EAGLE3-head", draft_len=2)]  # a head that cannot load
     engine = TrtllmEngine(TARGET, run_llm_options({}, broken), clock=st.clock)
-    stats = run_shard(engine, shard(0, "code"), broken, True, 4, CalibrationSettings(sample_size=8, max_tokens=16, min_rows=4)).stats
+    stats = run_shard(engine, shard(0, "code", 48), broken, True, 4, CalibrationSettings(), horizon_rows=96).stats
     engine.close()
     assert stats.spec_method == "none" and "eagle3:k=2" in stats.speculation_unmeasured
     assert "huggingface.co" in stats.speculation_unmeasured  # the build's own reason, in one line

@@ -1,0 +1,53 @@
+"""The pipeline file's `calibration:` section, and the record of what a shard decided."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchspec.engine.base import NO_SPEC, SpecConfig
+from batchspec.stats import ArmResult, Event
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """The `calibration:` section. Each field declares its range in `metadata` (min / max
+    inclusive, above exclusive); batchspec.config checks every key against the type and range at
+    load, before any worker starts, so a new field needs only its declaration here."""
+
+    margin: float = field(default=0.05, metadata={"min": 0, "max": 1})  # an arm must beat the running one by this fraction
+    window: int = field(default=0, metadata={"min": 0})  # finished rows the rule judges on; 0 = max(16, 2 x batch size)
+    measure_steps: int = field(default=16, metadata={"min": 1})  # decode steps an arm runs to measure its price
+    max_fraction: float = field(default=0.10, metadata={"min": 0, "max": 1})  # the most of a shard's decode measuring may take
+    max_builds_per_worker: int = field(default=6, metadata={"min": 2})  # builds measurements may cause per worker (TensorRT-LLM)
+
+    def window_rows(self, batch_size: int) -> int:
+        return self.window or max(16, 2 * batch_size)
+
+
+@dataclass
+class Decision:
+    """What a shard ran with and why: the arm most of its rows finished under (`chosen`), every
+    arm's estimate over the shard's rows (`arms`), the events, and what calibration cost."""
+
+    chosen: SpecConfig = NO_SPEC
+    ended: SpecConfig = NO_SPEC  # the arm the shard ended under (where the key's next shard starts)
+    arms: list[ArmResult] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    source: str = "calibrated"  # calibrated | fixed
+    reason: str = ""
+    shard_id: str | None = None
+    predicted_speedup: float | None = None  # the chosen arm's, over the shard's rows
+    speedup: float | None = None  # the shard's goodput over plain decoding's price for its tokens
+    baseline_tokens_per_s: float | None = None  # that plain price as a goodput
+    calibration_s: float = 0.0  # profile, measurement and the controller's own time
+    overhead_s: float = 0.0  # of which work not kept as output (profile forwards)
+    profile_s: float = 0.0
+    exact: bool = True  # every row's counterfactual acceptance exact (greedy)
+
+    @property
+    def chosen_arm(self) -> ArmResult | None:
+        return next((a for a in self.arms if a.label == self.chosen.label), None)
+
+
+def fixed_decision(spec: SpecConfig, reason: str) -> Decision:
+    return Decision(spec, spec, source="fixed", reason=reason)

@@ -1,0 +1,179 @@
+"""An engine that replays recorded greedy outputs on a cost regime: the simulator's engine.
+
+Greedy speculative decoding commits exactly plain decoding's tokens; only how many each step
+commits differs. So once a model's plain greedy outputs are recorded (`record`), every arm can be
+run again without the model: `ReplayTarget` accepts a draft where it equals the recorded token,
+behind the torch engine's own decode loop (the same admission, batching, draining, drafters and
+in-flight switching; tests/engine/test_replay.py checks its steps against the engine's), while a
+cost regime prices every second (engine/regimes.py). A shard that took minutes on a CPU replays in
+a second of Python, and its figures are simulated, deterministic, and labelled so.
+
+A draft model's proposals are recorded too: the draft's greedy argmax at every output position
+given prompt + output so far (one teacher-forced forward). Where its earlier proposals in a step
+matched, that is exactly what it would have proposed; after a mismatch nothing it proposes is
+accepted, so the replay accepts what the engine would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+
+from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Request, SpecConfig
+from batchspec.engine.regimes import Regime
+from batchspec.engine.torch.decode import Decoder, Row
+from batchspec.engine.torch.drafters import Drafts
+from batchspec.engine.torch.engine import TorchEngine
+from batchspec.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One row's plain greedy decode: its prompt and output ids, and per draft model the draft's
+    greedy proposal at every output position (`proposals[m][s]`: its argmax after prompt + output[:s])."""
+
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    proposals: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+def record(engine: TorchEngine, requests: Sequence[Request], batch_size: int,
+           draft_models: Sequence[str] = ()) -> tuple[dict[str, Recorded], list[Completion]]:
+    """Decode `requests` plainly (greedy) on the real engine; each row's recording by request id,
+    and the completions (error rows are not recorded: the replay fails them again)."""
+    if any(not r.params.greedy for r in requests):
+        raise ConfigError("the simulator replays greedy rows only (temperature 0)")
+    done = engine.generate(list(requests), NO_SPEC, batch_size).completions
+    rows = [(r, c) for r, c in zip(requests, done) if c.finish_reason != "error"]
+    prompts = [tuple(engine.encode(r)) for r, _ in rows]
+    proposals = {m: engine.draft_proposals([(p, c.token_ids) for p, (_, c) in zip(prompts, rows)], m) for m in draft_models}
+    recorded = {r.id: Recorded(p, tuple(c.token_ids), {m: tuple(proposals[m][i]) for m in draft_models})
+                for i, (p, (r, c)) in enumerate(zip(prompts, rows))}
+    return recorded, done
+
+
+class ReplayBatch:
+    """The cache of a replayed batch: only its rows, for the step's context (the longest row)."""
+
+    def __init__(self, rows: list[Row] | None = None) -> None:
+        self.rows = rows or []
+
+    @property
+    def slots(self) -> int:
+        return max((len(r.context) - 1 for r in self.rows), default=0)
+
+    def extend(self, other: "ReplayBatch") -> None:
+        self.rows += other.rows
+
+    def select(self, keep: list[int]) -> None:
+        self.rows = [self.rows[i] for i in keep]
+
+    def compact(self) -> None:
+        pass
+
+
+class ReplayTarget:
+    """A target whose greedy token at every position is the recorded one (`ModelTarget`'s twin)."""
+
+    def __init__(self, outputs: Mapping[int, Sequence[int]]) -> None:
+        self.outputs = outputs  # request index -> recorded output ids
+
+    def new_batch(self) -> ReplayBatch:
+        return ReplayBatch()
+
+    def prefill(self, rows: list[Row]) -> tuple[ReplayBatch, list[int]]:
+        return ReplayBatch(list(rows)), [self.outputs[r.index][0] for r in rows]
+
+    def verify(self, rows: list[Row], batch: ReplayBatch, draft_lists: list[list[int]], drafts
+               ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        accepted, nexts = [], []
+        for row, draft in zip(rows, draft_lists):
+            truth, t = self.outputs[row.index], len(row.output)
+            if t >= len(truth):
+                raise RuntimeError(f"row {row.index} ran past its recording ({len(truth)} tokens)")
+            n = 0
+            while n < len(draft) and t + n < len(truth) and draft[n] == truth[t + n]:
+                n += 1
+            accepted.append(n)
+            # drafts that matched through the row's last token (its eos) end it there: what follows is never committed
+            nexts.append(truth[t + n] if t + n < len(truth) else truth[-1])
+        return torch.tensor(accepted), torch.tensor(nexts), [0] * len(rows)  # no mask: no grammar consumed drafts
+
+
+class RecordedDrafter:
+    """A draft model's proposals as recorded: at output position t, proposals[t:t + budget]."""
+
+    def __init__(self, proposals: Mapping[int, Sequence[int]]) -> None:
+        self.proposals = proposals  # request index -> the draft's proposal at every output position
+
+    def admit(self, rows: list, device) -> None:
+        pass
+
+    def propose(self, rows: list[Row], budgets: list[int], vocab: int, ahead=None) -> Drafts:
+        assert not any(ahead or ()), "the simulator replays unconstrained rows only"
+        out = []
+        for row, k in zip(rows, budgets):
+            t = len(row.output)
+            out.append(list(self.proposals[row.index][t : t + k]))
+        return Drafts(out, None)
+
+    def commit(self, num_accepted, drafts: Drafts, next_tokens: list[int]) -> None:
+        pass
+
+    def select(self, keep: list[int]) -> None:
+        pass
+
+    def compact(self) -> None:
+        pass
+
+
+class ReplayEngine(TorchEngine):
+    """The torch engine over recordings instead of a forward pass, on a cost regime: `generate`
+    takes requests whose ids were recorded (prompt_token_ids set), greedy only."""
+
+    def __init__(self, base: TorchEngine, recorded: Mapping[str, Recorded], regime: Regime) -> None:
+        super().__init__(base.model, base.tokenizer, base.model_name, str(base.device), regime=regime)
+        self.recorded = recorded
+        self._ids: list[str] = []  # the current generate call's request ids, by index
+        self._prompts: dict | None = None
+
+    def check(self, spec: SpecConfig) -> None:
+        if spec.method not in ("none", "ngram", "draft_target", "suffix"):
+            raise ConfigError(f"the simulator replays none, ngram, suffix and draft_target arms, not {spec.method}")
+        if spec.method == "draft_target":
+            missing = [i for i, r in self.recorded.items() if spec.draft_model not in r.proposals][:1]
+            if missing:
+                raise ConfigError(f"draft model {spec.draft_model!r} was not recorded (row {missing[0]})")
+
+    def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int, control=None) -> GenerateResult:
+        unknown = [r.id for r in requests if r.id not in self.recorded]
+        if unknown or any(not r.params.greedy for r in requests):
+            raise ConfigError(f"the simulator replays recorded greedy rows only (not recorded: {unknown[:3]})")
+        self._ids = [r.id for r in requests]
+        return super().generate(requests, spec, batch_size, control)
+
+    def encode(self, request: Request) -> list[int]:
+        return list(self.recorded[request.id].prompt_ids)
+
+    def draft_proposals(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], draft_model: str) -> list[list[int]]:
+        """As recorded: a row's proposals depend only on its prompt and output so far, and two rows
+        with one prompt have one greedy output."""
+        by_prompt = self._by_prompt()
+        return [list(by_prompt[tuple(p)].proposals[draft_model][: len(o)]) for p, o in sequences]
+
+    def _by_prompt(self) -> dict[tuple[int, ...], Recorded]:
+        if self._prompts is None:
+            self._prompts = {r.prompt_ids: r for r in self.recorded.values()}
+        return self._prompts
+
+    def _decoder(self, scopes, lookups) -> Decoder:
+        outputs = {i: self.recorded[rid].output_ids for i, rid in enumerate(self._ids)}
+        return Decoder(ReplayTarget(outputs), self.tokenizer, self.eos_ids, self.vocab, self.device,
+                       lambda spec: self._drafter(spec, scopes, lookups))
+
+    def _drafter(self, spec: SpecConfig, scopes, lookups):
+        if spec.method == "draft_target":
+            return RecordedDrafter({i: self.recorded[rid].proposals[spec.draft_model] for i, rid in enumerate(self._ids)})
+        return super()._drafter(spec, scopes, lookups)  # n-gram and suffix drafters read only the rows

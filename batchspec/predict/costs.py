@@ -1,0 +1,180 @@
+"""The worker's step-cost table: what one decode step costs, learned from the steps it runs.
+
+    price(method, rows, width, context) = forward(rows, width, context) x ratio(method, rows, width)
+
+`forward` is the engine's timed forwards (a short profile, `profile_grid`): linear between the
+profile's points in tokens per step (rows x width, the work a forward does), times a context factor
+(1 + slope x context) where the profile timed plain forwards at two contexts (else 1: a cell's
+exponential average follows the shard's context as it grows). `ratio` is what the decode loop
+actually took for such a step over that price: drafting, the accept rule and the loop's own
+bookkeeping, which no profile of a forward sees. Every `Step` the worker runs updates the ratio of
+its cell (method, rows, width): the mean of its observations, then an exponential average over the
+last WINDOW_STEPS, so prices follow the machine as it is now. A cell never observed borrows the
+ratio of the nearest observed cell of the same method (the same rows first), else of plain
+decoding at those rows, else 1.
+
+Each price carries a relative uncertainty `u`: an observed cell's spread over its observations
+(sqrt(var / n), at least NOISE_FLOOR); a borrowed ratio adds BORROWED_U (another width's or
+rows' ratio), a ratio of another method PRIOR_U (its bookkeeping is unknown). A load that slows
+every step alike cancels in the ratio of two arms' prices; the table is per worker, so a machine's
+own quirks stay with it.
+
+No clock here: the engine times steps and forwards; this module only prices them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from batchspec.engine.base import Step, StepCost
+
+WINDOW_STEPS = 64  # a cell's ratio averages its last this many steps (an exponential window)
+NOISE_FLOOR = 0.02  # the least relative uncertainty of any price
+BORROWED_U = 0.08  # a ratio borrowed from another width or another number of rows of the same method
+PRIOR_U = 0.20  # a ratio borrowed from plain decoding for a method never run on this worker
+
+
+def profile_grid(batch_size: int, context: int, max_width: int, draft_models: Sequence[str] = (),
+                 ) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int, int]]]:
+    """The forwards a worker times once per batch size, at the production batch and the shard's
+    context: the target at widths 1, the widest verify and one between (a forward's cost is near
+    linear in its tokens, piecewise where it turns from memory- to compute-bound), and one step of
+    each draft model. Everything else is learned from the steps the worker runs."""
+    widths = sorted({1, max_width, (1 + max_width) // 2})
+    target = [(batch_size, context, w) for w in widths]
+    drafts = [(d, batch_size, context, 1) for d in draft_models]
+    return target, drafts
+
+
+@dataclass
+class Cell:
+    """The observed ratio of one (method, rows, width): mean and variance, exponentially weighted."""
+
+    mean: float = 1.0
+    var: float = 0.0
+    n: int = 0
+
+    def add(self, ratio: float) -> None:
+        self.n += 1
+        w = 1.0 / min(self.n, WINDOW_STEPS)
+        delta = ratio - self.mean
+        self.mean += w * delta
+        self.var = (1 - w) * (self.var + w * delta * delta)
+
+    @property
+    def u(self) -> float:
+        """Relative uncertainty of the mean (its standard error over the mean, at least the floor)."""
+        n_eff = min(self.n, WINDOW_STEPS)
+        spread = math.sqrt(self.var / max(n_eff, 1)) / self.mean if self.mean > 0 else 1.0
+        return max(NOISE_FLOOR, spread if self.n > 1 else PRIOR_U / 2)
+
+
+@dataclass(frozen=True)
+class Price:
+    seconds: float
+    u: float  # relative uncertainty
+
+
+@dataclass
+class CostTable:
+    """One worker's step costs (see the module docstring). `points` are the profile's forwards;
+    `cells` the observed ratios, by (method, rows, width)."""
+
+    points: list[StepCost] = field(default_factory=list)
+    cells: dict[tuple[str, int, int], Cell] = field(default_factory=dict)
+    profiled: set[int] = field(default_factory=set)  # batch sizes whose grid was timed
+    _curves: dict = field(default_factory=dict, init=False, repr=False)
+
+    # -- the profile -------------------------------------------------------------------------------
+
+    def seed(self, points: Sequence[StepCost], batch_size: int) -> None:
+        self.points += list(points)
+        self.profiled.add(batch_size)
+        self._curves.clear()
+
+    def needs_profile(self, batch_size: int) -> bool:
+        return batch_size not in self.profiled
+
+    def forward_s(self, rows: int, width: int, context: int, kind: str = "target", model: str | None = None) -> float:
+        """The profile's price of one forward (`kind` target, or a draft model's)."""
+        slope, curve = self._curve(kind, model)
+        if not curve:
+            return 0.0
+        tokens = rows * width
+        xs = [t for t, _ in curve]
+        i = bisect.bisect_left(xs, tokens)
+        if i == 0:
+            base = curve[0][1]
+        elif i == len(curve):
+            (t0, s0), (t1, s1) = curve[-2] if len(curve) > 1 else curve[-1], curve[-1]
+            base = s1 + (s1 - s0) / (t1 - t0) * (tokens - t1) if t1 > t0 else s1
+        else:
+            (t0, s0), (t1, s1) = curve[i - 1], curve[i]
+            base = s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
+        return max(base, 0.0) * (1 + slope * context)
+
+    def _curve(self, kind: str, model: str | None) -> tuple[float, list[tuple[int, float]]]:
+        """(context slope, [(tokens, seconds at context 0)] sorted) of a model's points."""
+        key = (kind, model if kind != "target" else None)
+        if key not in self._curves:
+            mine = [p for p in self.points if p.kind == kind and (kind == "target" or p.model == model)]
+            slope = _slope([p for p in mine if p.tokens == 1])
+            by_tokens: dict[int, list[float]] = {}
+            for p in mine:
+                by_tokens.setdefault(p.batch * p.tokens, []).append(p.seconds / (1 + slope * p.context))
+            self._curves[key] = (slope, sorted((t, min(s)) for t, s in by_tokens.items()))
+        return self._curves[key]
+
+    # -- learning from steps ---------------------------------------------------------------------
+
+    def base_s(self, method: str, rows: int, width: int, context: int, draft_model: str | None = None) -> float:
+        """The profile's price of a step: the verify forward, and a draft model's k draft forwards;
+        1 without a profile (an engine that times no forwards apart: the ratio is the seconds)."""
+        if not self.points:
+            return 1.0
+        base = self.forward_s(rows, width, context)
+        if method == "draft_target" and width > 1:
+            base += (width - 1) * self.forward_s(rows, 1, context, "draft", draft_model)
+        return base
+
+    def observe(self, step: Step, draft_model: str | None = None) -> None:
+        base = self.base_s(step.method, step.rows, step.tokens, step.context, draft_model)
+        if base > 0 and step.seconds > 0:
+            self.cells.setdefault((step.method, step.rows, step.tokens), Cell()).add(step.seconds / base)
+
+    def price(self, method: str, rows: int, width: int, context: int, draft_model: str | None = None) -> Price:
+        """What a step of this shape costs now, with its relative uncertainty."""
+        ratio, u = self._ratio(method, rows, width)
+        return Price(self.base_s(method, rows, width, context, draft_model) * ratio, u)
+
+    def _ratio(self, method: str, rows: int, width: int) -> tuple[float, float]:
+        cell = self.cells.get((method, rows, width))
+        if cell is not None and cell.n:
+            return cell.mean, cell.u
+        same = [(abs(math.log(r / rows)), abs(w - width), c) for (m, r, w), c in self.cells.items() if m == method and c.n]
+        if same:
+            _, _, near = min(same, key=lambda x: x[:2])
+            return near.mean, math.hypot(near.u, BORROWED_U)
+        plain = [(abs(math.log(r / rows)), c) for (m, r, w), c in self.cells.items() if m == "none" and c.n]
+        if plain:
+            near = min(plain, key=lambda x: x[0])[1]
+            return near.mean, math.hypot(near.u, PRIOR_U if method != "none" else BORROWED_U)
+        return 1.0, PRIOR_U
+
+
+def _slope(points: Sequence[StepCost]) -> float:
+    """Relative cost per token of context, from plain forwards at the same batch and different
+    contexts (0 where the profile has none: a single context)."""
+    by_batch: dict[int, list[StepCost]] = {}
+    for p in points:
+        by_batch.setdefault(p.batch, []).append(p)
+    slopes = []
+    for group in by_batch.values():
+        lo, hi = min(group, key=lambda p: p.context), max(group, key=lambda p: p.context)
+        if hi.context > lo.context and lo.seconds > 0:
+            r = hi.seconds / lo.seconds
+            slopes.append(max(0.0, (r - 1) / (hi.context - r * lo.context)) if hi.context > r * lo.context else 0.0)
+    return sorted(slopes)[len(slopes) // 2] if slopes else 0.0

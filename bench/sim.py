@@ -1,0 +1,285 @@
+"""The calibration simulator: per-shard decisions against the exact oracle, in virtual time.
+
+A model's plain greedy outputs over the input are recorded once (cached), then every shard is
+replayed on a cost regime (batchspec/engine/regimes.py) by the torch engine's own decode loop
+(batchspec/engine/replay.py): real tokens, real acceptance, batching, admission and draining,
+every second priced by the regime. So the oracle is exact (every arm run over the whole shard)
+and a decision's ratio to it is deterministic. Per shard it reports the arm the pipeline ran
+(`shard.run_shard`, the product's own path, one worker's calibration state across a run's
+shards), the oracle's arm, both goodputs and their ratio, plain decoding's, the predicted speedup
+and calibration's overhead in virtual time; per run, the best single static arm for the whole job
+(one option file) and the best batch-size schedule written by hand (one draft length per number of
+rows in flight, the same for every key), and what share of the oracle's gain over each the
+calibration captured. All figures are SIMULATED, never measurements.
+
+    python bench/sim.py --input examples/prompts.parquet --shard-by task --regime gpu-roofline \\
+        --batch-size 8 [--rows 256] [--model smollm2-135m] [--max-tokens 128] --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pickle
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+for _path in (ROOT, ROOT / "bench"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from common import results as recorded_results  # noqa: E402
+
+from batchspec.calibrate import CalibrationSettings, WorkerState  # noqa: E402
+from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig  # noqa: E402
+from batchspec.engine.regimes import REGIMES, regime as regime_named  # noqa: E402
+from batchspec.engine.replay import Recorded, ReplayEngine, record  # noqa: E402
+from batchspec.shard import ShardInput, run_shard  # noqa: E402
+
+CACHE = Path.home() / ".cache" / "batchspec" / "sim"
+SWITCH = "switch"  # the shard that changes workload half-way (--switch A,B)
+
+
+@dataclass(frozen=True)
+class Shard:
+    key: str
+    requests: list[Request]
+
+
+def load_requests(path: str, shard_by: str, rows: int, max_tokens: int, prompt_format: str,
+                  switch: tuple[str, str] | None, repeat: int = 1) -> list[Shard]:
+    """The input's rows by shard key, at most `rows` each, plus a shard of `rows` rows whose first
+    half is key A's and second half key B's (`switch`)."""
+    import polars as pl
+
+    frame = pl.read_parquet(path)
+    params = SamplingParams(max_tokens=max_tokens)
+    by_key: dict[str, list[Request]] = {}
+    for i, row in enumerate(frame.iter_rows(named=True)):
+        key = str(row[shard_by])
+        rid = str(row.get("id", i))
+        if row.get("messages"):
+            messages = tuple({"role": m["role"], "content": m["content"]} for m in row["messages"])
+        elif prompt_format == "chat":
+            messages = ({"role": "user", "content": row["prompt"]},)
+        else:
+            messages = None
+        request = Request(rid, messages=messages, params=params) if messages else Request(rid, prompt=row["prompt"], params=params)
+        if len(by_key.setdefault(key, [])) < rows:
+            by_key[key].append(request)
+    if repeat > 1:  # each key's rows again, as a job many times larger would have them (same prompts, same outputs)
+        by_key = {k: [replace(r, id=f"{r.id}#{n}") for n in range(repeat) for r in v] for k, v in by_key.items()}
+    shards = [Shard(k, v) for k, v in sorted(by_key.items())]
+    if switch:
+        a, b = switch
+        half = rows // 2
+        shards.append(Shard(SWITCH, by_key[a][:half * repeat] + by_key[b][:half * repeat]))
+    return shards
+
+
+def recordings(args, shards: Sequence[Shard]):
+    """The model's plain greedy outputs for every row (recorded once per input and settings)."""
+    from batchspec.engine.torch.engine import TorchEngine
+
+    ids = sorted({r.id.split("#")[0] for s in shards for r in s.requests})
+    tag = json.dumps([args.input, args.model, args.draft_model, args.max_tokens, args.prompt_format, args.dtype, ids])
+    path = CACHE / f"{hashlib.sha256(tag.encode()).hexdigest()[:16]}.pkl"
+    engine = TorchEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device="cpu")
+    if path.exists():
+        return engine, _repeated(pickle.loads(path.read_bytes()), shards)
+    by_text: dict = {}  # rows of one prompt have one greedy output: each prompt is decoded once
+    for r in (r for s in shards for r in s.requests if "#" not in r.id or r.id.endswith("#0")):
+        r = replace(r, id=r.id.split("#")[0])
+        by_text.setdefault(json.dumps([r.prompt, r.messages, repr(r.params)]), []).append(r.id)
+    first = {r.id.split("#")[0]: replace(r, id=r.id.split("#")[0]) for s in shards for r in s.requests}
+    unique = [first[ids[0]] for ids in by_text.values()]
+    began = time.perf_counter()
+    once, _ = record(engine, unique, batch_size=32, draft_models=[args.draft_model] if args.draft_model else [])
+    recorded = {rid: once[ids[0]] for ids in by_text.values() if ids[0] in once for rid in ids}
+    print(f"recorded {len(once)} prompts ({len(recorded)} rows) in {time.perf_counter() - began:.0f} s -> {path}",
+          file=sys.stderr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(recorded))
+    return engine, _repeated(recorded, shards)
+
+
+def _repeated(recorded: dict[str, Recorded], shards: Sequence[Shard]) -> dict[str, Recorded]:
+    """Every request id's recording, a repeated row (`id#n`) its original's."""
+    return {r.id: recorded[r.id.split("#")[0]] for s in shards for r in s.requests if r.id.split("#")[0] in recorded}
+
+
+def arms_of(args) -> list[SpecConfig]:
+    arms = [SpecConfig("ngram", k) for k in args.ngram]
+    if args.draft_model:
+        arms += [SpecConfig("draft_target", k, draft_model=args.draft_model) for k in args.draft]
+    return arms
+
+
+def goodput(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def decode_tokens(completions) -> int:
+    return sum(max(c.output_tokens - 1, 0) for c in completions)
+
+
+def run_arm(engine: ReplayEngine, requests: list[Request], arm: SpecConfig, batch_size: int) -> dict:
+    result = engine.generate(requests, arm, batch_size)
+    return {"tokens": result.decode_tokens, "decode_s": result.timing.decode_s,
+            "rows_in_flight": [s.rows for s in result.steps], "committed": [s.committed for s in result.steps]}
+
+
+def schedule_s(per_arm: dict, schedule: dict[int, str]) -> float:
+    """Decode seconds of a shard under a batch-size schedule (rows in flight -> arm, the entry at or
+    below the rows in flight), priced from each arm's own whole-shard run: each arm's seconds per
+    token times the tokens plain decoding committed at those rows in flight (TensorRT-LLM's
+    `draft_len_schedule` by concurrency, approximated)."""
+    plain = per_arm["none"]
+    tokens_at: dict[int, int] = {}
+    for rows, committed in zip(plain["rows_in_flight"], plain["committed"]):
+        tokens_at[rows] = tokens_at.get(rows, 0) + committed
+    seconds = 0.0
+    for rows, tokens in tokens_at.items():
+        arm = per_arm[schedule[max((k for k in schedule if k <= rows), default=min(schedule))]]
+        seconds += arm["decode_s"] / max(arm["tokens"], 1) * tokens
+    return seconds
+
+
+def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard], regime_name: str,
+             batch_size: int) -> dict:
+    replay = ReplayEngine(engine, recorded, regime_named(regime_name))
+    arms = arms_of(args)
+    settings = CalibrationSettings()
+    worker = WorkerState()
+    out, keys = [], []
+    for shard in shards:
+        requests = [r for r in shard.requests if r.id in recorded]
+        keys.append({a.label: run_arm(replay, requests, a, batch_size) for a in [NO_SPEC, *arms]})
+        for part in range(args.shards_per_key):
+            rows = requests[part * len(requests) // args.shards_per_key: (part + 1) * len(requests) // args.shards_per_key]
+            horizon = len(requests) - (part + 1) * len(requests) // args.shards_per_key
+            ran = run_shard(replay, ShardInput(f"{shard.key}-{part}", shard.key, rows), arms, True, batch_size,
+                            settings, worker=worker, horizon_rows=horizon)
+            whole = keys[-1] if len(rows) == len(requests) else {a.label: run_arm(replay, rows, a, batch_size) for a in [NO_SPEC, *arms]}
+            oracle = {label: goodput(**_tokens_s(r)) for label, r in whole.items()}
+            best = max(oracle, key=oracle.get)
+            stats, overhead_s = ran.stats, ran.stats.profile_s + ran.stats.build_s
+            tokens = decode_tokens(ran.completions)
+            got = goodput(tokens, stats.decode_s + overhead_s)
+            out.append({
+                "shard": stats.shard_id, "key": shard.key, "rows": len(rows), "benched": part == args.shards_per_key - 1 or not args.bench_last,
+                "ran": ran_arms(ran), "oracle": best, "goodput": got, "oracle_goodput": oracle[best],
+                "plain_goodput": oracle["none"], "vs_oracle": got / oracle[best], "vs_plain": got / oracle["none"],
+                "predicted_speedup": stats.predicted_speedup,
+                "oracle_speedups": {a: g / oracle["none"] for a, g in oracle.items()},
+                "overhead": overhead_s / (stats.decode_s + stats.prefill_s + overhead_s),
+                "tokens": tokens, "seconds": stats.decode_s + overhead_s,
+                "events": [f"{e.row}:{e.kind}:{e.arm}" for e in stats.events if e.kind != "profile"],
+            })
+    return {"regime": regime_name, "batch_size": batch_size, "shards": out,
+            "job": job_summary(out, keys, arms, batch_size)}
+
+
+def _tokens_s(run: dict) -> dict:
+    return {"tokens": run["tokens"], "seconds": run["decode_s"]}
+
+
+def ran_arms(ran) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for spec in ran.row_specs:
+        counts[spec.label] = counts.get(spec.label, 0) + 1
+    return counts
+
+
+def job_summary(shards: list[dict], keys: list[dict], arms: Sequence[SpecConfig], batch_size: int) -> dict:
+    """The job against what a user configures by hand: one static arm for every shard, and a
+    batch-size schedule (the same for every key), each the best of its kind in hindsight."""
+    import itertools
+
+    labels = ["none", *[a.label for a in arms]]
+    tokens = sum(k["none"]["tokens"] for k in keys)
+    static = {a: goodput(tokens, sum(k[a]["decode_s"] for k in keys)) for a in labels}
+    best_static = max(static, key=static.get)
+    oracle = goodput(tokens, sum(min(k[a]["decode_s"] for a in labels) for k in keys))
+    calibrated = goodput(sum(s["tokens"] for s in shards), sum(s["seconds"] for s in shards))
+    buckets = sorted({1, max(1, batch_size // 4), max(1, batch_size // 2), batch_size})
+    schedules = {}
+    for choice in itertools.product(labels, repeat=len(buckets)):
+        schedule = dict(zip(buckets, choice))
+        schedules[choice] = goodput(tokens, sum(schedule_s(k, schedule) for k in keys))
+    best_schedule = max(schedules, key=schedules.get)
+    gain = oracle - static[best_static]
+    return {
+        "static_best": best_static, "static_goodput": static[best_static], "oracle_goodput": oracle,
+        "schedule_best": dict(zip(buckets, best_schedule)), "schedule_goodput": schedules[best_schedule],
+        "calibrated_goodput": calibrated, "vs_oracle": calibrated / oracle,
+        "captured_of_oracle_gain_over_static": (calibrated - static[best_static]) / gain if gain > 0 else None,
+        "vs_static": calibrated / static[best_static], "vs_schedule": calibrated / schedules[best_schedule],
+    }
+
+
+def table(results: Sequence[dict]) -> str:
+    lines = ["| regime | batch | shard | ran (rows) | oracle | vs oracle | vs plain | predicted | overhead | events |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        for s in (x for x in r["shards"] if x["benched"]):
+            ran = ", ".join(f"{a} {n}" for a, n in s["ran"].items())
+            pred = f"{s['predicted_speedup']:.2f}x" if s["predicted_speedup"] else "-"
+            lines.append(f"| {r['regime']} | {r['batch_size']} | {s['shard']} | {ran} | {s['oracle']} | "
+                         f"{s['vs_oracle']:.3f} | {s['vs_plain']:.3f} | {pred} | {s['overhead']:.1%} | "
+                         f"{' '.join(s['events'][:6])} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", required=True, help="prompt Parquet (a `prompt` column)")
+    p.add_argument("--shard-by", required=True, help="the column whose values are shard keys")
+    p.add_argument("--regime", default="gpu-roofline", help=f"comma-separated: {', '.join(REGIMES)}")
+    p.add_argument("--batch-size", default="8", help="comma-separated batch sizes")
+    p.add_argument("--rows", type=int, default=256, help="rows per shard key")
+    p.add_argument("--shards-per-key", type=int, default=1, help="a key's rows split into this many shards, run in order")
+    p.add_argument("--repeat", type=int, default=1, help="each key's rows this many times (a larger job of the same prompts)")
+    p.add_argument("--bench-last", action="store_true", help="report only each key's last shard")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--draft-model", default=None)
+    p.add_argument("--ngram", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4, 6, 8], help="n-gram draft lengths")
+    p.add_argument("--draft", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4], help="draft-model draft lengths")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--prompt-format", choices=("chat", "raw"), default="chat")
+    p.add_argument("--dtype", default="bfloat16", help="the recording's dtype (tokens only; time is the regime's)")
+    p.add_argument("--switch", default="prose,edit", help="KEY_A,KEY_B: add a shard that changes from A to B half-way ('' for none)")
+    p.add_argument("--json", default=None, help="write the results here")
+    recorded_results.add_options(p)
+    args = p.parse_args(argv)
+    switch = tuple(args.switch.split(",")) if args.switch else None
+    shards = load_requests(args.input, args.shard_by, args.rows, args.max_tokens, args.prompt_format, switch, args.repeat)
+    engine, recorded = recordings(args, shards)
+    results = []
+    for name in args.regime.split(","):
+        for batch in (int(b) for b in args.batch_size.split(",")):
+            results.append(simulate(args, engine, recorded, shards, name, batch))
+    print("SIMULATED (virtual time on cost regimes; not measurements)")
+    print(table(results))
+    for r in results:
+        print(f"{r['regime']} b{r['batch_size']} job: {json.dumps(r['job'])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"simulated": True, "args": vars(args), "results": results}, indent=1))
+    for r in results:
+        shards = r["shards"]
+        metrics = {"simulated": True, "min_vs_oracle": round(min(s["vs_oracle"] for s in shards), 3),
+                   "mean_vs_oracle": round(sum(s["vs_oracle"] for s in shards) / len(shards), 3),
+                   "max_overhead": round(max(s["overhead"] for s in shards), 4),
+                   **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r["job"].items() if k != "schedule_best"}}
+        one = argparse.Namespace(**{**vars(args), "regime": r["regime"], "batch_size": r["batch_size"]})
+        recorded_results.record("sim", "bench/sim.py", one, argv, metrics)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The calibration controller, judged on behaviour: on simulated regimes (replayed recordings,
+virtual time: deterministic) a shard runs within a few percent of its oracle, stays plain where
+nothing pays, switches on where the workload changes, and a key's next shard starts where the last
+ended; on the real tiny engine no row is lost or changed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from batchspec.calibrate import CalibrationSettings, WorkerState
+from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
+from batchspec.engine.regimes import regime
+from batchspec.engine.replay import Recorded, ReplayEngine
+from batchspec.shard import ShardInput, run_shard
+from tests.data import word_rows
+
+NGRAM = [SpecConfig("ngram", k) for k in (2, 4, 8)]
+
+
+def _copy_row(rng: random.Random, n: int = 48) -> tuple[list[int], list[int]]:
+    """A prompt holding a passage, and an output that repeats it (n-gram lookup pays)."""
+    passage = [rng.randrange(1, 64) for _ in range(n)]
+    return [rng.randrange(1, 64) for _ in range(6)] + passage, passage[:-1] + [0]
+
+
+def _fresh_row(rng: random.Random, n: int = 48) -> tuple[list[int], list[int]]:
+    """An output that repeats nothing (n-gram lookup rarely proposes, never for long)."""
+    prompt = [rng.randrange(1, 32) for _ in range(12)]
+    return prompt, [rng.randrange(32, 64) for _ in range(n - 1)] + [0]
+
+
+def _shard(kinds: str, seed: int = 0) -> tuple[list[Request], dict[str, Recorded]]:
+    rng = random.Random(seed)
+    requests, recorded = [], {}
+    for i, kind in enumerate(kinds):
+        prompt, output = (_copy_row if kind == "c" else _fresh_row)(rng)
+        rid = f"{kind}{seed}-{i}"
+        requests.append(Request(rid, prompt_token_ids=tuple(prompt), params=SamplingParams(max_tokens=64)))
+        recorded[rid] = Recorded(tuple(prompt), tuple(output))
+    return requests, recorded
+
+
+def _goodput(result) -> float:
+    return result.decode_tokens / result.timing.decode_s
+
+
+def _calibrated(stats) -> float:
+    """A calibrated shard's goodput, its profile's virtual seconds counted."""
+    return (stats.output_tokens - stats.rows + stats.error_rows) / (stats.decode_s + stats.calibration_overhead_s)
+
+
+@pytest.mark.parametrize("name", ["gpu-roofline", "h200-torch", "cpu"])
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_a_copy_heavy_shard_runs_within_a_few_percent_of_its_oracle(tiny_engine, name, batch_size):
+    requests, recorded = _shard("c" * 128)
+    engine = ReplayEngine(tiny_engine, recorded, regime(name))
+    oracle = max(_goodput(engine.generate(requests, arm, batch_size)) for arm in [NO_SPEC, *NGRAM])
+    ran = run_shard(engine, ShardInput("s0", "copy", requests), NGRAM, True, batch_size, worker=WorkerState())
+    assert _calibrated(ran.stats) >= 0.95 * oracle
+    assert ran.stats.spec_method == "ngram" and any(e.kind == "switch" for e in ran.stats.events)
+
+
+@pytest.mark.parametrize("name", ["gpu-roofline", "cpu"])
+def test_where_nothing_pays_the_shard_stays_plain(tiny_engine, name):
+    requests, recorded = _shard("f" * 128)
+    engine = ReplayEngine(tiny_engine, recorded, regime(name))
+    plain = _goodput(engine.generate(requests, NO_SPEC, 4))
+    ran = run_shard(engine, ShardInput("s0", "prose", requests), NGRAM, True, 4, worker=WorkerState())
+    assert ran.stats.spec_method == "none"
+    assert _calibrated(ran.stats) >= 0.97 * plain
+
+
+def test_a_shard_whose_workload_changes_switches_on_after_the_change(tiny_engine):
+    requests, recorded = _shard("f" * 32 + "c" * 32)
+    engine = ReplayEngine(tiny_engine, recorded, regime("gpu-roofline"))
+    ran = run_shard(engine, ShardInput("s0", "mixed", requests), NGRAM, True, 2, worker=WorkerState())
+    on = [e for e in ran.stats.events if e.kind in ("switch", "measure") and e.arm != "none" and e.row >= 16]
+    assert on and 24 <= on[0].row <= 40  # switched on (or tried and kept) soon after the change, rows finished then
+    assert ran.decision.ended.method == "ngram"
+    specs = [s.method for s in ran.row_specs]
+    assert specs[:16] == ["none"] * 16 and specs[-16:] == ["ngram"] * 16
+
+
+def test_a_keys_next_shard_starts_under_the_arm_its_last_ended_under(tiny_engine):
+    requests, recorded = _shard("c" * 64)
+    engine = ReplayEngine(tiny_engine, recorded, regime("gpu-roofline"))
+    worker = WorkerState()
+    first = run_shard(engine, ShardInput("s0", "copy", requests[:32]), NGRAM, True, 4, worker=worker)
+    second = run_shard(engine, ShardInput("s1", "copy", requests[32:]), NGRAM, True, 4, worker=worker)
+    assert first.stats.events[0].arm == "none"
+    assert second.stats.events[0].kind == "start" and second.stats.events[0].arm == first.decision.ended.label != "none"
+    assert second.stats.profile_s == 0 and first.stats.profile_s > 0  # one profile per worker and batch size
+    other = run_shard(engine, ShardInput("s2", "other", requests[32:]), NGRAM, True, 4, worker=worker, prior=NGRAM[0])
+    assert other.stats.events[0].arm == NGRAM[0].label  # a key new to this worker starts where the driver says
+
+
+def test_a_shard_under_the_controller_loses_no_row_and_changes_no_token(tiny_engine):
+    rows = word_rows(20)
+    rows[3] = Request("bad", prompt="", params=SamplingParams(max_tokens=8))  # an error row stays in place
+    arms = [SpecConfig("ngram", 3), SpecConfig("draft_target", 2, draft_model="close")]
+    ran = run_shard(tiny_engine, ShardInput("s0", "k", rows), arms, True, 2, CalibrationSettings(measure_steps=4),
+                    worker=WorkerState())
+    plain = tiny_engine.generate(rows, NO_SPEC, 2).completions
+    assert [c.id for c in ran.completions] == [r.id for r in rows]
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain]
+    assert ran.completions[3].finish_reason == "error" and ran.stats.error_rows == 1
+    assert len(ran.row_specs) == 20 and ran.stats.events[0].kind == "start"
+    assert {c.label for c in ran.stats.candidates} == {"none", "ngram:k=3", "draft_target:k=2"}
+    assert all(c.predicted_speedup for c in ran.stats.candidates)
+
+
+def test_sampled_rows_are_estimates_and_say_so(tiny_engine):
+    rows = [Request(f"s{i}", prompt=r.prompt, params=SamplingParams(max_tokens=16, temperature=0.8, seed=i))
+            for i, r in enumerate(word_rows(8))]
+    ran = run_shard(tiny_engine, ShardInput("s0", "k", rows), [SpecConfig("ngram", 2)], True, 2, worker=WorkerState())
+    assert not ran.decision.exact and "estimate" in ran.stats.caveats
+    assert ran.stats.rows == 8 and all(c.finish_reason != "error" for c in ran.completions)
+
+
+def test_a_fixed_arm_runs_without_calibration(tiny_engine):
+    rows = word_rows(6)
+    ran = run_shard(tiny_engine, ShardInput("s0", None, rows), [SpecConfig("ngram", 2)], False, 2)
+    assert ran.stats.decision_source == "fixed" and ran.stats.spec_method == "ngram" and not ran.stats.events
+    assert all(s.label == "ngram:k=2" for s in ran.row_specs)
+    off = run_shard(tiny_engine, ShardInput("s1", None, rows), [], True, 2)
+    assert off.stats.spec_method == "none" and "speculation off" in off.stats.decision_reason
+
+
+def _shared_row(rng: random.Random, template: list[int]) -> tuple[list[int], list[int]]:
+    """A prompt of its own, and an output every row shares (one schema, one template): what the
+    shard's earlier rows wrote, the suffix drafter proposes; the row's own prompt does not hold it."""
+    return [rng.randrange(1, 32) for _ in range(10)], template + [0]
+
+
+def test_a_shard_whose_rows_share_their_output_switches_to_the_suffix_arm(tiny_engine):
+    rng = random.Random(7)
+    template = [rng.randrange(32, 64) for _ in range(40)]
+    requests, recorded = [], {}
+    for i in range(96):
+        prompt, output = _shared_row(rng, template)
+        requests.append(Request(f"t{i}", prompt_token_ids=tuple(prompt), params=SamplingParams(max_tokens=64)))
+        recorded[f"t{i}"] = Recorded(tuple(prompt), tuple(output))
+    arms = [SpecConfig("ngram", 8), SpecConfig("suffix", 8)]
+    engine = ReplayEngine(tiny_engine, recorded, regime("gpu-roofline"))
+    ran = run_shard(engine, ShardInput("s0", "template", requests), arms, True, 1, worker=WorkerState())
+    assert ran.decision.ended.method == "suffix" and ran.stats.tree_rows == 96
+    suffix = next(c for c in ran.stats.candidates if c.method == "suffix")
+    assert suffix.predicted_speedup > 3 and ran.stats.tree_hit_rate > 0.5
+    plain = engine.generate(requests, NO_SPEC, 1)
+    assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain.completions]

@@ -1,0 +1,119 @@
+"""The simulator's engine: replayed recordings run the torch engine's own schedule, step for step,
+and a cost regime prices them deterministically."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
+from batchspec.engine.regimes import REGIMES, regime
+from batchspec.engine.replay import Recorded, ReplayEngine, record
+from batchspec.errors import ConfigError
+
+
+def _requests(n: int = 10, max_tokens: int = 24) -> list[Request]:
+    prompts = [" ".join(f"w{(i * 7 + j * (i % 3 + 1)) % 40 + 1}" for j in range(5 + i % 6)) for i in range(n)]
+    return [Request(f"r{i}", prompt=p, params=SamplingParams(max_tokens=max_tokens - (i % 4) * 3)) for i, p in enumerate(prompts)]
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_engine):
+    requests = _requests()
+    recording, done = record(tiny_engine, requests, batch_size=4, draft_models=["close"])
+    return requests, recording, done
+
+
+ARMS = [NO_SPEC, SpecConfig("ngram", 2), SpecConfig("ngram", 5), SpecConfig("draft_target", 3, draft_model="close")]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+@pytest.mark.parametrize("arm", ARMS, ids=lambda a: a.label)
+def test_a_replay_takes_the_engines_steps_and_commits_its_tokens(tiny_engine, recorded, arm, batch_size):
+    requests, recording, _ = recorded
+    real = tiny_engine.generate(requests, arm, batch_size)
+    replay = ReplayEngine(tiny_engine, recording, regime("gpu-roofline")).generate(requests, arm, batch_size)
+    assert [c.token_ids for c in replay.completions] == [c.token_ids for c in real.completions]
+    assert [c.accepted_steps for c in replay.completions] == [c.accepted_steps for c in real.completions]
+    assert [(s.rows, s.tokens, s.committed) for s in replay.steps] == [(s.rows, s.tokens, s.committed) for s in real.steps]
+    if arm.method != "none":
+        assert replay.accepted_tokens > 0  # the arm drafted something that passed: the comparison says something
+
+
+def test_a_switch_in_flight_replays_as_the_engine_runs_it(tiny_engine, recorded):
+    requests, recording, _ = recorded
+
+    class Switch:
+        first = ()
+
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, progress):
+            self.calls += 1
+            return SpecConfig("ngram", 4) if self.calls == 5 else (NO_SPEC if self.calls == 20 else None)
+
+    real = tiny_engine.generate(requests, NO_SPEC, 4, control=Switch())
+    replay = ReplayEngine(tiny_engine, recording, regime("cpu")).generate(requests, NO_SPEC, 4, control=Switch())
+    assert [(s.rows, s.tokens, s.committed, s.method) for s in replay.steps] == \
+           [(s.rows, s.tokens, s.committed, s.method) for s in real.steps]
+    assert {s.method for s in replay.steps} == {"none", "ngram"}
+
+
+def test_every_second_of_a_replay_is_the_regimes_and_the_same_on_every_run(tiny_engine, recorded):
+    requests, recording, _ = recorded
+    gpu = regime("gpu-roofline")
+    engine = ReplayEngine(tiny_engine, recording, gpu)
+    one, two = (engine.generate(requests, SpecConfig("ngram", 3), 4) for _ in range(2))
+    assert one.timing == two.timing and one.steps == two.steps
+    for step in one.steps:
+        assert step.seconds == pytest.approx(gpu.step(step.rows, step.tokens, step.context, "ngram").total)
+    assert one.timing.decode_s == pytest.approx(sum(s.seconds for s in one.steps))
+    prompts = [len(recording[r.id].prompt_ids) for r in requests]
+    assert one.timing.prefill_s == pytest.approx(sum(gpu.prefill_s(n) for n in prompts))
+
+
+def test_a_draft_models_recorded_proposals_are_its_teacher_forced_argmax(tiny_engine, recorded):
+    requests, recording, _ = recorded
+    rec = recording["r3"]
+    (real,) = tiny_engine.draft_proposals([(rec.prompt_ids, rec.output_ids)], "close")
+    assert tuple(real) == rec.proposals["close"]
+    replay = ReplayEngine(tiny_engine, recording, regime("cpu"))
+    assert replay.draft_proposals([(rec.prompt_ids, rec.output_ids[:5])], "close") == [list(rec.proposals["close"][:5])]
+
+
+def test_the_replay_refuses_what_it_cannot_replay(tiny_engine, recorded):
+    requests, recording, _ = recorded
+    engine = ReplayEngine(tiny_engine, recording, regime("cpu"))
+    with pytest.raises(ConfigError, match="greedy"):
+        engine.generate([Request("r0", prompt="w1 w2", params=SamplingParams(temperature=0.7))], NO_SPEC, 2)
+    with pytest.raises(ConfigError, match="not recorded"):
+        engine.generate([Request("new", prompt="w1 w2")], NO_SPEC, 2)
+    with pytest.raises(ConfigError, match="far"):
+        engine.generate(requests, SpecConfig("draft_target", 2, draft_model="far"), 2)
+    with pytest.raises(ConfigError, match="unknown cost regime"):
+        regime("tpu")
+
+
+def test_regimes_price_a_verify_as_their_machines_do():
+    """The shapes each regime stands for (docs/calibration.md): a CPU pays for every token it
+    computes, a launch-bound GPU engine hardly notices the width, and an 8B target on an H100 is
+    memory-bound, a verify of 9 tokens within 1.0-1.3 plain steps up to batch 32."""
+    cpu, h200, roof = REGIMES["cpu"], REGIMES["h200-torch"], REGIMES["gpu-roofline"]
+    assert cpu.forward_s(8, 9, 200) > 3 * cpu.forward_s(8, 1, 200)
+    assert h200.forward_s(8, 9, 200) < 1.1 * h200.forward_s(8, 1, 200)
+    for rows in (1, 8, 32):
+        assert 1.0 <= roof.forward_s(rows, 9, 1000) / roof.forward_s(rows, 1, 1000) <= 1.3
+    assert roof.forward_s(64, 9, 1000) / roof.forward_s(64, 1, 1000) > 1.5  # compute-bound beyond
+    assert REGIMES["trtllm"].switch_s("ngram") >= 60 and roof.switch_s("ngram") == 0
+
+
+def test_drafts_that_match_through_a_rows_end_end_it_there(tiny_engine):
+    """A recording whose last token (eos) n-gram lookup proposes with the tokens before it: the
+    replay commits through the eos and stops, as the engine does (drafts past a row's end are not
+    output), under every draft length."""
+    prompt, output = (5, 6, 7, 0, 9, 5, 6), (7, 0)
+    requests = [Request("x", prompt_token_ids=prompt, params=SamplingParams(max_tokens=16))]
+    engine = ReplayEngine(tiny_engine, {"x": Recorded(prompt, output)}, regime("cpu"))
+    for arm in [NO_SPEC, SpecConfig("ngram", 2), SpecConfig("ngram", 4)]:
+        (done,) = engine.generate(requests, arm, 1).completions
+        assert done.token_ids == list(output) and done.finish_reason == "stop"

@@ -1,0 +1,84 @@
+"""The worker's step-cost table: profiled forwards, and the ratio of what steps took to them,
+learned from every step; borrowed ratios carry more uncertainty."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchspec.engine.base import Step, StepCost
+from batchspec.engine.regimes import REGIMES
+from batchspec.predict.costs import BORROWED_U, NOISE_FLOOR, PRIOR_U, WINDOW_STEPS, CostTable, profile_grid
+
+
+def _table(name: str = "cpu", batch: int = 8, context: int = 200) -> CostTable:
+    regime = REGIMES[name]
+    target, _ = profile_grid(batch, context, 9)
+    table = CostTable()
+    table.seed([StepCost("target", "m", b, c, w, regime.forward_s(b, w, c)) for b, c, w in target], batch)
+    return table
+
+
+def test_the_profile_is_a_few_forwards_at_the_production_batch():
+    target, drafts = profile_grid(8, 300, 9, ["d"])
+    assert target == [(8, 300, 1), (8, 300, 5), (8, 300, 9)] and drafts == [("d", 8, 300, 1)]
+    assert profile_grid(1, 40, 3)[0] == [(1, 40, 1), (1, 40, 2), (1, 40, 3)]
+
+
+@pytest.mark.parametrize("name", ["cpu", "gpu-roofline", "h200-torch"])
+def test_a_forward_between_the_profiles_points_is_priced_by_its_tokens(name):
+    regime, table = REGIMES[name], _table(name)
+    for width in (2, 3, 4, 6, 7, 8):
+        assert table.forward_s(8, width, 200) == pytest.approx(regime.forward_s(8, width, 200), rel=0.15)
+    assert not table.needs_profile(8) and table.needs_profile(4)
+
+
+def test_every_step_teaches_its_cell_the_ratio_of_what_it_took_to_the_profile():
+    table = _table()
+    base = table.base_s("ngram", 8, 5, 200)
+    before = table.price("ngram", 8, 5, 200)
+    assert before.seconds == pytest.approx(base) and before.u == PRIOR_U  # nothing run: the profile, unsure
+    for _ in range(40):
+        table.observe(Step(8, 200, 5, 12, 1.5 * base, "ngram"))
+    after = table.price("ngram", 8, 5, 200)
+    assert after.seconds == pytest.approx(1.5 * base) and after.u == NOISE_FLOOR
+    # another width of the same method borrows the ratio, less sure; plain decoding never ran: its own prior
+    other = table.price("ngram", 8, 9, 200)
+    assert other.seconds == pytest.approx(1.5 * table.base_s("ngram", 8, 9, 200))
+    assert other.u == pytest.approx((NOISE_FLOOR ** 2 + BORROWED_U ** 2) ** 0.5)
+    assert table.price("none", 8, 1, 200).u == PRIOR_U
+
+
+def test_a_method_never_run_borrows_plain_decodings_ratio_with_the_priors_uncertainty():
+    table = _table()
+    for _ in range(10):
+        table.observe(Step(8, 200, 1, 8, 2.0 * table.base_s("none", 8, 1, 200), "none"))
+    price = table.price("draft_target", 8, 3, 200)
+    assert price.seconds == pytest.approx(2.0 * table.base_s("draft_target", 8, 3, 200))
+    assert price.u == pytest.approx((NOISE_FLOOR ** 2 + PRIOR_U ** 2) ** 0.5)
+
+
+def test_a_cell_follows_the_machine_as_it_is_now():
+    """An exponential window: steps that took twice as long from some moment on move the price there."""
+    table = _table()
+    base = table.base_s("none", 8, 1, 200)
+    for seconds in [base] * 200 + [2 * base] * (3 * WINDOW_STEPS):
+        table.observe(Step(8, 200, 1, 8, seconds, "none"))
+    assert table.price("none", 8, 1, 200).seconds == pytest.approx(2 * base, rel=0.05)
+
+
+def test_noisy_steps_leave_their_spread_in_the_uncertainty():
+    table = _table()
+    base = table.base_s("none", 8, 1, 200)
+    for i in range(WINDOW_STEPS):
+        table.observe(Step(8, 200, 1, 8, base * (0.7 if i % 2 else 1.3), "none"))
+    assert 0.02 < table.price("none", 8, 1, 200).u < 0.1  # the spread (30%) over the root of the steps
+
+
+def test_without_a_profile_the_price_is_what_steps_took():
+    table = CostTable()
+    table.seed([], 4)  # an engine that times no forward apart (TensorRT-LLM)
+    for _ in range(5):
+        table.observe(Step(4, 0, 3, 6, 0.02, "ngram"))
+    assert table.price("ngram", 4, 3, 0).seconds == pytest.approx(0.02)
+    assert table.price("ngram", 4, 5, 0).seconds == pytest.approx(0.02)  # borrowed, unsure
+    assert table.price("ngram", 4, 5, 0).u > BORROWED_U
