@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import pickle
 import sys
@@ -114,10 +115,13 @@ def _repeated(recorded: dict[str, Recorded], shards: Sequence[Shard]) -> dict[st
 
 
 def arms_of(args) -> list[SpecConfig]:
-    arms = [SpecConfig("ngram", k) for k in args.ngram]
+    arms = [SpecConfig("ngram", k) for k in args.ngram] + [SpecConfig("suffix", k) for k in args.suffix]
     if args.draft_model:
         arms += [SpecConfig("draft_target", k, draft_model=args.draft_model) for k in args.draft]
     return arms
+
+
+_SCOPES = itertools.count()
 
 
 def goodput(tokens: int, seconds: float) -> float:
@@ -129,6 +133,9 @@ def decode_tokens(completions) -> int:
 
 
 def run_arm(engine: ReplayEngine, requests: list[Request], arm: SpecConfig, batch_size: int) -> dict:
+    if arm.method == "suffix":  # the oracle's suffix run drafts from a tree of its own, empty at the start
+        scope = f"oracle:{arm.label}:{next(_SCOPES)}"
+        requests = [replace(r, draft_scope=scope) for r in requests]
     result = engine.generate(requests, arm, batch_size)
     return {"tokens": result.decode_tokens, "decode_s": result.timing.decode_s,
             "rows_in_flight": [s.rows for s in result.steps], "committed": [s.committed for s in result.steps]}
@@ -199,7 +206,6 @@ def ran_arms(ran) -> dict[str, int]:
 def job_summary(shards: list[dict], keys: list[dict], arms: Sequence[SpecConfig], batch_size: int) -> dict:
     """The job against what a user configures by hand: one static arm for every shard, and a
     batch-size schedule (the same for every key), each the best of its kind in hindsight."""
-    import itertools
 
     labels = ["none", *[a.label for a in arms]]
     tokens = sum(k["none"]["tokens"] for k in keys)
@@ -250,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--draft-model", default=None)
     p.add_argument("--ngram", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4, 6, 8], help="n-gram draft lengths")
     p.add_argument("--draft", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4], help="draft-model draft lengths")
+    p.add_argument("--suffix", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
+                   help="suffix-drafting draft-length caps (the arm drafts from the key's earlier rows)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-format", choices=("chat", "raw"), default="chat")
     p.add_argument("--dtype", default="bfloat16", help="the recording's dtype (tokens only; time is the regime's)")

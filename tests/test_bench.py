@@ -165,7 +165,7 @@ def test_sim_bench_replays_every_shard_against_its_exact_oracle(tiny_model_dir, 
     pq.write_table(pa.table({"task": ["a", "b"] * 8, "prompt": [f"w{i % 5 + 1} w{i % 3 + 2} w1 w2 w3" for i in range(16)]}), path)
     argv = ["--input", str(path), "--shard-by", "task", "--regime", "gpu-roofline,trtllm", "--batch-size", "2",
             "--rows", "8", "--model", str(tiny_model_dir), "--max-tokens", "8", "--prompt-format", "raw",
-            "--switch", "a,b", "--json", str(tmp_path / "sim.json")]
+            "--switch", "a,b", "--suffix", "4", "--json", str(tmp_path / "sim.json")]
     out = sim.main(argv)
     again = sim.main(argv)  # recorded once; deterministic in virtual time
     assert [r["job"] for r in out] == [r["job"] for r in again]
@@ -175,6 +175,7 @@ def test_sim_bench_replays_every_shard_against_its_exact_oracle(tiny_model_dir, 
         for s in r["shards"]:
             assert s["vs_oracle"] == pytest.approx(s["goodput"] / s["oracle_goodput"])
             assert sum(s["ran"].values()) == s["rows"] == 8
+            assert set(s["oracle_speedups"]) == {"none", "ngram:k=2", "ngram:k=4", "ngram:k=6", "ngram:k=8", "suffix:k=4"}
         assert r["job"]["oracle_goodput"] >= r["job"]["static_goodput"]
 
 
