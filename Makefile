@@ -75,8 +75,9 @@ bench-engine: setup
 
 # HELDOUT=1: calibration on prompts the project did not write, HELDOUT_FILE (a prompt Parquet with a
 # task column; by default one written from installed packages' READMEs and the standard library,
-# SEED), ROWS-row shards at BATCH, each its key's later shard on the worker.
+# SEED), ROWS-row shards at BATCH, each its key's later shard on the worker (FIRST=1: its first).
 HELDOUT ?=
+FIRST ?=
 SEED ?= 7
 BATCH ?= 8
 ROWS ?= 64
@@ -86,7 +87,7 @@ ifeq ($(HELDOUT),)
 	$(PY) bench/calibrate.py $(BENCH_ARGS)
 else
 	test -f $(HELDOUT_FILE) || $(PY) bench/common/peer_prompts.py --out $(HELDOUT_FILE) --rows $$(( 8 * $(ROWS) )) --seed $(SEED) --min-tokens 150 --max-tokens 450
-	$(PY) bench/calibrate.py --input $(HELDOUT_FILE) --rows $(ROWS) --max-tokens 24 --batch-size $(BATCH) --dtype float32 --threads 2 --in-flight --later-shard $(BENCH_ARGS)
+	$(PY) bench/calibrate.py --input $(HELDOUT_FILE) --rows $(ROWS) --max-tokens 24 --batch-size $(BATCH) --dtype float32 --threads 2 $(if $(FIRST),,--later-shard) $(BENCH_ARGS)
 endif
 
 bench-pipeline: setup
