@@ -85,11 +85,12 @@ def _without_recording(argv: list[str]) -> list[str]:
 
 
 def commit() -> str:
-    """The checkout's short commit, marked -dirty when tracked files differ from it."""
+    """The checkout's short commit, marked -dirty when tracked files differ from it (the results
+    file aside: a run recorded before this one is not a change to the code measured)."""
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", f":(exclude){RESULTS.relative_to(ROOT)}"], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
