@@ -120,7 +120,10 @@ def step_price(costs: CostTable, arm: SpecConfig, total: Tally, rows: int, conte
         p = costs.price("none", rows, 1, context)
         return p.seconds, p.u
     narrow = (total.empty / total.steps) ** rows
-    wide = costs.price(arm.method, rows, arm.draft_len + 1, context, arm.draft_model)
+    width = arm.draft_len + 1
+    if rows == 1 and total.steps > total.empty:  # one row: a verify is as wide as its draft
+        width = min(width, 1 + math.ceil(total.drafted / (total.steps - total.empty)))
+    wide = costs.price(arm.method, rows, width, context, arm.draft_model)
     thin = costs.price(arm.method, rows, 1, context, arm.draft_model) if narrow > 0 else wide
     seconds = narrow * thin.seconds + (1 - narrow) * wide.seconds
     return seconds, (thin.u if narrow > 0.5 else wide.u)
