@@ -24,7 +24,7 @@ A launch-bound engine (the torch engine on a GPU) has a large `launch`; a CPU is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from batchspec.errors import ConfigError
 
@@ -94,6 +94,14 @@ TORCH_DRAFTERS = {"ngram": (176e-6, 41e-6), "draft_target": (40e-6, 10e-6), "suf
 _8B_WEIGHTS, _8B_KV_PER_TOKEN, _8B_FLOPS_PER_TOKEN, _8B_ATTEND = 16.06e9, 131072, 2 * 8.03e9, 4 * 32 * 4096
 _H100_BW, _H100_FLOPS = 3.35e12, 0.8 * 989e12
 
+_ROOFLINE = Regime(
+    "gpu-roofline", "an 8B-class target on an H100 in a tuned engine: memory-bound, a verify of k+1 tokens "
+    "about 1.0-1.3 plain steps up to batch 32",
+    launch_s=0.8e-3, weight_s=_8B_WEIGHTS / _H100_BW, kv_s=_8B_KV_PER_TOKEN / _H100_BW,
+    token_s=_8B_FLOPS_PER_TOKEN / _H100_FLOPS, attend_s=_8B_ATTEND / _H100_FLOPS, draft_fraction=0.1,
+    row_s=5e-6, drafter_row_s={"ngram": (15e-6, 1e-6), "draft_target": (5e-6, 0.0), "suffix": (25e-6, 2e-6)},
+)
+
 REGIMES: dict[str, Regime] = {
     r.name: r
     for r in (
@@ -108,20 +116,12 @@ REGIMES: dict[str, Regime] = {
             launch_s=0.0165, weight_s=0.0095, kv_s=0.0, token_s=6.5e-5, attend_s=0.0, draft_fraction=0.9,
             row_s=TORCH_ROW_S, drafter_row_s=TORCH_DRAFTERS,
         ),
-        Regime(
-            "gpu-roofline", "an 8B-class target on an H100 in a tuned engine: memory-bound, a verify of k+1 tokens "
-            "about 1.0-1.3 plain steps up to batch 32",
-            launch_s=0.8e-3, weight_s=_8B_WEIGHTS / _H100_BW, kv_s=_8B_KV_PER_TOKEN / _H100_BW,
-            token_s=_8B_FLOPS_PER_TOKEN / _H100_FLOPS, attend_s=_8B_ATTEND / _H100_FLOPS, draft_fraction=0.1,
-            row_s=5e-6, drafter_row_s={"ngram": (15e-6, 1e-6), "draft_target": (5e-6, 0.0), "suffix": (25e-6, 2e-6)},
-        ),
-        Regime(
-            "trtllm", "gpu-roofline under TensorRT-LLM: CUDA graphs, and each arm an engine build (90 s) with one live "
-            "engine per worker",
-            launch_s=0.4e-3, weight_s=_8B_WEIGHTS / _H100_BW, kv_s=_8B_KV_PER_TOKEN / _H100_BW,
-            token_s=_8B_FLOPS_PER_TOKEN / _H100_FLOPS, attend_s=_8B_ATTEND / _H100_FLOPS, draft_fraction=0.1,
-            row_s=2e-6, drafter_row_s={"ngram": (20e-6, 1e-6), "draft_target": (2e-6, 0.0), "suffix": (30e-6, 2e-6)},
-            build_s=90.0,
+        _ROOFLINE,
+        replace(  # the same target and GPU under TensorRT-LLM
+            _ROOFLINE, name="trtllm", description="gpu-roofline under TensorRT-LLM: CUDA graphs, and each arm an "
+            "engine build (90 s) with one live engine per worker",
+            launch_s=0.4e-3, row_s=2e-6, build_s=90.0,
+            drafter_row_s={"ngram": (20e-6, 1e-6), "draft_target": (2e-6, 0.0), "suffix": (30e-6, 2e-6)},
         ),
     )
 }

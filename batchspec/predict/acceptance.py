@@ -263,11 +263,17 @@ def _acceptance(method: str, rows: Sequence[PlainRow], draft_lens: Sequence[int]
 
 
 def _ngram_accept_probs(row: PlainRow, p: torch.Tensor, max_ngram: int, k_max: int) -> np.ndarray:
-    """accept[t, j] = p at position t+j of the j-th token n-gram lookup proposes at t (path context)."""
-    n = len(row.output_ids)
-    accept = np.zeros((max(n, 1), k_max))
-    for t, proposal in enumerate(_ngram_proposals(row, max_ngram, k_max), 1):
-        for j, d in enumerate(proposal):
+    """accept[t, j] for the n-gram lookup's proposals along the row (path context)."""
+    return accept_probs([[], *_ngram_proposals(row, max_ngram, k_max)], p, k_max)
+
+
+def accept_probs(proposals: Sequence[Sequence[int]], p: torch.Tensor, k: int) -> np.ndarray:
+    """accept[t, j] = the target's probability `p` at position t+j of the j-th token proposed at t
+    (`proposals[t]`, index 0 unused: prefill commits it), the first k of each: the sampled estimate."""
+    n = len(proposals)
+    accept = np.zeros((max(n, 1), k))
+    for t, proposal in enumerate(proposals):
+        for j, d in enumerate(proposal[:k]):
             if t + j < n:
                 accept[t, j] = float(p[t + j, d])
     return accept

@@ -39,6 +39,7 @@ from batchspec.predict.acceptance import (
     _agree,
     _ngram_accept_probs,
     _probs,
+    accept_probs,
     greedy_runs,
     ngram_runs,
 )
@@ -61,7 +62,7 @@ def constrained_ngram_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[
         offered = [len(q) for q in proposals]
         if p is None:
             return [_agree(q, out[t:]) for t, q in enumerate(proposals)], offered
-        return _accept_probs(proposals, p, k_max), offered
+        return accept_probs(proposals, p, k_max), offered
 
     return _acceptance("ngram", rows, draft_lens, row_model, masked)
 
@@ -141,13 +142,3 @@ def _masked_logits(rows: Sequence[PlainRow], grammars: Sequence[object | None],
             out[r] = out[r].masked_fill(~allowed, float("-inf"))
     return out
 
-
-def _accept_probs(proposals: list[list[int]], p: torch.Tensor, k_max: int) -> np.ndarray:
-    """accept[t, j] = p at position t+j of the j-th token proposed at t (the sampled estimate)."""
-    n = len(proposals)
-    accept = np.zeros((max(n, 1), k_max))
-    for t, proposal in enumerate(proposals):
-        for j, d in enumerate(proposal[:k_max]):
-            if t + j < n:
-                accept[t, j] = float(p[t + j, d])
-    return accept

@@ -34,7 +34,7 @@ import torch
 
 from batchspec.engine.base import MIN_TOKEN_PROB_DEFAULT, SPEC_FACTOR_DEFAULT
 from batchspec.engine.torch.suffix_tree import Draft, SuffixTree, own_draft
-from batchspec.predict.acceptance import Acceptance, PlainRow, _agree, _probs, expected_walk
+from batchspec.predict.acceptance import Acceptance, PlainRow, _agree, _probs, accept_probs, expected_walk
 
 
 def suffix_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], prior: SuffixTree | None = None,
@@ -61,7 +61,7 @@ def suffix_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], prior
             if p is None:
                 accepted, proposed = _walk(row, proposals, k)
             else:
-                accepted, proposed = expected_walk(row, _accept_probs(row, proposals, p, k), [len(x) for x in proposals], k)
+                accepted, proposed = expected_walk(row, accept_probs(proposals, p, k), [len(x) for x in proposals], k)
             out[k].steps.append(accepted)
             out[k].proposed.append(proposed)
             out[k].exact = out[k].exact and row.greedy and batch_size == 1
@@ -106,13 +106,3 @@ def _walk(row: PlainRow, proposals: list[list[int]], k: int) -> tuple[list[int],
         t += n + 1
     return accepted, proposed
 
-
-def _accept_probs(row: PlainRow, proposals: list[list[int]], p: torch.Tensor, k: int) -> np.ndarray:
-    """accept[t, j] = the target's probability at t + j of the j-th token proposed at t."""
-    n = len(row.output_ids)
-    accept = np.zeros((max(n, 1), k))
-    for t in range(1, n):
-        for j, d in enumerate(proposals[t][:k]):
-            if t + j < n:
-                accept[t, j] = float(p[t + j, d])
-    return accept
