@@ -11,7 +11,9 @@ bookkeeping, which no profile of a forward sees. Every `Step` the worker runs up
 its cell (method, rows, width): the mean of its observations, then an exponential average over the
 last WINDOW_STEPS, so prices follow the machine as it is now. A cell never observed borrows the
 ratio of the nearest observed cell of the same method (the same rows first), else of plain
-decoding at those rows, else 1.
+decoding at those rows, else 1: the profile's forward as timed. Without a profile a ratio is a
+step's seconds, so there plain decoding never run borrows the nearest step of another method:
+dearer than its own where a wider step or a drafter costs more.
 
 Each price carries a relative uncertainty `u`: an observed cell's spread over its observations
 (sqrt(var / n), at least NOISE_FLOOR); a borrowed ratio adds BORROWED_U (another width's or
@@ -37,14 +39,15 @@ BORROWED_U = 0.08  # a ratio borrowed from another width or another number of ro
 PRIOR_U = 0.20  # a ratio borrowed from plain decoding for a method never run on this worker
 
 
-def profile_grid(batch_size: int, context: int, max_width: int, draft_models: Sequence[str] = (),
+def profile_grid(batch_size: int, context: int, widths: Sequence[int], draft_models: Sequence[str] = (),
                  ) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int, int]]]:
     """The forwards a worker times once per batch size, at the production batch and the shard's
-    context: the target at widths 1, the widest verify and one between (a forward's cost is near
-    linear in its tokens, piecewise where it turns from memory- to compute-bound), and one step of
+    context: the target at width 1, at every width an arm verifies (`widths`) and midway to the
+    widest (a forward's cost is near linear in its tokens only piecewise: where it turns from
+    memory- to compute-bound a width between two timed ones would be priced high), and one step of
     each draft model. Everything else is learned from the steps the worker runs."""
-    widths = sorted({1, max_width, (1 + max_width) // 2})
-    target = [(batch_size, context, w) for w in widths]
+    widest = max(widths, default=1)
+    target = [(batch_size, context, w) for w in sorted({1, *widths, (1 + widest) // 2})]
     drafts = [(d, batch_size, context, 1) for d in draft_models]
     return target, drafts
 
@@ -161,7 +164,12 @@ class CostTable:
         plain = [(abs(math.log(r / rows)), c) for (m, r, w), c in self.cells.items() if m == "none" and c.n]
         if plain:
             near = min(plain, key=lambda x: x[0])[1]
-            return near.mean, math.hypot(near.u, PRIOR_U if method != "none" else BORROWED_U)
+            return near.mean, math.hypot(near.u, PRIOR_U)
+        if not self.points:  # no profile: a ratio is a step's seconds, so the nearest step of any method
+            other = [(abs(math.log(r / rows)), abs(w - width), c) for (m, r, w), c in self.cells.items() if c.n]
+            if other:
+                near = min(other, key=lambda x: x[:2])[2]
+                return near.mean, math.hypot(near.u, PRIOR_U)
         return 1.0, PRIOR_U
 
 

@@ -7,21 +7,32 @@ import pytest
 
 from batchspec.engine.base import Step, StepCost
 from batchspec.engine.regimes import REGIMES
-from batchspec.predict.costs import BORROWED_U, NOISE_FLOOR, PRIOR_U, WINDOW_STEPS, CostTable, profile_grid
+from batchspec.predict.costs import BORROWED_U, NOISE_FLOOR, PRIOR_U, WINDOW_STEPS, CostTable, Price, profile_grid
 
 
 def _table(name: str = "cpu", batch: int = 8, context: int = 200) -> CostTable:
     regime = REGIMES[name]
-    target, _ = profile_grid(batch, context, 9)
+    target, _ = profile_grid(batch, context, [9])
     table = CostTable()
     table.seed([StepCost("target", "m", b, c, w, regime.forward_s(b, w, c)) for b, c, w in target], batch)
     return table
 
 
 def test_the_profile_is_a_few_forwards_at_the_production_batch():
-    target, drafts = profile_grid(8, 300, 9, ["d"])
+    target, drafts = profile_grid(8, 300, [9], ["d"])
     assert target == [(8, 300, 1), (8, 300, 5), (8, 300, 9)] and drafts == [("d", 8, 300, 1)]
-    assert profile_grid(1, 40, 3)[0] == [(1, 40, 1), (1, 40, 2), (1, 40, 3)]
+    assert profile_grid(1, 40, [3])[0] == [(1, 40, 1), (1, 40, 2), (1, 40, 3)]
+    # every width an arm verifies at is timed: none is priced between two others
+    assert [w for _, _, w in profile_grid(32, 40, [3, 5, 7, 9])[0]] == [1, 3, 5, 7, 9]
+
+
+def test_a_roofline_step_at_every_arms_width_is_priced_as_the_regime_prices_it():
+    regime, widths = REGIMES["gpu-roofline"], [3, 5, 7, 9]
+    target, _ = profile_grid(32, 300, widths)
+    table = CostTable()
+    table.seed([StepCost("target", "m", b, c, w, regime.forward_s(b, w, c)) for b, c, w in target], 32)
+    for w in [1, *widths]:
+        assert table.forward_s(32, w, 300) == pytest.approx(regime.forward_s(32, w, 300), rel=1e-6)
 
 
 @pytest.mark.parametrize("name", ["cpu", "gpu-roofline", "h200-torch"])
@@ -41,11 +52,23 @@ def test_every_step_teaches_its_cell_the_ratio_of_what_it_took_to_the_profile():
         table.observe(Step(8, 200, 5, 12, 1.5 * base, "ngram"))
     after = table.price("ngram", 8, 5, 200)
     assert after.seconds == pytest.approx(1.5 * base) and after.u == NOISE_FLOOR
-    # another width of the same method borrows the ratio, less sure; plain decoding never ran: its own prior
+    # another width of the same method borrows the ratio, less sure; plain decoding never ran:
+    # the profile's forward, unsure (a drafter's bookkeeping is not plain decoding's)
     other = table.price("ngram", 8, 9, 200)
     assert other.seconds == pytest.approx(1.5 * table.base_s("ngram", 8, 9, 200))
     assert other.u == pytest.approx((NOISE_FLOOR ** 2 + BORROWED_U ** 2) ** 0.5)
-    assert table.price("none", 8, 1, 200).u == PRIOR_U
+    assert table.price("none", 8, 1, 200) == Price(table.base_s("none", 8, 1, 200), PRIOR_U)
+
+
+def test_without_a_profile_plain_decoding_never_run_is_priced_as_the_nearest_step_run():
+    """An engine that times no forward apart (TensorRT-LLM) whose worker has run only an n-gram
+    build: plain decoding's step borrows that step's seconds, with the prior's uncertainty."""
+    table = CostTable()
+    assert table.price("none", 8, 1, 200) == Price(1.0, PRIOR_U)  # nothing observed: no price at all
+    for _ in range(10):
+        table.observe(Step(8, 200, 5, 12, 0.02, "ngram"))
+    plain = table.price("none", 8, 1, 200)
+    assert plain.seconds == pytest.approx(0.02) and plain.u == pytest.approx((NOISE_FLOOR ** 2 + PRIOR_U ** 2) ** 0.5)
 
 
 def test_a_method_never_run_borrows_plain_decodings_ratio_with_the_priors_uncertainty():
