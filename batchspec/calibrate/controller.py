@@ -61,7 +61,7 @@ class Controller:
         self.arms = [a for a in arms if a.method != "none"]
         self.worker, self.key, self.switch_s = worker, key, switch_s
         self.first: Sequence[int] = ()
-        self.start, why = worker.start(key, prior, self.arms)
+        self.start, why = worker.start(key, prior, self.arms, builds=switch_s(NO_SPEC) > 0)
         self.running = self.start
         self.events: list[Event] = [Event(0, "start", self.start.label, None, None, why)]
         self.horizon_rows = horizon_rows  # rows of the key after this shard on this worker: what a build can repay over
@@ -119,9 +119,9 @@ class Controller:
         self.seen = len(steps)
 
     def _profile(self, context: int) -> None:
-        width = 1 + max((a.draft_len for a in self.arms), default=0)
+        widths = [1 + a.draft_len for a in self.arms]
         drafts = sorted({a.draft_model for a in self.arms if a.method == "draft_target" and a.draft_model})
-        target, draft = profile_grid(self.batch_size, max(context, 8), width, drafts)
+        target, draft = profile_grid(self.batch_size, max(context, 8), widths, drafts)
         began = time.perf_counter()
         points = self.engine.profile(target, draft, tries=PROFILE_TRIES)
         wall = time.perf_counter() - began
@@ -142,11 +142,15 @@ class Controller:
             self.row_specs[i] = progress.spec
         self.finished += len(progress.done)
         done = [i for i in progress.done if progress.completions[i].finish_reason != "error"]
-        if done and self.engine.counterfactual:
+        if done:
             rows, exact = tallies(self.engine, [self._plain(i, progress.completions[i].token_ids) for i in done], self.arms,
                                   [self.requests[i] for i in done], self.tree, self.batch_size, grow=True)
-        elif done:
-            rows, exact = [measured_tallies(progress.completions[i], progress.spec, self.arms) for i in done], False
+        if done and not self.engine.counterfactual:  # what tokens alone do not give, as the running arm measured it
+            ran = progress.spec.label
+            for n, i in enumerate(done):
+                measured = measured_tallies(progress.completions[i], progress.spec, self.arms)
+                rows[n] = {**measured, **rows[n], **({ran: measured[ran]} if ran in measured else {})}
+            exact = exact and all(a.label in rows[0] for a in self.arms)
         if done:
             self.exact = self.exact and exact
             self.counted += len(rows)

@@ -5,6 +5,11 @@ each arm would have accepted at each of its steps follows from the row's prompt 
 (batchspec.predict.acceptance): exact for greedy rows (n-gram lookup replayed, a draft model's
 teacher-forced proposals). A sampled row gives an expectation along its sampled path (the target's
 teacher-forced distribution against the drafter's), an estimate that the stats label as such.
+
+An engine without teacher-forced logits (TensorRT-LLM: `Engine.counterfactual` False) gives only
+the arms whose drafts follow from tokens alone: its NGram drafter, whose pool rules are replayed
+(predict/trt_ngram.py, exact for greedy rows under a private pool); a model drafter there is
+measured by running it (`measured_tallies`).
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ from typing import Sequence
 
 from batchspec.calibrate.estimate import Tally
 from batchspec.engine.base import Completion, Engine, Request, SpecConfig
+from batchspec.engine.trtllm.translate import spec_options
 from batchspec.predict.acceptance import PlainRow, draft_acceptance, ngram_acceptance, proposal_acceptance
 from batchspec.predict.constrained import constrained_draft_acceptance, constrained_ngram_acceptance
 from batchspec.predict.suffix import SuffixTree, suffix_acceptance
+from batchspec.predict.trt_ngram import NGramPoolRules, trt_ngram_acceptance
 
 
 def computable(arms: Sequence[SpecConfig]) -> bool:
@@ -36,13 +43,17 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
     if not rows:
         return out, True
     constrained = any(r.response_format is not None for r in requests)
+    if not engine.counterfactual:  # from tokens alone: the NGram pool's arms, unconstrained rows
+        arms = [a for a in arms if a.method == "ngram" and engine.ngram_pool and not constrained]
+        if not arms:
+            return out, False
 
     def grammars() -> list:  # fresh matchers for each replay (a replay uses them up)
         return [engine.grammar(r) for r in requests]
 
     sampled = [i for i, row in enumerate(rows) if not row.greedy]
     target_logits = None
-    if sampled:
+    if sampled and engine.counterfactual:
         logits = engine.teacher_forced_logits([(rows[i].prompt_ids, rows[i].output_ids) for i in sampled])
         target_logits = [None] * len(rows)
         for i, lg in zip(sampled, logits):
@@ -51,7 +62,7 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
     groups: dict[tuple, list[SpecConfig]] = defaultdict(list)
     for arm in arms:
         if arm.method == "ngram":
-            groups[("ngram", arm.ngram_size)].append(arm)
+            groups[("ngram", pool_rules(arm) if engine.ngram_pool else arm.ngram_size)].append(arm)
         elif arm.method == "draft_target":
             groups[("draft_target", arm.draft_model)].append(arm)
         elif arm.method == "suffix":
@@ -60,6 +71,8 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
         ks = sorted({a.draft_len for a in group})
         if method == "suffix":
             by_k = suffix_acceptance(rows, ks, tree, *param, batch_size=batch_size, target_logits=target_logits, grow=grow)
+        elif method == "ngram" and engine.ngram_pool:
+            by_k = trt_ngram_acceptance(rows, ks, param, batch_size)
         elif method == "ngram" and constrained:
             by_k = constrained_ngram_acceptance(rows, ks, param, grammars(), target_logits)
         elif method == "ngram":
@@ -78,6 +91,13 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
                 out[r][arm.label] = Tally(_tokens(rows[r]), float(len(steps)), float(sum(p == 0 for p in proposed)),
                                           float(sum(proposed)), float(sum(steps)))
     return out, exact
+
+
+def pool_rules(arm: SpecConfig) -> NGramPoolRules:
+    """The NGram pool settings an arm's option file gives TensorRT-LLM (1.2's defaults where unset)."""
+    options, default = spec_options(arm), NGramPoolRules()
+    return NGramPoolRules(arm.ngram_size, *(bool(options.get(name, getattr(default, name)))
+                                            for name in ("is_keep_all", "is_use_oldest", "is_public_pool")))
 
 
 def scope_of(key: str | None) -> str:

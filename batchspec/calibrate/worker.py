@@ -20,17 +20,26 @@ class WorkerState:
     history: dict[str, list] = field(default_factory=dict)  # key -> its last window of rows' tallies
     measure_builds: int = 0  # engine builds measurements caused (capped by max_builds_per_worker)
 
-    def start(self, key: str | None, prior: SpecConfig | None, arms: list[SpecConfig]) -> tuple[SpecConfig, str]:
+    def start(self, key: str | None, prior: SpecConfig | None, arms: list[SpecConfig],
+              builds: bool = False) -> tuple[SpecConfig, str]:
         """The arm a shard of `key` starts under, and why: the key's last on this worker, else the
         driver's (another worker's last shard of the key), else the arm the worker's last shard
         ended under (of another key: where the engine stands, which for an engine whose arms are
-        builds is the one live), else plain decoding. Only an arm still among `arms`."""
+        builds is the one live), else plain decoding. Only an arm still among `arms`.
+
+        Where a switch costs a build (`builds`) the worker's first shard starts under the longest n-gram
+        draft instead of plain decoding: the worker builds one engine either way, and that one's
+        greedy tokens are plain decoding's, so its run prices plain decoding and every shorter
+        n-gram draft too, while a plain engine would have to be rebuilt for any arm to pay."""
         labels = {a.label for a in arms}
         latest = self.last[next(reversed(self.last))] if self.last else None
         for arm, why in ((self.last.get(str(key)), "the key's last shard on this worker"), (prior, "the key's last shard"),
                          (latest, "the worker's last shard, of another key")):
             if arm is not None and (arm.method == "none" or arm.label in labels):
                 return arm, why
+        ngram = [a for a in arms if a.method == "ngram"]
+        if builds and ngram:
+            return max(ngram, key=lambda a: a.draft_len), "the worker's first build: the longest n-gram draft"
         return NO_SPEC, "the worker's first shard"
 
     def remember(self, key: str | None, arm: SpecConfig, window: list) -> None:

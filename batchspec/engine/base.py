@@ -349,7 +349,8 @@ class Engine(Protocol):
     model_name: str
     in_flight_control: bool  # generate takes control= and switches arms between decode steps
     arms_are_builds: bool  # an arm switch builds a new engine; `builds` records each (label, seconds)
-    counterfactual: bool  # encode, teacher_forced_logits and draft_proposals give arms' acceptance from plain rows
+    counterfactual: bool  # teacher_forced_logits and draft_proposals give every arm's acceptance from plain rows
+    ngram_pool: bool  # its n-gram drafter is TensorRT-LLM's NGram pool (predict/trt_ngram.py), else batchspec's lookup
     regime: Any  # the engines.regimes.Regime pricing every second (a simulated run), or None (the wall clock)
 
     def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
@@ -360,6 +361,9 @@ class Engine(Protocol):
 
     def check(self, spec: SpecConfig) -> None:
         """Raise a BatchspecError (one line) if this engine cannot run `spec` with its models."""
+
+    def encode(self, request: Request) -> list[int]:
+        """The token ids the engine prefills for `request` (calibration replays drafters over them)."""
 
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int) -> GenerateResult:
         """Complete every request under `spec`, at most `batch_size` sequences at a time.

@@ -54,6 +54,7 @@ class TorchEngine:
     in_flight_control = True  # generate takes control= (base.Engine.generate)
     arms_are_builds = False
     counterfactual = True
+    ngram_pool = False
     builds: tuple = ()
 
     def __init__(self, model, tokenizer, model_name: str = "model", device: str | None = None,

@@ -134,7 +134,8 @@ class TrtllmEngine:
     name = "trtllm"
     arms_are_builds = True  # switching arms builds an LLM: calibration counts and caps builds
     in_flight_control = False  # an arm is a build: the controller chooses per chunk of rows
-    counterfactual = False  # no teacher-forced logits: acceptance is measured by running an arm
+    counterfactual = False  # no teacher-forced logits: a model drafter's acceptance is measured by running it
+    ngram_pool = True  # NGram arms' acceptance is replayed from the rows' tokens (predict/trt_ngram.py)
     regime = None
 
     def __init__(self, model: str, llm_options: dict[str, Any] | None = None, *, dtype: str | None = None,
@@ -206,6 +207,15 @@ class TrtllmEngine:
         if result.steps and not any(s.context for s in result.steps):
             result.caveats["steps"] = "context not measured: TensorRT-LLM reported no per-request iteration stats"
         return result
+
+    def encode(self, request: Request) -> list[int]:
+        """The prompt ids the live LLM was given (a text prompt through its tokenizer with special
+        tokens, as TensorRT-LLM tokenizes it). Only after a generate call: it builds nothing."""
+        if self._live is None:
+            raise RuntimeError("encode: no LLM is live on this worker yet (generate builds one)")
+        llm = self._live.llm
+        prompt = self._prompt(llm, request)
+        return list(llm.tokenizer.encode(prompt, add_special_tokens=True)) if isinstance(prompt, str) else prompt
 
     def gpu_memory_per_gpu(self) -> int | None:
         """The most device memory seen in use on one GPU of this worker's LLMs (iteration stats'

@@ -64,14 +64,22 @@ def test_a_worker_calibrates_its_keys_by_running_each_method_once_within_its_bui
 
 
 def test_a_build_the_rows_cannot_repay_is_not_run(monkeypatch):
-    st = fake.install(monkeypatch, build_seconds=3600.0)
-    candidates = arms()
-    engine = TrtllmEngine(TARGET, run_llm_options({}, candidates), clock=st.clock)
-    ran = run_shard(engine, shard(0, "code", 48), candidates, True, 4, CalibrationSettings(), worker=WorkerState())
-    engine.close()
-    assert st.builds == 1 and ran.stats.spec_method == "none"  # none only: an hour's build repays nothing here
-    assert not [e for e in ran.stats.events if e.kind == "measure"]
-    assert "did not repay" in ran.stats.speculation_unmeasured
+    """An hour's build repays nothing in 48 rows: the worker's one build is its first engine. With
+    n-gram arms that is the longest n-gram draft (its greedy tokens price plain decoding and the
+    shorter drafts); with only EAGLE-3 arms plain decoding, and the stats say no arm was measured."""
+    for candidates, method, draft_len in ((arms(), "ngram", 4), (arms()[2:], "none", 0)):
+        st = fake.install(monkeypatch, build_seconds=3600.0)
+        engine = TrtllmEngine(TARGET, run_llm_options({}, candidates), clock=st.clock)
+        ran = run_shard(engine, shard(0, "code", 48), candidates, True, 4, CalibrationSettings(), worker=WorkerState())
+        engine.close()
+        assert st.builds == 1 and (ran.stats.spec_method, ran.stats.draft_len) == (method, draft_len)
+        assert [e.kind for e in ran.stats.events if e.kind != "profile"] == ["start"]
+        assert len(ran.completions) == 48 and all(c.finish_reason != "error" for c in ran.completions)
+        if method == "none":
+            assert "did not repay" in ran.stats.speculation_unmeasured
+        else:
+            assert ran.stats.speculation_unmeasured is None
+            assert all(c.predicted_speedup for c in ran.stats.candidates if c.method == "ngram")
 
 
 def test_a_run_where_no_arm_could_be_measured_is_loud(monkeypatch, tmp_path):
@@ -104,3 +112,22 @@ def test_a_run_where_no_arm_could_be_measured_is_loud(monkeypatch, tmp_path):
     pipeline.write_text("engine: torch\nstrict_speculation: false\n")
     lax = CliRunner().invoke(cli, ["run", "in.parquet", str(tmp_path / "out"), "--pipeline", str(pipeline)])
     assert lax.exit_code == 0 and "warning: speculation could not be measured" in lax.output
+
+
+def test_ngram_lengths_are_priced_from_tokens_by_replaying_the_pool_not_by_building_them(monkeypatch):
+    """The worker's first build is the longest n-gram draft; every shorter n-gram draft's
+    acceptance comes from the rows' tokens through TensorRT-LLM's pool rules (private pool, as
+    ngram.yaml ships: exact for greedy rows), equal step for step to what building it measures."""
+    st = fake.install(monkeypatch, build_seconds=3600.0)
+    ngram = load_spec_file(str(CONFIGS / "ngram.yaml")).spec
+    candidates = [ngram.with_draft_len(2), ngram.with_draft_len(4)]
+    engine = TrtllmEngine(TARGET, run_llm_options({}, candidates), clock=st.clock)
+    rows = shard(0, "code", 24)
+    ran = run_shard(engine, rows, candidates, True, 4, CalibrationSettings(), worker=WorkerState())
+    assert st.builds == 1 and ran.stats.events[0].arm == "ngram:k=4"
+    built = engine.generate(rows.requests, candidates[0], 4)  # k=2 built and run: what the replay predicted
+    engine.close()
+    k2 = next(a for a in ran.decision.arms if a.label == "ngram:k=2")
+    assert k2.target_steps == sum(c.target_steps for c in built.completions) > 0
+    assert k2.accepted_tokens == sum(c.accepted_tokens for c in built.completions) > 0
+    assert ran.decision.exact and k2.predicted_speedup
