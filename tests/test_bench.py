@@ -177,6 +177,18 @@ def test_sim_bench_replays_every_shard_against_its_exact_oracle(tiny_model_dir, 
             assert sum(s["ran"].values()) == s["rows"] == 8
             assert set(s["oracle_speedups"]) == {"none", "ngram:k=2", "ngram:k=4", "ngram:k=6", "ngram:k=8", "suffix:k=4"}
         assert r["job"]["oracle_goodput"] >= r["job"]["static_goodput"]
+        # where an arm is a build, the job is also judged against the oracle that pays its builds
+        assert ("vs_oracle_with_builds" in r["job"]) == (r["regime"] == "trtllm")
+
+
+def test_sim_oracle_with_builds_is_the_best_sequence_of_engines_paying_each_change():
+    import sim
+
+    shards = [{"arm_s": {"none": 10.0, "k": 4.0}}, {"arm_s": {"none": 10.0, "k": 20.0}}, {"arm_s": {"none": 10.0, "k": 4.0}}]
+    assert sim.build_oracle_s(shards, 0.0) == pytest.approx(4 + 10 + 4)  # every shard its best arm
+    assert sim.build_oracle_s(shards, 5.0) == pytest.approx(4 + 10 + 5 + 5 + 4)  # k, a build, none, a build, k
+    assert sim.build_oracle_s(shards, 100.0) == pytest.approx(4 + 20 + 4)  # the first engine, kept: no build repays
+    assert sim.build_oracle_s(shards[1:2], 100.0) == pytest.approx(10)  # the first engine is free: the best one
 
 
 def test_pipeline_bench_sets_the_pipeline_beside_the_engine_on_the_same_rows(ray_session, tiny_model_dir, tmp_path):
