@@ -195,21 +195,25 @@ class Controller:
     def _decide(self, progress: Progress, window: list | None) -> SpecConfig | None:
         if self.measuring:
             return self._measured(progress, window)
-        if not window or not (progress.in_flight or progress.queued):  # nothing left to run under a choice
+        left = bool(progress.in_flight or progress.queued)
+        if not window or not (left or self.horizon_rows):  # nothing left to run under a choice
             return None
         est = self._estimates(progress, window, self.running)
         best = max(est.values(), key=lambda e: (e.gain, -e.arm.draft_len))
         margin = 1 + self.settings.margin
         if best.arm.label != self.running.label:
-            if best.low > margin and self._repays(progress, best):
+            if best.low > margin and self._repays(progress, best):  # at the shard's end: where the key's next starts
                 self.events.append(Event(self.finished, "switch", best.arm.label, best.speedup, None,
-                                         f"{best.gain:.2f}x the running {self.running.label} (at least {best.low:.2f}x)"))
+                                         f"{best.gain:.2f}x the running {self.running.label} (at least {best.low:.2f}x)"
+                                         + ("" if left else "; for the key's next shard")))
                 return best.arm
+            if not left:
+                return None
             if best.high > margin and best.cost_u > best.accept_u and best.arm.label not in self.measured \
                     and self._affords_measure(progress, best):
                 return self._measure(best.arm, best.speedup, f"{best.low:.2f}x-{best.high:.2f}x the running "
                                      f"{self.running.label}: its price is unsure")
-        unknown = self._unknown(est)
+        unknown = self._unknown(est) if left else None
         if unknown is not None and self._affords_measure(progress, None, unknown):
             return self._measure(unknown, None, "its acceptance is measured by running it")
         return None
@@ -248,7 +252,8 @@ class Controller:
         return max(todo, key=lambda a: (a.draft_len, a.label)) if todo else None
 
     def _estimates(self, progress: Progress, window: list, running: SpecConfig) -> dict[str, Estimate]:
-        rows = max(1, min(self.batch_size, len(progress.in_flight) + progress.queued))
+        """At the rows in flight; at the shard's end, at the batch the key's next shard runs at."""
+        rows = min(self.batch_size, len(progress.in_flight) + progress.queued) or self.batch_size
         context = progress.steps[-1].context if progress.steps else 0
         return estimates(window, self.arms, running, self.worker.costs, rows, context, self.effective)
 
@@ -258,7 +263,7 @@ class Controller:
         per_row = self.totals["none"].tokens / self.counted if self.counted else ROW_TOKENS
         left_tokens = max(0.0, (len(progress.in_flight) + progress.queued + self.horizon_rows) * per_row
                           - sum(len(o) for o in progress.in_flight.values()))
-        rows = max(1, min(self.batch_size, len(progress.in_flight) + progress.queued))
+        rows = max(1, min(self.batch_size, len(progress.in_flight) + progress.queued + self.horizon_rows))
         running = self.totals.get(self.running.label)
         return left_tokens / (running.accepted_len if running else 1.0) / rows
 

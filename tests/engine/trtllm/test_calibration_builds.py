@@ -131,3 +131,25 @@ def test_ngram_lengths_are_priced_from_tokens_by_replaying_the_pool_not_by_build
     assert k2.target_steps == sum(c.target_steps for c in built.completions) > 0
     assert k2.accepted_tokens == sum(c.accepted_tokens for c in built.completions) > 0
     assert ran.decision.exact and k2.predicted_speedup
+
+
+def test_at_a_shards_end_the_rule_chooses_where_the_keys_next_shard_starts(monkeypatch):
+    """A shard of one chunk has no rows left to switch for, but the key's next shard on the worker
+    does: at the end the rule (the same, repaid over the key's rows to come) picks its start, and
+    that shard pays the build. A key's last shard leaves the engine as it is."""
+    st = fake.install(monkeypatch, build_seconds=0.005)
+    ngram = load_spec_file(str(CONFIGS / "ngram.yaml")).spec
+    candidates = [ngram.with_draft_len(2), ngram.with_draft_len(4)]
+    engine = TrtllmEngine(TARGET, run_llm_options({}, candidates), clock=st.clock)
+    worker, settings = WorkerState(), CalibrationSettings()
+    first = run_shard(engine, shard(0, "code", 16), candidates, True, 4, settings, prior=candidates[0], worker=worker,
+                      horizon_rows=16)
+    assert first.stats.events[0].arm == "ngram:k=2" and len(first.completions) == 16  # the driver's prior
+    switch = [e for e in first.stats.events if e.kind == "switch"]
+    assert [e.arm for e in switch] == ["ngram:k=4"] and "next shard" in switch[0].reason
+    assert set(first.row_specs) == {candidates[0]}  # its own rows all ran under k=2
+    last = run_shard(engine, shard(1, "code", 16), candidates, True, 4, settings, worker=worker)
+    assert last.stats.events[0].arm == "ngram:k=4" and last.stats.builds == 1
+    assert not [e for e in last.stats.events if e.kind == "switch"]  # no rows of the key to come: nothing to build for
+    assert st.builds == 2
+    engine.close()
