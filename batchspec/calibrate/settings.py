@@ -15,13 +15,13 @@ class CalibrationSettings:
     load, before any worker starts, so a new field needs only its declaration here."""
 
     margin: float = field(default=0.05, metadata={"min": 0, "max": 1})  # an arm must beat the running one by this fraction
-    window: int = field(default=0, metadata={"min": 0})  # finished rows the rule judges on; 0 = max(16, 2 x batch size)
+    window: int = field(default=0, metadata={"min": 0})  # finished rows the rule judges on; 0 = max(16, 4 x batch size)
     measure_steps: int = field(default=16, metadata={"min": 1})  # decode steps an arm runs to measure its price
     max_fraction: float = field(default=0.10, metadata={"min": 0, "max": 1})  # the most of a shard's decode measuring may take
     max_builds_per_worker: int = field(default=6, metadata={"min": 2})  # builds measurements may cause per worker (TensorRT-LLM)
 
     def window_rows(self, batch_size: int) -> int:
-        return self.window or max(16, 2 * batch_size)
+        return self.window or max(16, 4 * batch_size)
 
 
 @dataclass
