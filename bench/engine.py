@@ -131,7 +131,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         "and on prose, --model, batch 1, float32 (bench/common/suffix.py)")
     parser.add_argument("--suffix-rows", type=int, default=128, help="with --suffix: rows per structured workload (prose: a quarter, at least 16; 0: the memory check only)")
     parser.add_argument("--suffix-memory-rows", type=int, default=10_000, help="with --suffix: rows of 200 tokens in the memory check")
-    parser.add_argument("--suffix-k", type=int, default=8, help="with --suffix: the draft length of both arms")
+    parser.add_argument("--suffix-k", type=int, default=8, help="with --suffix: the suffix arm's draft-length cap")
+    parser.add_argument("--suffix-ngram-k", type=int, default=None, help="with --suffix: the n-gram arm's draft length beside it "
+                        "(default --suffix-k): the best n-gram length against the best cap")
+    parser.add_argument("--suffix-workloads", default=None, help="with --suffix: comma-separated workloads (default all)")
     results.add_options(parser)
     args = parser.parse_args(argv)
 

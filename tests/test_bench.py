@@ -124,6 +124,11 @@ def test_engine_bench_suffix_option_runs_the_shared_workloads_and_the_memory_che
     assert "none" in data["workloads"][-1]["measured"]  # prose runs plain decoding too
     memory = data["memory"]
     assert memory["random"]["rows"] == memory["structured"]["rows"] == 40 and memory["cap_8mb"]["held"]
+    # the best cap against the best n-gram length, on chosen workloads
+    one = engine.main([*argv, "--suffix-k", "16", "--suffix-ngram-k", "4", "--suffix-workloads", "templated",
+                       "--suffix-memory-rows", "8"])
+    assert [w["workload"] for w in one["workloads"]] == ["templated"]
+    assert set(one["workloads"][0]["measured"]) == {"ngram:k=4", "suffix:k=16"}
     assert line["metrics"]["cap_8mb_held"] is True and line["metrics"]["tree_mb_counted@random"] > 0
     assert json.loads((tmp_path / "engine_suffix.json").read_text())["memory"]["random"]["rows"] == 40
     assert "| workload |" in (tmp_path / "engine_suffix.md").read_text()

@@ -41,11 +41,10 @@ from batchspec.engine.torch.drafters import NgramIndex
 
 @dataclass(frozen=True)
 class PlainRow:
-    """One row as plain decoding produced it. Its ids are kept as 4-byte ints (`array('i')`): a
-    worker keeps up to HISTORY_KEYS keys x HISTORY_ROWS rows of them for its keys' next shards
-    (calibrate.pricing.KeyHistory), and a Python list of token ids takes about 36 bytes a token
-    (a pointer and an int object above 256): 64 x 64 rows of 4,000-token prompts held about 590 MB
-    as lists, 66 MB so."""
+    """One row as plain decoding produced it. Its ids are kept as 4-byte ints (`array('i')`), one
+    type whatever the caller passed (a request's tuple, a completion's list), and compact: a Python
+    list of token ids takes about 36 bytes a token (a pointer and an int object above 256), and a
+    call may hold many rows of long prompts."""
 
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]

@@ -77,12 +77,13 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def bench_workload(engine, workload: str, rows: int, max_tokens: int, chunk: int, seed: int, k: int,
-                   plain: bool) -> tuple[dict, list[list[int]]]:
-    """n-gram and suffix at draft length `k` (and plain decoding when `plain`), side by side chunk by
-    chunk, the order rotating; then every n-gram length's and suffix cap's counterfactual tokens
-    per step from the outputs (greedy: every arm's are plain decoding's)."""
+                   plain: bool, ngram_k: int | None = None) -> tuple[dict, list[list[int]]]:
+    """n-gram at draft length `ngram_k` (default `k`) and suffix at cap `k` (and plain decoding
+    when `plain`), side by side chunk by chunk, the order rotating; then every n-gram length's and
+    suffix cap's counterfactual tokens per step from the outputs (greedy: every arm's are plain
+    decoding's)."""
     requests = workloads.requests(workload, rows, max_tokens, seed=seed)
-    arms = [(ngram_arm(k), []), (SpecConfig("suffix", k), [])] + ([(NO_SPEC, [])] if plain else [])
+    arms = [(ngram_arm(ngram_k or k), []), (SpecConfig("suffix", k), [])] + ([(NO_SPEC, [])] if plain else [])
     for i, begin in enumerate(range(0, len(requests), chunk)):
         for spec, results in arms[i % len(arms):] + arms[: i % len(arms)]:
             results += run_chunks(engine, requests[begin : begin + chunk], spec, f"{workload}/{spec.label}", chunk)
@@ -165,7 +166,7 @@ def table(results: list[dict]) -> str:
 
 
 # The headline figures --record appends (bench "engine", its args saying suffix): per workload the
-# suffix arm over n-gram at the same draft length, tokens per target step and goodput; the tree's
+# suffix arm over the n-gram arm beside it (their lengths in the args), tokens per target step and goodput; the tree's
 # memory for the memory check's rows, counted and measured, and whether the cap held.
 def metrics(data: dict) -> dict:
     out = {}
@@ -187,10 +188,11 @@ def main(args, argv: Sequence[str] | None, info: dict) -> dict:
     bench/results.jsonl."""
     engine = load_engine(args.model, "float32")
     results, structured = [], []
-    for workload in (*workloads.SHARED_WORKLOADS, "prose") if args.suffix_rows > 0 else ():  # 0: memory only
+    chosen = args.suffix_workloads.split(",") if args.suffix_workloads else (*workloads.SHARED_WORKLOADS, "prose")
+    for workload in chosen if args.suffix_rows > 0 else ():  # 0: memory only
         rows = args.suffix_rows if workload != "prose" else max(16, args.suffix_rows // 4)
         result, outputs = bench_workload(engine, workload, rows, args.max_tokens or 64, chunk=16, seed=57,
-                                         k=args.suffix_k, plain=workload == "prose")
+                                         k=args.suffix_k, plain=workload == "prose", ngram_k=args.suffix_ngram_k)
         results.append(result)
         structured += outputs if workload != "prose" else []
         print(table(results[-1:]), flush=True)
