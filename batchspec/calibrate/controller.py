@@ -146,11 +146,11 @@ class Controller:
             rows, exact = tallies(self.engine, [self._plain(i, progress.completions[i].token_ids) for i in done], self.arms,
                                   [self.requests[i] for i in done], self.tree, self.batch_size, grow=True)
         if done and not self.engine.counterfactual:  # what tokens alone do not give, as the running arm measured it
+            exact = exact and all(a.label in rows[0] for a in self.arms)  # every arm computed, none estimated
             ran = progress.spec.label
             for n, i in enumerate(done):
                 measured = measured_tallies(progress.completions[i], progress.spec, self.arms)
                 rows[n] = {**measured, **rows[n], **({ran: measured[ran]} if ran in measured else {})}
-            exact = exact and all(a.label in rows[0] for a in self.arms)
         if done:
             self.exact = self.exact and exact
             self.counted += len(rows)
