@@ -149,7 +149,7 @@ class Controller:
             exact = exact and all(a.label in rows[0] for a in self.arms)  # every arm computed, none estimated
             ran = progress.spec.label
             for n, i in enumerate(done):
-                measured = measured_tallies(progress.completions[i], progress.spec, self.arms)
+                measured = measured_tallies(progress.completions[i], progress.spec, self.arms, self.engine.end_token_in_output)
                 rows[n] = {**measured, **rows[n], **({ran: measured[ran]} if ran in measured else {})}
         if done:
             self.exact = self.exact and exact

@@ -39,7 +39,8 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
     with the tokens their grammar forces and is cut where it forbids (predict/constrained.py).
     A suffix arm drafts from `tree`, its key's rows finished before these (predict/suffix.py;
     with `grow` these rows join it, in order, for the next call's)."""
-    out: list[dict[str, Tally]] = [{"none": _plain(row)} for row in rows]
+    ends = [_end_step(engine, row) for row in rows]
+    out: list[dict[str, Tally]] = [{"none": _plain(row, end)} for row, end in zip(rows, ends)]
     if not rows:
         return out, True
     constrained = any(r.response_format is not None for r in requests)
@@ -88,7 +89,7 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
         for arm in group:
             acc = by_k[arm.draft_len]
             for r, (steps, proposed) in enumerate(zip(acc.steps, acc.proposed)):
-                out[r][arm.label] = Tally(_tokens(rows[r]), float(len(steps)), float(sum(p == 0 for p in proposed)),
+                out[r][arm.label] = Tally(_tokens(rows[r], ends[r]), float(len(steps)), float(sum(p == 0 for p in proposed)),
                                           float(sum(proposed)), float(sum(steps)))
     return out, exact
 
@@ -106,23 +107,33 @@ def scope_of(key: str | None) -> str:
     return "*" if key is None else str(key)
 
 
-def _tokens(row: PlainRow) -> float:
-    return float(max(len(row.output_ids) - 1, 0))  # the first comes from prefill
+def _end_step(engine: Engine, row: PlainRow) -> int:
+    """1 where the row ended on an end token its output ids leave out (TensorRT-LLM's; a row
+    shorter than max_tokens, as predict/trt_ngram.py tells it): the step that commits it is a step
+    of every arm, plain decoding's too, and the token is counted with the row's."""
+    return int(not engine.end_token_in_output and len(row.output_ids) < row.max_tokens)
 
 
-def _plain(row: PlainRow) -> Tally:
-    n = _tokens(row)
+def _tokens(row: PlainRow, end: int = 0) -> float:
+    return float(max(len(row.output_ids) - 1 + end, 0))  # the first comes from prefill
+
+
+def _plain(row: PlainRow, end: int = 0) -> Tally:
+    n = _tokens(row, end)
     return Tally(n, n, n, 0.0, 0.0)
 
 
-def measured_tallies(completion: Completion, ran: SpecConfig, arms: Sequence[SpecConfig]) -> dict[str, Tally]:
+def measured_tallies(completion: Completion, ran: SpecConfig, arms: Sequence[SpecConfig],
+                     end_token_in_output: bool = True) -> dict[str, Tally]:
     """One row's tallies where acceptance cannot be computed (engines without teacher-forced
     logits, EAGLE-3 and MTP heads): plain decoding's and the running arm's as measured, and for a
     shorter draft of the same method (a chain draft: each step's accepted drafts are a run of
     agreement) a step that accepted a drafts at length k takes a // (k' + 1) + 1 steps at k' < k.
     An estimate: the steps begin elsewhere, so a drafter may propose otherwise. Other arms are
-    unknown until they run."""
-    tokens = float(max(completion.output_tokens - 1, 0))
+    unknown until they run. A row that ended on an end token its output leaves out counts it, as
+    its target steps do (`_end_step`)."""
+    end = int(not end_token_in_output and completion.finish_reason == "stop")
+    tokens = float(max(completion.output_tokens - 1 + end, 0))
     out = {"none": Tally(tokens, tokens, tokens, 0.0, 0.0)}
     if ran.method == "none":
         return out

@@ -351,6 +351,7 @@ class Engine(Protocol):
     arms_are_builds: bool  # an arm switch builds a new engine; `builds` records each (label, seconds)
     counterfactual: bool  # teacher_forced_logits and draft_proposals give every arm's acceptance from plain rows
     ngram_pool: bool  # its n-gram drafter is TensorRT-LLM's NGram pool (predict/trt_ngram.py), else batchspec's lookup
+    end_token_in_output: bool  # a row that ends on an end token has it among its output ids (torch; not TensorRT-LLM)
     regime: Any  # the engines.regimes.Regime pricing every second (a simulated run), or None (the wall clock)
 
     def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),

@@ -55,6 +55,7 @@ class TorchEngine:
     arms_are_builds = False
     counterfactual = True
     ngram_pool = False
+    end_token_in_output = True
     builds: tuple = ()
 
     def __init__(self, model, tokenizer, model_name: str = "model", device: str | None = None,

@@ -136,6 +136,7 @@ class TrtllmEngine:
     in_flight_control = False  # an arm is a build: the controller chooses per chunk of rows
     counterfactual = False  # no teacher-forced logits: a model drafter's acceptance is measured by running it
     ngram_pool = True  # NGram arms' acceptance is replayed from the rows' tokens (predict/trt_ngram.py)
+    end_token_in_output = False  # TensorRT-LLM's output ids and counts leave the end token out
     regime = None
 
     def __init__(self, model: str, llm_options: dict[str, Any] | None = None, *, dtype: str | None = None,

@@ -154,3 +154,27 @@ def test_at_a_shards_end_the_rule_chooses_where_the_keys_next_shard_starts(monke
     assert not [e for e in last.stats.events if e.kind == "switch"]  # no rows of the key to come: nothing to build for
     assert st.builds == 2
     engine.close()
+
+
+def test_every_tally_commits_its_steps_and_accepted_drafts_the_end_token_included(monkeypatch):
+    """TensorRT-LLM leaves a row's end token out of its output ids and counts, yet a step commits
+    it: each arm's tally (plain decoding's, the NGram replay's, a built arm's as measured) counts
+    it, so a step commits its accepted drafts plus one token for every arm alike."""
+    from batchspec.calibrate.counterfactual import measured_tallies, tallies
+    from batchspec.predict.acceptance import PlainRow
+
+    st = fake.install(monkeypatch)
+    ngram = load_spec_file(str(CONFIGS / "ngram.yaml")).spec
+    arms = [ngram.with_draft_len(2), ngram.with_draft_len(4)]
+    engine = TrtllmEngine(TARGET, run_llm_options({}, arms), clock=st.clock)
+    requests = shard(0, "chat", 12).requests
+    built = engine.generate(requests, arms[1], 4).completions
+    assert any(c.finish_reason == "stop" and c.output_tokens < 48 for c in built)  # rows that end on the end token
+    rows = [PlainRow(engine.encode(r), c.token_ids, r.params.max_tokens) for r, c in zip(requests, built)]
+    computed, _ = tallies(engine, rows, arms, requests)
+    for c, row in zip(built, computed):
+        measured = measured_tallies(c, arms[1], arms, engine.end_token_in_output)
+        for t in [*row.values(), *measured.values()]:
+            assert t.tokens == t.steps + t.accepted
+        assert row["ngram:k=4"].steps == measured["ngram:k=4"].steps == c.target_steps
+    engine.close()
