@@ -27,10 +27,10 @@ class WorkerState:
         ended under (of another key: where the engine stands, which for an engine whose arms are
         builds is the one live), else plain decoding. Only an arm still among `arms`.
 
-        Where a switch costs a build (`builds`) the worker's first shard starts under the longest n-gram
-        draft instead of plain decoding: the worker builds one engine either way, and that one's
-        greedy tokens are plain decoding's, so its run prices plain decoding and every shorter
-        n-gram draft too, while a plain engine would have to be rebuilt for any arm to pay."""
+        Where a switch costs a build (`builds`) the worker's first shard starts under the longest
+        n-gram draft instead of plain decoding: the worker builds one engine either way, and that
+        one's greedy tokens are plain decoding's, so its run prices plain decoding and every
+        shorter n-gram draft too, while a plain engine would have to be rebuilt for any arm to pay."""
         labels = {a.label for a in arms}
         latest = self.last[next(reversed(self.last))] if self.last else None
         for arm, why in ((self.last.get(str(key)), "the key's last shard on this worker"), (prior, "the key's last shard"),
