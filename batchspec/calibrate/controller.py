@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from batchspec.calibrate.counterfactual import measured_tallies, scope_of, tallies
-from batchspec.calibrate.estimate import Estimate, Tally, Window, estimates
+from batchspec.calibrate.estimate import Estimate, Tally, Window, estimates, shard_speedups
 from batchspec.calibrate.settings import CalibrationSettings, Decision
 from batchspec.calibrate.worker import WorkerState
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Progress, Request, SpecConfig, Step
@@ -74,6 +74,7 @@ class Controller:
             held = engine.trees.trees.get(scope_of(key))
             self.tree = held.copy() if held is not None else SuffixTree()
         self.totals = {"none": Tally()}  # this shard's rows, by arm label
+        self.shard_rows: dict[int, dict] = {}  # this shard's rows' tallies, by request index
         self.row_specs: dict[int, SpecConfig] = {}
         self.ran: dict[str, _Ran] = {}
         self.exact = True
@@ -154,6 +155,7 @@ class Controller:
         if done:
             self.exact = self.exact and exact
             self.counted += len(rows)
+            self.shard_rows.update(zip(done, rows))
             for row in rows:
                 self.window.add(row)
                 for label, t in row.items():
@@ -304,13 +306,16 @@ class Controller:
         # measured on the key's earlier rows, where acceptance is measured by running)
         whole = {**estimates(list(self.window), self.arms, NO_SPEC, costs, self.batch_size, context),
                  **(estimates([self.totals], self.arms, NO_SPEC, costs, self.batch_size, context) if self.totals["none"].steps else {})}
+        drained = shard_speedups([self.shard_rows[i] for i in sorted(self.shard_rows)], self.arms, costs,
+                                 self.batch_size, context)
+        speedup = {label: drained.get(label, e.speedup) for label, e in whole.items()}
         arms = []
         for label, arm in by_label.items():
             e, ran, t = whole.get(label), self.ran.get(label), self.totals.get(label, Tally())
             arms.append(ArmResult(
                 arm.method, arm.draft_len,
                 tokens_per_s=ran.committed / ran.seconds if ran and ran.seconds else None,
-                predicted_speedup=e.speedup if e else None,
+                predicted_speedup=speedup[label] if e else None,
                 acceptance_rate=e.acceptance_rate if e else None, mean_accepted_len=e.accepted_len if e else None,
                 rows=counts.get(label, 0), decode_tokens=ran.committed if ran else 0,
                 target_steps=int(t.steps), draft_tokens=int(t.drafted),
@@ -326,7 +331,7 @@ class Controller:
                   + (f"{len(switched)} switch(es), last to {switched[-1].arm}" if switched else "no switch"))
         decision = Decision(
             chosen=chosen, ended=self.running, arms=arms, events=list(self.events), reason=reason, shard_id=shard_id,
-            predicted_speedup=whole[chosen.label].speedup if chosen.label in whole else None,
+            predicted_speedup=speedup.get(chosen.label),
             speedup=plain_s / spent if spent and plain_s else None,
             baseline_tokens_per_s=tokens / plain_s if plain_s else None,
             calibration_s=self.profile_s + self.control_s, overhead_s=self.profile_s, profile_s=self.profile_s,
