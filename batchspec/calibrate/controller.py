@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from batchspec.calibrate.counterfactual import measured_tallies, scope_of, tallies
+from batchspec.calibrate.counterfactual import end_step, measured_tallies, scope_of, tallies
 from batchspec.calibrate.estimate import Estimate, Tally, Window, estimates, shard_speedups
 from batchspec.calibrate.settings import CalibrationSettings, Decision
 from batchspec.calibrate.worker import WorkerState
@@ -144,13 +144,14 @@ class Controller:
         self.finished += len(progress.done)
         done = [i for i in progress.done if progress.completions[i].finish_reason != "error"]
         if done:
-            rows, exact = tallies(self.engine, [self._plain(i, progress.completions[i].token_ids) for i in done], self.arms,
-                                  [self.requests[i] for i in done], self.tree, self.batch_size, grow=True)
+            plain = [self._plain(i, progress.completions[i].token_ids) for i in done]
+            rows, exact = tallies(self.engine, plain, self.arms, [self.requests[i] for i in done], self.tree,
+                                  self.batch_size, grow=True)
         if done and not self.engine.counterfactual:  # what tokens alone do not give, as the running arm measured it
             exact = exact and all(a.label in rows[0] for a in self.arms)  # every arm computed, none estimated
             ran = progress.spec.label
             for n, i in enumerate(done):
-                measured = measured_tallies(progress.completions[i], progress.spec, self.arms, self.engine.end_token_in_output)
+                measured = measured_tallies(progress.completions[i], progress.spec, self.arms, end_step(self.engine, plain[n]))
                 rows[n] = {**measured, **rows[n], **({ran: measured[ran]} if ran in measured else {})}
         if done:
             self.exact = self.exact and exact

@@ -39,7 +39,7 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
     with the tokens their grammar forces and is cut where it forbids (predict/constrained.py).
     A suffix arm drafts from `tree`, its key's rows finished before these (predict/suffix.py;
     with `grow` these rows join it, in order, for the next call's)."""
-    ends = [_end_step(engine, row) for row in rows]
+    ends = [end_step(engine, row) for row in rows]
     out: list[dict[str, Tally]] = [{"none": _plain(row, end)} for row, end in zip(rows, ends)]
     if not rows:
         return out, True
@@ -107,7 +107,7 @@ def scope_of(key: str | None) -> str:
     return "*" if key is None else str(key)
 
 
-def _end_step(engine: Engine, row: PlainRow) -> int:
+def end_step(engine: Engine, row: PlainRow) -> int:
     """1 where the row ended on an end token its output ids leave out (TensorRT-LLM's; a row
     shorter than max_tokens, as predict/trt_ngram.py tells it): the step that commits it is a step
     of every arm, plain decoding's too, and the token is counted with the row's."""
@@ -124,15 +124,14 @@ def _plain(row: PlainRow, end: int = 0) -> Tally:
 
 
 def measured_tallies(completion: Completion, ran: SpecConfig, arms: Sequence[SpecConfig],
-                     end_token_in_output: bool = True) -> dict[str, Tally]:
+                     end: int = 0) -> dict[str, Tally]:
     """One row's tallies where acceptance cannot be computed (engines without teacher-forced
     logits, EAGLE-3 and MTP heads): plain decoding's and the running arm's as measured, and for a
     shorter draft of the same method (a chain draft: each step's accepted drafts are a run of
     agreement) a step that accepted a drafts at length k takes a // (k' + 1) + 1 steps at k' < k.
     An estimate: the steps begin elsewhere, so a drafter may propose otherwise. Other arms are
-    unknown until they run. A row that ended on an end token its output leaves out counts it, as
-    its target steps do (`_end_step`)."""
-    end = int(not end_token_in_output and completion.finish_reason == "stop")
+    unknown until they run. `end`: 1 where the row ended on an end token its output leaves out
+    (`end_step`), counted as its target steps count it."""
     tokens = float(max(completion.output_tokens - 1 + end, 0))
     out = {"none": Tally(tokens, tokens, tokens, 0.0, 0.0)}
     if ran.method == "none":

@@ -176,9 +176,9 @@ def shard_speedups(rows: Sequence[RowTallies], arms: Sequence[SpecConfig], costs
     """Each arm's speedup over plain decoding on a whole shard's rows (in request order, about the
     order the engine admits them), its drain included: each row's steps under the arm run `batch`
     rows at a time, a row taking the first slot free, and every batch step is priced at the rows
-    it holds. An arm that commits
-    several tokens a step also shortens the drain, where plain decoding's steps run part-empty at
-    nearly a full step's price on a memory-bound GPU; `estimates` at the full batch misses that."""
+    it holds. An arm that commits several tokens a step also shortens the drain, where plain
+    decoding's steps run part-empty at nearly a full step's price on a memory-bound GPU;
+    `estimates` at the full batch misses that."""
     by_label = {"none": SpecConfig(), **{a.label: a for a in arms}}
     out = {}
     for label, arm in by_label.items():

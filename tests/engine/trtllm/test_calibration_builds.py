@@ -160,7 +160,7 @@ def test_every_tally_commits_its_steps_and_accepted_drafts_the_end_token_include
     """TensorRT-LLM leaves a row's end token out of its output ids and counts, yet a step commits
     it: each arm's tally (plain decoding's, the NGram replay's, a built arm's as measured) counts
     it, so a step commits its accepted drafts plus one token for every arm alike."""
-    from batchspec.calibrate.counterfactual import measured_tallies, tallies
+    from batchspec.calibrate.counterfactual import end_step, measured_tallies, tallies
     from batchspec.predict.acceptance import PlainRow
 
     st = fake.install(monkeypatch)
@@ -172,8 +172,8 @@ def test_every_tally_commits_its_steps_and_accepted_drafts_the_end_token_include
     assert any(c.finish_reason == "stop" and c.output_tokens < 48 for c in built)  # rows that end on the end token
     rows = [PlainRow(engine.encode(r), c.token_ids, r.params.max_tokens) for r, c in zip(requests, built)]
     computed, _ = tallies(engine, rows, arms, requests)
-    for c, row in zip(built, computed):
-        measured = measured_tallies(c, arms[1], arms, engine.end_token_in_output)
+    for c, plain, row in zip(built, rows, computed):
+        measured = measured_tallies(c, arms[1], arms, end_step(engine, plain))
         for t in [*row.values(), *measured.values()]:
             assert t.tokens == t.steps + t.accepted
         assert row["ngram:k=4"].steps == measured["ngram:k=4"].steps == c.target_steps
