@@ -19,6 +19,5 @@ Data flows down: shard -> calibrate -> predict -> stats, engine.
 
 from batchspec.calibrate.chunked import run_chunked  # noqa: F401
 from batchspec.calibrate.controller import Controller  # noqa: F401
-from batchspec.calibrate.counterfactual import computable  # noqa: F401
 from batchspec.calibrate.settings import CalibrationSettings, Decision, fixed_decision  # noqa: F401
 from batchspec.calibrate.worker import WorkerState  # noqa: F401

@@ -26,12 +26,6 @@ from batchspec.predict.suffix import SuffixTree, suffix_acceptance
 from batchspec.predict.trt_ngram import NGramPoolRules, trt_ngram_acceptance
 
 
-def computable(arms: Sequence[SpecConfig]) -> bool:
-    """Whether every arm's acceptance can be computed from plain rows (n-gram and draft-model
-    arms); EAGLE-3 and MTP heads are measured by running them."""
-    return all(a.method in ("none", "ngram", "draft_target", "suffix") for a in arms)
-
-
 def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], requests: Sequence[Request] = (),
             tree: SuffixTree | None = None, batch_size: int = 1, grow: bool = False) -> tuple[list[dict[str, Tally]], bool]:
     """Per row, every arm's tally ("none" included); and whether all of them are exact (greedy).
