@@ -85,6 +85,13 @@ def test_the_run_default_is_a_json_file_checked_at_the_edge(tmp_path):
         build_config("", "", response_format=str(tmp_path / "broken.json"))
     with pytest.raises(ConfigError, match=r"^--response-format: cannot read .*missing.json"):
         build_config("", "", response_format=str(tmp_path / "missing.json"))
+    # a schema of the right shape that the torch engine's grammar library cannot compile: refused
+    # here, not as every row's error; TensorRT-LLM's backend (xgrammar by default) gives its own
+    unresolved = {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}
+    (tmp_path / "unresolved.json").write_text(json.dumps(unresolved))
+    with pytest.raises(ConfigError, match=r"^--response-format: .*unresolved.json: response_format: the schema cannot be compiled: .*/nope"):
+        build_config("", "", response_format=str(tmp_path / "unresolved.json"))
+    assert default_response_format(dataclasses.replace(config, engine="trtllm", response_format=str(tmp_path / "unresolved.json")))
 
 
 def test_a_pipeline_file_names_the_default_relative_to_itself_and_a_job_may_set_it(tmp_path):

@@ -217,7 +217,8 @@ def build_config(input: str, output: str, pipeline: str | None = None, **options
 
 def default_response_format(config: RunConfig, where: str = "response_format") -> ResponseFormat | None:
     """The run's default response_format, read from its JSON file (a path or fsspec URL) and
-    checked; ConfigError naming the file and what is wrong. None when the run sets none."""
+    checked (its shape; for the torch engine also its schema, compiled by its grammar library);
+    ConfigError naming the file and what is wrong. None when the run sets none."""
     if not config.response_format:
         return None
     path = config.response_format
@@ -227,9 +228,16 @@ def default_response_format(config: RunConfig, where: str = "response_format") -
     except Exception as exc:
         raise ConfigError(f"{where}: cannot read {path}: {one_line(exc)}") from None
     try:
-        return parse_response_format(parse_json(text, path))
+        fmt = parse_response_format(parse_json(text, path))
     except ValueError as exc:
         raise ConfigError(f"{where}: {path}: {exc}") from None
+    if fmt is not None and config.engine == "torch":  # its grammar library's verdict, before any worker starts
+        from batchspec.engine.torch.grammar import schema_problem
+
+        problem = schema_problem(fmt)
+        if problem:
+            raise ConfigError(f"{where}: {path}: {problem}")
+    return fmt
 
 
 def check_engine_options(config: RunConfig, source: str) -> None:

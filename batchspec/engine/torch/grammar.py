@@ -63,16 +63,8 @@ class Grammars:
         return held
 
     def _compile(self, fmt: ResponseFormat) -> str | GrammarError:
-        from llguidance import LLMatcher
-
-        try:
-            grammar = LLMatcher.grammar_from_json_schema(fmt.schema, defaults=JSON_OPTIONS)
-        except ValueError as exc:
-            return GrammarError(f"response_format: the schema cannot be compiled: {_line(exc)}")
-        problem = LLMatcher.validate_grammar(grammar, self.tokenizer)
-        if problem:
-            return GrammarError(f"response_format: the schema cannot be compiled: {_line(problem)}")
-        return grammar
+        grammar, problem = _grammar(fmt, self.tokenizer)
+        return GrammarError(problem) if problem else grammar
 
     def matcher(self, fmt: ResponseFormat) -> "Grammar":
         """A fresh matcher at the start of `fmt`'s output (GrammarError if it cannot compile)."""
@@ -159,6 +151,25 @@ def _before_eos(tokens: list[int], eos_ids: frozenset[int]) -> list[int]:
         if token in eos_ids:
             return tokens[:i]
     return tokens
+
+
+def schema_problem(fmt: ResponseFormat) -> str | None:
+    """Why llguidance cannot compile `fmt`'s schema (one line), or None: checked without a
+    tokenizer, so a run's default response_format is refused before any worker starts."""
+    return _grammar(fmt, None)[1]
+
+
+def _grammar(fmt: ResponseFormat, tokenizer) -> tuple[str, str | None]:
+    """The schema's llguidance grammar and, where it cannot be compiled (for `tokenizer`, or for
+    any tokenizer where None), the row's one-line error."""
+    from llguidance import LLMatcher
+
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(fmt.schema, defaults=JSON_OPTIONS)
+        problem = LLMatcher.validate_grammar(grammar, tokenizer)
+    except ValueError as exc:
+        grammar, problem = "", str(exc)
+    return grammar, (f"response_format: the schema cannot be compiled: {_line(problem)}" if problem else None)
 
 
 def _line(text) -> str:
