@@ -138,23 +138,40 @@ def run_arm(engine: ReplayEngine, requests: list[Request], arm: SpecConfig, batc
         requests = [replace(r, draft_scope=scope) for r in requests]
     result = engine.generate(requests, arm, batch_size)
     return {"tokens": result.decode_tokens, "decode_s": result.timing.decode_s,
-            "rows_in_flight": [s.rows for s in result.steps], "committed": [s.committed for s in result.steps]}
+            "rows_in_flight": [s.rows for s in result.steps], "committed": [s.committed for s in result.steps],
+            "step_s": [s.seconds for s in result.steps]}
 
 
 def schedule_s(per_arm: dict, schedule: dict[int, str]) -> float:
     """Decode seconds of a shard under a batch-size schedule (rows in flight -> arm, the entry at or
-    below the rows in flight), priced from each arm's own whole-shard run: each arm's seconds per
-    token times the tokens plain decoding committed at those rows in flight (TensorRT-LLM's
-    `draft_len_schedule` by concurrency, approximated)."""
+    below the rows in flight): the tokens plain decoding committed at each number of rows in flight,
+    each priced at the scheduled arm's seconds per token at that many rows in its own whole-shard
+    run (`rate_at`). TensorRT-LLM's `draft_len_schedule` by concurrency, approximated: the rows a
+    drain holds are plain decoding's, and an arm's acceptance at them the rows it held there."""
+    if len(set(schedule.values())) == 1:  # one arm at every concurrency: that arm's own run
+        return per_arm[next(iter(schedule.values()))]["decode_s"]
     plain = per_arm["none"]
     tokens_at: dict[int, int] = {}
     for rows, committed in zip(plain["rows_in_flight"], plain["committed"]):
         tokens_at[rows] = tokens_at.get(rows, 0) + committed
     seconds = 0.0
     for rows, tokens in tokens_at.items():
-        arm = per_arm[schedule[max((k for k in schedule if k <= rows), default=min(schedule))]]
-        seconds += arm["decode_s"] / max(arm["tokens"], 1) * tokens
+        seconds += rate_at(per_arm[schedule[max((k for k in schedule if k <= rows), default=min(schedule))]], rows) * tokens
     return seconds
+
+
+def rate_at(run: dict, rows: int) -> float:
+    """An arm's decode seconds per committed token over its steps with `rows` rows in flight,
+    scaled so its steps sum to its decode seconds; its whole-shard rate where it never ran so many.
+    (A per-arm mean over the shard would rank the arms alike at every number of rows, so the best
+    schedule would always be one static arm: a drain where a longer draft pays could not show.)"""
+    mean = run["decode_s"] / max(run["tokens"], 1)
+    at = [(s, c) for r, c, s in zip(run["rows_in_flight"], run["committed"], run["step_s"]) if r == rows]
+    committed = sum(c for _, c in at)
+    if not committed:
+        return mean
+    scale = run["decode_s"] / (sum(run["step_s"]) or 1.0)
+    return sum(s for s, _ in at) / committed * scale
 
 
 def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard], regime_name: str,

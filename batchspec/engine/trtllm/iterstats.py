@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from batchspec.engine.base import Completion, SpecConfig, Step, acceptance_rate
+from batchspec.engine.trtllm.translate import drafts_per_row
 
 
 def parse_entries(entries: Sequence[Any]) -> list[dict]:
@@ -151,10 +152,10 @@ def steps_from_iterations(entries: Sequence[dict], spec: SpecConfig) -> list[Ste
     """The decode steps of these iterations, for the calibration controller's cost table. An
     iteration that also ran a context (prefill) request is left out: its seconds are not a decode
     step's. `context` is the mean cache length of the step's rows before it (paged KV: each row
-    reads its own), from requestStats; 0 where they are not reported. `tokens` is 1 + the arm's
-    draft length (1.2 pads every row's drafts to it for its CUDA graphs: drafter.py
-    pad_draft_tokens_for_cuda_graph)."""
-    width = 1 + (spec.draft_len if spec.method != "none" else 0)
+    reads its own), from requestStats; 0 where they are not reported. `tokens` is 1 + the drafts
+    every row carried (1.2 pads them for its CUDA graphs): the arm's draft length, or where its
+    file sets draft_len_schedule or max_concurrency, what they give at the iteration's active
+    requests (`translate.drafts_per_row`)."""
     last: dict[int, int] = {}
     steps = []
     for entry in entries:
@@ -170,6 +171,7 @@ def steps_from_iterations(entries: Sequence[dict], spec: SpecConfig) -> list[Ste
             else:  # no per-request stats: the totals
                 context = 0
                 committed = int((entry.get("specDecodingStats") or {}).get("numAcceptedTokens") or 0) + decode_rows
+            width = 1 + drafts_per_row(spec, int(entry.get("numActiveRequests") or decode_rows))
             steps.append(Step(decode_rows, round(context), width, committed, float(entry.get("iterLatencyMS") or 0.0) / 1000,
                               spec.method))
         for r in rows:

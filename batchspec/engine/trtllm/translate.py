@@ -231,6 +231,24 @@ def with_draft_len_schedule(spec: SpecConfig, schedule: dict[int, int]) -> SpecC
     return dataclasses.replace(spec, options=options + ((SPEC_PREFIX + "draft_len_schedule", freeze(checked)),))
 
 
+def drafts_per_row(spec: SpecConfig, active: int) -> int:
+    """The drafts each generation request carries in a 1.2 iteration with `active` requests (the
+    target verifies every row padded to them: drafter.py `pad_draft_tokens_for_cuda_graph`, to the
+    schedule's current length where there is one). "none": 0. A one-model path has no drafter in
+    1.2: its draft length. Else 0 while max_concurrency is exceeded (`should_use_spec_decode`; its
+    cap of max_num_tokens // (1 + max_draft_len) requests is not in the statistics and is taken as
+    not binding), else the draft_len_schedule's length (`draft_len_for`)."""
+    if spec.method == "none":
+        return 0
+    if one_model(spec):
+        return spec.draft_len
+    options = spec_options(spec)
+    cap = options.get("max_concurrency")
+    if cap is not None and active > cap:
+        return 0
+    return draft_len_for(options.get("draft_len_schedule"), active, spec.draft_len)
+
+
 def draft_len_for(schedule: dict[int, int] | None, active: int, draft_len: int) -> int:
     """The draft length a 1.2 drafter runs with `active` requests: the largest threshold <= active."""
     if not schedule:

@@ -5,6 +5,7 @@ carry the real key names (fake_tensorrt_llm/SOURCES.md JS, PYX)."""
 
 from __future__ import annotations
 
+import dataclasses
 from importlib.resources import files
 
 from batchspec.config.spec import load_spec_file, run_llm_options
@@ -39,6 +40,33 @@ def test_steps_are_the_decode_iterations(trt):
     assert sum(s.committed for s in alone.steps) + 3 == alone.output_tokens
     first = alone.steps[0]  # the first row's first step: its cache holds its prompt
     assert first.context == len(requests(3)[0].prompt_token_ids) and first.rows == 1
+    engine.close()
+
+
+def test_a_draft_len_schedule_or_max_concurrency_sets_each_steps_width_by_the_active_requests(trt):
+    # 1.2 drafts by the active requests where the file says so (drafter.py, SOURCES.md DR): the
+    # steps the cost table learns from carry the width each iteration ran, not the arm's length
+    from batchspec.engine.trtllm.translate import drafts_per_row, with_draft_len_schedule
+
+    base = load_spec_file(str(CONFIGS / "ngram.yaml")).spec.with_draft_len(4)
+    scheduled = with_draft_len_schedule(base, {1: 4, 2: 2, 3: 0})
+    capped = dataclasses.replace(base, options=base.options + (("speculative_config.max_concurrency", 2),))
+    engine = TrtllmEngine(TARGET, run_llm_options({}, [base]))
+    outputs = []
+    for arm, expected in ((scheduled, {1: 5, 2: 3, 3: 1}), (capped, {1: 5, 2: 5, 3: 1}), (base, {1: 5, 2: 5, 3: 5})):
+        before = len(trt.audit)
+        result = engine.generate(requests(8, 24), arm, 3)
+        decode = [e for e in trt.audit[before:] if e["inflightBatchingStats"]["numGenRequests"]
+                  and not e["inflightBatchingStats"]["numContextRequests"]]
+        assert {e["numActiveRequests"] for e in decode} >= {1, 3}  # full batches and a drain
+        assert [s.tokens for s in result.steps] == [expected[e["numActiveRequests"]] for e in decode]
+        assert [1 + drafts_per_row(arm, e["numActiveRequests"]) for e in decode] == [s.tokens for s in result.steps]
+        # the drafts the stand-in's requests carried fit the width (none at all where it is 1)
+        assert all(e["specDecodingStats"]["numDraftTokens"] <= (s.tokens - 1) * s.rows for e, s in zip(decode, result.steps))
+        assert all(e["specDecodingStats"]["numDraftTokens"] == 0 for e, s in zip(decode, result.steps) if s.tokens == 1)
+        assert len(result.completions) == 8 and all(c.finish_reason != "error" for c in result.completions)
+        outputs.append([c.token_ids for c in result.completions])
+    assert outputs[0] == outputs[1] == outputs[2]  # greedy: the same tokens whatever the drafts
     engine.close()
 
 

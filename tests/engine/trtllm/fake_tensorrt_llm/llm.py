@@ -228,11 +228,38 @@ class LLM:
             return _sim.greedy(context, allow_eos=not first)
         return _sim.sample(context, float(p.temperature), p.top_p if p.top_p is not None else 1.0, req.rng, allow_eos=not first)
 
-    def _proposal(self, req: _Req) -> list[int]:
-        spec, history = self._spec, req.prompt_ids + req.out
+    def _draft_len(self) -> int:
+        """The drafts each generation request carries this iteration (the target is padded to them).
+        A two-model path asks its drafter (PYX `_prepare_and_schedule_batch` 67,657, with
+        len(active_requests); DR): none while max_concurrency is set and min(active, max_batch_size,
+        max_num_tokens // (1 + max_draft_len)) exceeds it (`should_use_spec_decode`); else the
+        draft_len_schedule's length at the largest threshold <= active (0: none this iteration),
+        which the NGram pool takes (NG `update_max_total_draft_tokens`), padded to it (DR
+        `pad_draft_tokens_for_cuda_graph`: with a schedule, to the current length); max_draft_len
+        without either. One-model paths have no drafter in 1.2: max_draft_len always."""
+        spec = self._spec
+        if spec is None:
+            return 0
+        if spec.one_model:
+            return spec.max_draft_len
+        active = len(self._active)
+        if spec.max_concurrency is not None:
+            cap = self.args.max_num_tokens // (1 + spec.max_draft_len)
+            if min(active, self.args.max_batch_size, cap) > spec.max_concurrency:
+                return 0
         k = spec.max_draft_len
+        if spec.draft_len_schedule:
+            k = next((n for batch, n in sorted(spec.draft_len_schedule.items(), reverse=True) if batch <= active), 0)
+        if self._ngram is not None:
+            self._ngram.k = k
+        return k
+
+    def _proposal(self, req: _Req, k: int) -> list[int]:
+        spec, history = self._spec, req.prompt_ids + req.out
         if self._ngram is not None:  # NG NGramDrafter.prepare_draft_tokens: prompt + output so far
-            return self._ngram.get_draft_tokens(history, req.id, len(req.prompt_ids) + req.params.max_tokens)
+            # a match the pool kept at a longer length is cut to this iteration's (main's
+            # test_draft_len_schedule.py: an NGram draft never exceeds the drafter's current length)
+            return self._ngram.get_draft_tokens(history, req.id, len(req.prompt_ids) + req.params.max_tokens)[:k]
         agree = self._target.mtp_agree if isinstance(spec, MTPDecodingConfig) else self._draft.agree
         drafts: list[int] = []
         for j in range(k):
@@ -271,9 +298,10 @@ class LLM:
             req.decoding_iter += 1
             self._commit(req, self._next_token(req, req.prompt_ids + req.out))
         drafted = accepted = with_drafts = 0
+        k = self._draft_len() if generation else 0
         for req in generation:
             req.decoding_iter += 1
-            drafts = self._proposal(req) if self._spec is not None else []
+            drafts = self._proposal(req, k) if k else []
             if drafts:  # PYX: numDraftTokens counts the drafts each request really carried
                 drafted += len(drafts)
                 with_drafts += 1
@@ -284,23 +312,23 @@ class LLM:
                 if d is None or token != d:
                     break
                 accepted += 1
-        self._record(context, generation, drafted, accepted, with_drafts)
+        self._record(context, generation, k, drafted, accepted, with_drafts)
         for req in context + generation:  # NG update_resources: a finished request's private pool goes
             if req.finished and self._ngram is not None:
                 self._ngram.release(req.id)
         self._active = [r for r in self._active if not r.finished]
 
-    def _record(self, context, generation, drafted, accepted, with_drafts) -> None:
+    def _record(self, context, generation, k, drafted, accepted, with_drafts) -> None:
         spec = self._spec
-        tokens = sum(len(r.prompt_ids) for r in context) + len(generation) * (1 + (spec.max_draft_len if spec else 0))
+        tokens = sum(len(r.prompt_ids) for r in context) + len(generation) * (1 + k)
         draft_ms = 0.0
         if spec is not None and drafted:
             if isinstance(spec, NGramDecodingConfig):
                 draft_ms = NGRAM_MS
             elif spec.one_model:
-                draft_ms = EAGLE_MS_PER_TOKEN * spec.max_draft_len
+                draft_ms = EAGLE_MS_PER_TOKEN * k
             else:
-                draft_ms = DRAFT_MODEL_MS_PER_TOKEN * spec.max_draft_len
+                draft_ms = DRAFT_MODEL_MS_PER_TOKEN * k
         iter_ms = BASE_MS + PER_TOKEN_MS * tokens + PER_CONTEXT_MS * len(context) + draft_ms
         _sim.STATE.clock.advance(iter_ms / 1000)
         self._iter += 1
