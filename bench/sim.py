@@ -137,52 +137,22 @@ def run_arm(engine: ReplayEngine, requests: list[Request], arm: SpecConfig, batc
         scope = f"oracle:{arm.label}:{next(_SCOPES)}"
         requests = [replace(r, draft_scope=scope) for r in requests]
     result = engine.generate(requests, arm, batch_size)
-    return {"tokens": result.decode_tokens, "decode_s": result.timing.decode_s,
-            "rows_in_flight": [s.rows for s in result.steps], "committed": [s.committed for s in result.steps],
-            "step_s": [s.seconds for s in result.steps]}
-
-
-def schedule_s(per_arm: dict, schedule: dict[int, str]) -> float:
-    """Decode seconds of a shard under a batch-size schedule (rows in flight -> arm, the entry at or
-    below the rows in flight): the tokens plain decoding committed at each number of rows in flight,
-    each priced at the scheduled arm's seconds per token at that many rows in its own whole-shard
-    run (`rate_at`). TensorRT-LLM's `draft_len_schedule` by concurrency, approximated: the rows a
-    drain holds are plain decoding's, and an arm's acceptance at them the rows it held there."""
-    if len(set(schedule.values())) == 1:  # one arm at every concurrency: that arm's own run
-        return per_arm[next(iter(schedule.values()))]["decode_s"]
-    plain = per_arm["none"]
-    tokens_at: dict[int, int] = {}
-    for rows, committed in zip(plain["rows_in_flight"], plain["committed"]):
-        tokens_at[rows] = tokens_at.get(rows, 0) + committed
-    seconds = 0.0
-    for rows, tokens in tokens_at.items():
-        seconds += rate_at(per_arm[schedule[max((k for k in schedule if k <= rows), default=min(schedule))]], rows) * tokens
-    return seconds
-
-
-def rate_at(run: dict, rows: int) -> float:
-    """An arm's decode seconds per committed token over its steps with `rows` rows in flight,
-    scaled so its steps sum to its decode seconds; its whole-shard rate where it never ran so many.
-    (A per-arm mean over the shard would rank the arms alike at every number of rows, so the best
-    schedule would always be one static arm: a drain where a longer draft pays could not show.)"""
-    mean = run["decode_s"] / max(run["tokens"], 1)
-    at = [(s, c) for r, c, s in zip(run["rows_in_flight"], run["committed"], run["step_s"]) if r == rows]
-    committed = sum(c for _, c in at)
-    if not committed:
-        return mean
-    scale = run["decode_s"] / (sum(run["step_s"]) or 1.0)
-    return sum(s for s, _ in at) / committed * scale
+    return {"tokens": result.decode_tokens, "decode_s": result.timing.decode_s}
 
 
 def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard], regime_name: str,
              batch_size: int) -> dict:
     replay = ReplayEngine(engine, recorded, regime_named(regime_name))
+    # a schedule drafts by the rows in flight within one engine: its changes of arm build nothing
+    one_engine = ReplayEngine(engine, recorded, replace(replay.regime, build_s=0.0))
     arms = arms_of(args)
+    by_label = {a.label: a for a in [NO_SPEC, *arms]}
     settings = CalibrationSettings()
     worker = WorkerState()
-    out, keys = [], []
+    out, keys, key_requests = [], [], []
     for shard in shards:
         requests = [r for r in shard.requests if r.id in recorded]
+        key_requests.append(requests)
         keys.append({a.label: run_arm(replay, requests, a, batch_size) for a in [NO_SPEC, *arms]})
         for part in range(args.shards_per_key):
             rows = requests[part * len(requests) // args.shards_per_key: (part + 1) * len(requests) // args.shards_per_key]
@@ -209,7 +179,33 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
                 "events": [f"{e.row}:{e.kind}:{e.arm}" for e in stats.events if e.kind != "profile"],
             })
     return {"regime": regime_name, "batch_size": batch_size, "shards": out,
-            "job": job_summary(out, keys, arms, batch_size, replay.regime.build_s)}
+            "job": job_summary(out, keys, arms, batch_size, replay.regime.build_s,
+                               lambda schedule: sum(scheduled_s(one_engine, requests, {n: by_label[a] for n, a in schedule.items()},
+                                                                batch_size) for requests in key_requests))}
+
+
+def scheduled_s(engine: ReplayEngine, requests: list[Request], schedule: dict[int, SpecConfig], batch_size: int) -> float:
+    """Decode seconds of a shard under a batch-size schedule, replayed (`Scheduled`)."""
+    control = Scheduled(schedule, batch_size)
+    return engine.generate(requests, control.arm_at(min(batch_size, len(requests))), batch_size, control=control).timing.decode_s
+
+
+@dataclass
+class Scheduled:
+    """A generate call's control (engine.base.Control) that runs each step under the arm at the
+    largest threshold <= the rows it runs (the rows in flight and queued, at most a batch),
+    switched between steps as TensorRT-LLM's draft_len_schedule switches within one engine."""
+
+    schedule: dict[int, SpecConfig]
+    batch_size: int
+    first: tuple = ()
+
+    def arm_at(self, rows: int) -> SpecConfig:
+        return self.schedule[max((k for k in self.schedule if k <= rows), default=min(self.schedule))]
+
+    def __call__(self, progress) -> SpecConfig | None:
+        rows = min(self.batch_size, len(progress.in_flight) + progress.queued)
+        return self.arm_at(rows) if rows else None
 
 
 def _tokens_s(run: dict) -> dict:
@@ -235,10 +231,15 @@ def build_oracle_s(shards: Sequence[dict], build_s: float) -> float:
 
 
 def job_summary(shards: list[dict], keys: list[dict], arms: Sequence[SpecConfig], batch_size: int,
-                build_s: float = 0.0) -> dict:
+                build_s: float, replayed_s) -> dict:
     """The job against what a user configures by hand: one static arm for every shard, and a
-    batch-size schedule (the same for every key), each the best of its kind in hindsight; where an
-    arm is a build, also against the job's oracle that pays its builds (`build_oracle_s`)."""
+    batch-size schedule (rows in flight -> arm, the same for every key), each the best of its kind
+    in hindsight; where an arm is a build, also against the job's oracle that pays its builds
+    (`build_oracle_s`). `replayed_s(schedule)` is the job's decode seconds under a schedule,
+    replayed (`Scheduled`). The schedule is searched from the best static arm one bucket at a time,
+    smallest first: every arm at the bucket replayed, the fastest kept. (Pricing each arm at each
+    number of rows from its own whole-shard run was tried first and ranked schedules falsely, by
+    up to 3%: the rows an arm holds in its drain are not plain decoding's.)"""
 
     labels = ["none", *[a.label for a in arms]]
     tokens = sum(k["none"]["tokens"] for k in keys)
@@ -247,10 +248,14 @@ def job_summary(shards: list[dict], keys: list[dict], arms: Sequence[SpecConfig]
     oracle = goodput(tokens, sum(min(k[a]["decode_s"] for a in labels) for k in keys))
     calibrated = goodput(sum(s["tokens"] for s in shards), sum(s["seconds"] for s in shards))
     buckets = sorted({1, max(1, batch_size // 4), max(1, batch_size // 2), batch_size})
-    schedules = {}
-    for choice in itertools.product(labels, repeat=len(buckets)):
-        schedule = dict(zip(buckets, choice))
-        schedules[choice] = goodput(tokens, sum(schedule_s(k, schedule) for k in keys))
+    schedules = {(a,) * len(buckets): g for a, g in static.items()}  # one arm everywhere: its own run
+    best = (best_static,) * len(buckets)
+    for i in range(len(buckets)):
+        for label in labels:
+            choice = best[:i] + (label,) + best[i + 1:]
+            if choice not in schedules:
+                schedules[choice] = goodput(tokens, replayed_s(dict(zip(buckets, choice))))
+        best = max((best[:i] + (label,) + best[i + 1:] for label in labels), key=schedules.get)
     best_schedule = max(schedules, key=schedules.get)
     gain = oracle - static[best_static]
     return {

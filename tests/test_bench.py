@@ -182,6 +182,7 @@ def test_sim_bench_replays_every_shard_against_its_exact_oracle(tiny_model_dir, 
             assert sum(s["ran"].values()) == s["rows"] == 8
             assert set(s["oracle_speedups"]) == {"none", "ngram:k=2", "ngram:k=4", "ngram:k=6", "ngram:k=8", "suffix:k=4"}
         assert r["job"]["oracle_goodput"] >= r["job"]["static_goodput"]
+        assert r["job"]["schedule_goodput"] >= r["job"]["static_goodput"]  # one arm everywhere is a schedule too
         # where an arm is a build, the job is also judged against the oracle that pays its builds
         assert ("vs_oracle_with_builds" in r["job"]) == (r["regime"] == "trtllm")
 
@@ -196,22 +197,19 @@ def test_sim_oracle_with_builds_is_the_best_sequence_of_engines_paying_each_chan
     assert sim.build_oracle_s(shards[1:2], 100.0) == pytest.approx(10)  # the first engine is free: the best one
 
 
-def test_sim_schedule_prices_each_arm_at_each_number_of_rows_in_flight():
+def test_sim_scheduled_control_runs_each_step_under_the_arm_for_the_rows_it_runs():
+    from types import SimpleNamespace
+
     import sim
 
-    # plain decoding: 8 tokens at 4 rows, 4 in the drain at 1 row. k=2 is cheaper at 4 rows, dearer
-    # in the drain; k=4 the other way round. Priced by each arm's mean the best schedule would be
-    # one arm everywhere; by rows in flight it is k=2 at 4 rows and k=4 below.
-    plain = {"tokens": 12, "decode_s": 12.0, "rows_in_flight": [4, 4, 1, 1, 1, 1], "committed": [4, 4, 1, 1, 1, 1],
-             "step_s": [2.0, 2.0, 2.0, 2.0, 2.0, 2.0]}
-    k2 = {"tokens": 12, "decode_s": 6.0, "rows_in_flight": [4, 1, 1], "committed": [8, 2, 2], "step_s": [2.0, 2.0, 2.0]}
-    k4 = {"tokens": 12, "decode_s": 5.0, "rows_in_flight": [4, 4, 1], "committed": [4, 4, 4], "step_s": [2.0, 2.0, 1.0]}
-    runs = {"none": plain, "k2": k2, "k4": k4}
-    assert sim.rate_at(k2, 4) == pytest.approx(2.0 / 8) and sim.rate_at(k4, 1) == pytest.approx(1.0 / 4)
-    assert sim.rate_at(k2, 2) == pytest.approx(6.0 / 12)  # never ran at 2 rows: its mean
-    assert sim.schedule_s(runs, {1: "k4", 4: "k4"}) == 5.0  # one arm everywhere: its own run
-    assert sim.schedule_s(runs, {1: "k4", 4: "k2"}) == pytest.approx(8 * 2.0 / 8 + 4 * 1.0 / 4)
-    assert sim.schedule_s(runs, {1: "k4", 4: "k2"}) < min(r["decode_s"] for r in runs.values())
+    from batchspec.engine.base import SpecConfig
+
+    long, short = SpecConfig("ngram", 4), SpecConfig("ngram", 2)
+    control = sim.Scheduled({1: long, 4: short}, 8)
+    assert control(SimpleNamespace(in_flight={1: [], 2: []}, queued=0)) == long  # a drain of 2 rows
+    assert control(SimpleNamespace(in_flight={i: [] for i in range(3)}, queued=5)) == short  # a full batch of 8
+    assert control(SimpleNamespace(in_flight={}, queued=0)) is None
+    assert control.arm_at(3) == long and control.arm_at(4) == short
 
 
 def test_pipeline_bench_sets_the_pipeline_beside_the_engine_on_the_same_rows(ray_session, tiny_model_dir, tmp_path):
