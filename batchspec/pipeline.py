@@ -55,6 +55,7 @@ from batchspec.group import group_shards, read_shards
 from batchspec.models import local_folder, require_chat_template
 from batchspec.parse import ParsedRow, RowDefaults, parse_rows
 from batchspec.plan import Plan, check_resume, fingerprint, make_plan, plan_locally
+from batchspec.prior import WHY as PRIOR_WHY, prior_seeds
 from batchspec.read import ID, list_input, open_input, passthrough_schema
 from batchspec.shard import ShardInput, run_shard
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
@@ -125,6 +126,7 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
     choice = resolve_spec(config)
     arms, calibrate = run_arms(choice)
     llm_options = run_llm_options(config, arms)
+    seeds = seeds_of(config, arms, calibrate)
     output = open_output(config)
     plan = plan_and_group(config, output)  # 1. read  2. plan + group (or the committed plan)
     passthrough = passthrough_schema(plan.arrow_schema, OUTPUT_NAMES)
@@ -141,7 +143,7 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
         llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     work_started = time.perf_counter()
-    report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls, pool) if todo else None
+    report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls, pool, seeds) if todo else None
     work_s = time.perf_counter() - work_started
 
     stats = output.read_stats(_committed_in_order(output, plan))  # 4. commit: every shard accounted for
@@ -152,6 +154,14 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
         if not config.keep_shards:  # 6. _shards/ is intermediate: removed once _SUCCESS is there
             output.clear_shard_inputs()
     return summary
+
+
+def seeds_of(config: RunConfig, arms, calibrate: bool) -> dict:
+    """Each shard key's starting arm from `config.prior_run` (batchspec.prior; read and checked
+    here, before any worker starts); none without one or without calibration."""
+    if not (config.prior_run and calibrate):
+        return {}
+    return prior_seeds(config.prior_run, dict(config.storage_options), config.engine, config.model, config.batch_size, arms)
 
 
 def check_engine(engine: str) -> None:
@@ -399,6 +409,7 @@ def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
     check_engine_options(config, config.pipeline or "run")
     check_prompt_format(config)
     arms, _ = run_arms(resolve_spec(config))
+    seeds = seeds_of(config, arms, True)
     samples = calibration_samples(config)
     engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
                            llm_options=run_llm_options(config, arms))
@@ -411,7 +422,8 @@ def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
             requests = [p.request for p in sample.parsed if p.error is None]
             if not requests:
                 raise InputError(f"shard key {key!r}: none of its first {len(sample.parsed)} rows can run (all are error rows)")
-            ran = run_shard(engine, ShardInput(str(key), key, requests), arms, True, config.batch_size, settings, worker=worker)
+            ran = run_shard(engine, ShardInput(str(key), key, requests), arms, True, config.batch_size, settings,
+                            seeds.get(key), worker=worker, prior_why=PRIOR_WHY)
             results.append(KeyCalibration(key, sample.rows, len(requests), ran.decision))
     finally:
         engine.close()

@@ -36,6 +36,7 @@ import re
 import pyarrow as pa
 
 from batchspec.errors import InputError
+from batchspec.prior import WHY as PRIOR_WHY
 
 STAGE = "batchspec.ray_data.generate"
 
@@ -51,7 +52,7 @@ def generate(ds, config):
     import ray.data
 
     from batchspec.config.run import check_engine_options
-    from batchspec.pipeline import check_engine, check_prompt_format, resolve_spec, row_defaults, run_arms, run_llm_options
+    from batchspec.pipeline import check_engine, check_prompt_format, resolve_spec, row_defaults, run_arms, run_llm_options, seeds_of
     from batchspec.worker_pool import check_gpus_fit
     from batchspec.workers import WorkerJob
 
@@ -63,6 +64,7 @@ def generate(ds, config):
         check_columns(list(schema.names), config.shard_by)
     arms, calibrate = run_arms(resolve_spec(config))
     llm_options = run_llm_options(config, arms)
+    seeds = seeds_of(config, arms, calibrate)
     check_gpus_fit(config.worker.num_gpus)  # Ray Data places an actor of N GPUs on one node
     job = WorkerJob(
         output=None, passthrough=pa.schema([]), out_schema=pa.schema([]),
@@ -72,7 +74,7 @@ def generate(ds, config):
         llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     return ds.map_batches(
-        GenerateStage, fn_constructor_args=(job, config.shard_by), batch_size=config.shard_size, batch_format="pyarrow",
+        GenerateStage, fn_constructor_args=(job, config.shard_by, seeds), batch_size=config.shard_size, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=config.workers),
         num_cpus=config.worker.num_cpus, num_gpus=config.worker.num_gpus or None,
     )
@@ -81,12 +83,13 @@ def generate(ds, config):
 class GenerateStage:
     """The actor: one engine (loaded once), one call per batch."""
 
-    def __init__(self, job, shard_by: str | None):
+    def __init__(self, job, shard_by: str | None, seeds: dict | None = None):
         from batchspec.workers import ShardWorker
 
         self.worker = ShardWorker(job)
         self.worker.start()
         self.shard_by = shard_by
+        self.seeds = seeds or {}  # a prior run's starting arm per key (batchspec.prior)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from batchspec.parse import CONSUMED_COLUMNS, parse_rows
@@ -101,7 +104,8 @@ class GenerateStage:
             part = batch.take(pa.array(rows, pa.int64()))
             part_ids = [ids[i] for i in rows]
             shard_id = _shard_id(key, part_ids)
-            done = self.worker.generate(shard_id, key, parse_rows(part, part_ids, self.worker.job.defaults))
+            done = self.worker.generate(shard_id, key, parse_rows(part, part_ids, self.worker.job.defaults),
+                                        self.seeds.get(key), prior_why=PRIOR_WHY)
             parts.append(done.output_table(shard_id, part.select(passthrough.names), schema))
             order += rows
         table = pa.concat_tables(parts)

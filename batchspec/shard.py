@@ -38,11 +38,13 @@ class ShardResult:
 
 def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibrate: bool, batch_size: int,
               settings: CalibrationSettings = CalibrationSettings(), prior: SpecConfig | None = None,
-              worker: WorkerState | None = None, horizon_rows: int = 0) -> ShardResult:
+              worker: WorkerState | None = None, horizon_rows: int = 0,
+              prior_why: str = "the key's last shard") -> ShardResult:
     """`worker` holds what calibration keeps across one worker's shards (its cost table, its keys'
-    last arms and rows), None calibrates as a fresh worker would; `prior` is the arm the key's last
-    shard ended under on another worker; `horizon_rows` the key's rows this worker is expected to
-    run after this shard (what an engine build can be repaid over)."""
+    last arms and rows), None calibrates as a fresh worker would; `prior` is the arm the driver
+    starts the key under (the arm its last shard ended under on another worker, or what a prior run
+    predicted best for it: `prior_why` says which); `horizon_rows` the key's rows this worker is
+    expected to run after this shard (what an engine build can be repaid over)."""
     start = time.perf_counter()
     builds_before = len(engine.builds) if engine.arms_are_builds else 0
     worker = worker if worker is not None else WorkerState()
@@ -52,7 +54,7 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         shard = replace(shard, requests=[replace(r, draft_scope=scope_of(shard.shard_key)) for r in shard.requests])
     if calibrate and spec_arms:
         control = Controller(engine, shard.requests, spec_arms, batch_size, settings, worker, shard.shard_key, prior,
-                             switch_s=_switch_s(engine), horizon_rows=horizon_rows)
+                             switch_s=_switch_s(engine), horizon_rows=horizon_rows, prior_why=prior_why)
         if engine.in_flight_control:
             ran = engine.generate(shard.requests, control.start, batch_size, control=control)
         else:

@@ -38,7 +38,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 
@@ -46,6 +46,7 @@ from batchspec.config.run import WorkerConfig
 from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.errors import BatchspecError
 from batchspec.plan import ShardPlan
+from batchspec.prior import WHY as PRIOR_WHY
 from batchspec.group import INTERNAL, read_shard_input
 from batchspec.parse import ParsedRow, RowDefaults, parse_rows
 from batchspec.read import ID
@@ -87,7 +88,8 @@ class WorkerJob:
 class ShardTask:
     plan: ShardPlan
     attempt: int = 1
-    prior: SpecConfig | None = None  # the arm the last shard of this key ended under (on any worker)
+    prior: SpecConfig | None = None  # the arm the last shard of this key ended under (on any worker), or the prior run's
+    prior_why: str = "the key's last shard"  # which of the two
     failures: tuple[str, ...] = ()  # why earlier attempts failed (recorded in the stats' note)
     horizon_rows: int = 0  # the key's rows after this shard, per worker: what an engine build can be repaid over
 
@@ -212,7 +214,8 @@ class ShardWorker:
 
         job, plan = self.job, task.plan
         rows = load_shard(job, plan)
-        done = self.generate(plan.shard_id, plan.shard_key, rows.parsed, task.prior, task.attempt, task.horizon_rows)
+        done = self.generate(plan.shard_id, plan.shard_key, rows.parsed, task.prior, task.attempt, task.horizon_rows,
+                             task.prior_why)
         node = ray.get_runtime_context().get_node_id()
         note = "; ".join(f"attempt {i} failed: {why}" for i, why in enumerate(task.failures, 1)) or None
         outcome = commit(job, plan, rows, done.completions, done.specs, replace(done.stats, node_id=node, note=note))
@@ -222,7 +225,7 @@ class ShardWorker:
         return outcome
 
     def generate(self, shard_id: str, shard_key: str | None, parsed: list[ParsedRow], prior: SpecConfig | None = None,
-                 attempt: int = 1, horizon_rows: int = 0) -> ShardRun:
+                 attempt: int = 1, horizon_rows: int = 0, prior_why: str = "the key's last shard") -> ShardRun:
         """Calibrate and generate one shard's rows on this engine; error rows stay in place."""
         from batchspec.calibrate import CalibrationSettings, WorkerState
         from batchspec.shard import ShardInput, run_shard
@@ -236,7 +239,8 @@ class ShardWorker:
             settings = CalibrationSettings(**dict(job.calibration))
             self.calibration = self.calibration or WorkerState()
             result = run_shard(self.engine, ShardInput(shard_id, shard_key, good), arms, job.calibrate,
-                               job.batch_size, settings, prior, worker=self.calibration, horizon_rows=horizon_rows)
+                               job.batch_size, settings, prior, worker=self.calibration, horizon_rows=horizon_rows,
+                               prior_why=prior_why)
             stats = replace(result.stats, model=job.model, prompt_format=job.defaults.prompt_format,  # the model as configured,
                             attempts=attempt, gpu_memory_per_gpu=self.engine.gpu_memory_per_gpu())  # not its resolved path
         else:
@@ -277,10 +281,12 @@ class PoolReport:
 
 
 def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Callable[[ShardOutcome], None],
-             worker_cls: type[ShardWorker] = ShardWorker, pool: WorkerPool | None = None) -> PoolReport:
+             worker_cls: type[ShardWorker] = ShardWorker, pool: WorkerPool | None = None,
+             seeds: Mapping[str | None, SpecConfig] | None = None) -> PoolReport:
     """Run every shard on `workers` actors of `worker_cls` (a subclass may wrap `process`, as the
     fault tests do), taken from `pool` where it holds some of this engine, started otherwise;
-    returns once each shard is committed."""
+    returns once each shard is committed. A shard starts under the arm its key's last shard ended
+    under, else its key's arm in `seeds` (a prior run's: batchspec.prior)."""
     import ray
 
     check_gpus_fit(job.worker.num_gpus)
@@ -317,7 +323,11 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
             held = bool(starting) and time.monotonic() < gate
             while queue and idle and not held:
                 actor, task = idle.pop(), queue.popleft()
-                task = replace(task, prior=decisions.get(task.plan.shard_key))
+                key = task.plan.shard_key
+                if decisions.get(key) is None and seeds and key in seeds:
+                    task = replace(task, prior=seeds[key], prior_why=PRIOR_WHY)
+                else:
+                    task = replace(task, prior=decisions.get(key))
                 in_flight[actor.process.remote(task)] = (actor, task)
             ready, _ = ray.wait([*in_flight, *starting], num_returns=1, timeout=max(0.0, gate - time.monotonic()) if held else None)
             if not ready:  # the wait for the pool ran out: hand out shards to the workers that are ready

@@ -40,6 +40,7 @@ from batchspec.calibrate import CalibrationSettings, WorkerState  # noqa: E402
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig  # noqa: E402
 from batchspec.engine.regimes import REGIMES, regime as regime_named  # noqa: E402
 from batchspec.engine.replay import Recorded, ReplayEngine, record  # noqa: E402
+from batchspec.prior import WHY as PRIOR_WHY, best_arms  # noqa: E402
 from batchspec.shard import ShardInput, run_shard  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "batchspec" / "sim"
@@ -141,7 +142,10 @@ def run_arm(engine: ReplayEngine, requests: list[Request], arm: SpecConfig, batc
 
 
 def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard], regime_name: str,
-             batch_size: int) -> dict:
+             batch_size: int, seeds: dict | None = None) -> dict:
+    """One pass of the job on one fresh worker; `seeds`: each key's starting arm from a prior pass
+    (batchspec.prior, as `--prior-run` gives the driver). The shards' stats come back under
+    "_stats" (not JSON: the caller takes them out)."""
     replay = ReplayEngine(engine, recorded, regime_named(regime_name))
     # a schedule drafts by the rows in flight within one engine: its changes of arm build nothing
     one_engine = ReplayEngine(engine, recorded, replace(replay.regime, build_s=0.0))
@@ -149,7 +153,7 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
     by_label = {a.label: a for a in [NO_SPEC, *arms]}
     settings = CalibrationSettings()
     worker = WorkerState()
-    out, keys, key_requests = [], [], []
+    out, keys, key_requests, stats_of = [], [], [], []
     for shard in shards:
         requests = [r for r in shard.requests if r.id in recorded]
         key_requests.append(requests)
@@ -158,7 +162,8 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
             rows = requests[part * len(requests) // args.shards_per_key: (part + 1) * len(requests) // args.shards_per_key]
             horizon = len(requests) - (part + 1) * len(requests) // args.shards_per_key
             ran = run_shard(replay, ShardInput(f"{shard.key}-{part}", shard.key, rows), arms, True, batch_size,
-                            settings, worker=worker, horizon_rows=horizon)
+                            settings, (seeds or {}).get(shard.key), worker=worker, horizon_rows=horizon, prior_why=PRIOR_WHY)
+            stats_of.append(ran.stats)
             whole = keys[-1] if len(rows) == len(requests) else {a.label: run_arm(replay, rows, a, batch_size) for a in [NO_SPEC, *arms]}
             oracle = {label: goodput(**_tokens_s(r)) for label, r in whole.items()}
             best = max(oracle, key=oracle.get)
@@ -178,7 +183,7 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
                                 for e in stats.events),
                 "events": [f"{e.row}:{e.kind}:{e.arm}" for e in stats.events if e.kind != "profile"],
             })
-    return {"regime": regime_name, "batch_size": batch_size, "shards": out,
+    return {"regime": regime_name, "batch_size": batch_size, "shards": out, "_stats": stats_of,
             "job": job_summary(out, keys, arms, batch_size, replay.regime.build_s,
                                lambda schedule: sum(scheduled_s(one_engine, requests, {n: by_label[a] for n, a in schedule.items()},
                                                                 batch_size) for requests in key_requests))}
@@ -302,6 +307,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--prompt-format", choices=("chat", "raw"), default="chat")
     p.add_argument("--dtype", default="bfloat16", help="the recording's dtype (tokens only; time is the regime's)")
     p.add_argument("--switch", default="prose,edit", help="KEY_A,KEY_B: add a shard that changes from A to B half-way ('' for none)")
+    p.add_argument("--prior-pass", action="store_true",
+                   help="run each job again on a fresh worker, each key's first shard starting where the first pass "
+                        "predicted best (as --prior-run does); reported as regime NAME+prior")
     p.add_argument("--json", default=None, help="write the results here")
     recorded_results.add_options(p)
     args = p.parse_args(argv)
@@ -311,7 +319,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     results = []
     for name in args.regime.split(","):
         for batch in (int(b) for b in args.batch_size.split(",")):
-            results.append(simulate(args, engine, recorded, shards, name, batch))
+            first = simulate(args, engine, recorded, shards, name, batch)
+            stats = first.pop("_stats")
+            results.append(first)
+            if args.prior_pass:  # the job again, as the next night's run with --prior-run of this one
+                seeds = best_arms(stats, stats[0].engine, stats[0].model, batch, arms_of(args))
+                second = simulate(args, engine, recorded, shards, name, batch, seeds)
+                second.pop("_stats")
+                results.append({**second, "regime": f"{name}+prior"})
     print("SIMULATED (virtual time on cost regimes; not measurements)")
     print(table(results))
     for r in results:

@@ -56,12 +56,12 @@ class Controller:
     def __init__(self, engine: Engine, requests: Sequence[Request], arms: Sequence[SpecConfig], batch_size: int,
                  settings: CalibrationSettings, worker: WorkerState, key: str | None = None,
                  prior: SpecConfig | None = None, switch_s: Callable[[SpecConfig], float] = lambda arm: 0.0,
-                 horizon_rows: int = 0) -> None:
+                 horizon_rows: int = 0, prior_why: str = "the key's last shard") -> None:
         self.engine, self.requests, self.batch_size, self.settings = engine, requests, batch_size, settings
         self.arms = [a for a in arms if a.method != "none"]
         self.worker, self.key, self.switch_s = worker, key, switch_s
         self.first: Sequence[int] = ()
-        self.start, why = worker.start(key, prior, self.arms, builds=switch_s(NO_SPEC) > 0)
+        self.start, why = worker.start(key, prior, self.arms, builds=switch_s(NO_SPEC) > 0, prior_why=prior_why)
         self.running = self.start
         self.events: list[Event] = [Event(0, "start", self.start.label, None, None, why)]
         self.horizon_rows = horizon_rows  # rows of the key after this shard on this worker: what a build can repay over

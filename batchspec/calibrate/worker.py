@@ -21,20 +21,26 @@ class WorkerState:
     measure_builds: int = 0  # engine builds measurements caused (capped by max_builds_per_worker)
 
     def start(self, key: str | None, prior: SpecConfig | None, arms: list[SpecConfig],
-              builds: bool = False) -> tuple[SpecConfig, str]:
+              builds: bool = False, prior_why: str = "the key's last shard") -> tuple[SpecConfig, str]:
         """The arm a shard of `key` starts under, and why: the key's last on this worker, else the
-        driver's (another worker's last shard of the key), else the arm the worker's last shard
-        ended under (of another key: where the engine stands, which for an engine whose arms are
-        builds is the one live), else plain decoding. Only an arm still among `arms`.
+        driver's `prior` (another worker's last shard of the key, or what a prior run predicted
+        best for it: `prior_why` says which), else the arm the worker's last shard ended under (of
+        another key: where the engine stands, which for an engine whose arms are builds is the one
+        live), else plain decoding. Only an arm still among `arms`.
 
-        Where a switch costs a build (`builds`) the worker's first shard starts under the longest
-        n-gram draft instead of plain decoding: the worker builds one engine either way, and that
-        one's greedy tokens are plain decoding's, so its run prices plain decoding and every
-        shorter n-gram draft too, while a plain engine would have to be rebuilt for any arm to pay."""
+        Where a switch costs a build (`builds`) the driver's prior applies only to a worker with no
+        engine yet (a live one is not rebuilt before the rule has priced the build), and a worker's
+        first shard without one starts under the longest n-gram draft instead of plain decoding:
+        the worker builds one engine either way, and that one's greedy tokens are plain decoding's,
+        so its run prices plain decoding and every shorter n-gram draft too, while a plain engine
+        would have to be rebuilt for any arm to pay."""
         labels = {a.label for a in arms}
         latest = self.last[next(reversed(self.last))] if self.last else None
-        for arm, why in ((self.last.get(str(key)), "the key's last shard on this worker"), (prior, "the key's last shard"),
-                         (latest, "the worker's last shard, of another key")):
+        order = [(self.last.get(str(key)), "the key's last shard on this worker")]
+        if not builds or latest is None:
+            order.append((prior, prior_why))
+        order.append((latest, "the worker's last shard, of another key"))
+        for arm, why in order:
             if arm is not None and (arm.method == "none" or arm.label in labels):
                 return arm, why
         ngram = [a for a in arms if a.method == "ngram"]

@@ -14,6 +14,7 @@ nested sections:
     max_tokens: 64
     prompt_format: chat           # chat: a prompt is one user message through the model's chat template; raw: as is
     response_format: null         # a JSON file: the default response_format of rows without one
+    prior_run: null               # a previous run's OUTPUT: each key's first shard starts under its predicted best arm
     worker: {num_cpus: 1, num_gpus: 0, torch_threads: null, max_attempts: 3, wait_for_workers_s: 0, suffix_tree_mb: 256}
     calibration: {sample_size: 8, max_tokens: 16, ...}   # batchspec.calibrate.CalibrationSettings
     storage_options: {}           # fsspec options for INPUT and OUTPUT (endpoint, credentials)
@@ -103,6 +104,9 @@ class RunConfig:
     # A JSON file holding an OpenAI `response_format` ({"type": "json_schema", "json_schema": {...}}):
     # structured output for every row whose response_format column is null (or that has none).
     response_format: str | None = field(default=None, metadata={"expected": "a JSON file of an OpenAI response_format"})
+    # A previous run's OUTPUT (path or fsspec URL): each shard key's first shard starts under the arm
+    # that run predicted best for the key, where it ran this engine, model and batch size (batchspec.prior).
+    prior_run: str | None = field(default=None, metadata={"expected": "the OUTPUT of a previous run (path or fsspec URL)"})
     # How a text `prompt` reaches the model (batchspec.parse): "chat", one user message through the
     # model's chat template (an instruct model answers a bare instruction with end-of-turn), or
     # "raw", as is (completion-style prompts for base models). `messages` rows always take the template.

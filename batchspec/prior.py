@@ -1,0 +1,67 @@
+"""A previous run's choices as this run's starting points (`prior_run`: a run's OUTPUT).
+
+A scheduled job meets the same shard keys night after night. Its first shard of a key otherwise
+starts under whatever its worker last ran (or, where an arm is an engine build, the longest n-gram
+draft), and learns from there. With a prior run, each key's first shard starts under the arm that
+run predicted best for the key: the highest predicted speedup over plain decoding, weighted by the
+rows of the key's calibrated shards (`ArmResult.predicted_speedup`), plain decoding where none is
+predicted above 1. Only shards of the same engine, model and batch size count (an arm's speedup
+depends on all three), and only arms this run calibrates over. It is a start, not a decision: the
+rule goes on from it as from any other (docs/calibration.md, concept 7), and where an arm is a
+build it picks only a worker's first engine.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable, Sequence
+
+import fsspec
+import pyarrow.parquet as pq
+
+from batchspec.engine.base import NO_SPEC, SpecConfig
+from batchspec.errors import ConfigError, one_line
+from batchspec.stats import ShardStats
+
+WHY = "the prior run's best for the key"
+
+
+def prior_seeds(url: str, storage_options: dict, engine: str, model: str, batch_size: int,
+                arms: Sequence[SpecConfig]) -> dict[str | None, SpecConfig]:
+    """Each shard key's starting arm from the run at `url` (`best_arms` over its stats/*.parquet);
+    ConfigError (one line) where `url` holds no run's stats."""
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        files = sorted(fs.glob(root.rstrip("/") + "/stats/*.parquet"))
+        stats = []
+        for path in files:
+            with fs.open(path, "rb") as f:
+                stats += [ShardStats.from_row(r) for r in pq.read_table(f).to_pylist()]
+    except Exception as exc:
+        raise ConfigError(f"prior_run: cannot read the stats of {url}: {one_line(exc)}") from None
+    if not files:
+        raise ConfigError(f"prior_run: {url} has no stats/*.parquet (expected the OUTPUT of a batchspec run)")
+    return best_arms(stats, engine, model, batch_size, arms)
+
+
+def best_arms(stats: Iterable[ShardStats], engine: str, model: str, batch_size: int,
+              arms: Sequence[SpecConfig]) -> dict[str | None, SpecConfig]:
+    """Per shard key, the arm among `arms` (or plain decoding) with the highest rows-weighted
+    predicted speedup over the key's calibrated shards of this engine, model and batch size."""
+    by_label = {a.label: a for a in arms if a.method != "none"}
+    score: dict[str | None, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+    for s in stats:
+        if s.decision_source != "calibrated" or (s.engine, s.model, s.batch_size) != (engine, model, batch_size):
+            continue
+        rows = max(s.rows - s.error_rows, 0)
+        for arm in s.candidates:
+            label = SpecConfig(arm.method, arm.draft_len).label
+            if arm.predicted_speedup is not None and label in by_label and rows:
+                held = score[s.shard_key][label]
+                held[0] += rows * arm.predicted_speedup
+                held[1] += rows
+    out: dict[str | None, SpecConfig] = {}
+    for key, arms_score in score.items():
+        label, (total, rows) = max(arms_score.items(), key=lambda item: item[1][0] / item[1][1])
+        out[key] = by_label[label] if total / rows > 1.0 else NO_SPEC
+    return out

@@ -1,0 +1,83 @@
+"""A previous run's choices as this run's starting points (`prior_run`, batchspec.prior): each key's
+first shard starts under the arm that run predicted best for it, only from shards of the same
+engine, model and batch size; where an arm is a build, only a worker's first engine; a path with no
+run's stats is refused before any work; end to end over two runs of the tiny model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import polars as pl
+import pytest
+
+from batchspec.calibrate import WorkerState
+from batchspec.engine.base import NO_SPEC, SpecConfig
+from batchspec.errors import ConfigError
+from batchspec.pipeline import run
+from batchspec.prior import WHY, best_arms, prior_seeds
+from batchspec.stats import ArmResult, ShardStats
+from batchspec.worker_pool import WorkerPool
+from tests.test_pipeline import input_dir, make_config  # noqa: F401  (input_dir: a fixture)
+
+ARMS = [SpecConfig("ngram", k) for k in (2, 4, 8)]
+
+
+def shard(key, predicted: dict[int, float], rows=10, engine="torch", model="m", batch=8, source="calibrated"):
+    candidates = [ArmResult("none", 0, predicted_speedup=1.0)]
+    candidates += [ArmResult("ngram", k, predicted_speedup=s) for k, s in predicted.items()]
+    return ShardStats(shard_id=f"{key}-{rows}", shard_key=key, rows=rows, error_rows=0, engine=engine, model=model,
+                      batch_size=batch, candidates=candidates, decision_source=source)
+
+
+def test_each_key_gets_its_arm_predicted_best_weighted_by_rows_over_matching_shards():
+    stats = [
+        shard("code", {2: 1.3, 4: 1.5}, rows=30), shard("code", {2: 1.4, 4: 1.0}, rows=10),  # k=4: 1.375, k=2: 1.325
+        shard("prose", {2: 0.9, 4: 0.8}),  # nothing above plain decoding
+        shard("edit", {8: 3.0, 6: 4.0}),  # k=6 is not an arm of this run
+        shard("extract", {2: 2.0}, batch=32), shard("extract", {2: 2.0}, engine="trtllm"),
+        shard("extract", {2: 2.0}, model="other"), shard("extract", {2: 2.0}, source="fixed"),
+    ]
+    assert best_arms(stats, "torch", "m", 8, ARMS) == {"code": ARMS[1], "prose": NO_SPEC, "edit": ARMS[2]}
+
+
+def test_a_prior_starts_a_key_new_to_the_worker_and_rebuilds_no_live_engine():
+    worker = WorkerState()
+    assert worker.start("code", ARMS[0], ARMS, prior_why=WHY) == (ARMS[0], WHY)
+    # where arms are builds: a worker with no engine yet builds the prior's arm first ...
+    assert worker.start("code", ARMS[0], ARMS, builds=True, prior_why=WHY) == (ARMS[0], WHY)
+    worker.remember("code", ARMS[2], [])
+    # ... and one with a live engine starts a new key under it: the rule prices a rebuild
+    assert worker.start("prose", ARMS[0], ARMS, builds=True, prior_why=WHY)[0] == ARMS[2]
+    assert worker.start("prose", ARMS[0], ARMS, prior_why=WHY) == (ARMS[0], WHY)  # free switches: the prior
+    assert worker.start("code", ARMS[0], ARMS, prior_why=WHY)[0] == ARMS[2]  # the key's own last shard first
+
+
+def test_a_prior_run_without_stats_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"^prior_run: .*nowhere has no stats/\*\.parquet \(expected the OUTPUT of a batchspec run\)$"):
+        prior_seeds(str(tmp_path / "nowhere"), {}, "torch", "m", 8, ARMS)
+
+
+@pytest.fixture(scope="module")
+def pool(ray_session):
+    with WorkerPool() as p:
+        yield p
+
+
+def test_a_run_starts_each_key_where_the_prior_run_predicted_best(pool, tiny_model_dir, input_dir, tmp_path):  # noqa: F811
+    first = make_config(input_dir, tmp_path / "first", tiny_model_dir)
+    assert run(first, pool=pool).complete
+    before = [ShardStats.from_row(r) for r in pl.read_parquet(f"{tmp_path / 'first'}/stats/*.parquet").to_dicts()]
+    arms = [SpecConfig(a.method, a.draft_len) for a in before[0].candidates if a.method != "none"]
+    expected = best_arms(before, "torch", first.model, first.batch_size, arms)
+    assert set(expected) == {"code", "prose"}
+    second = dataclasses.replace(make_config(input_dir, tmp_path / "second", tiny_model_dir), prior_run=str(tmp_path / "first"))
+    summary = run(second, pool=pool)
+    assert summary.complete and summary.rows == 12
+    after = pl.read_parquet(f"{tmp_path / 'second'}/stats/*.parquet").sort("shard_id")
+    firsts = {}
+    for row in after.to_dicts():
+        firsts.setdefault(row["shard_key"], row["events"][0])
+    assert {k: (e["arm"], e["reason"]) for k, e in firsts.items()} == {k: (a.label, WHY) for k, a in expected.items()}
+    with pytest.raises(ConfigError, match="prior_run: .*has no stats"):
+        run(dataclasses.replace(second, output=str(tmp_path / "third"), prior_run=str(tmp_path / "empty")), pool=pool)
+    assert not (tmp_path / "third").exists(), "refused before any work"
