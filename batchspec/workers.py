@@ -323,11 +323,11 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
             held = bool(starting) and time.monotonic() < gate
             while queue and idle and not held:
                 actor, task = idle.pop(), queue.popleft()
-                key = task.plan.shard_key
-                if decisions.get(key) is None and seeds and key in seeds:
-                    task = replace(task, prior=seeds[key], prior_why=PRIOR_WHY)
+                shard_key = task.plan.shard_key  # (`key` is the pool's)
+                if decisions.get(shard_key) is None and seeds and shard_key in seeds:
+                    task = replace(task, prior=seeds[shard_key], prior_why=PRIOR_WHY)
                 else:
-                    task = replace(task, prior=decisions.get(key))
+                    task = replace(task, prior=decisions.get(shard_key))
                 in_flight[actor.process.remote(task)] = (actor, task)
             ready, _ = ray.wait([*in_flight, *starting], num_returns=1, timeout=max(0.0, gate - time.monotonic()) if held else None)
             if not ready:  # the wait for the pool ran out: hand out shards to the workers that are ready
