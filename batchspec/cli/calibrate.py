@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from batchspec.cli.options import model_and_spec_options, sampling_options
+from batchspec.cli.options import PRIOR_RUN, model_and_spec_options, sampling_options
 from batchspec.config.run import build_config
 
 
@@ -15,6 +15,7 @@ from batchspec.config.run import build_config
 @click.argument("input")
 @model_and_spec_options
 @sampling_options
+@PRIOR_RUN
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def command(input: str, pipeline: str | None, as_json: bool, **options) -> None:
     """Run each shard key's first shard of INPUT under the calibration controller and show every

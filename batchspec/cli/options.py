@@ -36,6 +36,12 @@ SAMPLING = [
                  "raw: as is, for base models. A messages column always takes the template."),
 ]
 
+# A previous run's starting points (batchspec.prior): `run` and `calibrate` alike.
+PRIOR_RUN = click.option(
+    "--prior-run", metavar="OUTPUT",
+    help="A previous run's OUTPUT: each shard key's first shard starts under the arm that run predicted best for the "
+         "key (where it ran the same engine, model and batch size); calibration goes on from there.")
+
 
 def model_and_spec_options(func):
     """The pipeline, model, engine, spec and shard options."""

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from batchspec.cli.options import model_and_spec_options, sampling_options
+from batchspec.cli.options import PRIOR_RUN, model_and_spec_options, sampling_options
 from batchspec.config.run import build_config
 
 
@@ -21,9 +21,7 @@ from batchspec.config.run import build_config
 @click.option("--resume/--no-resume", default=None, help="Skip shards already committed in OUTPUT (default), or start OUTPUT afresh.")
 @click.option("--keep-shards/--no-keep-shards", default=None,
               help="Keep OUTPUT/_shards/ (each shard's input rows) after _SUCCESS, for debugging; by default a finished run removes it.")
-@click.option("--prior-run", metavar="OUTPUT",
-              help="A previous run's OUTPUT: each shard key's first shard starts under the arm that run predicted best "
-                   "for the key (where it ran the same engine, model and batch size); calibration goes on from there.")
+@PRIOR_RUN
 @click.option("--plan-only", is_flag=True, help="Plan and group (OUTPUT/_plan.json, OUTPUT/_shards/), print the shard table, stop; no model is loaded.")
 def command(input: str, output: str, pipeline: str | None, run_date: str | None, plan_only: bool, **options) -> None:
     """Generate a completion for every row of INPUT into OUTPUT (paths or fsspec URLs).
