@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from batchspec.config.run import build_config
-from batchspec.errors import InputError
+from batchspec.errors import ConfigError, InputError
 from batchspec.ray_data import generate
 from batchspec.stats import OUTPUT_NAMES
 from tests.data import prompts_table
@@ -76,6 +76,9 @@ def test_a_missing_column_is_named_before_any_worker_starts_where_the_schema_is_
         generate(ray.data.read_parquet(str(tmp_path / "p.parquet")), config)
     with pytest.raises(InputError, match=r"generate: column 'text' clashes with the output column"):
         generate(ray.data.read_parquet(str(tmp_path / "p.parquet")), dataclasses.replace(config, shard_by=None))
+    # a prior run is read when the stage is built, as by `batchspec run`
+    with pytest.raises(ConfigError, match=r"^prior_run: .*nowhere has no stats/\*\.parquet"):
+        generate(ray.data.from_items([{"prompt": "hi", "task": "x"}]), config_for(tiny_model_dir, prior_run=str(tmp_path / "nowhere")))
 
 
 def test_the_stage_names_a_missing_column_of_a_batch_when_the_schema_was_not_known(tiny_model_dir):
