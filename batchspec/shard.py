@@ -17,6 +17,7 @@ from typing import Sequence
 
 from batchspec.calibrate import CalibrationSettings, Controller, Decision, WorkerState, fixed_decision, run_chunked
 from batchspec.calibrate.counterfactual import scope_of
+from batchspec.calibrate.worker import LAST_SHARD
 from batchspec.engine.base import NO_SPEC, Completion, Engine, GenerateResult, Request, SpecConfig
 from batchspec.stats import ShardStats, suffix_columns
 
@@ -39,7 +40,7 @@ class ShardResult:
 def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], calibrate: bool, batch_size: int,
               settings: CalibrationSettings = CalibrationSettings(), prior: SpecConfig | None = None,
               worker: WorkerState | None = None, horizon_rows: int = 0,
-              prior_why: str = "the key's last shard") -> ShardResult:
+              prior_why: str = LAST_SHARD) -> ShardResult:
     """`worker` holds what calibration keeps across one worker's shards (its cost table, its keys'
     last arms and rows), None calibrates as a fresh worker would; `prior` is the arm the driver
     starts the key under (the arm its last shard ended under on another worker, or what a prior run

@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 
+from batchspec.calibrate.worker import LAST_SHARD
 from batchspec.config.run import WorkerConfig
 from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
 from batchspec.errors import BatchspecError
@@ -89,7 +90,7 @@ class ShardTask:
     plan: ShardPlan
     attempt: int = 1
     prior: SpecConfig | None = None  # the arm the last shard of this key ended under (on any worker), or the prior run's
-    prior_why: str = "the key's last shard"  # which of the two
+    prior_why: str = LAST_SHARD  # which of the two
     failures: tuple[str, ...] = ()  # why earlier attempts failed (recorded in the stats' note)
     horizon_rows: int = 0  # the key's rows after this shard, per worker: what an engine build can be repaid over
 
@@ -225,7 +226,7 @@ class ShardWorker:
         return outcome
 
     def generate(self, shard_id: str, shard_key: str | None, parsed: list[ParsedRow], prior: SpecConfig | None = None,
-                 attempt: int = 1, horizon_rows: int = 0, prior_why: str = "the key's last shard") -> ShardRun:
+                 attempt: int = 1, horizon_rows: int = 0, prior_why: str = LAST_SHARD) -> ShardRun:
         """Calibrate and generate one shard's rows on this engine; error rows stay in place."""
         from batchspec.calibrate import CalibrationSettings, WorkerState
         from batchspec.shard import ShardInput, run_shard

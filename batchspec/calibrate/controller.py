@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 from batchspec.calibrate.counterfactual import end_step, measured_tallies, scope_of, tallies
 from batchspec.calibrate.estimate import Estimate, Tally, Window, estimates, shard_speedups
 from batchspec.calibrate.settings import CalibrationSettings, Decision
-from batchspec.calibrate.worker import WorkerState
+from batchspec.calibrate.worker import LAST_SHARD, WorkerState
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Progress, Request, SpecConfig, Step
 from batchspec.predict.acceptance import PlainRow
 from batchspec.predict.costs import profile_grid
@@ -56,7 +56,7 @@ class Controller:
     def __init__(self, engine: Engine, requests: Sequence[Request], arms: Sequence[SpecConfig], batch_size: int,
                  settings: CalibrationSettings, worker: WorkerState, key: str | None = None,
                  prior: SpecConfig | None = None, switch_s: Callable[[SpecConfig], float] = lambda arm: 0.0,
-                 horizon_rows: int = 0, prior_why: str = "the key's last shard") -> None:
+                 horizon_rows: int = 0, prior_why: str = LAST_SHARD) -> None:
         self.engine, self.requests, self.batch_size, self.settings = engine, requests, batch_size, settings
         self.arms = [a for a in arms if a.method != "none"]
         self.worker, self.key, self.switch_s = worker, key, switch_s

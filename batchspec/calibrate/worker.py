@@ -11,6 +11,7 @@ from batchspec.engine.base import NO_SPEC, SpecConfig
 from batchspec.predict.costs import CostTable
 
 KEYS_KEPT = 256  # shard keys whose last arm a worker keeps (the oldest forgotten first)
+LAST_SHARD = "the key's last shard"  # why a shard starts under the driver's prior, unless it says otherwise
 
 
 @dataclass
@@ -21,7 +22,7 @@ class WorkerState:
     measure_builds: int = 0  # engine builds measurements caused (capped by max_builds_per_worker)
 
     def start(self, key: str | None, prior: SpecConfig | None, arms: list[SpecConfig],
-              builds: bool = False, prior_why: str = "the key's last shard") -> tuple[SpecConfig, str]:
+              builds: bool = False, prior_why: str = LAST_SHARD) -> tuple[SpecConfig, str]:
         """The arm a shard of `key` starts under, and why: the key's last on this worker, else the
         driver's `prior` (another worker's last shard of the key, or what a prior run predicted
         best for it: `prior_why` says which), else the arm the worker's last shard ended under (of
