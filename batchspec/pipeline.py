@@ -55,7 +55,7 @@ from batchspec.group import group_shards, read_shards
 from batchspec.models import local_folder, require_chat_template
 from batchspec.parse import ParsedRow, RowDefaults, parse_rows
 from batchspec.plan import Plan, check_resume, fingerprint, make_plan, plan_locally
-from batchspec.prior import WHY as PRIOR_WHY, prior_seeds
+from batchspec.prior import WHY as PRIOR_WHY, seeds_of
 from batchspec.read import ID, list_input, open_input, passthrough_schema
 from batchspec.shard import ShardInput, run_shard
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
@@ -154,14 +154,6 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
         if not config.keep_shards:  # 6. _shards/ is intermediate: removed once _SUCCESS is there
             output.clear_shard_inputs()
     return summary
-
-
-def seeds_of(config: RunConfig, arms, calibrate: bool) -> dict:
-    """Each shard key's starting arm from `config.prior_run` (batchspec.prior; read and checked
-    here, before any worker starts); none without one or without calibration."""
-    if not (config.prior_run and calibrate):
-        return {}
-    return prior_seeds(config.prior_run, dict(config.storage_options), config.engine, config.model, config.batch_size, arms)
 
 
 def check_engine(engine: str) -> None:

@@ -14,32 +14,39 @@ build it picks only a worker's first engine.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-import fsspec
-import pyarrow.parquet as pq
-
-from batchspec.engine.base import NO_SPEC, SpecConfig
+from batchspec.engine.base import NO_SPEC, SpecConfig, spec_label
 from batchspec.errors import ConfigError, one_line
 from batchspec.stats import ShardStats
+from batchspec.write import Output
+
+if TYPE_CHECKING:
+    from batchspec.config.run import RunConfig
 
 WHY = "the prior run's best for the key"
 
 
+def seeds_of(config: "RunConfig", arms: Sequence[SpecConfig], calibrate: bool) -> dict[str | None, SpecConfig]:
+    """Each shard key's starting arm from `config.prior_run`, read and checked before any worker
+    starts (`batchspec run`, `batchspec calibrate`, the Ray Data stage); none without a prior run
+    or without calibration."""
+    if not (config.prior_run and calibrate):
+        return {}
+    return prior_seeds(config.prior_run, dict(config.storage_options), config.engine, config.model, config.batch_size, arms)
+
+
 def prior_seeds(url: str, storage_options: dict, engine: str, model: str, batch_size: int,
                 arms: Sequence[SpecConfig]) -> dict[str | None, SpecConfig]:
-    """Each shard key's starting arm from the run at `url` (`best_arms` over its stats/*.parquet);
-    ConfigError (one line) where `url` holds no run's stats."""
+    """Each shard key's starting arm from the run at `url` (`best_arms` over its committed shards'
+    stats, read as the run wrote them: `write.Output`); ConfigError (one line) where `url` holds no
+    run's stats."""
+    output = Output(url, tuple(storage_options.items()))
     try:
-        fs, root = fsspec.core.url_to_fs(url, **storage_options)
-        files = sorted(fs.glob(root.rstrip("/") + "/stats/*.parquet"))
-        stats = []
-        for path in files:
-            with fs.open(path, "rb") as f:
-                stats += [ShardStats.from_row(r) for r in pq.read_table(f).to_pylist()]
+        stats = output.read_stats(sorted(output.committed()))
     except Exception as exc:
         raise ConfigError(f"prior_run: cannot read the stats of {url}: {one_line(exc)}") from None
-    if not files:
+    if not stats:
         raise ConfigError(f"prior_run: {url} has no stats/*.parquet (expected the OUTPUT of a batchspec run)")
     return best_arms(stats, engine, model, batch_size, arms)
 
@@ -55,7 +62,7 @@ def best_arms(stats: Iterable[ShardStats], engine: str, model: str, batch_size: 
             continue
         rows = max(s.rows - s.error_rows, 0)
         for arm in s.candidates:
-            label = SpecConfig(arm.method, arm.draft_len).label
+            label = spec_label(arm.method, arm.draft_len)
             if arm.predicted_speedup is not None and label in by_label and rows:
                 held = score[s.shard_key][label]
                 held[0] += rows * arm.predicted_speedup

@@ -36,7 +36,7 @@ import re
 import pyarrow as pa
 
 from batchspec.errors import InputError
-from batchspec.prior import WHY as PRIOR_WHY
+from batchspec.prior import WHY as PRIOR_WHY, seeds_of
 
 STAGE = "batchspec.ray_data.generate"
 
@@ -52,7 +52,7 @@ def generate(ds, config):
     import ray.data
 
     from batchspec.config.run import check_engine_options
-    from batchspec.pipeline import check_engine, check_prompt_format, resolve_spec, row_defaults, run_arms, run_llm_options, seeds_of
+    from batchspec.pipeline import check_engine, check_prompt_format, resolve_spec, row_defaults, run_arms, run_llm_options
     from batchspec.worker_pool import check_gpus_fit
     from batchspec.workers import WorkerJob
 
