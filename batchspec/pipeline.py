@@ -1,5 +1,5 @@
-"""`batchspec run` as a library call: read -> plan -> group -> shard workers -> commit -> manifest;
-and `calibrate_only`, what `batchspec calibrate` runs (the same reading and calibration, nothing written).
+"""`batchspec run` as a library call: read -> plan -> group -> shard workers -> commit -> manifest
+(`batchspec calibrate`'s, the same reading and calibration with nothing written, is calibrate_keys.py).
 
 `run(config)` reads as the list of steps of docs/architecture.md "Data flow"; each step lives in
 its own module (read, plan, workers, write). Everything that can be checked before work starts
@@ -46,18 +46,15 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from batchspec.calibrate import CalibrationSettings, Decision, WorkerState
 from batchspec.config.run import RunConfig, check_engine_options, default_response_format
 from batchspec.engine.base import NO_SPEC
-from batchspec.engine.factory import create_engine
-from batchspec.errors import InputError, OutputError
-from batchspec.group import group_shards, read_shards
+from batchspec.errors import OutputError
+from batchspec.group import group_shards
 from batchspec.models import local_folder, require_chat_template
-from batchspec.parse import ParsedRow, RowDefaults, parse_rows
-from batchspec.plan import Plan, check_resume, fingerprint, make_plan, plan_locally
-from batchspec.prior import WHY as PRIOR_WHY, seeds_of
-from batchspec.read import ID, list_input, open_input, passthrough_schema
-from batchspec.shard import ShardInput, run_shard
+from batchspec.parse import RowDefaults
+from batchspec.plan import Plan, check_resume, fingerprint, make_plan
+from batchspec.prior import seeds_of
+from batchspec.read import list_input, open_input, passthrough_schema
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
 from batchspec.worker_pool import WorkerPool
 from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, run_pool
@@ -346,77 +343,3 @@ def _versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             pass
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# `batchspec calibrate`: the same reading and calibration, one engine in this process, nothing written
-
-
-@dataclass
-class KeyCalibration:
-    shard_key: str | None
-    rows: int  # rows of this key in the input
-    sampled: int  # rows calibration ran: its first shard's
-    decision: Decision
-
-    def to_doc(self) -> dict:
-        d = self.decision
-        return {
-            "shard_key": self.shard_key, "rows": self.rows, "sampled": self.sampled,
-            "chosen": d.chosen.label, "spec_method": d.chosen.method, "draft_len": d.chosen.draft_len,
-            "ended": d.ended.label, "reason": d.reason, "calibration_s": d.calibration_s, "overhead_s": d.overhead_s,
-            "predicted_speedup": d.predicted_speedup, "speedup": d.speedup,
-            "baseline_tokens_per_s": d.baseline_tokens_per_s, "arms": [a.to_struct() for a in d.arms],
-            "events": [dataclasses.asdict(e) for e in d.events],
-        }
-
-
-@dataclass(frozen=True)
-class KeySample:
-    shard_key: str | None
-    rows: int  # rows of this key in the input
-    parsed: list[ParsedRow]  # its first shard's rows: the key's first --shard-size rows, in input order
-
-
-def calibration_samples(config: RunConfig) -> list[KeySample]:
-    """Per shard key, in plan order, its row count and its first shard's rows. The plan is
-    `batchspec run`'s (with Ray Data for large inputs: per-shard records, never keys or rows, on
-    the driver); each key's first shard is read from the input, stopping once it is complete."""
-    source = open_input(config.input, dict(config.storage_options), config.shard_by)
-    if not plan_locally(source):
-        ensure_ray(config)
-    plan = make_plan(source, config.shard_by, config.shard_size)
-    first: dict[str | None, int] = {}  # key -> ordinal of its first shard
-    rows: dict[str | None, int] = {}
-    for n, s in enumerate(plan.shards):
-        first.setdefault(s.shard_key, n)
-        rows[s.shard_key] = rows.get(s.shard_key, 0) + s.rows
-    tables = read_shards(source, plan, list(first.values()))
-    defaults = row_defaults(config)
-    return [KeySample(key, rows[key], parse_rows(tables[n], tables[n].column(ID).to_pylist(), defaults)) for key, n in first.items()]
-
-
-def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
-    check_engine(config.engine)
-    check_engine_options(config, config.pipeline or "run")
-    check_prompt_format(config)
-    arms, _ = run_arms(resolve_spec(config))
-    seeds = seeds_of(config, arms, True)
-    samples = calibration_samples(config)
-    engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
-                           llm_options=run_llm_options(config, arms))
-    settings = CalibrationSettings(**dict(config.calibration))
-    worker = WorkerState()  # one engine: one cost table for every key
-    results = []
-    try:
-        for sample in samples:
-            key = sample.shard_key
-            requests = [p.request for p in sample.parsed if p.error is None]
-            if not requests:
-                raise InputError(f"shard key {key!r}: none of its first {len(sample.parsed)} rows can run (all are error rows)")
-            ran = run_shard(engine, ShardInput(str(key), key, requests), arms, True, config.batch_size, settings,
-                            seeds.get(key), worker=worker, prior_why=PRIOR_WHY)
-            results.append(KeyCalibration(key, sample.rows, len(requests), ran.decision))
-    finally:
-        engine.close()
-    return results

@@ -328,7 +328,7 @@ def first_rows_per_key(tables: list[pa.Table], shard_size: int) -> list[tuple[st
 
 
 def test_calibration_samples_of_the_examples_are_each_keys_first_rows():
-    from batchspec.pipeline import calibration_samples
+    from batchspec.calibrate_keys import calibration_samples
 
     examples = pq.read_table("examples/prompts.parquet")
     config = build_config("examples/prompts.parquet", "", shard_by="task", shard_size=5)
@@ -342,7 +342,7 @@ def test_calibration_samples_of_the_examples_are_each_keys_first_rows():
 def test_calibration_samples_span_files_and_row_groups_with_a_null_key(request, tmp_path, monkeypatch, path):
     """Two files of several row groups, interleaved keys, a null key, a key whose first shard spans both files."""
     from batchspec import plan
-    from batchspec.pipeline import calibration_samples
+    from batchspec.calibrate_keys import calibration_samples
 
     if path == "ray-data":
         request.getfixturevalue("ray_session")

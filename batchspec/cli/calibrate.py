@@ -31,7 +31,7 @@ def command(input: str, pipeline: str | None, as_json: bool, **options) -> None:
       batchspec calibrate prompts.parquet --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b --dtype bfloat16
       batchspec calibrate prompts.parquet --spec trt_configs/ngram.yaml --json
     """
-    from batchspec.pipeline import calibrate_only
+    from batchspec.calibrate_keys import calibrate_only
 
     config = build_config(input, "", pipeline, **options)
     results = calibrate_only(config)
