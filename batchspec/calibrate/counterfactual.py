@@ -34,7 +34,7 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
     A suffix arm drafts from `tree`, its key's rows finished before these (predict/suffix.py;
     with `grow` these rows join it, in order, for the next call's)."""
     ends = [end_step(engine, row) for row in rows]
-    out: list[dict[str, Tally]] = [{"none": _plain(row, end)} for row, end in zip(rows, ends)]
+    out: list[dict[str, Tally]] = [{"none": _plain(_tokens(len(row.output_ids), end))} for row, end in zip(rows, ends)]
     if not rows:
         return out, True
     constrained = any(r.response_format is not None for r in requests)
@@ -83,7 +83,7 @@ def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig]
         for arm in group:
             acc = by_k[arm.draft_len]
             for r, (steps, proposed) in enumerate(zip(acc.steps, acc.proposed)):
-                out[r][arm.label] = Tally(_tokens(rows[r], ends[r]), float(len(steps)), float(sum(p == 0 for p in proposed)),
+                out[r][arm.label] = Tally(_tokens(len(rows[r].output_ids), ends[r]), float(len(steps)), float(sum(p == 0 for p in proposed)),
                                           float(sum(proposed)), float(sum(steps)))
     return out, exact
 
@@ -108,13 +108,14 @@ def end_step(engine: Engine, row: PlainRow) -> int:
     return int(not engine.end_token_in_output and len(row.output_ids) < row.max_tokens)
 
 
-def _tokens(row: PlainRow, end: int = 0) -> float:
-    return float(max(len(row.output_ids) - 1 + end, 0))  # the first comes from prefill
+def _tokens(output_len: int, end: int = 0) -> float:
+    """A row's decode tokens: its output but the first (prefill's), and the end token `end_step` counts."""
+    return float(max(output_len - 1 + end, 0))
 
 
-def _plain(row: PlainRow, end: int = 0) -> Tally:
-    n = _tokens(row, end)
-    return Tally(n, n, n, 0.0, 0.0)
+def _plain(tokens: float) -> Tally:
+    """Plain decoding's tally of a row of `tokens` decode tokens: a step each, nothing drafted."""
+    return Tally(tokens, tokens, tokens, 0.0, 0.0)
 
 
 def measured_tallies(completion: Completion, ran: SpecConfig, arms: Sequence[SpecConfig],
@@ -126,8 +127,8 @@ def measured_tallies(completion: Completion, ran: SpecConfig, arms: Sequence[Spe
     An estimate: the steps begin elsewhere, so a drafter may propose otherwise. Other arms are
     unknown until they run. `end`: 1 where the row ended on an end token its output leaves out
     (`end_step`), counted as its target steps count it."""
-    tokens = float(max(completion.output_tokens - 1 + end, 0))
-    out = {"none": Tally(tokens, tokens, tokens, 0.0, 0.0)}
+    tokens = _tokens(completion.output_tokens, end)
+    out = {"none": _plain(tokens)}
     if ran.method == "none":
         return out
     out[ran.label] = Tally(tokens, float(completion.target_steps), 0.0, float(completion.draft_tokens),
