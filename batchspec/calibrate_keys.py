@@ -15,7 +15,7 @@ from batchspec.group import read_shards
 from batchspec.parse import ParsedRow, parse_rows
 from batchspec.pipeline import check_engine, check_prompt_format, ensure_ray, resolve_spec, row_defaults, run_arms, run_llm_options
 from batchspec.plan import make_plan, plan_locally
-from batchspec.prior import WHY as PRIOR_WHY, seeds_of
+from batchspec.prior import WHY as PRIOR_WHY, prior_of
 from batchspec.read import ID, open_input
 from batchspec.shard import ShardInput, run_shard
 
@@ -68,7 +68,7 @@ def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
     check_engine_options(config, config.pipeline or "run")
     check_prompt_format(config)
     arms, _ = run_arms(resolve_spec(config))
-    seeds = seeds_of(config, arms, True)
+    seeds = prior_of(config, arms, True).seeds
     samples = calibration_samples(config)
     engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
                            llm_options=run_llm_options(config, arms))

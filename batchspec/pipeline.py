@@ -53,7 +53,7 @@ from batchspec.group import group_shards
 from batchspec.models import local_folder, require_chat_template
 from batchspec.parse import RowDefaults
 from batchspec.plan import Plan, check_resume, fingerprint, make_plan
-from batchspec.prior import seeds_of
+from batchspec.prior import prior_of
 from batchspec.read import list_input, open_input, passthrough_schema
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
 from batchspec.worker_pool import WorkerPool
@@ -97,6 +97,7 @@ class RunSummary:
     dropped_arms: tuple[str, ...] = ()  # candidate arms left out of calibration, one line each with the reason
     prompt_format: str = "chat"  # how text prompts reached the model (RunConfig.prompt_format)
     empty_rows: int = 0  # rows that ran and returned an empty text
+    prior_run: str | None = None  # the prior run each key started from, or why none (batchspec.prior)
 
     @property
     def empty_text_warning(self) -> str | None:
@@ -123,7 +124,7 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
     choice = resolve_spec(config)
     arms, calibrate = run_arms(choice)
     llm_options = run_llm_options(config, arms)
-    seeds = seeds_of(config, arms, calibrate)
+    prior = prior_of(config, arms, calibrate)
     output = open_output(config)
     plan = plan_and_group(config, output)  # 1. read  2. plan + group (or the committed plan)
     passthrough = passthrough_schema(plan.arrow_schema, OUTPUT_NAMES)
@@ -140,12 +141,12 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
         llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
     )
     work_started = time.perf_counter()
-    report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls, pool, seeds) if todo else None
+    report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls, pool, prior.seeds) if todo else None
     work_s = time.perf_counter() - work_started
 
     stats = output.read_stats(_committed_in_order(output, plan))  # 4. commit: every shard accounted for
     summary = summarize(output.url, plan, stats, report, skipped, work_s, time.perf_counter() - started, choice.dropped,
-                        config.prompt_format)
+                        config.prompt_format, prior.note)
     if summary.complete:  # 5. manifest
         write_manifest(output, config, plan, summary)
         if not config.keep_shards:  # 6. _shards/ is intermediate: removed once _SUCCESS is there
@@ -291,7 +292,7 @@ def _committed_in_order(output: Output, plan: Plan) -> list[str]:
 
 
 def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: int, work_s: float, wall_s: float,
-              dropped_arms: tuple[str, ...] = (), prompt_format: str = "chat") -> RunSummary:
+              dropped_arms: tuple[str, ...] = (), prompt_format: str = "chat", prior_run: str | None = None) -> RunSummary:
     rows = sum(s.rows for s in stats)
     new_ids = {o.shard_id for o in report.outcomes} if report else set()
     new_tokens = sum(s.output_tokens for s in stats if s.shard_id in new_ids)
@@ -319,6 +320,7 @@ def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: in
         dropped_arms=tuple(dropped_arms),
         prompt_format=prompt_format,
         empty_rows=sum(s.empty_rows for s in stats),
+        prior_run=prior_run,
     )
 
 

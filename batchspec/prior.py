@@ -9,31 +9,77 @@ predicted above 1. Only shards of the same engine, model and batch size count (a
 depends on all three), and only arms this run calibrates over. It is a start, not a decision: the
 rule goes on from it as from any other (docs/calibration.md, concept 7), and where an arm is a
 build it picks only a worker's first engine.
+
+A nightly job names its prior run with the template of its OUTPUT (`prior_run:
+s3://bucket/runs/{date}`): a templated `prior_run` is the newest earlier run it names, the run
+date's day before first, back LOOKBACK_DAYS days (a night that failed or did not run is skipped).
+None found (a job's first night) is a cold start, said in the run's summary, not an error; an
+untemplated path without a run's stats is refused in one line.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from batchspec.engine.base import NO_SPEC, SpecConfig, spec_label
-from batchspec.errors import ConfigError, one_line
+from batchspec.errors import ConfigError, OutputError, one_line
 from batchspec.stats import ShardStats
-from batchspec.write import Output
+from batchspec.write import Output, resolve_template
 
 if TYPE_CHECKING:
     from batchspec.config.run import RunConfig
 
 WHY = "the prior run's best for the key"
+LOOKBACK_DAYS = 31  # how far back a templated prior_run looks for an earlier run
 
 
-def seeds_of(config: "RunConfig", arms: Sequence[SpecConfig], calibrate: bool) -> dict[str | None, SpecConfig]:
-    """Each shard key's starting arm from `config.prior_run`, read and checked before any worker
-    starts (`batchspec run`, `batchspec calibrate`, the Ray Data stage); none without a prior run
-    or without calibration."""
+@dataclass(frozen=True)
+class Prior:
+    """What a run starts from: each shard key's starting arm, and one line for the run's summary
+    (the run read, or why none was); empty without `prior_run` or calibration."""
+
+    seeds: dict[str | None, SpecConfig] = field(default_factory=dict)
+    note: str | None = None
+
+
+def prior_of(config: "RunConfig", arms: Sequence[SpecConfig], calibrate: bool) -> Prior:
+    """The prior of `config.prior_run`, read and checked before any worker starts (`batchspec
+    run`, `batchspec calibrate`, the Ray Data stage)."""
     if not (config.prior_run and calibrate):
-        return {}
-    return prior_seeds(config.prior_run, dict(config.storage_options), config.engine, config.model, config.batch_size, arms)
+        return Prior()
+    options = dict(config.storage_options)
+    url = find_prior(config.prior_run, options, config.run_date or dt.datetime.now(dt.timezone.utc).date())
+    if url is None:
+        return Prior(note=f"none: no run of {config.prior_run} in the {LOOKBACK_DAYS} days before this one (a cold start)")
+    return Prior(prior_seeds(url, options, config.engine, config.model, config.batch_size, arms), url)
+
+
+def find_prior(prior_run: str, storage_options: dict, run_date: dt.date) -> str | None:
+    """`prior_run` itself where it has no template field; else the newest run it names before
+    `run_date` (a path with committed shards), None where there is none within LOOKBACK_DAYS."""
+    try:
+        own = resolve_template(prior_run, run_date)
+    except ConfigError as exc:
+        raise ConfigError(f"prior_run: {exc}") from None
+    if own == prior_run:
+        return prior_run
+    seen = {own}
+    for back in range(1, LOOKBACK_DAYS + 1):
+        url = resolve_template(prior_run, run_date - dt.timedelta(days=back))
+        if url in seen:
+            continue
+        seen.add(url)
+        try:
+            if Output(url, tuple(storage_options.items())).committed():
+                return url
+        except OutputError as exc:
+            raise ConfigError(f"prior_run: {one_line(exc)}") from None
+        except Exception as exc:
+            raise ConfigError(f"prior_run: cannot list {url}: {one_line(exc)}") from None
+    return None
 
 
 def prior_seeds(url: str, storage_options: dict, engine: str, model: str, batch_size: int,

@@ -36,7 +36,7 @@ import re
 import pyarrow as pa
 
 from batchspec.errors import InputError
-from batchspec.prior import WHY as PRIOR_WHY, seeds_of
+from batchspec.prior import WHY as PRIOR_WHY, prior_of
 
 STAGE = "batchspec.ray_data.generate"
 
@@ -64,7 +64,7 @@ def generate(ds, config):
         check_columns(list(schema.names), config.shard_by)
     arms, calibrate = run_arms(resolve_spec(config))
     llm_options = run_llm_options(config, arms)
-    seeds = seeds_of(config, arms, calibrate)
+    seeds = prior_of(config, arms, calibrate).seeds
     check_gpus_fit(config.worker.num_gpus)  # Ray Data places an actor of N GPUs on one node
     job = WorkerJob(
         output=None, passthrough=pa.schema([]), out_schema=pa.schema([]),

@@ -1,11 +1,13 @@
 """A previous run's choices as this run's starting points (`prior_run`, batchspec.prior): each key's
 first shard starts under the arm that run predicted best for it, only from shards of the same
 engine, model and batch size; where an arm is a build, only a worker's first engine; a path with no
-run's stats is refused before any work; end to end over two runs of the tiny model."""
+run's stats is refused before any work; a templated prior_run is the newest earlier run it names
+(local and on S3), none a cold start; end to end over two runs of the tiny model."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 
 import polars as pl
 import pytest
@@ -14,7 +16,7 @@ from batchspec.calibrate import WorkerState
 from batchspec.engine.base import NO_SPEC, SpecConfig
 from batchspec.errors import ConfigError
 from batchspec.pipeline import run
-from batchspec.prior import WHY, best_arms, prior_seeds
+from batchspec.prior import LOOKBACK_DAYS, WHY, best_arms, find_prior, prior_of, prior_seeds
 from batchspec.stats import ArmResult, ShardStats
 from batchspec.worker_pool import WorkerPool
 from tests.test_pipeline import input_dir, make_config  # noqa: F401  (input_dir: a fixture)
@@ -57,6 +59,52 @@ def test_a_prior_run_without_stats_is_refused_in_one_line(tmp_path):
         prior_seeds(str(tmp_path / "nowhere"), {}, "torch", "m", 8, ARMS)
 
 
+def committed_run(fs_root, name: str, fs=None) -> None:
+    """A run's OUTPUT as `find_prior` sees it: one committed shard's stats object."""
+    if fs is None:
+        (fs_root / name / "stats").mkdir(parents=True)
+        (fs_root / name / "stats" / "s0.parquet").write_bytes(b"")
+    else:
+        fs.pipe(f"{fs_root}/{name}/stats/s0.parquet", b"")
+
+
+TODAY = dt.date(2026, 12, 6)
+
+
+def test_a_templated_prior_run_is_the_newest_earlier_run_it_names(tmp_path):
+    for name in ("2026-12-06", "2026-12-03", "2026-11-20"):  # this run's own folder is never its prior
+        committed_run(tmp_path, name)
+    (tmp_path / "2026-12-05").mkdir()  # a night that planned and committed nothing
+    template = str(tmp_path / "{date}")
+    assert find_prior(template, {}, TODAY) == str(tmp_path / "2026-12-03")
+    assert find_prior(template, {}, dt.date(2026, 12, 3)) == str(tmp_path / "2026-11-20")
+    assert find_prior(template, {}, dt.date(2026, 11, 20)) is None
+    assert find_prior(template, {}, TODAY + dt.timedelta(days=LOOKBACK_DAYS + 3)) is None  # beyond the look-back
+    committed_run(tmp_path, "2026-11")
+    assert find_prior(str(tmp_path / "{yyyy}-{mm}"), {}, TODAY) == str(tmp_path / "2026-11")  # a monthly job: last month
+    assert find_prior(str(tmp_path / "fixed"), {}, TODAY) == str(tmp_path / "fixed")  # no template: the path as given
+    with pytest.raises(ConfigError, match=r"^prior_run: path .*unknown template field"):
+        find_prior(str(tmp_path / "{day}"), {}, TODAY)
+
+
+def test_a_templated_prior_run_on_s3(s3):
+    import s3fs
+
+    bucket, options, _ = s3
+    committed_run(f"{bucket}/runs", "2026-12-04", s3fs.S3FileSystem(**options))
+    assert find_prior(f"{bucket}/runs/{{date}}", options, TODAY) == f"{bucket}/runs/2026-12-04"
+    assert find_prior(f"{bucket}/other/{{date}}", options, TODAY) is None
+
+
+def test_no_earlier_run_is_a_cold_start_said_in_one_line(tmp_path):
+    config = dataclasses.replace(make_config(tmp_path, tmp_path / "out", "m"), prior_run=str(tmp_path / "{date}"),
+                                 run_date=TODAY)
+    prior = prior_of(config, ARMS, calibrate=True)
+    assert prior.seeds == {} and prior.note == (f"none: no run of {tmp_path}/{{date}} in the {LOOKBACK_DAYS} days "
+                                                "before this one (a cold start)")
+    assert prior_of(config, ARMS, calibrate=False).note is None  # a fixed arm: no prior read
+
+
 @pytest.fixture(scope="module")
 def pool(ray_session):
     with WorkerPool() as p:
@@ -64,16 +112,19 @@ def pool(ray_session):
 
 
 def test_a_run_starts_each_key_where_the_prior_run_predicted_best(pool, tiny_model_dir, input_dir, tmp_path):  # noqa: F811
-    first = make_config(input_dir, tmp_path / "first", tiny_model_dir)
+    # a nightly job: OUTPUT and prior_run one template; the second night reads the first (a night skipped)
+    template = str(tmp_path / "runs" / "{date}")
+    first = dataclasses.replace(make_config(input_dir, template, tiny_model_dir), run_date=TODAY - dt.timedelta(days=2))
     assert run(first, pool=pool).complete
-    before = [ShardStats.from_row(r) for r in pl.read_parquet(f"{tmp_path / 'first'}/stats/*.parquet").to_dicts()]
+    first_out = str(tmp_path / "runs" / "2026-12-04")
+    before = [ShardStats.from_row(r) for r in pl.read_parquet(f"{first_out}/stats/*.parquet").to_dicts()]
     arms = [SpecConfig(a.method, a.draft_len) for a in before[0].candidates if a.method != "none"]
     expected = best_arms(before, "torch", first.model, first.batch_size, arms)
     assert set(expected) == {"code", "prose"}
-    second = dataclasses.replace(make_config(input_dir, tmp_path / "second", tiny_model_dir), prior_run=str(tmp_path / "first"))
+    second = dataclasses.replace(make_config(input_dir, template, tiny_model_dir), prior_run=template, run_date=TODAY)
     summary = run(second, pool=pool)
-    assert summary.complete and summary.rows == 12
-    after = pl.read_parquet(f"{tmp_path / 'second'}/stats/*.parquet").sort("shard_id")
+    assert summary.complete and summary.rows == 12 and summary.prior_run == first_out
+    after = pl.read_parquet(f"{tmp_path / 'runs' / '2026-12-06'}/stats/*.parquet").sort("shard_id")
     firsts = {}
     for row in after.to_dicts():
         firsts.setdefault(row["shard_key"], row["events"][0])

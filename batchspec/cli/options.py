@@ -40,7 +40,8 @@ SAMPLING = [
 PRIOR_RUN = click.option(
     "--prior-run", metavar="OUTPUT",
     help="A previous run's OUTPUT: each shard key's first shard starts under the arm that run predicted best for the "
-         "key (where it ran the same engine, model and batch size); calibration goes on from there.")
+         "key (where it ran the same engine, model and batch size); calibration goes on from there. With {date} "
+         "(OUTPUT's template): the newest earlier run it names, none a cold start.")
 
 
 def model_and_spec_options(func):

@@ -134,6 +134,7 @@ def _print_summary(s) -> None:
         ("baseline tokens/s", base),
         ("speedup vs baseline", speedup),
         ("wall", f"{s.wall_s:.1f} s"),
+        *([("prior run", s.prior_run)] if s.prior_run else []),
         *([("engine builds", f"{s.builds} ({s.build_s:.0f} s, {s.build_s / s.wall_s:.0%} of wall)")] if s.builds and s.wall_s else []),
         *([("speculation", f"NOT MEASURED in {s.speculation_unmeasured} shard(s): {s.speculation_reason}")] if s.speculation_unmeasured else []),
     ]:

@@ -6,7 +6,8 @@
     pipeline: pipelines/gpu_trtllm.yaml   # as seen from the job's working directory
     input: s3://bucket/prompts/
     output: s3://bucket/runs/{date}       # {date} {yyyy} {mm} {dd}: batchspec.write templates
-    options: {shard_by: task}      # any `batchspec run` option, by its long name
+    options: {shard_by: task, prior_run: "s3://bucket/runs/{date}"}   # any `batchspec run` option,
+                                   # by its long name; this prior_run: the newest earlier night
     resources: {entrypoint_num_cpus: 1, entrypoint_num_gpus: 0, entrypoint_memory: null,
                 entrypoint_resources: {}}   # for the driver only; workers: the pipeline's worker:
     runtime_env: {working_dir: .., excludes: [...], pip: [...], env_vars: {K: "v" | "${K}"}}
@@ -89,8 +90,7 @@ def parse_job(path: str, data: dict) -> JobSpec:
             raise ConfigError(f"{path}: {key}: expected a path or URL, got {data.get(key)!r}")
     _check_template(path, "input", data["input"])
     _check_template(path, "output", data["output"])
-    if "://" not in data["output"] and not os.path.isabs(data["output"]):
-        raise ConfigError(f"{path}: output: expected an absolute path or a URL (the job runs in a copy of working_dir), got {data['output']!r}")
+    _check_absolute(path, "output", data["output"])
     for key in ("pipeline", "address"):
         if data.get(key) is not None and (not isinstance(data[key], str) or not data[key]):
             raise ConfigError(f"{path}: {key}: expected a string or null, got {data[key]!r}")
@@ -101,6 +101,9 @@ def parse_job(path: str, data: dict) -> JobSpec:
         resources=_resources(path, data.get("resources")), runtime_env=runtime_env,
         metadata=_string_map(path, "metadata", data.get("metadata")),
     )
+    if job.options.get("prior_run") is not None:  # the OUTPUT of an earlier run: a path as output's
+        _check_template(path, "options.prior_run", job.options["prior_run"])
+        _check_absolute(path, "options.prior_run", job.options["prior_run"])
     _check_pipeline(job)
     return job
 
@@ -110,6 +113,11 @@ def _check_template(path: str, key: str, value: str) -> None:
         resolve_template(value, dt.date(2000, 1, 1))
     except ConfigError:
         raise ConfigError(f"{path}: {key}: unknown template field in {value!r}; expected {{date}}, {{yyyy}}, {{mm}} or {{dd}}") from None
+
+
+def _check_absolute(path: str, key: str, value: str) -> None:
+    if "://" not in value and not os.path.isabs(value):
+        raise ConfigError(f"{path}: {key}: expected an absolute path or a URL (the job runs in a copy of working_dir), got {value!r}")
 
 
 def run_options() -> tuple[str, ...]:

@@ -105,7 +105,8 @@ class RunConfig:
     # structured output for every row whose response_format column is null (or that has none).
     response_format: str | None = field(default=None, metadata={"expected": "a JSON file of an OpenAI response_format"})
     # A previous run's OUTPUT (path or fsspec URL): each shard key's first shard starts under the arm
-    # that run predicted best for the key, where it ran this engine, model and batch size (batchspec.prior).
+    # that run predicted best for the key, where it ran this engine, model and batch size (batchspec.prior);
+    # with {date} (OUTPUT's template), the newest earlier run it names.
     prior_run: str | None = field(default=None, metadata={"expected": "the OUTPUT of a previous run (path or fsspec URL)"})
     # How a text `prompt` reaches the model (batchspec.parse): "chat", one user message through the
     # model's chat template (an instruct model answers a bare instruction with end-of-turn), or

@@ -107,6 +107,8 @@ JOB = {"kind": "batchspec-job", "name": "n", "input": "in.parquet", "output": "s
     ({"input": None}, "input: expected a path or URL"),
     ({"options": {"max_tokens": 0}}, "options.max_tokens: expected an integer >= 1, got 0"),
     ({"options": {"warp": 9}}, "options.warp: unknown option; expected one of"),
+    ({"options": {"prior_run": "out/{date}"}}, "options.prior_run: expected an absolute path or a URL"),
+    ({"options": {"prior_run": "s3://b/{yesterday}"}}, "options.prior_run: unknown template field in 's3://b/{yesterday}'"),
     ({"options": {"run_date": "yesterday"}}, "options.run_date: expected a date YYYY-MM-DD"),
     ({"resources": {"entrypoint_num_gpus": -1}}, "resources.entrypoint_num_gpus: expected a number >= 0"),
     ({"resources": {"gpus": 1}}, "resources.gpus: unknown key; expected one of entrypoint_num_cpus"),
