@@ -2,8 +2,9 @@
 
 Calibrated, a shard runs under one `calibrate.Controller` whichever the engine: an engine that
 switches arms between decode steps (the torch engine) takes it as the generate call's control; one
-whose arms are builds (TensorRT-LLM) generates the shard in chunks of rows, the controller choosing
-each chunk's arm (`calibrate.run_chunked`), an arm switch priced at its build's seconds. Fixed, the
+whose arms are builds (TensorRT-LLM) streams the shard's rows and calls it after every batch of
+finished rows, a switch ending the segment of rows under one arm (`calibrate.run_chunked`) and
+priced at its build's seconds. Fixed, the
 shard runs under its one arm. Either way one `ShardStats` row records it.
 
 This module knows nothing about Parquet, storage or Ray; the pipeline's workers call `run_shard`.
@@ -59,7 +60,7 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         if engine.in_flight_control:
             ran = engine.generate(shard.requests, control.start, batch_size, control=control)
         else:
-            ran = run_chunked(engine, shard.requests, control, batch_size, max(settings.window_rows(batch_size), 4 * batch_size))
+            ran = run_chunked(engine, shard.requests, control, batch_size)
         decision, row_specs = control.close(ran, shard.shard_id)
     else:
         chosen = spec_arms[0] if spec_arms else NO_SPEC

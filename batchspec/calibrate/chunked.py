@@ -1,12 +1,17 @@
 """The controller on an engine that cannot switch arms between decode steps (TensorRT-LLM, where an
-arm is an engine build): the shard is generated in chunks of rows, the controller chooses each
-chunk's arm after the last, and a switch costs a build (the controller's `switch_s`).
+arm is an engine build): the shard runs in segments, one per arm, and a switch costs a build (the
+controller's `switch_s`).
 
-Each chunk reaches the controller as the `Progress` of an in-flight call would: the rows it
-finished, and its decode steps (the engine's, from iteration statistics; else the chunk's decode
-time spread evenly over the batch steps it took). A chunk is a window's rows, and at least four
-batches (a chunk drains its batch at its end). An arm whose build fails is dropped for the shard
-(`Controller.failed`) and the chunk runs under the arm before it.
+The engine streams a segment's rows (base.Engine.generate with `control`: TensorRT-LLM's adapter
+keeps two batches submitted ahead of the rows finished) and calls the controller after every
+batch of finished rows with their `Progress` (its decode steps from iteration statistics; else,
+at the segment's end, its decode time spread evenly over the batch steps it took). Where the
+controller returns another arm the engine submits no more rows; the rows submitted finish under
+the arm they started with (one drain), and the rest of the shard continues under the new arm, a
+build. Rows are never cut into chunks that each drain their batch: a drain at every chunk's end
+cost a quarter of a batch of slots a chunk, about 10% of a batch-8 shard's decode in the `trtllm`
+regime (docs/calibration.md). An arm whose build fails is dropped for the shard
+(`Controller.failed`) and its rows run under the arm before it.
 """
 
 from __future__ import annotations
@@ -18,33 +23,47 @@ from batchspec.engine.base import Completion, Engine, GenerateResult, Progress, 
 from batchspec.errors import one_line
 
 
-def run_chunked(engine: Engine, requests: Sequence[Request], control, batch_size: int, chunk: int) -> GenerateResult:
+def run_chunked(engine: Engine, requests: Sequence[Request], control, batch_size: int) -> GenerateResult:
     completions: list[Completion | None] = [None] * len(requests)
     steps: list[Step] = []
     timing, caveats = Timing(), {}
     spec = control.start
-    for begin in range(0, len(requests), chunk):
-        part = list(range(begin, min(begin + chunk, len(requests))))
+    begin = 0
+    while begin < len(requests):
+        offset, before, now = begin, list(steps), timing
+        switched = []
+
+        def local(progress: Progress, offset=offset, before=before, now=now, switched=switched):
+            """The segment's progress in the shard's row indices, its steps after the shard's so far."""
+            for i in progress.done:
+                completions[offset + i] = progress.completions[i]
+            new = control(Progress(progress.spec, [offset + i for i in progress.done], completions, {}, progress.queued,
+                                   now + progress.timing, before + progress.steps))
+            if new is not None:
+                switched.append(new)
+            return new
+
         try:
-            result = engine.generate([requests[i] for i in part], spec, batch_size)
-        except Exception as exc:  # an arm that cannot be built: the chunk runs under the arm before it
+            result = engine.generate(list(requests[begin:]), spec, batch_size, control=local)
+        except Exception as exc:  # an arm that cannot be built: its rows run under the arm before it
             if spec.method == "none":
                 raise
             spec = control.failed(spec, one_line(exc))
-            result = engine.generate([requests[i] for i in part], spec, batch_size)
-        for i, c in zip(part, result.completions):
-            completions[i] = c
+            continue
+        if not result.completions:
+            raise RuntimeError(f"{engine.name} returned no row of the {len(requests) - begin} it was given")
+        for i, c in enumerate(result.completions):
+            completions[begin + i] = c
+        begin += len(result.completions)
         steps += result.steps or _spread(result, spec.method, batch_size)
         timing = timing + result.timing
         caveats.update(result.caveats)
-        queued = len(requests) - part[-1] - 1
-        new = control(Progress(spec, part, completions, {}, queued, timing, steps))
-        spec = new or spec
+        spec = switched[-1] if switched else spec
     return GenerateResult(completions, timing, caveats, steps)  # type: ignore[arg-type]
 
 
 def _spread(result: GenerateResult, method: str, batch_size: int) -> list[Step]:
-    """A chunk's decode as evenly spread steps: its target steps shared by `batch_size` rows."""
+    """A segment's decode as evenly spread steps: its target steps shared by `batch_size` rows."""
     rows = min(batch_size, max(1, len(result.completions)))
     n = max(1, math.ceil(result.target_steps / rows))
     width = 1 + max((c.draft_tokens // c.target_steps for c in result.completions if c.target_steps), default=0)

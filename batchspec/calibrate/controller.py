@@ -113,7 +113,7 @@ class Controller:
             ran.seconds += step.seconds
             ran.committed += step.committed
             ran.steps.append((step.rows, step.context, step.committed))
-            if self.measuring:
+            if self.measuring and self.measuring[0] == progress.spec.label:  # not the rows still draining before it
                 label, n, before = self.measuring
                 self.measuring = (label, n + 1, before)
                 self.measure_steps += 1

@@ -47,6 +47,7 @@ from batchspec.engine.base import (
     ENGINE_METHODS,
     Completion,
     GenerateResult,
+    Progress,
     Request,
     SpecConfig,
     Timing,
@@ -85,6 +86,10 @@ from batchspec.engine.trtllm.translate import (
     world_size,
 )
 from batchspec.errors import ConfigError, EngineUnavailable, one_line
+
+# Under a controller, rows submitted beyond those finished, in batches: the executor admits a new
+# row as soon as one finishes, while the adapter collects rows in submission order.
+AHEAD = 2
 
 INSTALL_HINT = (
     "pip install tensorrt_llm==1.2.* --extra-index-url https://pypi.nvidia.com "
@@ -169,7 +174,13 @@ class TrtllmEngine:
         if differ:
             raise ConfigError(f"{where}: sets {differ[0]}; every arm of a run is built with the run's LLM options (like for like with none): set it once for the run")
 
-    def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int) -> GenerateResult:
+    def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int, control=None) -> GenerateResult:
+        """Complete `requests` under `spec` (base.Engine.generate). With `control` (calibrate/chunked.py),
+        rows are submitted at most AHEAD batches ahead of the rows finished, so the executor's batch
+        stays full without every row queued at once, and `control` is called with the call's
+        `Progress` after every `batch_size` finished rows and at the end. Once it returns another
+        arm no row is submitted: an arm is a build, so the call returns when the rows submitted
+        finish, its completions those of the prefix of `requests` that ran."""
         self.check(spec)
         self._check_sampling(spec, requests)
         built = self._llm_for(spec, batch_size, guided=any(r.response_format is not None for r in requests))
@@ -177,24 +188,40 @@ class TrtllmEngine:
         guided = importlib.import_module("tensorrt_llm.sampling_params").GuidedDecodingParams
         unguided = split_unguided(requests, built.spec, built.options)
         start = self.clock()
-        futures: list[Any] = []
-        for i, request in enumerate(requests):
+
+        def submit(i: int, request: Request) -> Any:
             if i in unguided:
-                futures.append(Completion.failed(request.id, unguided[i]))
-                continue
+                return Completion.failed(request.id, unguided[i])
             try:
                 sampling = params(**sampling_kwargs(request.params), **guided_kwargs(request, guided))
-                futures.append(llm.generate_async(self._prompt(llm, request), sampling))
+                return llm.generate_async(self._prompt(llm, request), sampling)
             except Exception as exc:  # a bad row (empty, too long) fails alone
-                futures.append(Completion.failed(request.id, one_line(exc)))
-        entries: list[Any] = []
-        completions = []
-        for request, future in zip(requests, futures):
-            completions.append(self._collect(request, future, built.spec.draft_len))
-            entries.extend(llm.get_stats(timeout=self.stats_timeout_s))  # drain: the queue drops the oldest
+                return Completion.failed(request.id, one_line(exc))
+
+        futures: list[Any] = []
+        completions: list[Completion] = []
+        entries: list[dict] = []
+        stop, told = False, 0
+        ahead = len(requests) if control is None else AHEAD * batch_size
+        while len(completions) < len(futures) or (len(futures) < len(requests) and not stop):
+            while len(futures) < len(requests) and not stop and len(futures) - len(completions) < ahead:
+                futures.append(submit(len(futures), requests[len(futures)]))
+            n = len(completions)
+            completions.append(self._collect(requests[n], futures[n], built.spec.draft_len))
+            entries.extend(parse_entries(llm.get_stats(timeout=self.stats_timeout_s)))  # drain: the queue drops the oldest
+            ended = len(completions) == len(futures) and (stop or len(futures) == len(requests))
+            if control is not None and (len(completions) - told >= batch_size or ended):
+                if built.spec.method != "none":  # the finished rows' accepted drafts per step, as far as traced
+                    ran = [(c, r.params.max_tokens) for r, c, f in zip(requests, completions, futures) if not isinstance(f, Completion)]
+                    attach_request_steps(ran, dict(list(request_traces(entries).items())[:len(ran)]))
+                progress = Progress(spec, list(range(told, len(completions))), completions + [None] * (len(requests) - len(completions)),
+                                    {}, len(requests) - len(completions), Timing(wall_s=self.clock() - start),
+                                    steps_from_iterations(entries, built.spec))
+                told = len(completions)
+                new = control(progress)
+                stop = stop or (new is not None and new.label != spec.label)
         wall = self.clock() - start
-        entries.extend(llm.get_stats(timeout=self.stats_timeout_s))
-        entries = parse_entries(entries)
+        entries.extend(parse_entries(llm.get_stats(timeout=self.stats_timeout_s)))
         submitted = [(c, r.params.max_tokens) for r, c, f in zip(requests, completions, futures) if not isinstance(f, Completion)]
         caveats: dict[str, str] = {}
         gap = attach_request_steps(submitted, request_traces(entries)) if built.spec.method != "none" else None

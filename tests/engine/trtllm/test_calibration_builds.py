@@ -11,7 +11,7 @@ from importlib.resources import files
 
 from click.testing import CliRunner
 
-from batchspec.calibrate import CalibrationSettings, WorkerState
+from batchspec.calibrate import CalibrationSettings, Controller, WorkerState, run_chunked
 from batchspec.config.spec import load_spec_file, run_llm_options
 from batchspec.engine.base import Request, SamplingParams
 from batchspec.engine.trtllm.adapter import TrtllmEngine
@@ -135,21 +135,22 @@ def test_ngram_lengths_are_priced_from_tokens_by_replaying_the_pool_not_by_build
 
 
 def test_at_a_shards_end_the_rule_chooses_where_the_keys_next_shard_starts(monkeypatch):
-    """A shard of one chunk has no rows left to switch for, but the key's next shard on the worker
-    does: at the end the rule (the same, repaid over the key's rows to come) picks its start, and
-    that shard pays the build. A key's last shard leaves the engine as it is."""
+    """A shard of one batch (the controller first hears of its rows when all have finished) has no
+    rows left to switch for, but the key's next shard on the worker does: at the end the rule (the
+    same, repaid over the key's rows to come) picks its start, and that shard pays the build. A
+    key's last shard leaves the engine as it is."""
     st = fake.install(monkeypatch, build_seconds=0.005)
     ngram = load_spec_file(str(CONFIGS / "ngram.yaml")).spec
     candidates = [ngram.with_draft_len(2), ngram.with_draft_len(4)]
     engine = TrtllmEngine(TARGET, run_llm_options({}, candidates), clock=st.clock)
     worker, settings = WorkerState(), CalibrationSettings()
-    first = run_shard(engine, shard(0, "code", 16), candidates, True, 4, settings, prior=candidates[0], worker=worker,
+    first = run_shard(engine, shard(0, "code", 16), candidates, True, 16, settings, prior=candidates[0], worker=worker,
                       horizon_rows=16)
     assert first.stats.events[0].arm == "ngram:k=2" and len(first.completions) == 16  # the driver's prior
     switch = [e for e in first.stats.events if e.kind == "switch"]
     assert [e.arm for e in switch] == ["ngram:k=4"] and "next shard" in switch[0].reason
     assert set(first.row_specs) == {candidates[0]}  # its own rows all ran under k=2
-    last = run_shard(engine, shard(1, "code", 16), candidates, True, 4, settings, worker=worker)
+    last = run_shard(engine, shard(1, "code", 16), candidates, True, 16, settings, worker=worker)
     assert last.stats.events[0].arm == "ngram:k=4" and last.stats.builds == 1
     assert not [e for e in last.stats.events if e.kind == "switch"]  # no rows of the key to come: nothing to build for
     assert st.builds == 2
@@ -178,3 +179,24 @@ def test_every_tally_commits_its_steps_and_accepted_drafts_the_end_token_include
             assert t.tokens == t.steps + t.accepted
         assert row["ngram:k=4"].steps == measured["ngram:k=4"].steps == c.target_steps
     engine.close()
+
+
+def test_a_shard_streams_its_rows_and_drains_its_batch_only_where_its_arm_changes(monkeypatch):
+    """The controller hears of every batch of finished rows, yet the engine's batch stays full
+    between its calls: a shard that keeps its arm drains once, at its end (the iteration stats'
+    rows per step fall below the batch once and never rise again); a build is only ever after a
+    drain."""
+    st = fake.install(monkeypatch, build_seconds=3600.0)  # no switch repays: one arm throughout
+    ngram = load_spec_file(str(CONFIGS / "ngram.yaml")).spec
+    candidates = [ngram.with_draft_len(2), ngram.with_draft_len(4)]
+    engine = TrtllmEngine(TARGET, run_llm_options({}, candidates), clock=st.clock)
+    requests = shard(0, "code", 64).requests
+    control = Controller(engine, requests, candidates, 4, CalibrationSettings(), WorkerState(), "code", switch_s=lambda arm: 3600.0)
+    result = run_chunked(engine, requests, control, 4)
+    engine.close()
+    assert [c.id for c in result.completions] == [r.id for r in requests] and st.builds == 1
+    rows = [s.rows for s in result.steps]
+    first_short = next(i for i, r in enumerate(rows) if r < 4)
+    assert first_short > 0 and all(r == 4 for r in rows[:first_short])
+    assert all(a >= b for a, b in zip(rows[first_short:], rows[first_short + 1:])), rows  # one drain
+    assert len(rows) - first_short < len(rows) // 4  # and a short one: the last rows only
