@@ -139,6 +139,11 @@ class ReplayEngine(TorchEngine):
         self._ids: list[str] = []  # the current generate call's request ids, by index
         self._prompts: dict | None = None
 
+    def profile(self, target, drafts=(), tries: int = 2, **kwargs) -> list:
+        """Where an arm is a build, nothing, as TensorRT-LLM's adapter: that engine times no forward
+        apart, so the controller learns every price from the steps it runs."""
+        return [] if self.regime.build_s else super().profile(target, drafts, tries, **kwargs)
+
     def check(self, spec: SpecConfig) -> None:
         if spec.method not in ("none", "ngram", "draft_target", "suffix"):
             raise ConfigError(f"the simulator replays none, ngram, suffix and draft_target arms, not {spec.method}")

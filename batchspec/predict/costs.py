@@ -12,8 +12,8 @@ its cell (method, rows, width): the mean of its observations, then an exponentia
 last WINDOW_STEPS, so prices follow the machine as it is now. A cell never observed borrows the
 ratio of the nearest observed cell of the same method (the same rows first), else of plain
 decoding at those rows, else 1: the profile's forward as timed. Without a profile a ratio is a
-step's seconds, so there plain decoding never run borrows the nearest step of another method:
-dearer than its own where a wider step or a drafter costs more.
+step's seconds, and a shape never run is priced between the observed steps that bracket it (a
+forward costs more with more rows and more tokens: `_bracketed`), else as the nearest step.
 
 Each price carries a relative uncertainty `u`: an observed cell's spread over its observations
 (sqrt(var / n), at least NOISE_FLOOR); a borrowed ratio adds BORROWED_U (another width's or
@@ -157,6 +157,10 @@ class CostTable:
         cell = self.cells.get((method, rows, width))
         if cell is not None and cell.n:
             return cell.mean, cell.u
+        if not self.points:  # no profile: a ratio is a step's seconds, bracketed by the steps observed
+            bracket = _bracketed(self.cells, method, rows, width)
+            if bracket is not None:
+                return bracket
         same = [(abs(math.log(r / rows)), abs(w - width), c) for (m, r, w), c in self.cells.items() if m == method and c.n]
         if same:
             _, _, near = min(same, key=lambda x: x[:2])
@@ -171,6 +175,23 @@ class CostTable:
                 near = min(other, key=lambda x: x[:2])[2]
                 return near.mean, math.hypot(near.u, PRIOR_U)
         return 1.0, PRIOR_U
+
+
+def _bracketed(cells: dict, method: str, rows: int, width: int) -> tuple[float, float] | None:
+    """(seconds, u) of a step shape never observed, where no profile prices forwards: a forward
+    costs more with more rows and more tokens, so the step lies between the dearest observed step
+    of at most its rows and tokens and the cheapest of at least its rows and tokens; priced
+    midway, its uncertainty the half-range. Steps of any method bound it, but another method's
+    at the same rows only from above (its drafter's work per row is in it). None where either
+    side has no step."""
+    tokens = rows * width
+    below = [c.mean for (m, r, w), c in cells.items()
+             if c.n and r <= rows and r * w <= tokens and (m == method or r < rows)]
+    above = [c.mean for (m, r, w), c in cells.items() if c.n and r >= rows and r * w >= tokens]
+    if not below or not above:
+        return None
+    lo, hi = sorted((max(below), min(above)))
+    return (lo + hi) / 2, max(NOISE_FLOOR, (hi - lo) / (hi + lo))
 
 
 def _slope(points: Sequence[StepCost]) -> float:

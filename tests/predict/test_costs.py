@@ -105,3 +105,27 @@ def test_without_a_profile_the_price_is_what_steps_took():
     assert table.price("ngram", 4, 3, 0).seconds == pytest.approx(0.02)
     assert table.price("ngram", 4, 5, 0).seconds == pytest.approx(0.02)  # borrowed, unsure
     assert table.price("ngram", 4, 5, 0).u > BORROWED_U
+
+
+def test_without_a_profile_a_shape_never_run_lies_between_the_steps_that_bracket_it():
+    """TensorRT-LLM pads every row's drafts, so a worker that ran only n-gram k=8 at batch 32 has
+    seen width 9 alone, at 1-32 rows (admission and drain). Plain decoding at 32 rows costs at
+    least the step of 3 rows (27 tokens) and at most the step of 32 rows of width 9: priced midway,
+    the half-range its uncertainty, which covers the regime's own price of it (the nearest step
+    alone, the rule before, priced it 29% dear)."""
+    regime, context = REGIMES["trtllm"], 300
+    table = CostTable()
+    for rows in range(1, 33):
+        for _ in range(3):
+            table.observe(Step(rows, context, 9, rows * 3, regime.step(rows, 9, context, "ngram").total, "ngram"))
+    low, high = regime.step(3, 9, context, "ngram").total, regime.step(32, 9, context, "ngram").total
+    plain, true = table.price("none", 32, 1, context), regime.step(32, 1, context).total
+    assert plain.seconds == pytest.approx((low + high) / 2) and plain.u == pytest.approx((high - low) / (high + low))
+    assert plain.seconds * (1 - plain.u) <= true <= plain.seconds * (1 + plain.u)
+    assert abs(plain.seconds / true - 1) < abs(high / true - 1) / 2
+    # a width between two run is bracketed by them: k=6's verify at 32 rows, from k=4's and k=8's
+    for _ in range(3):
+        table.observe(Step(32, context, 5, 64, regime.step(32, 5, context, "ngram").total, "ngram"))
+    k6 = table.price("ngram", 32, 7, context)
+    assert regime.step(32, 5, context, "ngram").total < k6.seconds < high
+    assert k6.seconds == pytest.approx(regime.step(32, 7, context, "ngram").total, rel=k6.u)
