@@ -283,8 +283,9 @@ class Controller:
 
     def _affords_measure(self, progress: Progress, best: Estimate | None, arm: SpecConfig | None = None) -> bool:
         """A measurement's steps are at most max_fraction of the shard's and 1/PAYBACK of those
-        left, and its switch (a build) is repaid by its expected gain (an unknown arm's: the
-        margin) over the steps left."""
+        left, and its switch (a build) is repaid over the steps left at its lower bound (an
+        unknown arm's: the margin), as a switch is: at its expected gain, going back to the arm
+        before is a second build the trial does not price (docs/calibration.md, concept 7)."""
         m = self.settings.measure_steps
         left = self._steps_left(progress)
         within = self.measure_steps + m <= self.settings.max_fraction * (left + len(progress.steps))
