@@ -202,6 +202,7 @@ class TrtllmEngine:
         completions: list[Completion] = []
         entries: list[dict] = []
         stop, told = False, 0
+        read, steps, last, traces = 0, [], {}, {}  # the iteration stats read so far, for the controller
         ahead = len(requests) if control is None else AHEAD * batch_size
         while len(completions) < len(futures) or (len(futures) < len(requests) and not stop):
             while len(futures) < len(requests) and not stop and len(futures) - len(completions) < ahead:
@@ -211,12 +212,14 @@ class TrtllmEngine:
             entries.extend(parse_entries(llm.get_stats(timeout=self.stats_timeout_s)))  # drain: the queue drops the oldest
             ended = len(completions) == len(futures) and (stop or len(futures) == len(requests))
             if control is not None and (len(completions) - told >= batch_size or ended):
+                steps += steps_from_iterations(entries[read:], built.spec, last)
+                request_traces(entries[read:], traces)
+                read = len(entries)
                 if built.spec.method != "none":  # the finished rows' accepted drafts per step, as far as traced
                     ran = [(c, r.params.max_tokens) for r, c, f in zip(requests, completions, futures) if not isinstance(f, Completion)]
-                    attach_request_steps(ran, dict(list(request_traces(entries).items())[:len(ran)]))
+                    attach_request_steps(ran, dict(list(sorted(traces.items()))[:len(ran)]))
                 progress = Progress(spec, list(range(told, len(completions))), completions + [None] * (len(requests) - len(completions)),
-                                    {}, len(requests) - len(completions), Timing(wall_s=self.clock() - start),
-                                    steps_from_iterations(entries, built.spec))
+                                    {}, len(requests) - len(completions), Timing(wall_s=self.clock() - start), list(steps))
                 told = len(completions)
                 new = control(progress)
                 stop = stop or (new is not None and new.label != spec.label)

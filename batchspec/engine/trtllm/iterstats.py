@@ -135,10 +135,11 @@ class RequestTrace:
     counts: list[int] = field(default_factory=list)
 
 
-def request_traces(entries: Sequence[dict]) -> dict[int, RequestTrace]:
+def request_traces(entries: Sequence[dict], traces: dict[int, RequestTrace] | None = None) -> dict[int, RequestTrace]:
     """Every request that ran in these iterations, by executor request id, ids ascending (the
-    executor numbers requests in the order they were enqueued)."""
-    traces: dict[int, RequestTrace] = {}
+    executor numbers requests in the order they were enqueued); `traces`: those of the iterations
+    before these, extended in place (a caller reading the stats in parts)."""
+    traces = {} if traces is None else traces
     for entry in entries:
         for r in entry.get("requestStats") or ():
             if r.get("stage") == "QUEUED" or not r.get("scheduled", True):
@@ -148,15 +149,16 @@ def request_traces(entries: Sequence[dict]) -> dict[int, RequestTrace]:
     return dict(sorted(traces.items()))
 
 
-def steps_from_iterations(entries: Sequence[dict], spec: SpecConfig) -> list[Step]:
+def steps_from_iterations(entries: Sequence[dict], spec: SpecConfig, last: dict[int, int] | None = None) -> list[Step]:
     """The decode steps of these iterations, for the calibration controller's cost table. An
     iteration that also ran a context (prefill) request is left out: its seconds are not a decode
     step's. `context` is the mean cache length of the step's rows before it (paged KV: each row
     reads its own), from requestStats; 0 where they are not reported. `tokens` is 1 + the drafts
     every row carried (1.2 pads them for its CUDA graphs): the arm's draft length, or where its
     file sets draft_len_schedule or max_concurrency, what they give at the iteration's active
-    requests (`translate.drafts_per_row`)."""
-    last: dict[int, int] = {}
+    requests (`translate.drafts_per_row`). `last`: each request's numGeneratedTokens before these
+    iterations, updated in place (a caller reading the stats in parts)."""
+    last = {} if last is None else last
     steps = []
     for entry in entries:
         rows = [r for r in entry.get("requestStats") or () if r.get("stage") != "QUEUED" and r.get("scheduled", True)]
