@@ -6,6 +6,8 @@ TorchLlmArgs), then builds the LLM through batchspec's adapter (batchspec/engine
 generates a few prompts greedily with and without that file's speculation, checks that the
 outputs are equal, and prints acceptance (from llm.get_stats()), tokens/s, the decode steps and
 per-row accepted drafts the adapter read from the iteration stats, and the memory in use per GPU.
+Then it runs one calibrated shard as a run does (n-gram k=2 and k=4, each a build, the rows
+streamed to the controller) and checks every row's greedy output against the plain run's.
 On a node of several GPUs (or --gpus N) it then runs a short batchspec pipeline on a local Ray
 cluster whose one worker holds N GPUs and runs one LLM across them (tensor_parallel_size N), and
 checks that every row came out. It is the only place batchspec meets real TensorRT-LLM.
@@ -137,6 +139,37 @@ def check_config(engine, path: str, plain: GenerateResult, args: argparse.Namesp
     return verdict == "OK"
 
 
+def check_calibrated(engine, plain: GenerateResult, args: argparse.Namespace, repeat: int = 4) -> bool:
+    """A calibrated shard as a run streams it (`shard.run_shard` over n-gram k=2 and k=4 from
+    trt_configs/ngram.yaml, each a build; the rows submitted two batches ahead, the controller
+    called after every batch that finishes): every row comes back once, in order, with the plain
+    run's greedy output, and the controller's events and the builds are printed."""
+    from batchspec.calibrate import CalibrationSettings, WorkerState
+    from batchspec.config.spec import load_spec_file
+    from batchspec.shard import ShardInput, run_shard
+
+    ngram = load_spec_file(str(ROOT / "trt_configs" / "ngram.yaml")).spec
+    arms = [ngram.with_draft_len(2), ngram.with_draft_len(4)]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    requests = [Request(f"c{j}-{i}", prompt=p, params=params) for j in range(repeat) for i, p in enumerate(PROMPTS)]
+    builds = len(engine.builds)
+    ran = run_shard(engine, ShardInput("gpu-check", "check", requests), arms, True, args.batch_size, CalibrationSettings(),
+                    worker=WorkerState(), horizon_rows=len(requests))
+    errors = [c for c in ran.completions if c.error]
+    differ = [c.id for r, c in zip(requests, ran.completions) if c.token_ids != plain.completions[int(r.id.split("-")[1])].token_ids]
+    in_order = [c.id for c in ran.completions] == [r.id for r in requests]
+    ok = in_order and not errors and not differ
+    print(f"calibrated shard (n-gram k=2, k=4): {'OK' if ok else 'FAIL'} {len(ran.completions)} rows of {len(requests)}, "
+          f"{len(engine.builds) - builds} build(s), chose {ran.decision.chosen.label}, {ran.stats.tokens_per_s or 0.0:.1f} tok/s")
+    for e in ran.stats.events:
+        print(f"  row {e.row}: {e.kind} {e.arm}" + (f" ({e.reason})" if e.reason else ""))
+    for c in errors[:3]:
+        print(f"  {c.id}: error: {c.error}")
+    for rid in differ[:3]:
+        print(f"  {rid}: greedy output differs from the plain run")
+    return ok
+
+
 def check_multi_gpu(args: argparse.Namespace, gpus: int) -> bool:
     """A short batchspec run on a local Ray cluster of this node's GPUs: one worker holding `gpus`
     GPUs, its LLM across them (tensor_parallel_size), n-gram speculation fixed. Every row must
@@ -220,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # report and go on to the next config
                 print(f"{path}: FAIL {' '.join(f'{type(exc).__name__}: {exc}'.split())[:300]}")
                 ok = False
+        try:
+            ok = check_calibrated(engine, plain, args) and ok
+        except Exception as exc:
+            print(f"calibrated shard: FAIL {' '.join(f'{type(exc).__name__}: {exc}'.split())[:300]}")
+            ok = False
     finally:
         engine.close()
     gpus = args.gpus if args.gpus is not None else _node_gpus()
