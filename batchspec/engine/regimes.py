@@ -17,6 +17,8 @@ One formula serves every regime (a roofline with a floor):
          + rows * bookkeeping(method, k)                       the engine's own work per row
     prefill(tokens) = forward(1, tokens, 0)
     switch(method)  = build_s                                  an arm change that rebuilds (TensorRT-LLM)
+Where drafts are padded (TensorRT-LLM's CUDA graphs), a speculative step is as wide as its arm's
+draft whether or not its rows proposed.
 
 A launch-bound engine (the torch engine on a GPU) has a large `launch`; a CPU is compute-bound
 (`weight_s` 0); a tuned GPU engine on an 8B model is memory-bound up to a few hundred tokens a step.
@@ -58,6 +60,7 @@ class Regime:
     row_s: float = 0.0
     drafter_row_s: dict[str, tuple[float, float]] = field(default_factory=dict)
     build_s: float = 0.0  # seconds to build an engine for another arm (0: arms switch in flight)
+    pads_drafts: bool = False  # every speculative step verifies the arm's full draft (CUDA graphs)
 
     def forward_s(self, rows: int, width: int, context: int) -> float:
         memory = self.weight_s + rows * context * self.kv_s
@@ -120,7 +123,7 @@ REGIMES: dict[str, Regime] = {
         replace(  # the same target and GPU under TensorRT-LLM
             _ROOFLINE, name="trtllm", description="gpu-roofline under TensorRT-LLM: CUDA graphs, and each arm an "
             "engine build (90 s) with one live engine per worker",
-            launch_s=0.4e-3, row_s=2e-6, build_s=90.0,
+            launch_s=0.4e-3, row_s=2e-6, build_s=90.0, pads_drafts=True,
             drafter_row_s={"ngram": (20e-6, 1e-6), "draft_target": (2e-6, 0.0), "suffix": (30e-6, 2e-6)},
         ),
     )

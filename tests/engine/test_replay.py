@@ -117,3 +117,22 @@ def test_drafts_that_match_through_a_rows_end_end_it_there(tiny_engine):
     for arm in [NO_SPEC, SpecConfig("ngram", 2), SpecConfig("ngram", 4)]:
         (done,) = engine.generate(requests, arm, 1).completions
         assert done.token_ids == list(output) and done.finish_reason == "stop"
+
+
+def test_under_trtllm_every_speculative_step_verifies_the_arms_full_draft_and_nothing_else_differs(tiny_engine, recorded):
+    """TensorRT-LLM pads every row's drafts to the arm's length for its CUDA graphs, so under the
+    `trtllm` regime a step is as wide as its arm's draft even where no row proposed (narrow steps
+    exist in the torch engine's own loop, and under `gpu-roofline`); the profile is empty, as the
+    adapter's; tokens and accepted drafts are the engine's either way."""
+    requests, recording, _ = recorded
+    arm = SpecConfig("ngram", 5)
+    loose = ReplayEngine(tiny_engine, recording, regime("gpu-roofline")).generate(requests, arm, 4)
+    trt_engine = ReplayEngine(tiny_engine, recording, regime("trtllm"))
+    padded = trt_engine.generate(requests, arm, 4)
+    assert any(s.tokens < 6 for s in loose.steps)  # some steps proposed less than 5 drafts a row
+    assert {s.tokens for s in padded.steps} == {6}
+    assert [c.token_ids for c in padded.completions] == [c.token_ids for c in loose.completions]
+    assert [(s.rows, s.committed) for s in padded.steps] == [(s.rows, s.committed) for s in loose.steps]
+    assert {s.tokens for s in trt_engine.generate(requests, NO_SPEC, 4).steps} == {1}
+    assert trt_engine.profile([(4, 16, 1), (4, 16, 6)]) == []
+    assert len(ReplayEngine(tiny_engine, recording, regime("gpu-roofline")).profile([(4, 16, 1), (4, 16, 6)])) == 2

@@ -264,6 +264,8 @@ class Decoder:
         rows, context, tokens, committed = shape
         if clock.regime is None:
             return Step(rows, context, tokens, committed, wall_s, spec.method)
+        if clock.regime.pads_drafts and spec.method != "none":  # as TensorRT-LLM's steps are, and report
+            tokens = 1 + spec.draft_len
         cost = clock.regime.step(rows, tokens, context, spec.method)
         clock.priced("draft_s", cost.draft_s)
         clock.priced("verify_s", cost.verify_s)
