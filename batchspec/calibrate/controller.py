@@ -205,7 +205,7 @@ class Controller:
         best = max(est.values(), key=lambda e: (e.gain, -e.arm.draft_len))
         margin = 1 + self.settings.margin
         if best.arm.label != self.running.label:
-            if best.low > margin and self._repays(progress, best):  # at the shard's end: where the key's next starts
+            if best.low > margin and self._repays(progress, best.arm, 1 - 1 / best.low):  # at the shard's end: where the key's next starts
                 self.events.append(Event(self.finished, "switch", best.arm.label, best.speedup, None,
                                          f"{best.gain:.2f}x the running {self.running.label} (at least {best.low:.2f}x)"
                                          + ("" if left else "; for the key's next shard")))
@@ -213,11 +213,11 @@ class Controller:
             if not left:
                 return None
             if best.high > margin and best.cost_u > best.accept_u and best.arm.label not in self.measured \
-                    and self._affords_measure(progress, best):
+                    and self._affords_measure(progress, best.arm, best.expected_saving):
                 return self._measure(best.arm, best.speedup, f"{best.low:.2f}x-{best.high:.2f}x the running "
                                      f"{self.running.label}: its price is unsure")
         unknown = self._unknown(est) if left else None
-        if unknown is not None and self._affords_measure(progress, None, unknown):
+        if unknown is not None and self._affords_measure(progress, unknown, 1 - 1 / margin):
             return self._measure(unknown, None, "its acceptance is measured by running it")
         return None
 
@@ -239,7 +239,11 @@ class Controller:
         self.measuring = None
         rows = list(self.window) or window or []
         trial = self._estimates(progress, rows, before).get(label) if rows else None
-        keep = trial is not None and trial.low > 1 + self.settings.margin
+        margin = 1 + self.settings.margin
+        keep = trial is not None and trial.low > margin
+        if trial is not None and not keep and self.switch_s(before) > 0:  # going back is a build: the switch rule's
+            back = 1 / trial.high  # the arm before over the trial, at its lower bound
+            keep = not (back > margin and self._repays(progress, before, 1 - 1 / back))
         self.events.append(Event(self.finished, "measured", label, None, trial.speedup if trial else None,
                                  (f"{trial.gain:.2f}x {before.label} (at least {trial.low:.2f}x): " if trial else "")
                                  + ("kept" if keep else f"back to {before.label}")))
@@ -270,26 +274,24 @@ class Controller:
         running = self.totals.get(self.running.label)
         return left_tokens / (running.accepted_len if running else 1.0) / rows
 
-    def _repays(self, progress: Progress, best: Estimate | None, arm: SpecConfig | None = None) -> bool:
-        """Whether switching to the arm pays back its cost (a build) over the steps left, at its
-        lower bound (an unknown arm: at the margin)."""
-        cost = self.switch_s(best.arm if best is not None else arm or self.running)
+    def _repays(self, progress: Progress, arm: SpecConfig, saving: float) -> bool:
+        """Whether switching to `arm` pays back its cost (a build) over the steps left, where it
+        saves `saving` of their time: a switch's at its lower bound, 1 - 1/low; a measurement's,
+        the expected saving (`Estimate.expected_saving`; an unknown arm's at the margin)."""
+        cost = self.switch_s(arm)
         if cost <= 0:
             return True
         steps = progress.steps[-8:]
         step_s = sum(s.seconds for s in steps) / len(steps) if steps else 0.0
-        gain = best.low if best is not None else 1 + self.settings.margin
-        return gain > 1 and self._steps_left(progress) * step_s * (1 - 1 / gain) > cost
+        return saving > 0 and self._steps_left(progress) * step_s * saving > cost
 
-    def _affords_measure(self, progress: Progress, best: Estimate | None, arm: SpecConfig | None = None) -> bool:
+    def _affords_measure(self, progress: Progress, arm: SpecConfig, saving: float) -> bool:
         """A measurement's steps are at most max_fraction of the shard's and 1/PAYBACK of those
-        left, and its switch (a build) is repaid over the steps left at its lower bound (an
-        unknown arm's: the margin), as a switch is: at its expected gain, going back to the arm
-        before is a second build the trial does not price (docs/calibration.md, concept 7)."""
+        left, and its switch (a build) is repaid by its expected saving over the steps left."""
         m = self.settings.measure_steps
         left = self._steps_left(progress)
         within = self.measure_steps + m <= self.settings.max_fraction * (left + len(progress.steps))
-        return left >= PAYBACK * m and within and self._repays(progress, best, arm)
+        return left >= PAYBACK * m and within and self._repays(progress, arm, saving)
 
     # -- the record ------------------------------------------------------------------------------
 

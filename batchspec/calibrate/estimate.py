@@ -114,6 +114,18 @@ class Estimate:
     def high(self) -> float:
         return self.gain * (1 + self.u)
 
+    @property
+    def expected_saving(self) -> float:
+        """E[max(0, 1 - 1/G)], G ~ normal(gain, gain x u): the share of the running arm's time this
+        arm is expected to save, counting only where it is faster (a measurement that finds it
+        slower goes back). Positive wherever the interval reaches above 1, so a build is measured
+        where its chance of paying, not its mean, repays it."""
+        sd = self.gain * self.u
+        grid = [i / 8 for i in range(-32, 33)]  # z from -4 to 4
+        weights = [math.exp(-z * z / 2) for z in grid]
+        saved = [max(0.0, 1 - 1 / (self.gain + sd * z)) if self.gain + sd * z > 0 else 0.0 for z in grid]
+        return sum(w * s for w, s in zip(weights, saved)) / sum(weights)
+
 
 def step_price(costs: CostTable, arm: SpecConfig, total: Tally, rows: int, context: int) -> tuple[float, float]:
     """(seconds, relative uncertainty) of one batch step of `arm` with `rows` rows in flight."""

@@ -31,3 +31,18 @@ def test_an_arm_that_shortens_the_drain_gains_its_steps_at_the_full_batch_and_th
     assert estimates([total], [ARM], SpecConfig(), CostTable(), 2, 0)[ARM.label].speedup == pytest.approx(50 / 15)
     # one slot: no drain, the two agree
     assert shard_speedups(rows, [ARM], CostTable(), 1, 0)[ARM.label] == pytest.approx(50 / 15)
+
+
+def test_a_measurements_expected_saving_counts_only_where_the_arm_is_faster():
+    """E[max(0, 1 - 1/G)], G normal around the gain: the share of time a switch saves when certain,
+    something wherever the interval reaches above 1 (a chance to pay), next to nothing where it
+    lies below, and more for a wider interval around the same gain."""
+    from batchspec.calibrate.estimate import Estimate
+
+    def est(gain: float, u: float) -> Estimate:
+        return Estimate(SpecConfig("ngram", 4), 1.0, gain, u, 0.0, 2.0, 0.5, 10)
+
+    assert est(1.25, 0.0001).expected_saving == pytest.approx(1 - 1 / 1.25, rel=1e-3)
+    assert est(0.97, 0.10).expected_saving > 0.02  # the mean below 1, a chance to save ~10%
+    assert est(0.70, 0.05).expected_saving < 1e-6
+    assert est(1.0, 0.2).expected_saving > est(1.0, 0.1).expected_saving > 0
