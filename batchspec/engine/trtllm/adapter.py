@@ -202,7 +202,14 @@ class TrtllmEngine:
         completions: list[Completion] = []
         entries: list[dict] = []
         stop, told = False, 0
-        read, steps, last, traces = 0, [], {}, {}  # the iteration stats read so far, for the controller
+        read, steps, last, traces = 0, [], {}, {}  # the iteration stats read into decode steps and request traces
+
+        def read_stats() -> None:  # the entries drained since the last read, into steps and traces
+            nonlocal read
+            steps.extend(steps_from_iterations(entries[read:], built.spec, last))
+            request_traces(entries[read:], traces)
+            read = len(entries)
+
         ahead = len(requests) if control is None else AHEAD * batch_size
         while len(completions) < len(futures) or (len(futures) < len(requests) and not stop):
             while len(futures) < len(requests) and not stop and len(futures) - len(completions) < ahead:
@@ -212,12 +219,10 @@ class TrtllmEngine:
             entries.extend(parse_entries(llm.get_stats(timeout=self.stats_timeout_s)))  # drain: the queue drops the oldest
             ended = len(completions) == len(futures) and (stop or len(futures) == len(requests))
             if control is not None and (len(completions) - told >= batch_size or ended):
-                steps += steps_from_iterations(entries[read:], built.spec, last)
-                request_traces(entries[read:], traces)
-                read = len(entries)
+                read_stats()
                 if built.spec.method != "none":  # the finished rows' accepted drafts per step, as far as traced
                     ran = [(c, r.params.max_tokens) for r, c, f in zip(requests, completions, futures) if not isinstance(f, Completion)]
-                    attach_request_steps(ran, dict(list(sorted(traces.items()))[:len(ran)]))
+                    attach_request_steps(ran, dict(sorted(traces.items())[:len(ran)]))
                 progress = Progress(spec, list(range(told, len(completions))), completions + [None] * (len(requests) - len(completions)),
                                     {}, len(requests) - len(completions), Timing(wall_s=self.clock() - start), list(steps))
                 told = len(completions)
@@ -225,16 +230,17 @@ class TrtllmEngine:
                 stop = stop or (new is not None and new.label != spec.label)
         wall = self.clock() - start
         entries.extend(parse_entries(llm.get_stats(timeout=self.stats_timeout_s)))
+        read_stats()
         submitted = [(c, r.params.max_tokens) for r, c, f in zip(requests, completions, futures) if not isinstance(f, Completion)]
         caveats: dict[str, str] = {}
-        gap = attach_request_steps(submitted, request_traces(entries)) if built.spec.method != "none" else None
+        gap = attach_request_steps(submitted, dict(sorted(traces.items()))) if built.spec.method != "none" else None
         if gap is not None:
             caveats["accepted_steps"] = f"not reported: {gap}"
         peak = peak_gpu_memory(entries)
         self.peak_gpu_bytes = max(filter(None, (self.peak_gpu_bytes, peak)), default=None)
         stats = self.last_iteration_stats = stats_from_iterations(entries)
         result = self._result(built.spec, completions, stats, wall, caveats)
-        result.steps = steps_from_iterations(entries, built.spec)
+        result.steps = steps
         if result.steps and not any(s.context for s in result.steps):
             result.caveats["steps"] = "context not measured: TensorRT-LLM reported no per-request iteration stats"
         return result
