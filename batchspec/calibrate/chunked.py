@@ -30,18 +30,14 @@ def run_chunked(engine: Engine, requests: Sequence[Request], control, batch_size
     spec = control.start
     begin = 0
     while begin < len(requests):
-        offset, before, now = begin, list(steps), timing
-        switched = []
 
-        def local(progress: Progress, offset=offset, before=before, now=now, switched=switched):
-            """The segment's progress in the shard's row indices, its steps after the shard's so far."""
+        def local(progress: Progress):
+            """The segment's progress in the shard's row indices, its steps after the shard's so far
+            (called within this segment's generate: `begin`, `steps` and `timing` are its)."""
             for i in progress.done:
-                completions[offset + i] = progress.completions[i]
-            new = control(Progress(progress.spec, [offset + i for i in progress.done], completions, {}, progress.queued,
-                                   now + progress.timing, before + progress.steps))
-            if new is not None:
-                switched.append(new)
-            return new
+                completions[begin + i] = progress.completions[i]
+            return control(Progress(progress.spec, [begin + i for i in progress.done], completions, {}, progress.queued,
+                                    timing + progress.timing, steps + progress.steps))
 
         try:
             result = engine.generate(list(requests[begin:]), spec, batch_size, control=local)
@@ -58,7 +54,7 @@ def run_chunked(engine: Engine, requests: Sequence[Request], control, batch_size
         steps += result.steps or _spread(result, spec.method, batch_size)
         timing = timing + result.timing
         caveats.update(result.caveats)
-        spec = switched[-1] if switched else spec
+        spec = control.running  # the arm the controller chose last, within the segment or before it
     return GenerateResult(completions, timing, caveats, steps)  # type: ignore[arg-type]
 
 
