@@ -28,6 +28,8 @@ from typing import Mapping, Sequence
 from batchspec.engine.base import SpecConfig
 from batchspec.predict.costs import CostTable
 
+_Z = [i / 8 for i in range(-32, 33)]  # standard normal points from -4 to 4, for Estimate.expected_saving
+_Z_WEIGHTS = [math.exp(-z * z / 2) for z in _Z]
 ROW_CV = 0.3  # a row's steps vary this much from the window's mean until enough rows measure it
 FEW_ROWS = 4  # below this many rows the window's own spread is not trusted alone
 
@@ -121,10 +123,8 @@ class Estimate:
         slower goes back). Positive wherever the interval reaches above 1, so a build is measured
         where its chance of paying, not its mean, repays it."""
         sd = self.gain * self.u
-        grid = [i / 8 for i in range(-32, 33)]  # z from -4 to 4
-        weights = [math.exp(-z * z / 2) for z in grid]
-        saved = [max(0.0, 1 - 1 / (self.gain + sd * z)) if self.gain + sd * z > 0 else 0.0 for z in grid]
-        return sum(w * s for w, s in zip(weights, saved)) / sum(weights)
+        saved = [max(0.0, 1 - 1 / (self.gain + sd * z)) if self.gain + sd * z > 0 else 0.0 for z in _Z]
+        return sum(w * s for w, s in zip(_Z_WEIGHTS, saved)) / sum(_Z_WEIGHTS)
 
 
 def step_price(costs: CostTable, arm: SpecConfig, total: Tally, rows: int, context: int) -> tuple[float, float]:
