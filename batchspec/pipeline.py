@@ -117,7 +117,7 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
     """One run. With `pool`, shard workers already loaded with this run's engine take its shards and
     stay loaded for the next run (`batchspec.worker_pool.WorkerPool`); without, they stop at the end."""
     started = time.perf_counter()
-    config = dataclasses.replace(config, run_date=_run_date(config))  # one date for INPUT and OUTPUT
+    config = dataclasses.replace(config, run_date=config.date())  # one date for INPUT and OUTPUT
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "run")
     check_prompt_format(config)
@@ -223,7 +223,7 @@ def ensure_ray(config: RunConfig) -> None:
 
 def plan_run(config: RunConfig) -> Plan:
     """`batchspec run --plan-only`: check the config, then plan and group; no model is loaded."""
-    config = dataclasses.replace(config, run_date=_run_date(config))
+    config = dataclasses.replace(config, run_date=config.date())
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "run")
     check_prompt_format(config)
@@ -232,7 +232,7 @@ def plan_run(config: RunConfig) -> Plan:
 
 
 def open_output(config: RunConfig) -> Output:
-    output = Output(resolve_template(config.output, _run_date(config)), tuple(config.storage_options))
+    output = Output(resolve_template(config.output, config.date()), tuple(config.storage_options))
     output.check_writable()
     return output
 
@@ -240,7 +240,7 @@ def open_output(config: RunConfig) -> Output:
 def plan_and_group(config: RunConfig, output: Output) -> Plan:
     """The committed plan of OUTPUT if it is this input's and options', else a new plan and group."""
     opts = dict(config.storage_options)
-    listing = list_input(resolve_template(config.input, _run_date(config)), opts)
+    listing = list_input(resolve_template(config.input, config.date()), opts)
     if not config.resume:
         output.clear()
     text = output.read_text("_plan.json")
@@ -269,10 +269,6 @@ def pending(output: Output, plan: Plan) -> tuple[list, int]:
     committed = output.committed()
     todo = [s for s in plan.shards if s.shard_id not in committed]
     return todo, len(plan.shards) - len(todo)
-
-
-def _run_date(config: RunConfig) -> dt.date:
-    return config.run_date or dt.datetime.now(dt.timezone.utc).date()
 
 
 def _on_done(progress: RunProgress | None):

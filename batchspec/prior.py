@@ -51,7 +51,7 @@ def prior_of(config: "RunConfig", arms: Sequence[SpecConfig], calibrate: bool) -
     if not (config.prior_run and calibrate):
         return Prior()
     options = dict(config.storage_options)
-    url = find_prior(config.prior_run, options, config.run_date or dt.datetime.now(dt.timezone.utc).date())
+    url = find_prior(config.prior_run, options, config.date())
     if url is None:
         return Prior(note=f"none: no run of {config.prior_run} in the {LOOKBACK_DAYS} days before this one (a cold start)")
     return Prior(prior_seeds(url, options, config.engine, config.model, config.batch_size, arms), url)

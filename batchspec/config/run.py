@@ -132,6 +132,11 @@ class RunConfig:
     # arm failed): the outputs are complete, but speculation never ran. True in GPU pipelines.
     strict_speculation: bool = False
 
+    def date(self) -> dt.date:
+        """The run date: `run_date`, else today in UTC (what {date} names in INPUT, OUTPUT and
+        prior_run)."""
+        return self.run_date or dt.datetime.now(dt.timezone.utc).date()
+
     def to_doc(self) -> dict:
         doc = dataclasses.asdict(self)
         doc["calibration"] = dict(self.calibration)
