@@ -29,10 +29,9 @@ from batchspec.calibrate.counterfactual import end_step, measured_tallies, scope
 from batchspec.calibrate.estimate import Estimate, Tally, Window, estimates, shard_speedups
 from batchspec.calibrate.settings import CalibrationSettings, Decision
 from batchspec.calibrate.worker import LAST_SHARD, WorkerState
+from batchspec.engine.acceptance import PlainRow
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Progress, Request, SpecConfig, Step
-from batchspec.predict.acceptance import PlainRow
 from batchspec.predict.costs import profile_grid
-from batchspec.predict.suffix import SuffixTree
 from batchspec.stats import ArmResult, Event
 
 PROFILE_TRIES = 1  # the profile times each point once: the steps the worker runs correct its prices
@@ -71,8 +70,7 @@ class Controller:
         # joining it as plain decoding would have finished them (the engine's own tree has them already)
         self.tree = None
         if any(a.method == "suffix" for a in self.arms):
-            held = engine.trees.trees.get(scope_of(key))
-            self.tree = held.copy() if held is not None else SuffixTree()
+            self.tree = engine.trees.copy_of(scope_of(key))
         self.totals = {"none": Tally()}  # this shard's rows, by arm label
         self.shard_rows: dict[int, dict] = {}  # this shard's rows' tallies, by request index
         self.row_specs: dict[int, SpecConfig] = {}

@@ -1,98 +1,41 @@
 """Counterfactual acceptance of every arm on rows already decoded: one `Tally` per row and arm.
 
 Greedy rows commit plain decoding's tokens under every arm, whatever arm decoded them, so what
-each arm would have accepted at each of its steps follows from the row's prompt and output ids
-(batchspec.predict.acceptance): exact for greedy rows (n-gram lookup replayed, a draft model's
-teacher-forced proposals). A sampled row gives an expectation along its sampled path (the target's
+each arm would have accepted at each of its steps follows from the row's prompt and output ids:
+the engine replays its own drafters over them (`Engine.acceptance`; engine/acceptance.py), exact
+for greedy rows. A sampled row gives an expectation along its sampled path (the target's
 teacher-forced distribution against the drafter's), an estimate that the stats label as such.
 
-An engine without teacher-forced logits (TensorRT-LLM: `Engine.counterfactual` False) gives only
-the arms whose drafts follow from tokens alone: its NGram drafter, whose pool rules are replayed
-(predict/trt_ngram.py, exact for greedy rows under a private pool); a model drafter there is
-measured by running it (`measured_tallies`).
+An engine without teacher-forced logits (TensorRT-LLM: `Engine.counterfactual` False) replays only
+the arms whose drafts follow from tokens alone (its NGram pool); a model drafter there is measured
+by running it (`measured_tallies`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Sequence
 
 from batchspec.calibrate.estimate import Tally
+from batchspec.engine.acceptance import PlainRow
 from batchspec.engine.base import Completion, Engine, Request, SpecConfig
-from batchspec.engine.trtllm.translate import spec_options
-from batchspec.predict.acceptance import PlainRow, draft_acceptance, ngram_acceptance, proposal_acceptance
-from batchspec.predict.constrained import constrained_draft_acceptance, constrained_ngram_acceptance
-from batchspec.predict.suffix import SuffixTree, suffix_acceptance
-from batchspec.predict.trt_ngram import NGramPoolRules, trt_ngram_acceptance
 
 
 def tallies(engine: Engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], requests: Sequence[Request] = (),
-            tree: SuffixTree | None = None, batch_size: int = 1, grow: bool = False) -> tuple[list[dict[str, Tally]], bool]:
-    """Per row, every arm's tally ("none" included); and whether all of them are exact (greedy).
-    Rows whose `requests` carry a response_format are constrained: every drafter's proposal starts
-    with the tokens their grammar forces and is cut where it forbids (predict/constrained.py).
-    A suffix arm drafts from `tree`, its key's rows finished before these (predict/suffix.py;
-    with `grow` these rows join it, in order, for the next call's)."""
+            tree=None, batch_size: int = 1, grow: bool = False) -> tuple[list[dict[str, Tally]], bool]:
+    """Per row, every arm's tally the engine can replay ("none" included); and whether all of them
+    are exact (greedy). `requests` are the rows' (their grammars); a suffix arm drafts from `tree`,
+    its key's rows finished before these (with `grow` these rows join it, in order, for the next
+    call's)."""
     ends = [end_step(engine, row) for row in rows]
     out: list[dict[str, Tally]] = [{"none": _plain(_tokens(len(row.output_ids), end))} for row, end in zip(rows, ends)]
     if not rows:
         return out, True
-    constrained = any(r.response_format is not None for r in requests)
-    if not engine.counterfactual:  # from tokens alone: the NGram pool's arms, unconstrained rows
-        arms = [a for a in arms if a.method == "ngram" and engine.ngram_pool and not constrained]
-        if not arms:
-            return out, False
-
-    def grammars() -> list:  # fresh matchers for each replay (a replay uses them up)
-        return [engine.grammar(r) for r in requests]
-
-    sampled = [i for i, row in enumerate(rows) if not row.greedy]
-    target_logits = None
-    if sampled and engine.counterfactual:
-        logits = engine.teacher_forced_logits([(rows[i].prompt_ids, rows[i].output_ids) for i in sampled])
-        target_logits = [None] * len(rows)
-        for i, lg in zip(sampled, logits):
-            target_logits[i] = lg
-    exact = not sampled
-    groups: dict[tuple, list[SpecConfig]] = defaultdict(list)
-    for arm in arms:
-        if arm.method == "ngram":
-            groups[("ngram", pool_rules(arm) if engine.ngram_pool else arm.ngram_size)].append(arm)
-        elif arm.method == "draft_target":
-            groups[("draft_target", arm.draft_model)].append(arm)
-        elif arm.method == "suffix":
-            groups[("suffix", (arm.spec_factor, arm.min_token_prob))].append(arm)
-    for (method, param), group in groups.items():
-        ks = sorted({a.draft_len for a in group})
-        if method == "suffix":
-            by_k = suffix_acceptance(rows, ks, tree, *param, batch_size=batch_size, target_logits=target_logits, grow=grow)
-        elif method == "ngram" and engine.ngram_pool:
-            by_k = trt_ngram_acceptance(rows, ks, param, batch_size)
-        elif method == "ngram" and constrained:
-            by_k = constrained_ngram_acceptance(rows, ks, param, grammars(), target_logits)
-        elif method == "ngram":
-            by_k = ngram_acceptance(rows, ks, param, target_logits)
-        elif sampled or constrained:
-            draft_logits = engine.teacher_forced_logits([(r.prompt_ids, r.output_ids) for r in rows], draft_model=param)
-            by_k = constrained_draft_acceptance(rows, ks, draft_logits, grammars(), target_logits) if constrained else \
-                draft_acceptance(rows, ks, draft_logits, target_logits)
-        else:
-            proposals = engine.draft_proposals([(r.prompt_ids, r.output_ids) for r in rows], param)
-            by_k = proposal_acceptance(rows, ks, proposals)
-        exact = exact and all(a.exact for a in by_k.values())
-        for arm in group:
-            acc = by_k[arm.draft_len]
-            for r, (steps, proposed) in enumerate(zip(acc.steps, acc.proposed)):
-                out[r][arm.label] = Tally(_tokens(len(rows[r].output_ids), ends[r]), float(len(steps)), float(sum(p == 0 for p in proposed)),
-                                          float(sum(proposed)), float(sum(steps)))
+    by_label, exact = engine.acceptance(rows, arms, requests, tree, batch_size, grow)
+    for label, acc in by_label.items():
+        for r, (steps, proposed) in enumerate(zip(acc.steps, acc.proposed)):
+            out[r][label] = Tally(_tokens(len(rows[r].output_ids), ends[r]), float(len(steps)),
+                                  float(sum(p == 0 for p in proposed)), float(sum(proposed)), float(sum(steps)))
     return out, exact
-
-
-def pool_rules(arm: SpecConfig) -> NGramPoolRules:
-    """The NGram pool settings an arm's option file gives TensorRT-LLM (1.2's defaults where unset)."""
-    options, default = spec_options(arm), NGramPoolRules()
-    return NGramPoolRules(arm.ngram_size, *(bool(options.get(name, getattr(default, name)))
-                                            for name in ("is_keep_all", "is_use_oldest", "is_public_pool")))
 
 
 def scope_of(key: str | None) -> str:
@@ -103,7 +46,7 @@ def scope_of(key: str | None) -> str:
 
 def end_step(engine: Engine, row: PlainRow) -> int:
     """1 where the row ended on an end token its output ids leave out (TensorRT-LLM's; a row
-    shorter than max_tokens, as predict/trt_ngram.py tells it): the step that commits it is a step
+    shorter than max_tokens, as engine/trtllm/ngram_pool.py tells it): the step that commits it is a step
     of every arm, plain decoding's too, and the token is counted with the row's."""
     return int(not engine.end_token_in_output and len(row.output_ids) < row.max_tokens)
 

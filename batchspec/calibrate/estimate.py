@@ -2,7 +2,7 @@
 
 For a window of rows decoded under any arm (greedy rows commit plain decoding's tokens under
 every arm), `Tally` counts what each arm would have done on each row (counterfactual acceptance,
-batchspec.predict.acceptance): its target steps, those with nothing proposed, drafts proposed and
+engine/acceptance.py): its target steps, those with nothing proposed, drafts proposed and
 accepted. Then, at the rows in flight B and context x:
 
     L_a        = tokens / steps_a                           committed tokens per row-step

@@ -349,8 +349,7 @@ class Engine(Protocol):
     model_name: str
     in_flight_control: bool  # generate takes control= and switches arms between decode steps
     arms_are_builds: bool  # an arm switch builds a new engine; `builds` records each (label, seconds)
-    counterfactual: bool  # teacher_forced_logits and draft_proposals give every arm's acceptance from plain rows
-    ngram_pool: bool  # its n-gram drafter is TensorRT-LLM's NGram pool (predict/trt_ngram.py), else batchspec's lookup
+    counterfactual: bool  # `acceptance` answers for every arm it runs (else some are measured by running them)
     end_token_in_output: bool  # a row that ends on an end token has it among its output ids (torch; not TensorRT-LLM)
     regime: Any  # the engines.regimes.Regime pricing every second (a simulated run), or None (the wall clock)
 
@@ -359,6 +358,14 @@ class Engine(Protocol):
         """Time one forward per (batch, context, tokens per row) of the target and (draft model,
         batch, context, tokens) of a draft, the fastest of at least `tries` ([] where forwards
         cannot be timed apart from generate)."""
+
+    def acceptance(self, rows: Sequence[Any], arms: Sequence[SpecConfig], requests: Sequence[Request] = (),
+                   tree: Any = None, batch_size: int = 1, grow: bool = False) -> tuple[dict[str, Any], bool]:
+        """Counterfactual acceptance (engine/acceptance.py): for plain rows (`PlainRow`, in the order
+        they finished; `requests` theirs, for their grammars), each arm's `Acceptance` by label,
+        this engine's drafters replayed over the rows' tokens, and whether all are exact. Arms it
+        cannot replay are left out. `tree` is a suffix arm's tree of the key's earlier rows (with
+        `grow` these rows join it); `batch_size` the batch they decoded at."""
 
     def check(self, spec: SpecConfig) -> None:
         """Raise a BatchspecError (one line) if this engine cannot run `spec` with its models."""

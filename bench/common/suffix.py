@@ -9,7 +9,7 @@ Per workload:
    step and goodput (committed tokens per decode second), suffix over n-gram (and plain);
 2. from the outputs (greedy: every arm's are plain decoding's), every n-gram draft length's and
    every suffix cap's tokens per target step (counterfactual, exact for greedy at batch 1:
-   tests/predict/), so the suffix arm is also compared with the best n-gram length.
+   tests/engine/torch/test_*acceptance.py), so the suffix arm is also compared with the best n-gram length.
 Then the tree's memory: 10,000 rows of 200 output tokens counted and measured (tracemalloc),
 random tokens (the worst case: nothing shared) and rows built from the plain outputs of the
 structured workloads; and a cap of 8 MiB (below what they need) held while 10,000 rows arrive.
@@ -32,10 +32,10 @@ from common import results as recorded
 from common import workloads
 from common.measure import command, fmt, load_engine, machine_line, ngram_arm, write  # before batchspec: puts the checkout on sys.path
 
+from batchspec.engine.acceptance import PlainRow
 from batchspec.engine.base import NO_SPEC, Request, SpecConfig, admission_order
+from batchspec.engine.torch.counterfactual import ngram_acceptance, suffix_acceptance
 from batchspec.engine.torch.suffix import SuffixTrees
-from batchspec.predict.acceptance import PlainRow, ngram_acceptance
-from batchspec.predict.suffix import suffix_acceptance
 
 NGRAM_KS = (2, 4, 6, 8)
 SUFFIX_CAPS = (4, 8, 16)

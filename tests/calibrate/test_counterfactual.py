@@ -11,7 +11,7 @@ from batchspec.calibrate import WorkerState
 from batchspec.calibrate.counterfactual import measured_tallies, tallies
 from batchspec.engine.base import NO_SPEC, SpecConfig
 from batchspec.engine.torch.engine import TorchEngine
-from batchspec.predict.acceptance import PlainRow
+from batchspec.engine.acceptance import PlainRow
 from batchspec.shard import ShardInput, run_shard
 from tests.data import word_rows
 from tests.engine.torch.test_structured import constrained_requests

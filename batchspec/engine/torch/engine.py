@@ -32,7 +32,8 @@ from batchspec.engine.base import (
     StepCost,
     Timing,
 )
-from batchspec.engine.torch import measure
+from batchspec.engine.acceptance import Acceptance, PlainRow
+from batchspec.engine.torch import counterfactual, measure
 from batchspec.engine.regimes import Regime
 from batchspec.engine.sampling import argmax
 from batchspec.engine.torch.decode import Clock, Decoder, ModelTarget, Row
@@ -41,6 +42,7 @@ from batchspec.engine.torch.grammar import Grammar, GrammarError, Grammars
 from batchspec.engine.torch.kv import Batch
 from batchspec.engine.torch.load import check_same_tokenizer, load_pretrained
 from batchspec.engine.torch.suffix import Lookups, SuffixDrafter, SuffixTrees
+from batchspec.engine.torch.suffix_tree import SuffixTree
 from batchspec.errors import ConfigError, ModelError, one_line
 
 SUPPORTED = ENGINE_METHODS["torch"]
@@ -54,7 +56,6 @@ class TorchEngine:
     in_flight_control = True  # generate takes control= (base.Engine.generate)
     arms_are_builds = False
     counterfactual = True
-    ngram_pool = False
     end_token_in_output = True
     builds: tuple = ()
 
@@ -220,7 +221,7 @@ class TorchEngine:
     def grammar(self, request: Request) -> Grammar | None:
         """A fresh matcher at the start of the request's structured output (None when it has none);
         GrammarError (one line) when its schema cannot be compiled. Counterfactual acceptance of
-        constrained rows walks one along each plain row (batchspec.predict.constrained)."""
+        constrained rows walks one along each plain row (counterfactual.py)."""
         return None if request.response_format is None else self.grammars.matcher(request.response_format)
 
     def _finish(self, request: Request, row: Row, lookups: Lookups) -> Completion:
@@ -240,7 +241,7 @@ class TorchEngine:
         return Decoder(ModelTarget(self.model, self.pad_id, self.device), self.tokenizer, self.eos_ids, self.vocab,
                        self.device, lambda spec: self._drafter(spec, scopes, lookups))
 
-    # -- what calibration needs besides generate (batchspec.predict replays and prices) ----------
+    # -- what calibration needs besides generate ---------------------------------------------------
 
     def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
                 tries: int = 2, temperature: float = 0.0, reps: int = measure.REPS) -> list[StepCost]:
@@ -252,6 +253,13 @@ class TorchEngine:
             return [StepCost("target", self.model_name, b, c, w, self.regime.forward_s(b, w, c)) for b, c, w in target] + \
                    [StepCost("draft", d, b, c, w, self.regime.draft_fraction * self.regime.forward_s(b, w, c)) for d, b, c, w in drafts]
         return measure.profile(self, target, drafts, temperature, max(reps, tries), least=tries)
+
+    def acceptance(self, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], requests: Sequence[Request] = (),
+                   tree: SuffixTree | None = None, batch_size: int = 1, grow: bool = False) -> tuple[dict[str, Acceptance], bool]:
+        """Every arm's acceptance on plain rows, its drafter replayed (base.Engine.acceptance;
+        counterfactual.py): n-gram lookup, a draft model and suffix drafting, under each row's
+        grammar where it has one."""
+        return counterfactual.acceptance(self, rows, arms, requests, tree, batch_size, grow)
 
     def teacher_forced_logits(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
                               draft_model: str | None = None, group: int = 8) -> list[torch.Tensor]:

@@ -1,5 +1,5 @@
-"""What calibration needs from the torch engine besides generate (batchspec.predict replays and
-prices): a cost profile of target and draft forwards, and teacher-forced logits.
+"""What calibration needs from the torch engine besides generate (counterfactual.py replays the
+drafters; batchspec.predict prices steps): a cost profile of target and draft forwards, and teacher-forced logits.
 
 It knows models and the KV cache; it does not know requests, rows or the accept rule's bookkeeping.
 """

@@ -49,6 +49,12 @@ class SuffixTrees:
         tree = self.trees.get(scope) if scope is not None else None
         return (tree.nbytes, tree.rows) if tree is not None else (0, 0)
 
+    def copy_of(self, scope: str) -> SuffixTree:
+        """A copy of one scope's tree (an empty tree where it has none): what a counterfactual
+        replays from and grows, leaving the worker's own untouched."""
+        tree = self.trees.get(scope)
+        return tree.copy() if tree is not None else SuffixTree()
+
     def add(self, scope: str, row_id: str, tokens: Sequence[int]) -> None:
         """A finished row's output joins its scope's tree (then the cap is enforced)."""
         if not len(tokens):

@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from batchspec.engine.acceptance import Acceptance, PlainRow
 from batchspec.engine.base import (
     ENGINE_METHODS,
     Completion,
@@ -71,6 +72,7 @@ from batchspec.engine.trtllm.iterstats import (
     stats_gap,
     steps_from_iterations,
 )
+from batchspec.engine.trtllm.ngram_pool import pool_rules, trt_ngram_acceptance
 from batchspec.engine.trtllm.translate import (
     DTYPES,
     METHOD_TO_DECODING_TYPE,
@@ -140,7 +142,6 @@ class TrtllmEngine:
     arms_are_builds = True  # switching arms builds an LLM: calibration counts and caps builds
     in_flight_control = False  # an arm is a build: the controller chooses per chunk of rows
     counterfactual = False  # no teacher-forced logits: a model drafter's acceptance is measured by running it
-    ngram_pool = True  # NGram arms' acceptance is replayed from the rows' tokens (predict/trt_ngram.py)
     end_token_in_output = False  # TensorRT-LLM's output ids and counts leave the end token out
     regime = None
 
@@ -263,6 +264,22 @@ class TrtllmEngine:
     def gpus(self) -> int:
         """GPUs each LLM of this engine spans (tensor x pipeline x context parallel sizes)."""
         return world_size(self.run_options)
+
+    def acceptance(self, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], requests: Sequence[Request] = (),
+                   tree=None, batch_size: int = 1, grow: bool = False) -> tuple[dict[str, Acceptance], bool]:
+        """The NGram arms' acceptance on unconstrained rows, its pool's rules replayed over their
+        tokens (ngram_pool.py); no other arm's (base.Engine.acceptance): a model drafter's needs
+        logits TensorRT-LLM does not return, so it is measured by running it."""
+        ngram = [a for a in arms if a.method == "ngram"]
+        if not ngram or any(r.response_format is not None for r in requests):
+            return {}, False
+        out, exact = {}, True
+        for rules in {pool_rules(a) for a in ngram}:
+            ks = sorted({a.draft_len for a in ngram if pool_rules(a) == rules})
+            by_k = trt_ngram_acceptance(rows, ks, rules, batch_size)
+            exact = exact and all(a.exact for a in by_k.values())
+            out.update((a.label, by_k[a.draft_len]) for a in ngram if pool_rules(a) == rules)
+        return out, exact
 
     def profile(self, target, drafts=(), tries: int = 2) -> list:
         """Nothing: TensorRT-LLM times no forward apart from generate; the controller learns step

@@ -19,7 +19,7 @@ from batchspec.engine.torch.suffix_tree import MAX_MATCH, SuffixTree, own_draft
 from tests.conftest import tiny_llama, word_tokenizer
 from tests.engine.lossless import assert_greedy_lossless
 from tests.engine.torch.test_engine import five_word_case, joint_pvalue
-from tests.predict.test_suffix_acceptance import shared_structure_requests
+from tests.engine.torch.test_suffix_acceptance import shared_structure_requests
 
 
 def occurrences(rows: list[list[int]], pattern: list[int], own: bool) -> list[tuple[int, int]]:

@@ -162,7 +162,7 @@ def test_every_tally_commits_its_steps_and_accepted_drafts_the_end_token_include
     it: each arm's tally (plain decoding's, the NGram replay's, a built arm's as measured) counts
     it, so a step commits its accepted drafts plus one token for every arm alike."""
     from batchspec.calibrate.counterfactual import end_step, measured_tallies, tallies
-    from batchspec.predict.acceptance import PlainRow
+    from batchspec.engine.acceptance import PlainRow
 
     st = fake.install(monkeypatch)
     ngram = load_spec_file(str(CONFIGS / "ngram.yaml")).spec

@@ -12,8 +12,8 @@ from batchspec.config.spec import load_spec_file, run_llm_options
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams
 from batchspec.engine.trtllm.adapter import TrtllmEngine
 from batchspec.engine.trtllm.iterstats import attach_request_steps, request_traces
-from batchspec.predict.acceptance import PlainRow
-from batchspec.predict.trt_ngram import NGramPoolRules, trt_ngram_acceptance
+from batchspec.engine.acceptance import PlainRow
+from batchspec.engine.trtllm.ngram_pool import NGramPoolRules, trt_ngram_acceptance
 from tests.engine.trtllm.conftest import TARGET
 
 CONFIGS = files("batchspec.data") / "trt_configs"

@@ -1,6 +1,6 @@
 """The NGram drafter's pool, as tensorrt_llm/_torch/speculative/ngram.py NGramPoolManager keeps it
 (NG in SOURCES.md): the stand-in drafts with it, and the tests take it as the brute-force model of
-the rules that batchspec/predict/trt_ngram.py replays. Written from the reading, on the same
+the rules that batchspec/engine/trtllm/ngram_pool.py replays. Written from the reading, on the same
 `ordered_set.OrderedSet` (PyPI ordered-set) the real one uses, so removing from a pattern's
 matches while iterating them behaves as there. Deliberately plain: a scan of every prefix
 position at every call, no incremental start index shortcuts beyond the real one."""

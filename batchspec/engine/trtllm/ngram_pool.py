@@ -1,6 +1,7 @@
-"""Counterfactual acceptance of TensorRT-LLM's NGram drafter, from rows decoded under "none".
+"""Counterfactual acceptance of TensorRT-LLM's NGram drafter, from rows decoded under "none"
+(`TrtllmEngine.acceptance`; engine/acceptance.py has the records).
 
-TensorRT-LLM's NGram drafter is not batchspec's n-gram lookup (`acceptance.ngram_acceptance`): it
+TensorRT-LLM's NGram drafter is not the torch engine's n-gram lookup (drafters.NgramIndex): it
 keeps a pool of pattern -> candidate drafts that it fills as it drafts, and what it proposes
 depends on the pool's rules and on the prefix lengths it was asked at. This module replays those
 rules over a plain row's prompt and output, draft length by draft length, so calibration can price
@@ -38,7 +39,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from batchspec.predict.acceptance import Acceptance, PlainRow
+from batchspec.engine.acceptance import Acceptance, PlainRow, agree
+from batchspec.engine.base import SpecConfig
+from batchspec.engine.trtllm.translate import spec_options
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,13 @@ class _Row:
         return self.t >= self.end
 
 
+def pool_rules(arm: SpecConfig) -> NGramPoolRules:
+    """The NGram pool settings an arm's option file gives TensorRT-LLM (1.2's defaults where unset)."""
+    options, default = spec_options(arm), NGramPoolRules()
+    return NGramPoolRules(arm.ngram_size, *(bool(options.get(name, getattr(default, name)))
+                                            for name in ("is_keep_all", "is_use_oldest", "is_public_pool")))
+
+
 def trt_ngram_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], rules: NGramPoolRules = NGramPoolRules(),
                          batch_size: int = 1) -> dict[int, Acceptance]:
     """Counterfactual steps of TensorRT-LLM's NGram drafter at every draft length in `draft_lens`
@@ -147,11 +157,7 @@ def _step(pool: NGramPool, r: _Row) -> None:
     prompt, output = r.row.prompt_ids, r.row.output_ids
     tokens = list(prompt) + list(output[:r.t])
     proposal = pool.draft(r.index, tokens, len(prompt) + r.row.max_tokens)
-    n = 0  # the end token (past the output) is never proposed
-    for d, truth in zip(proposal, output[r.t:]):
-        if d != truth:
-            break
-        n += 1
+    n = agree(proposal, output[r.t:])  # the end token (past the output) is never proposed
     r.accepted.append(n)
     r.proposed.append(len(proposal))
     r.t += n + 1

@@ -1,4 +1,4 @@
-"""Counterfactual acceptance (batchspec.predict.acceptance): literal walks, and the property that
+"""Counterfactual acceptance (engine/acceptance.py, engine/torch/counterfactual.py): literal walks, and the property that
 matters: computed from a plain greedy run, the accepted length of every step equals what the torch
 engine measures when it runs the arm on the same rows, both drafters, k = 1..8, batch 1 and 8, row
 by row and step by step; sampled rows as an estimate."""
@@ -10,7 +10,8 @@ import torch
 
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig, acceptance_rate
 from batchspec.engine.torch.engine import TorchEngine
-from batchspec.predict.acceptance import PlainRow, draft_acceptance, greedy_runs, ngram_acceptance, walk
+from batchspec.engine.acceptance import PlainRow, greedy_runs, walk
+from batchspec.engine.torch.counterfactual import draft_acceptance, ngram_acceptance
 
 
 DRAFT_LENS = list(range(1, 9))

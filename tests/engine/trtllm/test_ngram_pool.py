@@ -1,4 +1,4 @@
-"""batchspec.predict.trt_ngram replays TensorRT-LLM's NGram pool rules (ngram.py NGramPoolManager,
+"""batchspec.engine.trtllm.ngram_pool replays TensorRT-LLM's NGram pool rules (ngram.py NGramPoolManager,
 cited in the module). Checked two ways: against a brute-force model of the rules on random token
 streams (the stand-in's pool, tests/engine/trtllm/fake_tensorrt_llm/_ngram.py, over the real
 ordered_set.OrderedSet, driven by an iteration loop written here), and against the stand-in LLM
@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from batchspec.predict.acceptance import PlainRow
-from batchspec.predict.trt_ngram import NGramPoolRules, trt_ngram_acceptance
+from batchspec.engine.acceptance import PlainRow
+from batchspec.engine.trtllm.ngram_pool import NGramPoolRules, trt_ngram_acceptance
 from tests.engine.trtllm import fake_tensorrt_llm as fake
 from tests.engine.trtllm.conftest import TARGET
 from tests.engine.trtllm.fake_tensorrt_llm import _ngram, llmapi

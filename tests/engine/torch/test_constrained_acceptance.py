@@ -1,4 +1,4 @@
-"""Counterfactual acceptance of constrained rows (batchspec.predict.constrained): computed from a
+"""Counterfactual acceptance of constrained rows (engine/torch/counterfactual.py): computed from a
 plain constrained greedy run, the accepted length of every step equals what the torch engine
 measures when it runs the arm on the same rows (forced drafts + n-gram lookup, forced drafts
 alone, forced drafts + a draft model under the mask), k = 1, 3, 6, batch 1 and 3, row by row and step
@@ -10,8 +10,8 @@ import pytest
 
 from batchspec.engine.base import NO_SPEC, SpecConfig, acceptance_rate
 from batchspec.engine.torch.engine import TorchEngine
-from batchspec.predict.acceptance import PlainRow
-from batchspec.predict.constrained import constrained_draft_acceptance, constrained_ngram_acceptance
+from batchspec.engine.acceptance import PlainRow
+from batchspec.engine.torch.counterfactual import draft_acceptance, ngram_acceptance
 from tests.engine.torch.test_structured import constrained_requests
 
 DRAFT_LENS = [1, 3, 6]
@@ -31,9 +31,9 @@ def plain(tiny_pair):
 def predicted_for(engine, requests, rows, method, option):
     grammars = [engine.grammar(r) for r in requests]  # fresh matchers: the counterfactual uses them up
     if method == "ngram":
-        return constrained_ngram_acceptance(rows, DRAFT_LENS, option, grammars)
+        return ngram_acceptance(rows, DRAFT_LENS, option, grammars=grammars)
     logits = engine.teacher_forced_logits([(r.prompt_ids, r.output_ids) for r in rows], draft_model=option)
-    return constrained_draft_acceptance(rows, DRAFT_LENS, logits, grammars)
+    return draft_acceptance(rows, DRAFT_LENS, logits, grammars=grammars)
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])
@@ -58,8 +58,8 @@ def test_the_sampled_estimate_stays_within_the_draft_length(plain):
     pairs = [(r.prompt_ids, r.output_ids) for r in warm]
     target = engine.teacher_forced_logits(pairs)
     draft = engine.teacher_forced_logits(pairs, draft_model="far")
-    for est in (constrained_draft_acceptance(warm, [4], draft, [engine.grammar(r) for r in requests], target)[4],
-                constrained_ngram_acceptance(warm, [4], 3, [engine.grammar(r) for r in requests], target)[4]):
+    for est in (draft_acceptance(warm, [4], draft, target, [engine.grammar(r) for r in requests])[4],
+                ngram_acceptance(warm, [4], 3, target, [engine.grammar(r) for r in requests])[4]):
         counts = [n for steps in est.steps for n in steps]
         assert not est.exact and counts and all(0.0 <= n <= 4.0 for n in counts)
         assert 0.0 < acceptance_rate(est.accepted_tokens, est.draft_tokens) <= 1.0

@@ -1,4 +1,4 @@
-"""The suffix arm's counterfactual acceptance (batchspec.predict.suffix) against the engine running
+"""The suffix arm's counterfactual acceptance (engine/torch/counterfactual.py) against the engine running
 the arm: computed from a plain greedy run (rows in the order they finished, from the key's tree as
 the worker held it before), every step of every row at batch 1 equals what the engine measures,
 k = 1..8; at batch 8 and for sampled rows it is an estimate and says so."""
@@ -9,8 +9,8 @@ import torch
 
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
 from batchspec.engine.torch.engine import TorchEngine
-from batchspec.predict.acceptance import PlainRow
-from batchspec.predict.suffix import suffix_acceptance
+from batchspec.engine.acceptance import PlainRow
+from batchspec.engine.torch.counterfactual import suffix_acceptance
 
 DRAFT_LENS = list(range(1, 9))
 
