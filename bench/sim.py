@@ -153,18 +153,20 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
     by_label = {a.label: a for a in [NO_SPEC, *arms]}
     settings = CalibrationSettings()
     worker = WorkerState()
-    out, keys, key_requests, stats_of = [], [], [], []
+    out, runs, shard_requests, stats_of = [], [], [], []
     for shard in shards:
         requests = [r for r in shard.requests if r.id in recorded]
-        key_requests.append(requests)
-        keys.append({a.label: run_arm(replay, requests, a, batch_size) for a in [NO_SPEC, *arms]})
         for part in range(args.shards_per_key):
             rows = requests[part * len(requests) // args.shards_per_key: (part + 1) * len(requests) // args.shards_per_key]
             horizon = len(requests) - (part + 1) * len(requests) // args.shards_per_key
             ran = run_shard(replay, ShardInput(f"{shard.key}-{part}", shard.key, rows), arms, True, batch_size,
                             settings, (seeds or {}).get(shard.key), worker=worker, horizon_rows=horizon, prior_why=PRIOR_WHY)
             stats_of.append(ran.stats)
-            whole = keys[-1] if len(rows) == len(requests) else {a.label: run_arm(replay, rows, a, batch_size) for a in [NO_SPEC, *arms]}
+            # every arm over the same shard, one generate call as the pipeline runs it: the job's static
+            # arms and schedules run shard by shard too (each drains its batch at the shard's end)
+            whole = {a.label: run_arm(replay, rows, a, batch_size) for a in [NO_SPEC, *arms]}
+            runs.append(whole)
+            shard_requests.append(rows)
             oracle = {label: goodput(**_tokens_s(r)) for label, r in whole.items()}
             best = max(oracle, key=oracle.get)
             stats, overhead_s = ran.stats, ran.stats.profile_s + ran.stats.build_s
@@ -184,9 +186,9 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
                 "events": [f"{e.row}:{e.kind}:{e.arm}" for e in stats.events if e.kind != "profile"],
             })
     return {"regime": regime_name, "batch_size": batch_size, "shards": out, "_stats": stats_of,
-            "job": job_summary(out, keys, arms, batch_size, replay.regime.build_s,
+            "job": job_summary(out, runs, arms, batch_size, replay.regime.build_s,
                                lambda schedule: sum(scheduled_s(one_engine, requests, {n: by_label[a] for n, a in schedule.items()},
-                                                                batch_size) for requests in key_requests))}
+                                                                batch_size) for requests in shard_requests))}
 
 
 def scheduled_s(engine: ReplayEngine, requests: list[Request], schedule: dict[int, SpecConfig], batch_size: int) -> float:
@@ -235,22 +237,23 @@ def build_oracle_s(shards: Sequence[dict], build_s: float) -> float:
     return min(best.values()) if best else 0.0
 
 
-def job_summary(shards: list[dict], keys: list[dict], arms: Sequence[SpecConfig], batch_size: int,
+def job_summary(shards: list[dict], runs: list[dict], arms: Sequence[SpecConfig], batch_size: int,
                 build_s: float, replayed_s) -> dict:
     """The job against what a user configures by hand: one static arm for every shard, and a
     batch-size schedule (rows in flight -> arm, the same for every key), each the best of its kind
     in hindsight; where an arm is a build, also against the job's oracle that pays its builds
-    (`build_oracle_s`). `replayed_s(schedule)` is the job's decode seconds under a schedule,
-    replayed (`Scheduled`). The schedule is searched from the best static arm one bucket at a time,
+    (`build_oracle_s`). `runs` holds every arm's run over each shard (label -> tokens and decode
+    seconds), shard by shard as the pipeline runs them; `replayed_s(schedule)` is the job's decode
+    seconds under a schedule, replayed shard by shard (`Scheduled`). The schedule is searched from the best static arm one bucket at a time,
     smallest first: every arm at the bucket replayed, the fastest kept. (Pricing each arm at each
     number of rows from its own whole-shard run was tried first and ranked schedules falsely, by
     up to 3%: the rows an arm holds in its drain are not plain decoding's.)"""
 
     labels = ["none", *[a.label for a in arms]]
-    tokens = sum(k["none"]["tokens"] for k in keys)
-    static = {a: goodput(tokens, sum(k[a]["decode_s"] for k in keys)) for a in labels}
+    tokens = sum(r["none"]["tokens"] for r in runs)
+    static = {a: goodput(tokens, sum(r[a]["decode_s"] for r in runs)) for a in labels}
     best_static = max(static, key=static.get)
-    oracle = goodput(tokens, sum(min(k[a]["decode_s"] for a in labels) for k in keys))
+    oracle = goodput(tokens, sum(min(r[a]["decode_s"] for a in labels) for r in runs))
     calibrated = goodput(sum(s["tokens"] for s in shards), sum(s["seconds"] for s in shards))
     buckets = sorted({1, max(1, batch_size // 4), max(1, batch_size // 2), batch_size})
     schedules = {(a,) * len(buckets): g for a, g in static.items()}  # one arm everywhere: its own run
