@@ -62,6 +62,7 @@ class Controller:
         self.first: Sequence[int] = ()
         self.start, why = worker.start(key, prior, self.arms, builds=switch_s(NO_SPEC) > 0, prior_why=prior_why)
         self.running = self.start
+        self.steady = self.start  # the arm that last ran before the drain (rows queued or the batch full; not a trial)
         self.events: list[Event] = [Event(0, "start", self.start.label, None, None, why)]
         self.horizon_rows = horizon_rows  # rows of the key after this shard on this worker: what a build can repay over
         self.window = Window(settings.window_rows(batch_size), worker.history.get(str(key), ()))
@@ -94,10 +95,12 @@ class Controller:
         self._learn(progress)
         new = self._decide(progress, self._count(progress))
         self.control_s += time.perf_counter() - began
-        if new is not None and new.label != self.running.label:
+        changed = new is not None and new.label != self.running.label
+        if changed:
             self.running = new
-            return new
-        return None
+        if not self.measuring and (progress.queued or len(progress.in_flight) >= self.batch_size):  # not a drain
+            self.steady = self.running
+        return new if changed else None
 
     def _learn(self, progress: Progress) -> None:
         steps: list[Step] = progress.steps
@@ -194,22 +197,33 @@ class Controller:
     # -- the rule -------------------------------------------------------------------------------
 
     def _decide(self, progress: Progress, window: list | None) -> SpecConfig | None:
-        if self.measuring:
-            return self._measured(progress, window)
         left = bool(progress.in_flight or progress.queued)
+        if self.measuring and (left or self.switch_s(self.measuring[2]) > 0):
+            return self._measured(progress, window)
+        if self.measuring:  # the shard ended within a trial: the key's next shard does not start under it
+            self.events.append(Event(self.finished, "measured", self.measuring[0], None, None, "cut by the shard's end"))
+            self.measuring = None
         if not window or not (left or self.horizon_rows):  # nothing left to run under a choice
             return None
-        est = self._estimates(progress, window, self.running)
+        # at the shard's end the rule chooses where the key's next shard starts, at the full batch: it
+        # goes on from the arm that ran before the drain (`steady`), not from one the drain switched to
+        running = self.running if left or self.switch_s(self.steady) > 0 else self.steady
+        est = self._estimates(progress, window, running)
         best = max(est.values(), key=lambda e: (e.gain, -e.arm.draft_len))
         margin = 1 + self.settings.margin
-        if best.arm.label != self.running.label:
-            if best.low > margin and self._repays(progress, best.arm, 1 - 1 / best.low):  # at the shard's end: where the key's next starts
+        if best.arm.label != running.label:
+            if best.low > margin and self._repays(progress, best.arm, 1 - 1 / best.low):
+                if not left:
+                    self.steady = best.arm  # where the key's next shard starts
+                if best.arm.label == self.running.label:  # at the shard's end, the drain's arm
+                    return None
                 self.events.append(Event(self.finished, "switch", best.arm.label, best.speedup, None,
-                                         f"{best.gain:.2f}x the running {self.running.label} (at least {best.low:.2f}x)"
+                                         f"{best.gain:.2f}x the running {running.label} (at least {best.low:.2f}x)"
                                          + ("" if left else "; for the key's next shard")))
                 return best.arm
-            if not left:
-                return None
+        if not left:  # the key's next shard starts under `steady` (close)
+            return None
+        if best.arm.label != running.label:
             if best.high > margin and best.cost_u > best.accept_u and best.arm.label not in self.measured \
                     and self._affords_measure(progress, best.arm, best.expected_saving):
                 return self._measure(best.arm, best.speedup, f"{best.low:.2f}x-{best.high:.2f}x the running "
@@ -301,7 +315,8 @@ class Controller:
             counts[s.label] = counts.get(s.label, 0) + 1
         by_label = {"none": NO_SPEC, **{a.label: a for a in self.arms}}
         chosen = by_label.get(max(counts, key=counts.get), self.running) if counts else self.running
-        self.worker.remember(self.key, self.running, list(self.window))
+        ended = self.running if self.switch_s(self.steady) > 0 else self.steady  # not a drain's arm, nor a trial's
+        self.worker.remember(self.key, ended, list(self.window))
         costs = self.worker.costs
         context = result.steps[len(result.steps) // 2].context if result.steps else 0
         # every arm over this shard's rows where they have its tally, else over the window (an arm
@@ -332,7 +347,7 @@ class Controller:
         reason = (f"started under {self.start.label} ({self.events[0].reason}); "
                   + (f"{len(switched)} switch(es), last to {switched[-1].arm}" if switched else "no switch"))
         decision = Decision(
-            chosen=chosen, ended=self.running, arms=arms, events=list(self.events), reason=reason, shard_id=shard_id,
+            chosen=chosen, ended=ended, arms=arms, events=list(self.events), reason=reason, shard_id=shard_id,
             predicted_speedup=speedup.get(chosen.label),
             speedup=plain_s / spent if spent and plain_s else None,
             baseline_tokens_per_s=tokens / plain_s if plain_s else None,

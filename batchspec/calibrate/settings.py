@@ -30,7 +30,7 @@ class Decision:
     arm's estimate over the shard's rows (`arms`), the events, and what calibration cost."""
 
     chosen: SpecConfig = NO_SPEC
-    ended: SpecConfig = NO_SPEC  # the arm the shard ended under (where the key's next shard starts)
+    ended: SpecConfig = NO_SPEC  # where the key's next shard starts: the arm before the drain, or the rule's choice at the end
     arms: list[ArmResult] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     source: str = "calibrated"  # calibrated | fixed

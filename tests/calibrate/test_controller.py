@@ -96,6 +96,35 @@ def test_a_keys_next_shard_starts_under_the_arm_its_last_ended_under(tiny_engine
     assert other.stats.events[0].arm == NGRAM[0].label  # a key new to this worker starts where the driver says
 
 
+def _partly_copied(n: int, share: float, seed: int = 5, length: int = 48) -> tuple[list[Request], dict[str, Recorded]]:
+    """Rows whose output copies `share` of the prompt's passage, the rest fresh tokens."""
+    rng = random.Random(seed)
+    requests, recorded = [], {}
+    for i in range(n):
+        passage = [rng.randrange(1, 64) for _ in range(length)]
+        output = [t if rng.random() < share else rng.randrange(64, 96) for t in passage[:-1]] + [0]
+        prompt = [rng.randrange(1, 64) for _ in range(6)] + passage
+        requests.append(Request(f"p{seed}-{i}", prompt_token_ids=tuple(prompt), params=SamplingParams(max_tokens=64)))
+        recorded[f"p{seed}-{i}"] = Recorded(tuple(prompt), tuple(output))
+    return requests, recorded
+
+
+@pytest.mark.parametrize("name,batch_size", [("h200-torch", 32), ("cpu", 8)])
+def test_a_keys_next_shard_starts_under_the_arm_that_ran_before_the_drain(tiny_engine, name, batch_size):
+    """As the batch drains, fewer rows make a longer draft pay, and the rule switches to it; the key's
+    next shard runs a full batch again, so it starts under the arm that ran before the drain."""
+    requests, recorded = _partly_copied(96 + 32, {"h200-torch": 0.92, "cpu": 0.85}[name])
+    engine = ReplayEngine(tiny_engine, recorded, regime(name))
+    worker = WorkerState()
+    first = run_shard(engine, ShardInput("s0", "key", requests[:96]), NGRAM, True, batch_size, worker=worker)
+    drained = [e for e in first.stats.events if e.kind == "switch" and e.row > 96 - batch_size]
+    assert drained, "the drain switched arm: the case this test is about"
+    before = [e.arm for e in first.stats.events if e.kind in ("start", "switch") and e.row <= 96 - batch_size]
+    assert first.decision.ended.label == before[-1] != drained[-1].arm
+    second = run_shard(engine, ShardInput("s1", "key", requests[96:]), NGRAM, True, batch_size, worker=worker)
+    assert second.stats.events[0].arm == before[-1]
+
+
 def test_a_shard_under_the_controller_loses_no_row_and_changes_no_token(tiny_engine):
     rows = word_rows(20)
     rows[3] = Request("bad", prompt="", params=SamplingParams(max_tokens=8))  # an error row stays in place
