@@ -72,7 +72,7 @@ from batchspec.engine.trtllm.iterstats import (
     stats_gap,
     steps_from_iterations,
 )
-from batchspec.engine.trtllm.ngram_pool import pool_rules, trt_ngram_acceptance
+from batchspec.engine.trtllm.ngram_pool import pool_acceptance
 from batchspec.engine.trtllm.translate import (
     DTYPES,
     METHOD_TO_DECODING_TYPE,
@@ -83,6 +83,7 @@ from batchspec.engine.trtllm.translate import (
     conflicting_options,
     llm_kwargs,
     one_model,
+    prompt_input,
     sampling_kwargs,
     spec_options,
     world_size,
@@ -195,7 +196,7 @@ class TrtllmEngine:
                 return Completion.failed(request.id, unguided[i])
             try:
                 sampling = params(**sampling_kwargs(request.params), **guided_kwargs(request, guided))
-                return llm.generate_async(self._prompt(llm, request), sampling)
+                return llm.generate_async(prompt_input(llm, request), sampling)
             except Exception as exc:  # a bad row (empty, too long) fails alone
                 return Completion.failed(request.id, one_line(exc))
 
@@ -211,6 +212,9 @@ class TrtllmEngine:
             request_traces(entries[read:], traces)
             read = len(entries)
 
+        def submitted() -> list[tuple[Completion, int]]:  # the finished rows the executor ran, with their max_tokens
+            return [(c, r.params.max_tokens) for r, c, f in zip(requests, completions, futures) if not isinstance(f, Completion)]
+
         ahead = len(requests) if control is None else AHEAD * batch_size
         while len(completions) < len(futures) or (len(futures) < len(requests) and not stop):
             while len(futures) < len(requests) and not stop and len(futures) - len(completions) < ahead:
@@ -222,7 +226,7 @@ class TrtllmEngine:
             if control is not None and (len(completions) - told >= batch_size or ended):
                 read_stats()
                 if built.spec.method != "none":  # the finished rows' accepted drafts per step, as far as traced
-                    ran = [(c, r.params.max_tokens) for r, c, f in zip(requests, completions, futures) if not isinstance(f, Completion)]
+                    ran = submitted()
                     attach_request_steps(ran, dict(sorted(traces.items())[:len(ran)]))
                 progress = Progress(spec, list(range(told, len(completions))), completions + [None] * (len(requests) - len(completions)),
                                     {}, len(requests) - len(completions), Timing(wall_s=self.clock() - start), list(steps))
@@ -232,9 +236,8 @@ class TrtllmEngine:
         wall = self.clock() - start
         entries.extend(parse_entries(llm.get_stats(timeout=self.stats_timeout_s)))
         read_stats()
-        submitted = [(c, r.params.max_tokens) for r, c, f in zip(requests, completions, futures) if not isinstance(f, Completion)]
         caveats: dict[str, str] = {}
-        gap = attach_request_steps(submitted, dict(sorted(traces.items()))) if built.spec.method != "none" else None
+        gap = attach_request_steps(submitted(), dict(sorted(traces.items()))) if built.spec.method != "none" else None
         if gap is not None:
             caveats["accepted_steps"] = f"not reported: {gap}"
         peak = peak_gpu_memory(entries)
@@ -252,7 +255,7 @@ class TrtllmEngine:
         if self._live is None:
             raise RuntimeError("encode: no LLM is live on this worker yet (generate builds one)")
         llm = self._live.llm
-        prompt = self._prompt(llm, request)
+        prompt = prompt_input(llm, request)
         return list(llm.tokenizer.encode(prompt, add_special_tokens=True)) if isinstance(prompt, str) else prompt
 
     def gpu_memory_per_gpu(self) -> int | None:
@@ -270,16 +273,9 @@ class TrtllmEngine:
         """The NGram arms' acceptance on unconstrained rows, its pool's rules replayed over their
         tokens (ngram_pool.py); no other arm's (base.Engine.acceptance): a model drafter's needs
         logits TensorRT-LLM does not return, so it is measured by running it."""
-        ngram = [a for a in arms if a.method == "ngram"]
-        if not ngram or any(r.response_format is not None for r in requests):
+        if any(r.response_format is not None for r in requests):  # guided rows: the pool is not replayed under a grammar
             return {}, False
-        out, exact = {}, True
-        for rules in {pool_rules(a) for a in ngram}:
-            ks = sorted({a.draft_len for a in ngram if pool_rules(a) == rules})
-            by_k = trt_ngram_acceptance(rows, ks, rules, batch_size)
-            exact = exact and all(a.exact for a in by_k.values())
-            out.update((a.label, by_k[a.draft_len]) for a in ngram if pool_rules(a) == rules)
-        return out, exact
+        return pool_acceptance(rows, arms, batch_size)
 
     def profile(self, target, drafts=(), tries: int = 2) -> list:
         """Nothing: TensorRT-LLM times no forward apart from generate; the controller learns step
@@ -382,24 +378,6 @@ class TrtllmEngine:
         if plan.draft_len == 0:
             return SpecConfig(options=tuple((k, v) for k, v in spec.options if not k.startswith(SPEC_PREFIX)), source=spec.source), plan.reason
         return spec.with_draft_len(plan.draft_len), plan.reason
-
-    @staticmethod
-    def _prompt(llm: Any, request: Request) -> list[int] | str:
-        """Token ids where batchspec holds them (chat templates are tokenized here, with the BOS the
-        template writes and no other, as Ray Data LLM's chat-template stage does before its engine;
-        under prompt_format chat a text prompt arrives as one user message, batchspec.parse); a raw
-        prompt goes in as text, which TensorRT-LLM tokenizes with add_special_tokens=True like the
-        torch engine does."""
-        if request.prompt_token_ids is not None:
-            if not request.prompt_token_ids:
-                raise ValueError("empty prompt_token_ids")
-            return list(request.prompt_token_ids)
-        if request.messages is not None:
-            ids = llm.tokenizer.apply_chat_template(list(request.messages), tokenize=True, add_generation_prompt=True)
-            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        if not request.prompt:
-            raise ValueError("empty prompt")
-        return request.prompt
 
     @staticmethod
     def _collect(request: Request, future: Any, draft_len: int) -> Completion:

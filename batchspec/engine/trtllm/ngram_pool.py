@@ -122,6 +122,22 @@ def pool_rules(arm: SpecConfig) -> NGramPoolRules:
                                             for name in ("is_keep_all", "is_use_oldest", "is_public_pool")))
 
 
+def pool_acceptance(rows: Sequence[PlainRow], arms: Sequence[SpecConfig], batch_size: int = 1,
+                    ) -> tuple[dict[str, Acceptance], bool]:
+    """The NGram arms among `arms`, each replayed with its option file's pool rules (one replay per
+    distinct rules, every draft length at once), by label; and whether all are exact. ({}, False)
+    where there is no NGram arm."""
+    groups: dict[NGramPoolRules, list[SpecConfig]] = {}
+    for arm in arms:
+        if arm.method == "ngram":
+            groups.setdefault(pool_rules(arm), []).append(arm)
+    out: dict[str, Acceptance] = {}
+    for rules, group in groups.items():
+        by_k = trt_ngram_acceptance(rows, sorted({a.draft_len for a in group}), rules, batch_size)
+        out.update((a.label, by_k[a.draft_len]) for a in group)
+    return out, bool(out) and all(a.exact for a in out.values())
+
+
 def trt_ngram_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], rules: NGramPoolRules = NGramPoolRules(),
                          batch_size: int = 1) -> dict[int, Acceptance]:
     """Counterfactual steps of TensorRT-LLM's NGram drafter at every draft length in `draft_lens`

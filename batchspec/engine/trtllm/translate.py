@@ -3,8 +3,8 @@
 Everything here is plain Python over plain values, so it runs (and is tested) on machines without
 TensorRT-LLM: the decoding-config key tables the option-file validator checks against, what
 `SpecConfig.options` holds split back into speculative and LLM arguments, `LLM(...)` and
-`SamplingParams(...)` keyword arguments, and the parsing of `RequestOutput`s (iteration stats:
-iterstats.py). See adapter.py's docstring for the sources each rule comes from.
+`SamplingParams(...)` keyword arguments, a request's prompt as the LLM takes it, and the parsing
+of `RequestOutput`s (iteration stats: iterstats.py). See adapter.py's docstring for the sources each rule comes from.
 """
 
 from __future__ import annotations
@@ -333,6 +333,24 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     if params.stop:
         kwargs["stop"] = list(params.stop)
     return kwargs
+
+
+def prompt_input(llm: Any, request: Request) -> list[int] | str:
+    """What `LLM.generate_async` is given for a request: token ids where batchspec holds them (chat
+    templates are tokenized here, with the BOS the template writes and no other, as Ray Data LLM's
+    chat-template stage does before its engine; under prompt_format chat a text prompt arrives as
+    one user message, batchspec.parse); a raw prompt goes in as text, which TensorRT-LLM tokenizes
+    with add_special_tokens=True like the torch engine does. ValueError for an empty prompt."""
+    if request.prompt_token_ids is not None:
+        if not request.prompt_token_ids:
+            raise ValueError("empty prompt_token_ids")
+        return list(request.prompt_token_ids)
+    if request.messages is not None:
+        ids = llm.tokenizer.apply_chat_template(list(request.messages), tokenize=True, add_generation_prompt=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    if not request.prompt:
+        raise ValueError("empty prompt")
+    return request.prompt
 
 
 def completion_from_output(request: Request, output: Any, draft_len: int = 0) -> Completion:
