@@ -59,8 +59,9 @@ class Controller:
         self.engine, self.requests, self.batch_size, self.settings = engine, requests, batch_size, settings
         self.arms = [a for a in arms if a.method != "none"]
         self.worker, self.key, self.switch_s = worker, key, switch_s
+        self.builds = switch_s(NO_SPEC) > 0  # an arm switch is a build (TensorRT-LLM): the live engine is where the key goes on
         self.first: Sequence[int] = ()
-        self.start, why = worker.start(key, prior, self.arms, builds=switch_s(NO_SPEC) > 0, prior_why=prior_why)
+        self.start, why = worker.start(key, prior, self.arms, builds=self.builds, prior_why=prior_why)
         self.running = self.start
         self.steady = self.start  # the arm that last ran before the drain (rows queued or the batch full; not a trial)
         self.events: list[Event] = [Event(0, "start", self.start.label, None, None, why)]
@@ -198,7 +199,7 @@ class Controller:
 
     def _decide(self, progress: Progress, window: list | None) -> SpecConfig | None:
         left = bool(progress.in_flight or progress.queued)
-        if self.measuring and (left or self.switch_s(self.measuring[2]) > 0):
+        if self.measuring and (left or self.builds):
             return self._measured(progress, window)
         if self.measuring:  # the shard ended within a trial: the key's next shard does not start under it
             self.events.append(Event(self.finished, "measured", self.measuring[0], None, None, "cut by the shard's end"))
@@ -207,7 +208,7 @@ class Controller:
             return None
         # at the shard's end the rule chooses where the key's next shard starts, at the full batch: it
         # goes on from the arm that ran before the drain (`steady`), not from one the drain switched to
-        running = self.running if left or self.switch_s(self.steady) > 0 else self.steady
+        running = self.running if left or self.builds else self.steady
         est = self._estimates(progress, window, running)
         best = max(est.values(), key=lambda e: (e.gain, -e.arm.draft_len))
         margin = 1 + self.settings.margin
@@ -253,7 +254,7 @@ class Controller:
         trial = self._estimates(progress, rows, before).get(label) if rows else None
         margin = 1 + self.settings.margin
         keep = trial is not None and trial.low > margin
-        if trial is not None and not keep and self.switch_s(before) > 0:  # going back is a build: the switch rule's
+        if trial is not None and not keep and self.builds:  # going back is a build: the switch rule's
             back = 1 / trial.high  # the arm before over the trial, at its lower bound
             keep = not (back > margin and self._repays(progress, before, 1 - 1 / back))
         self.events.append(Event(self.finished, "measured", label, None, trial.speedup if trial else None,
@@ -315,7 +316,7 @@ class Controller:
             counts[s.label] = counts.get(s.label, 0) + 1
         by_label = {"none": NO_SPEC, **{a.label: a for a in self.arms}}
         chosen = by_label.get(max(counts, key=counts.get), self.running) if counts else self.running
-        ended = self.running if self.switch_s(self.steady) > 0 else self.steady  # not a drain's arm, nor a trial's
+        ended = self.running if self.builds else self.steady  # not a drain's arm, nor a trial's
         self.worker.remember(self.key, ended, list(self.window))
         costs = self.worker.costs
         context = result.steps[len(result.steps) // 2].context if result.steps else 0
