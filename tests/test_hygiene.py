@@ -4,7 +4,10 @@ constant lives in docs/ beside the constant's name (docs/CONTRIBUTING.md, "Style
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -90,3 +93,67 @@ def test_each_rule_catches_its_offence(line: str, what: str) -> None:
 )
 def test_legitimate_text_passes(line: str) -> None:
     assert offences(line, "x.py") == []
+
+
+# A fresh clone must set up on any machine: nothing tracked may point outside the checkout or name
+# a path of one machine, and nothing the ignore rules exclude may be tracked (a `.venv` symlink
+# to another worktree's venv once went in this way, and `python3 -m venv .venv` then failed).
+ROOT = PACKAGE.parent
+
+
+def _git(*args: str) -> list[str]:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True)
+    return [line for line in out.stdout.split("\0" if "-z" in args else "\n") if line]
+
+
+def link_offences(entries: list[tuple[str, str]]) -> list[str]:
+    """(path, link target) pairs of tracked symlinks -> what is wrong with each."""
+    found = []
+    for path, target in entries:
+        if Path(target).is_absolute():
+            found.append(f"{path} -> {target}: an absolute path of one machine")
+            continue
+        resolved = (ROOT / path).parent.joinpath(target).resolve()
+        if ROOT.resolve() not in resolved.parents and resolved != ROOT.resolve():
+            found.append(f"{path} -> {target}: leaves the repository")
+        elif not resolved.exists():
+            found.append(f"{path} -> {target}: points at nothing")
+    return found
+
+
+def test_no_tracked_symlink_leaves_the_repository() -> None:
+    entries = []
+    for line in _git("ls-files", "-s", "-z"):
+        mode, _, _, path = line.split(None, 3)
+        if mode == "120000":
+            entries.append((path, os.readlink(ROOT / path)))
+    assert not link_offences(entries), "\n".join(link_offences(entries))
+
+
+def test_no_ignored_path_is_tracked() -> None:
+    tracked_but_ignored = _git("ls-files", "--cached", "--ignored", "--exclude-standard")
+    assert not tracked_but_ignored, f"tracked although .gitignore excludes them: {tracked_but_ignored}"
+
+
+def test_the_venv_is_ignored_in_every_form() -> None:
+    # A directory, a symlink (a file to git) and a venv of a nested checkout.
+    ignored = _git("check-ignore", "--no-index", ".venv", ".venv/bin/python", "sub/.venv")
+    assert set(ignored) == {".venv", ".venv/bin/python", "sub/.venv"}
+
+
+@pytest.mark.parametrize(
+    "entry, what",
+    [
+        ((".venv", "/work/wt/calib-55/.venv"), "an absolute path"),
+        (("cache", "../../elsewhere"), "leaves the repository"),
+        (("pipelines", "batchspec/data/nowhere"), "points at nothing"),
+    ],
+)
+def test_each_link_rule_catches_its_offence(entry: tuple[str, str], what: str) -> None:
+    assert what in " ".join(link_offences([entry]))
+
+
+def test_a_link_inside_the_repository_passes() -> None:
+    assert link_offences([("pipelines", "batchspec/data/pipelines")]) == []
