@@ -157,9 +157,9 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
 def check_engine(engine: str) -> None:
     """Stop before any work when the engine cannot run here (one line from the adapter)."""
     if engine == "trtllm":
-        from batchspec.engine.trtllm.adapter import require_trtllm
+        from batchspec.engine.trtllm.adapter import require_trtllm_installed
 
-        require_trtllm()
+        require_trtllm_installed()
 
 
 def check_prompt_format(config: RunConfig) -> None:

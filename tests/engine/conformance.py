@@ -79,7 +79,11 @@ class EngineConformance:
     def test_sampling_is_reproducible_with_a_seed(self, engine):
         # Same seed, same batch size: same tokens. (Across batch sizes float sums may differ in
         # the last bit, which can move a draw across a boundary, as in every engine without
-        # batch-invariant kernels.)
+        # batch-invariant kernels.) An engine that does not seed each request says so on every
+        # result with sampled rows instead (`seeded_sampling = False`, caveats["sampled"]).
         a = engine.generate(requests(temperature=0.8, top_p=0.95, seed=3), NO_SPEC, 4)
         b = engine.generate(requests(temperature=0.8, top_p=0.95, seed=3), NO_SPEC, 4)
+        if not getattr(engine, "seeded_sampling", True):
+            assert "seed" in a.caveats["sampled"] and "seed" in b.caveats["sampled"]
+            return
         assert [c.token_ids for c in a.completions] == [c.token_ids for c in b.completions]

@@ -3,22 +3,32 @@
 This module owns the library calls; the translation to and from TensorRT-LLM's API is pure and
 lives in translate.py, the iteration stats' parsing in iterstats.py, memory planning in memory.py
 (docs/engines/trtllm.md: the design and every source read). The rules it follows, each from
-TensorRT-LLM's source (file and offset in tests/engine/trtllm/fake_tensorrt_llm/SOURCES.md, where
-the stand-in that tests this module is written from the same reading):
+TensorRT-LLM's source (commit, file and symbol in tests/engine/trtllm/fake_tensorrt_llm/SOURCES.md,
+whose stand-in tests this module):
 
 - One live LLM per worker. Each LLM takes its weights plus `free_gpu_memory_fraction` of the
-  memory still free and holds it until `shutdown()`; a second one would run out of memory or get
-  almost no KV cache. Switching arms shuts the live LLM down, releases its memory, then plans and
-  builds the next with nothing else resident. Every build's seconds are recorded (calibration
-  counts them as cost; `arms_are_builds`).
+  memory still free and holds it until its executor's worker process exits, which is after
+  `shutdown()` returns. Switching arms shuts the live LLM down, waits (bounded) until the
+  worker's GPUs show the memory back, then plans and builds the next with nothing else resident.
+  Every build's seconds, that wait included, are recorded (calibration counts them as cost;
+  `arms_are_builds`).
+- Nothing of TensorRT-LLM on the driver: `require_trtllm_installed` finds the package without
+  importing it (the import loads CUDA bindings a head node may not have); workers import it.
 - Like for like: every arm is built with the run's non-speculative options (`run_options`, merged
   once from the run's option files by config/spec.py); an arm whose file disagrees is refused.
-- Iteration stats: the executor keeps at most `max_stats_len` and drops the oldest
-  (py_executor.py `_append_iter_stats`), so the adapter drains `get_stats()` after every finished
-  request and sizes `max_stats_len` for the gap between drains; the totals are then checked against
-  the per-request counts (`stats_gap`), and figures that could not be checked are labelled. Per-
-  request stats give each row's accepted drafts per step and each decode iteration a `Step`
-  (seconds, rows, context) for calibration's cost table.
+- Iteration stats: `get_stats(timeout)` waits until none has come for `timeout` seconds, then
+  returns [] until the next request is submitted; so the adapter never waits on them while rows
+  run (see `generate`), reads what has come just before a submission, and reads the rest once its
+  rows have finished; every iteration is accounted for by its `iter` number. The totals are
+  checked against the per-request counts (`stats_gap`), and figures that could not be checked are
+  labelled. Per-request stats give each row's accepted drafts per step and each decode iteration
+  a `Step` (seconds, rows, context) for calibration's cost table.
+- Rows are collected as they finish (a finished row's response waits in its result's queue), so
+  the executor always has rows queued while rows remain and its batch stays full.
+- Stop strings are matched as tokens and cut from token_ids, not from the counts; max_tokens is
+  capped at max_seq_len minus the prompt; a prompt longer than max_num_tokens, or with no room,
+  is a row error; the end token is counted by the executor; sampled rows on 1.2 are drawn from one
+  generator whatever their seed. Each is handled and labelled where it changes a figure.
 - Several GPUs: one LLM spans all of the worker's GPUs (tensor x pipeline parallel sizes, checked
   against worker.num_gpus before the run); memory is planned and reported per GPU.
 - Per request: accepted = len(token_ids) - decoding_iter, target steps = decoding_iter - 1
@@ -39,8 +49,11 @@ Nothing here has run against real TensorRT-LLM; `python jobs/gpu_check.py` on a 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from batchspec.engine.acceptance import Acceptance, PlainRow
@@ -57,12 +70,15 @@ from batchspec.engine.trtllm.guided import guided_kwargs, split_unguided, with_g
 from batchspec.engine.trtllm.memory import (
     DEFAULT_FREE_GPU_MEMORY_FRACTION,
     free_gpu_bytes,
+    gpu_memory,
+    memory_back,
     model_size,
     plan_draft_memory,
     release_gpu_memory,
 )
 from batchspec.engine.trtllm.iterstats import (
     IterationSpecStats,
+    RowCount,
     apportion_drafts,
     attach_request_steps,
     parse_entries,
@@ -75,6 +91,7 @@ from batchspec.engine.trtllm.iterstats import (
 from batchspec.engine.trtllm.ngram_pool import pool_acceptance
 from batchspec.engine.trtllm.translate import (
     DTYPES,
+    LLM_ARGS_REFUSED,
     METHOD_TO_DECODING_TYPE,
     NESTED_CLASSES,
     SPEC_PREFIX,
@@ -86,6 +103,7 @@ from batchspec.engine.trtllm.translate import (
     prompt_input,
     sampling_kwargs,
     spec_options,
+    stop_tokens_cut,
     world_size,
 )
 from batchspec.errors import ConfigError, EngineUnavailable, one_line
@@ -93,6 +111,19 @@ from batchspec.errors import ConfigError, EngineUnavailable, one_line
 # Under a controller, rows submitted beyond those finished, in batches: the executor admits a new
 # row as soon as one finishes, while the adapter collects rows in submission order.
 AHEAD = 2
+STATS_NOW = 0.0  # get_stats timeout of a read between submissions: what has arrived, no wait
+POLL_S = 0.002  # between looks at the rows in flight: well under one decode iteration
+SLEEP = time.sleep  # how an engine waits, unless it is given `sleep` (a simulator hands it its own)
+
+
+def response_ready(future: Any) -> bool:
+    """Whether a submitted row's final response has come, so that its result() returns at once:
+    the proxy's dispatch thread puts a request's responses in its result's `queue`, which result()
+    reads (executor/result.py GenerationResultBase.__init__ and GenerationResult._result_step;
+    executor/proxy.py dispatch_result_task); a non-streaming request gets one. A result without
+    that queue is waited on in submission order."""
+    queue = getattr(future, "queue", None)
+    return queue is None or not queue.empty()
 
 INSTALL_HINT = (
     "pip install tensorrt_llm==1.2.* --extra-index-url https://pypi.nvidia.com "
@@ -100,8 +131,32 @@ INSTALL_HINT = (
 )
 
 
-def require_trtllm():
-    """Import tensorrt_llm, or raise EngineUnavailable with one line saying how to get it."""
+def check_environment(environ=os.environ) -> None:
+    """Refuse what makes TensorRT-LLM run other than batchspec places it: TLLM_DISABLE_MPI=1 turns
+    every LLM over to TensorRT-LLM's Ray orchestrator (BaseLLM.__init__: `mpi_disabled()` sets
+    orchestrator_type "ray"), whose GPU actors would wait for GPUs the worker's bundle holds."""
+    if environ.get("TLLM_DISABLE_MPI") == "1":
+        raise ConfigError("TLLM_DISABLE_MPI=1: TensorRT-LLM would run each LLM under its own Ray orchestrator, whose GPU "
+                          "actors wait for GPUs batchspec's worker already holds; unset it (batchspec places LLMs itself)")
+
+
+def require_trtllm_installed() -> None:
+    """On the driver: stop before any work when tensorrt_llm is not installed, without importing it
+    (importing loads its CUDA bindings, which a head node without a GPU does not have; the workers
+    import it). One line saying how to get it."""
+    check_environment()
+    try:
+        found = importlib.util.find_spec("tensorrt_llm") is not None
+    except (ImportError, ValueError):  # a broken entry in sys.modules: let the workers say why
+        found = True
+    if not found:
+        raise EngineUnavailable(f"engine trtllm needs tensorrt_llm (TensorRT-LLM 1.2) on the GPU nodes: {INSTALL_HINT}; "
+                                "not installed here")
+
+
+def import_trtllm():
+    """In a worker: import tensorrt_llm, or raise EngineUnavailable with one line saying why."""
+    check_environment()
     try:
         return importlib.import_module("tensorrt_llm")
     except Exception as exc:  # ImportError, or CUDA/driver errors raised while it imports
@@ -118,12 +173,24 @@ def require_trtllm():
 
 @dataclass
 class BuildRecord:
-    """One LLM built for an arm: how long it took, and any memory fallback applied."""
+    """One LLM built for an arm: how long it took (the wait for the last LLM's memory included),
+    and any memory fallback applied."""
 
     label: str
     seconds: float
     ran_as: str  # the label actually built (differs after a memory fallback)
     reason: str | None = None
+    released_s: float = 0.0  # of seconds: waiting for the GPU memory of the LLM shut down before it
+
+
+@dataclass
+class StatsRead:
+    """What one generate call read of the iteration stats: entries in order, and how it read them."""
+
+    entries: list[dict] = field(default_factory=list)
+    reads: int = 0  # get_stats calls
+    wait_s: float = 0.0  # seconds the last read waited for the stats to go quiet
+    missing: int = 0  # iterations whose entries never came (gaps in `iter`)
 
 
 @dataclass
@@ -133,6 +200,7 @@ class _Built:
     key: tuple  # (arm asked for, batch size)
     options: dict | None = None  # the LLM options it was built with (the run's, a guided decoding backend added: guided.py)
     guided: bool = False  # built for rows with a response_format
+    last_iter: int | None = None  # the last iteration whose stats were read
 
 
 class TrtllmEngine:
@@ -143,28 +211,39 @@ class TrtllmEngine:
     arms_are_builds = True  # switching arms builds an LLM: calibration counts and caps builds
     in_flight_control = False  # an arm is a build: the controller chooses per chunk of rows
     counterfactual = False  # no teacher-forced logits: a model drafter's acceptance is measured by running it
-    end_token_in_output = False  # TensorRT-LLM's output ids and counts leave the end token out
+    end_token_in_output = False  # the adapter leaves the end token out of a row's output ids (its counts include it)
+    seeded_sampling = False  # 1.2's PyTorch sampler ignores a request's seed: sampled rows say so (caveats["sampled"])
     regime = None
 
     def __init__(self, model: str, llm_options: dict[str, Any] | None = None, *, dtype: str | None = None,
-                 clock: Callable[[], float] = time.perf_counter, stats_timeout_s: float = 2.0):
-        self._trtllm = require_trtllm()
-        self.model_name = model
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] | None = None,
+                 stats_timeout_s: float = 2.0, release_timeout_s: float = 120.0):
         self.run_options = dict(llm_options or {})
+        for key in self.run_options:
+            if key in LLM_ARGS_REFUSED:
+                raise ConfigError(f"llm_options: {key}: {LLM_ARGS_REFUSED[key]}")
+        self._trtllm = import_trtllm()
+        self.model_name = model
         if dtype is not None:
             if dtype not in DTYPES:
                 raise ConfigError(f"dtype: expected one of {', '.join(DTYPES)} for the trtllm engine, got {dtype!r}")
             self.run_options["dtype"] = DTYPES[dtype]
-        self.clock = clock
-        self.stats_timeout_s = stats_timeout_s
+        self.clock, self._sleep = clock, sleep
+        self.stats_timeout_s = stats_timeout_s  # the quiet after a call's last iteration that ends its final read
+        self.release_timeout_s = release_timeout_s  # the longest wait for a shut-down LLM's memory
         self.builds: list[BuildRecord] = []
         self.last_iteration_stats = IterationSpecStats()
+        self.last_stats_read = StatsRead()
+        self._baseline: list[tuple[int, int]] | None = None  # (free, total) per GPU before the first build
         self.peak_gpu_bytes: int | None = None  # most memory seen in use on one of the LLM's GPUs
         self._live: _Built | None = None
 
     @property
     def llm_options(self) -> dict[str, Any]:
         return self.run_options
+
+    def sleep(self, seconds: float) -> None:
+        (self._sleep or SLEEP)(seconds)
 
     def check(self, spec: SpecConfig) -> None:
         where = spec.source or "spec"
@@ -180,74 +259,163 @@ class TrtllmEngine:
         """Complete `requests` under `spec` (base.Engine.generate). With `control` (calibrate/chunked.py),
         rows are submitted at most AHEAD batches ahead of the rows finished, so the executor's batch
         stays full without every row queued at once, and `control` is called with the call's
-        `Progress` after every `batch_size` finished rows and at the end. Once it returns another
-        arm no row is submitted: an arm is a build, so the call returns when the rows submitted
-        finish, its completions those of the prefix of `requests` that ran."""
+        `Progress` after every `batch_size` finished rows and once at the end. Once it returns
+        another arm no row is submitted: an arm is a build, so the call returns when the rows
+        submitted finish, its completions those of the prefix of `requests` that ran.
+
+        Nothing here waits on the iteration stats while rows run: `LLM.get_stats(timeout)` reads
+        until no entry has come for `timeout` seconds and then returns [] until the next request is
+        submitted (executor/result.py IterationResult.get_results), so a read while rows run would
+        wait for all of them. The stats are read without waiting (timeout 0) just before a
+        submission, which lifts that latch, and once after the last row, waiting for the quiet:
+        the controller learns each row as it finishes and the decode steps read so far; every
+        iteration of the call is read by its end, or the gap is said (`caveats["iterations"]`)."""
         self.check(spec)
         self._check_sampling(spec, requests)
         built = self._llm_for(spec, batch_size, guided=any(r.response_format is not None for r in requests))
         llm, params = built.llm, self._trtllm.SamplingParams
         guided = importlib.import_module("tensorrt_llm.sampling_params").GuidedDecodingParams
         unguided = split_unguided(requests, built.spec, built.options)
+        stop_ids = {s: list(llm.tokenizer.encode(s, add_special_tokens=False)) for r in requests for s in r.params.stop}
+        end_id = getattr(llm.tokenizer, "eos_token_id", None)
         start = self.clock()
+
+        prompts: dict[int, int] = {}  # request index -> prompt tokens, as the executor counts them
 
         def submit(i: int, request: Request) -> Any:
             if i in unguided:
                 return Completion.failed(request.id, unguided[i])
             try:
                 sampling = params(**sampling_kwargs(request.params), **guided_kwargs(request, guided))
-                return llm.generate_async(prompt_input(llm, request), sampling)
-            except Exception as exc:  # a bad row (empty, too long) fails alone
+                prompt = prompt_input(llm, request)
+                prompts[i] = len(prompt) if isinstance(prompt, list) else len(llm.tokenizer.encode(prompt, add_special_tokens=True))
+                return llm.generate_async(prompt, sampling)
+            except Exception as exc:  # a bad row (empty, longer than max_num_tokens) fails alone
                 return Completion.failed(request.id, one_line(exc))
 
         futures: list[Any] = []
-        completions: list[Completion] = []
-        entries: list[dict] = []
-        stop, told = False, 0
-        read, steps, last, traces = 0, [], {}, {}  # the iteration stats read into decode steps and request traces
+        finished: dict[int, Completion] = {}  # by request index, as rows finish
+        cuts: dict[int, int] = {}  # per row: stop-word tokens TensorRT-LLM cut from its token_ids
+        order: list[int] = []  # request indices in the order they finished
+        read = StatsRead()
+        stop, unlatched = False, False
+        seen, steps, last, traces = 0, [], {}, {}  # the entries read so far, as decode steps and request traces
 
-        def read_stats() -> None:  # the entries drained since the last read, into steps and traces
-            nonlocal read
-            steps.extend(steps_from_iterations(entries[read:], built.spec, last))
-            request_traces(entries[read:], traces)
-            read = len(entries)
+        def read_stats(timeout: float) -> None:
+            nonlocal seen, unlatched
+            began = self.clock()
+            read.entries.extend(parse_entries(llm.get_stats(timeout=timeout)))
+            read.reads += 1
+            read.wait_s += self.clock() - began
+            unlatched = False
+            steps.extend(steps_from_iterations(read.entries[seen:], built.spec, last))
+            request_traces(read.entries[seen:], traces)
+            seen = len(read.entries)
 
-        def submitted() -> list[tuple[Completion, int]]:  # the finished rows the executor ran, with their max_tokens
-            return [(c, r.params.max_tokens) for r, c, f in zip(requests, completions, futures) if not isinstance(f, Completion)]
+        told: list[int] = []  # rows the controller has heard of, in that order
+
+        def tellable() -> list[int]:
+            """Finished rows not yet told whose per-step data is in (or will never be): the
+            controller hears of a row once, so it hears of it when its trace has come."""
+            if built.spec.method != "none":
+                self._attach_steps(futures, prompts, finished, cuts, traces)
+            heard = set(told)
+            return [i for i in order if i not in heard and (built.spec.method == "none" or finished[i].error is not None
+                                                            or not finished[i].target_steps or finished[i].accepted_steps)]
+
+        def progress(rows: list[int]) -> Progress:
+            told.extend(rows)
+            heard = set(told)
+            completions = [finished.get(i) if i in heard else None for i in range(len(requests))]
+            return Progress(spec, rows, completions, {}, len(requests) - len(futures), Timing(wall_s=self.clock() - start),
+                            list(steps))
 
         ahead = len(requests) if control is None else AHEAD * batch_size
-        while len(completions) < len(futures) or (len(futures) < len(requests) and not stop):
-            while len(futures) < len(requests) and not stop and len(futures) - len(completions) < ahead:
-                futures.append(submit(len(futures), requests[len(futures)]))
-            n = len(completions)
-            completions.append(self._collect(requests[n], futures[n], built.spec.draft_len))
-            entries.extend(parse_entries(llm.get_stats(timeout=self.stats_timeout_s)))  # drain: the queue drops the oldest
-            ended = len(completions) == len(futures) and (stop or len(futures) == len(requests))
-            if control is not None and (len(completions) - told >= batch_size or ended):
-                read_stats()
-                if built.spec.method != "none":  # the finished rows' accepted drafts per step, as far as traced
-                    ran = submitted()
-                    attach_request_steps(ran, dict(sorted(traces.items())[:len(ran)]))
-                progress = Progress(spec, list(range(told, len(completions))), completions + [None] * (len(requests) - len(completions)),
-                                    {}, len(requests) - len(completions), Timing(wall_s=self.clock() - start), list(steps))
-                told = len(completions)
-                new = control(progress)
-                stop = stop or (new is not None and new.label != spec.label)
+        while len(finished) < len(futures) or (len(futures) < len(requests) and not stop):
+            if len(futures) < len(requests) and not stop and len(futures) - len(finished) < ahead:
+                if control is not None and unlatched:
+                    read_stats(STATS_NOW)  # what has come so far; the submission below lifts the latch
+                while len(futures) < len(requests) and len(futures) - len(finished) < ahead:
+                    i = len(futures)
+                    futures.append(submit(i, requests[i]))
+                    if isinstance(futures[i], Completion):  # refused before it reached TensorRT-LLM
+                        finished[i], cuts[i] = futures[i], 0
+                        order.append(i)
+                    else:
+                        unlatched = True
+            ready = [i for i in range(len(futures)) if i not in finished and response_ready(futures[i])]
+            if not ready:
+                self.sleep(POLL_S)  # the executor runs on; a row that finishes is seen within POLL_S
+                continue
+            for i in ready:
+                finished[i], cuts[i] = self._collect(requests[i], futures[i], built.spec.draft_len, stop_ids, end_id, llm)
+                order.append(i)
+            more = len(futures) < len(requests) and not stop
+            if control is not None and len(order) - len(told) >= batch_size and (more or len(finished) < len(futures)):
+                rows = tellable()
+                if len(rows) >= batch_size:
+                    new = control(progress(rows))
+                    stop = stop or (new is not None and new.label != spec.label)
+        completions = [finished[i] for i in range(len(futures))]
+        row_cuts = [cuts[i] for i in range(len(futures))]
         wall = self.clock() - start
-        entries.extend(parse_entries(llm.get_stats(timeout=self.stats_timeout_s)))
-        read_stats()
+        if unlatched or not read.reads:  # a request since the last read: this read is not latched
+            read_stats(self.stats_timeout_s)
+        read.missing = self._account(built, read.entries)
         caveats: dict[str, str] = {}
-        gap = attach_request_steps(submitted(), dict(sorted(traces.items()))) if built.spec.method != "none" else None
-        if gap is not None:
-            caveats["accepted_steps"] = f"not reported: {gap}"
-        peak = peak_gpu_memory(entries)
+        if built.spec.method != "none":
+            self._attach_steps(futures, prompts, finished, cuts, traces)
+        if control is not None:
+            heard = set(told)
+            control(progress([i for i in order if i not in heard]))
+        missed = [c.id for c, f in zip(completions, futures)
+                  if built.spec.method != "none" and not isinstance(f, Completion) and c.error is None and c.target_steps and not c.accepted_steps]
+        if missed:
+            caveats["accepted_steps"] = f"not reported for {len(missed)} row(s) (first {missed[0]}): requestStats did not account for them"
+        if read.missing:
+            caveats["iterations"] = f"{read.missing} iteration(s) of this LLM never reported their stats"
+        self._row_caveats(requests, completions, row_cuts, caveats)
+        peak = peak_gpu_memory(read.entries)
         self.peak_gpu_bytes = max(filter(None, (self.peak_gpu_bytes, peak)), default=None)
-        stats = self.last_iteration_stats = stats_from_iterations(entries)
-        result = self._result(built.spec, completions, stats, wall, caveats)
+        stats = self.last_iteration_stats = stats_from_iterations(read.entries)
+        self.last_stats_read = read
+        result = self._result(built.spec, completions, stats, wall, caveats, row_cuts)
         result.steps = steps
         if result.steps and not any(s.context for s in result.steps):
             result.caveats["steps"] = "context not measured: TensorRT-LLM reported no per-request iteration stats"
         return result
+
+    @staticmethod
+    def _attach_steps(futures, prompts, finished, cuts, traces) -> None:
+        """Give the finished rows the executor ran their accepted drafts per step (iterstats.py)."""
+        ran = [RowCount(prompts[i], finished.get(i), cuts.get(i, 0)) for i, f in enumerate(futures) if not isinstance(f, Completion)]
+        attach_request_steps(ran, traces)
+
+    @staticmethod
+    def _account(built: _Built, entries: list[dict]) -> int:
+        """Iterations of this LLM since the last call whose stats never came: gaps in `iter`."""
+        iters = sorted(int(e["iter"]) for e in entries if e.get("iter") is not None)
+        if not iters:
+            return 0
+        first = built.last_iter + 1 if built.last_iter is not None else iters[0]
+        built.last_iter = iters[-1]
+        return (iters[-1] - first + 1) - len(set(iters))
+
+    @staticmethod
+    def _row_caveats(requests, completions, cuts, caveats: dict[str, str]) -> None:
+        """What rows cannot claim: a max_tokens TensorRT-LLM capped (base_worker.py _deduce_max_tokens:
+        at most max_seq_len minus the prompt, with a warning in its log); sampled rows' pairing
+        (1.2's TorchSampler draws every request from one generator and ignores `seed`)."""
+        capped = [(c.id, c.output_tokens + cut, r.params.max_tokens) for r, c, cut in zip(requests, completions, cuts)
+                  if c.error is None and c.finish_reason == "length" and c.output_tokens + cut < r.params.max_tokens]
+        if capped:
+            rid, got, asked = capped[0]
+            caveats["max_tokens"] = (f"{len(capped)} row(s) capped by TensorRT-LLM at max_seq_len minus the prompt "
+                                     f"(first {rid}: {got} of max_tokens {asked})")
+        if any(not r.params.greedy for r in requests[:len(completions)]):
+            caveats["sampled"] = (f"TensorRT-LLM {TRTLLM_RELEASE} draws every sampled row from one generator and ignores its "
+                                  "seed: sampled rows are neither reproducible nor paired across arms, and their "
+                                  "acceptance and speedup figures are estimates")
 
     def encode(self, request: Request) -> list[int]:
         """The prompt ids the live LLM was given (a text prompt through its tokenizer with special
@@ -292,10 +460,10 @@ class TrtllmEngine:
     # -- helpers ------------------------------------------------------------------------------
 
     def _result(self, spec: SpecConfig, completions: list[Completion], stats: IterationSpecStats, wall: float,
-                caveats: dict[str, str]) -> GenerateResult:
+                caveats: dict[str, str], cuts: Sequence[int] = ()) -> GenerateResult:
         draft_s = 0.0
         if spec.method != "none":
-            gap = stats_gap(stats, completions)
+            gap = stats_gap(stats, completions, cuts)
             if gap is None:
                 apportion_drafts(completions, stats.draft_tokens, spec.draft_len)
             else:
@@ -325,21 +493,32 @@ class TrtllmEngine:
         live = self._live
         if live is not None and live.key == key and (live.guided or not guided):
             return live
-        self._shutdown_live()  # one live LLM: its memory is back before the next plan and build
-        options = with_guided_backend(self.run_options) if guided else self.run_options
         start = self.clock()
+        released = self._shutdown_live(wait=True)  # one live LLM: its memory is back before the next plan and build
+        if self._baseline is None:
+            self._baseline = gpu_memory(self.gpus)
+        options = with_guided_backend(self.run_options) if guided else self.run_options
         effective, reason = self._fit_memory(spec, batch_size)
         llm = self._build(llm_kwargs(self.model_name, effective, options, batch_size))
-        self.builds.append(BuildRecord(spec.label, self.clock() - start, effective.label, reason))
+        self.builds.append(BuildRecord(spec.label, self.clock() - start, effective.label, reason, released))
         self._live = _Built(llm, effective, key, options, guided)
         return self._live
 
-    def _shutdown_live(self) -> None:
-        if self._live is not None:
-            live, self._live = self._live, None
-            live.llm.shutdown()
-            del live
-            release_gpu_memory()
+    def _shutdown_live(self, wait: bool = False) -> float:
+        """Shut the live LLM down; with `wait`, until its GPUs show its memory back (seconds waited).
+        `LLM.shutdown()` returns when the MPI pool's shutdown does, before the executor's worker
+        process that holds the memory has exited (proxy.py GenerationExecutorProxy.shutdown,
+        mpi_session.py MpiPoolSession.shutdown): a build started at once would size its KV cache
+        on a GPU still full, or run out of memory."""
+        if self._live is None:
+            return 0.0
+        live, self._live = self._live, None
+        live.llm.shutdown()
+        del live
+        release_gpu_memory()
+        if not wait or self._baseline is None:
+            return 0.0
+        return memory_back(self._baseline, clock=self.clock, sleep=self.sleep, limit_s=self.release_timeout_s)
 
     def _build(self, kwargs: dict[str, Any]) -> Any:
         llmapi = importlib.import_module("tensorrt_llm.llmapi")
@@ -380,13 +559,17 @@ class TrtllmEngine:
         return spec.with_draft_len(plan.draft_len), plan.reason
 
     @staticmethod
-    def _collect(request: Request, future: Any, draft_len: int) -> Completion:
+    def _collect(request: Request, future: Any, draft_len: int, stop_ids: dict[str, list[int]], end_id: int | None,
+                 llm: Any) -> tuple[Completion, int]:
+        """A row's Completion, and the tokens of a stop word TensorRT-LLM cut from its token_ids."""
         if isinstance(future, Completion):
-            return future
+            return future, 0
         try:
-            return completion_from_output(request, future.result(), draft_len)
-        except Exception as exc:
-            return Completion.failed(request.id, one_line(exc))
+            output = future.result()
+            cut = stop_tokens_cut(output, stop_ids, False, llm.tokenizer.decode)
+            return completion_from_output(request, output, draft_len, cut, end_id), cut
+        except Exception as exc:  # refused as the worker built it (RequestError), or failed running
+            return Completion.failed(request.id, one_line(exc)), 0
 
 
 def locate_model(name: str) -> str:

@@ -78,16 +78,16 @@ def stats_from_iterations(entries: Sequence[dict]) -> IterationSpecStats:
     return stats
 
 
-def stats_gap(stats: IterationSpecStats, completions: Sequence[Completion]) -> str | None:
+def stats_gap(stats: IterationSpecStats, completions: Sequence[Completion], cuts: Sequence[int] = ()) -> str | None:
     """Why the iteration stats do not account for every request of a call (None when they do):
     every request's context step and decode steps must appear in some iteration, and the accepted
-    tokens summed over iterations must equal those counted per request (len(token_ids) -
-    decoding_iter), up to one per request that stopped on its end token."""
+    tokens summed over iterations must equal those counted per request (tokens generated -
+    decoding_iter; `cuts`: stop-word tokens TensorRT-LLM cut from a row's token_ids, already in its
+    count), up to one per request that stopped: an end token accepted as a draft is counted by the
+    executor and, where token_ids leave it out, not by the row."""
     done = [c for c in completions if c.finish_reason != "error"]
     steps = sum(c.target_steps for c in done)
     accepted = sum(c.accepted_tokens for c in done)
-    # a row that ended on its end token may count one accepted token less per request: the end
-    # token is not in token_ids, so len(token_ids) - decoding_iter misses it when it was accepted
     stopped = sum(c.finish_reason == "stop" for c in done)
     if stats.iterations == 0 and done:
         return "get_stats() returned no iterations"
@@ -181,31 +181,49 @@ def steps_from_iterations(entries: Sequence[dict], spec: SpecConfig, last: dict[
     return steps
 
 
-def attach_request_steps(done: Sequence[tuple[Completion, int]], traces: dict[int, RequestTrace]) -> str | None:
-    """Give each completion (with its max_tokens, in submission order) its accepted drafts per step,
-    from the traces (ids ascending = submission order); None when every request checked out, else
-    why none was given.
+@dataclass
+class RowCount:
+    """A row the executor took: its prompt length, and once it finished its completion and the
+    stop-word tokens cut from its token_ids."""
 
-    A step commits accepted + 1 tokens. numGeneratedTokens leaves the end token out, as the output
-    ids do, so the last step of a row that ended on it (stop before max_tokens) committed one more
-    than its count says. A row is given its steps only where they account for all of it: as many
-    steps as decoding_iter - 1 (its target_steps), and every output token."""
-    if len(traces) != len(done):
-        return f"requestStats show {len(traces)} requests for {len(done)} submitted"
-    given = []
-    for (c, max_tokens), trace in zip(done, traces.values()):
-        if c.finish_reason == "error":
+    prompt: int
+    completion: Completion | None = None
+    cut: int = 0
+
+
+def attach_request_steps(rows: Sequence[RowCount], traces: dict[int, RequestTrace]) -> list[str]:
+    """Give each finished row (in submission order) its accepted drafts per step from its trace;
+    the ids of the rows given none. Traces are in executor id order, which is submission order
+    for the requests the executor took: a request the worker refused as it built it has no trace
+    and an error row is skipped, so each row takes the next trace of its prompt length.
+
+    A step commits accepted + 1 tokens, and numGeneratedTokens counts every token the sampler
+    added, the end token and cut stop words included (sampler.py TorchSampler: add_token, then
+    _handle_stop_criteria; py_executor.py _populate_req_stats). A row is given its steps only where
+    its trace accounts for all of it: decoding_iter - 1 steps (its target_steps), and its tokens,
+    the cut ones included, plus at most the end token."""
+    pending = list(traces.values())
+    at, missed = 0, []
+    for row in rows:
+        c = row.completion
+        if c is not None and c.finish_reason == "error":
             continue
-        ended_early = c.finish_reason == "stop" and c.output_tokens < max_tokens
-        counts = trace.counts
+        k = next((i for i in range(at, len(pending)) if pending[i].prompt == row.prompt), None)
+        if k is not None:
+            at = k + 1
+        if c is None or c.accepted_steps:  # still running (its trace taken), or given its steps before
+            continue
+        if k is None:
+            missed.append(c.id)
+            continue
+        counts = pending[k].counts
         steps = [b - a - 1 for a, b in zip(counts, counts[1:])]
-        if steps and ended_early:
-            steps[-1] += 1
-        if not counts or counts[-1] != c.output_tokens or len(steps) != c.target_steps or min(steps, default=0) < 0:
-            return f"request {c.id}: requestStats count {counts[-1] if counts else 0} tokens in {len(steps)} steps, the output {c.output_tokens} in {c.target_steps}"
-        given.append((c, steps))
-    for c, steps in given:
+        generated = c.output_tokens + row.cut
+        ends = (generated,) if c.finish_reason != "stop" else (generated, generated + 1)
+        if not counts or counts[-1] not in ends or len(steps) != c.target_steps or min(steps, default=0) < 0:
+            missed.append(c.id)
+            continue
         c.accepted_steps = steps
         c.accepted_at = [sum(a > j for a in steps) for j in range(max(steps, default=0))]
         c.accepted_tokens = sum(steps)
-    return None
+    return missed

@@ -82,6 +82,37 @@ def free_gpu_bytes() -> int:
     return int(torch.cuda.mem_get_info()[0])
 
 
+def gpu_memory(gpus: int) -> list[tuple[int, int]]:
+    """(free, total) bytes of each of this worker's first `gpus` GPUs now (torch.cuda.mem_get_info,
+    a query of the device: it sees memory other processes hold)."""
+    import torch
+
+    return [tuple(int(x) for x in torch.cuda.mem_get_info(i)) for i in range(gpus)]  # type: ignore[misc]
+
+
+def memory_back(baseline: list[tuple[int, int]], *, clock, sleep, limit_s: float, first_s: float = 0.05) -> float:
+    """Wait until each GPU shows as much free as `baseline` (less 2% of it, at least 512 MiB, for
+    what the process's own CUDA context and allocator move), polling with a growing interval; the
+    seconds it took by `clock`. Past `limit_s` seconds of waiting: EngineUnavailable, one line."""
+    from batchspec.errors import EngineUnavailable
+
+    began, waited, interval = clock(), 0.0, first_s
+    while True:
+        now = gpu_memory(len(baseline))
+        short = [(i, free, before) for i, ((free, _), (before, total)) in enumerate(zip(now, baseline))
+                 if free < before - max(512 * 2**20, total // 50)]
+        if not short:
+            return clock() - began
+        if waited >= limit_s:
+            i, free, before = short[0]
+            raise EngineUnavailable(
+                f"GPU memory of the last LLM not back after its shutdown(): waited {waited:.1f} s; GPU {i} shows "
+                f"{free / 2**30:.1f} GiB free, {before / 2**30:.1f} GiB before the first build (is another process holding it?)")
+        sleep(interval)
+        waited += interval
+        interval = min(2 * interval, 1.0)
+
+
 def release_gpu_memory() -> None:
     """After an LLM's shutdown(): drop Python references and return cached blocks to the driver, so
     the next build (and its memory plan) sees the GPU as empty as it is."""

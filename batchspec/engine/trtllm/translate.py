@@ -120,6 +120,8 @@ LLM_ARGS_REFUSED = {
     "decoding_config": "deprecated in TensorRT-LLM 1.2; speculation goes in speculative_config (an option file)",
     "batched_logits_processor": "a Python object, which a file cannot hold",
     "checkpoint_loader": "a Python object, which a file cannot hold; use checkpoint_format",
+    "skip_tokenizer_init": ("TensorRT-LLM sets each request's end_id from the LLM's tokenizer (BaseLLM._prepare_sampling_params "
+                            "raises without one), so every row would fail; leave it unset"),
 }
 # Top-level LLM arguments an option file or a pipeline's llm_options may set: every 1.2 argument
 # but those refused above. What batchspec reads is type-checked (config/spec.py); TensorRT-LLM
@@ -279,10 +281,10 @@ def decoding_config_spec(spec: SpecConfig) -> DecodingConfigSpec | None:
 
 
 def max_stats_len(batch_size: int, max_seq_len: int | None) -> int:
-    """How many iteration stats the executor keeps between two drains. The adapter drains after
-    every finished request, in submission order; between two such points the executor runs at most
-    about two request lifetimes (each at most max_seq_len iterations). TensorRT-LLM drops the
-    oldest beyond max_stats_len (default 1000; py_executor.py _append_iter_stats)."""
+    """How many iteration stats the executor keeps. TensorRT-LLM drops the oldest beyond
+    max_stats_len (py_executor.py _append_iter_stats), but its worker moves them to the proxy every
+    0.2 s (base_worker.py _iteration_result_task), so only that many iterations in 0.2 s could lose
+    any; kept generous (about two request lifetimes) as a margin, never below the default 1000."""
     return max(1000, 2 * (max_seq_len or DEFAULT_MAX_SEQ_LEN) + 2 * batch_size)
 
 
@@ -328,7 +330,7 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     }
     if not params.greedy:
         kwargs["top_p"] = params.top_p
-    if params.seed is not None:
+    if params.seed is not None:  # 1.2's PyTorch sampler ignores it (one generator for all requests): passed for later releases
         kwargs["seed"] = params.seed
     if params.stop:
         kwargs["stop"] = list(params.stop)
@@ -353,22 +355,31 @@ def prompt_input(llm: Any, request: Request) -> list[int] | str:
     return request.prompt
 
 
-def completion_from_output(request: Request, output: Any, draft_len: int = 0) -> Completion:
+def completion_from_output(request: Request, output: Any, draft_len: int = 0, stop_cut: int = 0,
+                           end_id: int | None = None) -> Completion:
     """Map one `RequestOutput` (attributes: prompt_token_ids, outputs[0].text / token_ids /
-    finish_reason, decoding_iter) to a Completion; see the module docstring for the counts."""
+    finish_reason, decoding_iter) to a Completion; see the module docstring for the counts.
+    `stop_cut`: tokens of a stop word TensorRT-LLM cut from token_ids (`stop_tokens_cut`): the
+    executor generated and counted them, so the row's steps and accepted drafts include them.
+    An end token (`end_id`) at the end of token_ids is left out of the row's output (batchspec's
+    outputs never hold it; whether 1.2 returns it is not settled by its source) and counted as generated."""
     out = output.outputs[0]
     token_ids = list(out.token_ids or [])
+    if end_id is not None and out.finish_reason == "stop" and token_ids and token_ids[-1] == end_id \
+            and getattr(out, "stop_reason", None) in (None, end_id):
+        token_ids.pop()
+        stop_cut += 1
     prompt_tokens = len(output.prompt_token_ids or [])
     if out.finish_reason not in FINISH_REASONS:  # 'timeout' or 'cancelled'
         return Completion.failed(request.id, f"TensorRT-LLM finished the request with '{out.finish_reason}'", prompt_tokens)
     n = len(token_ids)
     iterations = int(getattr(output, "decoding_iter", 0) or 0)
     if iterations <= 0:  # not reported: count plain decoding, claim no speculation
-        steps, proposed, accepted = max(n - 1, 0), 0, 0
+        steps, proposed, accepted = max(n + stop_cut - 1, 0), 0, 0
     else:
         steps = iterations - 1
         proposed = draft_len * steps
-        accepted = min(max(n - iterations, 0), proposed)
+        accepted = min(max(n + stop_cut - iterations, 0), proposed)
     return Completion(
         id=request.id,
         text=out.text,
@@ -380,3 +391,17 @@ def completion_from_output(request: Request, output: Any, draft_len: int = 0) ->
         accepted_tokens=accepted,
         target_steps=steps,
     )
+
+
+def stop_tokens_cut(output: Any, stop_ids: dict[str, list[int]], include_stop: bool, decode) -> int:
+    """How many tokens of a stop string TensorRT-LLM cut from a row's token_ids. Its sampler
+    matches each stop string as token ids (tokenized without special tokens) against the end of the
+    output, and the LLM API then cuts that suffix from token_ids (executor/result.py
+    GenerationResultBase._handle_sequence, FinishReason.STOP_WORDS); a stop string found only in
+    the decoded text cuts the text and leaves token_ids whole (DetokenizedGenerationResultBase).
+    Told apart by whether the stop string is still in the decoded token_ids."""
+    out = output.outputs[0]
+    reason = getattr(out, "stop_reason", None)
+    if include_stop or out.finish_reason != "stop" or not isinstance(reason, str) or reason not in stop_ids:
+        return 0
+    return 0 if reason in decode(list(out.token_ids or [])) else len(stop_ids[reason])

@@ -21,7 +21,15 @@ from batchspec.errors import BatchspecError
 
 
 def main(gpus: int, input: str, runs: list[str]) -> None:
-    env = {"PYTHONPATH": os.environ["PYTHONPATH"], "HF_HUB_OFFLINE": "1"}
+    # the driver may be a head node without a GPU (BATCHSPEC_STANDIN_NO_GPU=1: `import tensorrt_llm`
+    # fails here); its workers have GPUs and import it
+    try:
+        import tensorrt_llm  # noqa: F401
+
+        print(json.dumps({"driver_import": "ok"}), flush=True)
+    except Exception as exc:
+        print(json.dumps({"driver_import": f"{type(exc).__name__}: {exc}"}), flush=True)
+    env = {"PYTHONPATH": os.environ["PYTHONPATH"], "HF_HUB_OFFLINE": "1", "BATCHSPEC_STANDIN_NO_GPU": "0"}
     ray.init(address="local", num_cpus=2, num_gpus=gpus, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": env})
     for output, pipeline_file in zip(runs[::2], runs[1::2]):

@@ -28,7 +28,7 @@ import pytest
 
 from batchspec.config.spec import load_spec_file, run_llm_options
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams
-from batchspec.engine.trtllm.adapter import TrtllmEngine, require_trtllm
+from batchspec.engine.trtllm.adapter import TrtllmEngine, import_trtllm
 from batchspec.engine.trtllm.memory import ModelSize, model_size, plan_draft_memory
 from batchspec.engine.trtllm.iterstats import IterationSpecStats, parse_entries, stats_from_iterations
 from batchspec.engine.trtllm.translate import (
@@ -54,7 +54,7 @@ def spec_of(name: str):
 def test_engine_is_unavailable_here_with_one_line():
     if "tensorrt_llm" in sys.modules:
         pytest.skip("tensorrt_llm is importable here")
-    for attempt in (require_trtllm, lambda: TrtllmEngine("meta-llama/Llama-3.1-8B-Instruct")):
+    for attempt in (import_trtllm, lambda: TrtllmEngine("meta-llama/Llama-3.1-8B-Instruct")):
         with pytest.raises(EngineUnavailable) as info:
             attempt()
         message = str(info.value)

@@ -13,15 +13,136 @@ from tests.engine.trtllm.fake_tensorrt_llm import llm_args, llmapi
 EAGLE = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
 
 
-def test_memory_is_held_until_shutdown(trt):
-    # each LLM takes weights + free_gpu_memory_fraction of what is still free, until shutdown()
+def gone(llm) -> None:
+    """Shut an LLM down and query its GPUs until its worker process has given the memory back."""
+    llm.shutdown()
+    for gpu in fake.state().gpus:
+        for _ in range(fake.state().release_queries + 1):
+            gpu.mem_get_info()
+
+
+def test_memory_is_held_until_shutdown_and_back_only_some_queries_later(trt):
+    # each LLM takes weights + free_gpu_memory_fraction of what is still free, until shutdown();
+    # SOURCES.md "Shutdown": the worker process that holds it exits after shutdown() returns
     first = fake.LLM(TARGET)
     assert trt.gpu.free_bytes() < 0.1 * trt.gpu.total_bytes
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
         fake.LLM(TARGET)
     first.shutdown()
-    assert trt.gpu.free_bytes() == trt.gpu.total_bytes
+    seen = [fake.mem_get_info()[0] for _ in range(trt.release_queries + 1)]
+    assert seen[:-1] == [seen[0]] * trt.release_queries and seen[0] < 0.1 * trt.gpu.total_bytes
+    assert seen[-1] == trt.gpu.total_bytes
+    gone(fake.LLM(TARGET))
+
+
+def test_a_build_right_after_shutdown_sees_the_memory_still_held(trt):
     fake.LLM(TARGET).shutdown()
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):  # its KV-cache sizing is a query too
+        fake.LLM(TARGET)
+
+
+def test_get_stats_waits_for_silence_then_latches_until_the_next_submission(trt):
+    # SOURCES.md "Stats": IterationResult.get_results reads until no entry arrived for `timeout`
+    # seconds, then returns [] until generate_async marks it undone
+    llm = fake.LLM(TARGET, enable_iter_perf_stats=True, max_batch_size=2)
+    assert llm.get_stats(timeout=2) == []  # nothing before the first request
+    futures = [llm.generate_async(p, fake.SamplingParams(max_tokens=40)) for p in ("abc", "def", "ghi")]
+    began = trt.clock()
+    entries = llm.get_stats(timeout=2)
+    assert all(f.done for f in futures)  # it waited for every request submitted
+    assert len(entries) == len(trt.audit) and trt.clock() - began > 2
+    futures[0].result()
+    assert llm.get_stats(timeout=2) == []  # latched: no generate_async since
+    llm.generate_async("jkl", fake.SamplingParams(max_tokens=4)).result()
+    assert llm.get_stats(timeout=0) == []  # the last iterations are not relayed yet
+    assert llm.get_stats(timeout=2) == []  # latched by the call before
+    llm.generate_async("mno", fake.SamplingParams(max_tokens=4))
+    later = llm.get_stats(timeout=2)
+    assert entries + later == trt.audit  # every entry, in order, once
+
+
+def test_a_short_timeout_reads_only_what_has_arrived(trt):
+    llm = fake.LLM(TARGET, enable_iter_perf_stats=True, max_batch_size=1)
+    first = llm.generate_async("abc", fake.SamplingParams(max_tokens=60, ignore_eos=True))
+    llm.generate_async("def", fake.SamplingParams(max_tokens=60, ignore_eos=True))
+    first.result()
+    now = trt.clock()
+    early = llm.get_stats(timeout=0)
+    assert trt.clock() == now and 0 < len(early) < len(trt.audit)  # no wait; the last 0.2-0.4 s still on the way
+    assert early == trt.audit[:len(early)]
+
+
+def test_stop_strings_are_token_suffixes_cut_from_token_ids_not_from_the_stats(trt):
+    # SOURCES.md "Stop strings": stop words are tokenized and matched as token suffixes in the
+    # sampler; the LLM API cuts them from token_ids; numGeneratedTokens still counts them
+    llm = fake.LLM(TARGET, enable_iter_perf_stats=True, enable_iter_req_stats=True)
+    free = llm.generate_async("abc", fake.SamplingParams(max_tokens=40, ignore_eos=True)).result().outputs[0]
+    stop = llm.tokenizer.decode(free.token_ids[5:7])
+    out = llm.generate_async("abc", fake.SamplingParams(max_tokens=40, stop=stop, ignore_eos=True)).result().outputs[0]
+    cut = len(llm.tokenizer.encode(stop, add_special_tokens=False))
+    first = free.text.find(stop)
+    assert (out.finish_reason, out.stop_reason, out.text) == ("stop", stop, free.text[:first])
+    counted = [r for e in llm.get_stats(timeout=2) for r in e.get("requestStats", ())]
+    assert counted[-1]["numGeneratedTokens"] == len(out.token_ids) + cut
+
+
+def test_a_stop_string_seen_only_in_the_text_cuts_the_text_and_token_ids_run_on(trt):
+    llm = fake.LLM(TARGET)
+    free = llm.generate_async("abc", fake.SamplingParams(max_tokens=30, ignore_eos=True)).result().outputs[0]
+    stop = free.text[4:6]
+    params = fake.SamplingParams(max_tokens=30, stop=stop, ignore_eos=True)
+    params._setup(llm.tokenizer)
+    params._stop_word_ids = [[0, 0]]  # a tokenization the sampler never meets
+    out = llm.generate_async("abc", params).result().outputs[0]
+    assert out.token_ids == free.token_ids and out.text == free.text[:free.text.find(stop)]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+
+
+def test_length_rules_cap_max_tokens_and_refuse_long_prompts(trt):
+    # SOURCES.md "Lengths": max_tokens capped at max_seq_len - prompt (a warning); a prompt longer
+    # than max_num_tokens refused by generate_async; one with no room refused by its result()
+    llm = fake.LLM(TARGET, max_seq_len=64, max_num_tokens=48, enable_iter_perf_stats=True, enable_iter_req_stats=True)
+    capped = llm.generate_async([5] * 40, fake.SamplingParams(max_tokens=100, ignore_eos=True)).result().outputs[0]
+    assert (capped.finish_reason, len(capped.token_ids)) == ("length", 24)
+    with pytest.raises(ValueError, match="should not exceed max_num_tokens"):
+        llm.generate_async([5] * 49, fake.SamplingParams(max_tokens=4))
+    gone(llm)
+    chunked = fake.LLM(TARGET, max_seq_len=48, enable_chunked_prefill=True)
+    refused = chunked.generate_async([5] * 48, fake.SamplingParams(max_tokens=4))
+    with pytest.raises(fake.llm.RequestError, match="default_max_tokens"):
+        refused.result()
+
+
+def test_one_generator_for_every_request_and_no_seed(trt):
+    # SOURCES.md "Seeds": 1.2's TorchSampler draws every request from one generator seeded 42
+    def run(seeds):
+        llm = fake.LLM(TARGET)
+        outs = llm.generate(["Once upon"] * 3, [fake.SamplingParams(max_tokens=16, temperature=1.0, seed=s) for s in seeds])
+        gone(llm)
+        return [o.outputs[0].token_ids for o in outs]
+
+    a, b = run([1, 1, 1]), run([7, 8, 9])
+    assert a == b  # the seed changes nothing
+    assert a[0] != a[1]  # the same prompt and seed, a different draw
+
+
+def test_the_end_token_is_counted_in_num_generated_tokens(trt):
+    llm = fake.LLM(TARGET, enable_iter_perf_stats=True, enable_iter_req_stats=True)
+    outs = llm.generate([chr(97 + i) * 3 for i in range(8)], fake.SamplingParams(max_tokens=30))
+    ended = [o for o in outs if o.outputs[0].finish_reason == "stop"]
+    assert ended
+    last = {}
+    for e in llm.get_stats(timeout=2):
+        for r in e.get("requestStats", ()):
+            last[r["id"]] = r["numGeneratedTokens"]
+    counts = [last[k] for k in sorted(last)]
+    assert all(n == len(o.outputs[0].token_ids) + (o.outputs[0].finish_reason == "stop") for n, o in zip(counts, outs))
+
+
+def test_without_a_tokenizer_no_request_gets_its_end_id(trt):
+    llm = fake.LLM(TARGET, skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match="tokenizer is required to reset end_id"):
+        llm.generate_async([5, 6], fake.SamplingParams(max_tokens=4))
 
 
 def test_text_prompts_get_bos_and_token_ids_pass_as_given(trt):
@@ -34,13 +155,18 @@ def test_text_prompts_get_bos_and_token_ids_pass_as_given(trt):
     assert as_text.prompt_token_ids[:2] == [1, 1] and as_ids.prompt_token_ids == ids
 
 
-def test_iteration_stats_are_bounded_and_drained(trt):
-    # py_executor.py _append_iter_stats: pop the oldest beyond max_stats_len; get_stats drains
+def test_iteration_stats_are_bounded_between_the_workers_polls(trt):
+    # py_executor.py _append_iter_stats: pop the oldest beyond max_stats_len; the worker takes them
+    # every 0.2 s, so only more than max_stats_len + 1 iterations within one poll lose any
     llm = fake.LLM(TARGET, enable_iter_perf_stats=True, max_stats_len=10, max_batch_size=1)
-    llm.generate(["abc"] * 3, fake.SamplingParams(max_tokens=8))
+    llm.generate(["abc"] * 3, fake.SamplingParams(max_tokens=30))
     kept = llm.get_stats()
-    assert len(trt.audit) > len(kept) == 11 and kept[-1] == trt.audit[-1]
-    assert llm.get_stats() == []
+    assert len(trt.audit) > len(kept) and kept[-1] == trt.audit[-1]
+    gone(llm)
+    llm = fake.LLM(TARGET, enable_iter_perf_stats=True, max_batch_size=1)
+    before = len(trt.audit)
+    llm.generate(["abc"] * 3, fake.SamplingParams(max_tokens=30))
+    assert llm.get_stats() == trt.audit[before:]
 
 
 def test_one_model_eagle3_samples_greedily_unless_allowed(trt):
@@ -49,7 +175,7 @@ def test_one_model_eagle3_samples_greedily_unless_allowed(trt):
         llm = fake.LLM(TARGET, speculative_config=llmapi.Eagle3DecodingConfig(max_draft_len=3, speculative_model_dir=EAGLE, **spec))
         outs = llm.generate(["Once upon"] * 4, [fake.SamplingParams(max_tokens=24, temperature=0.9, seed=s) for s in range(4)])
         greedy = llm.generate(["Once upon"], fake.SamplingParams(max_tokens=24))[0].outputs[0].token_ids
-        llm.shutdown()
+        gone(llm)
         return [o.outputs[0].token_ids for o in outs], greedy
 
     forced, greedy = run()
@@ -63,8 +189,9 @@ def test_draft_latency_only_for_two_model_drafters(trt):
     def drafted_ms(spec):
         llm = fake.LLM(TARGET, enable_iter_perf_stats=True, speculative_config=spec)
         llm.generate(["abcabc"] * 2, fake.SamplingParams(max_tokens=16))
-        llm.shutdown()
-        return sum(e["specDecodingStats"]["iterLatencyMS"] for e in llm.get_stats())
+        ms = sum(e["specDecodingStats"]["iterLatencyMS"] for e in llm.get_stats())
+        gone(llm)
+        return ms
 
     assert drafted_ms(llmapi.Eagle3DecodingConfig(max_draft_len=3, speculative_model_dir=EAGLE)) == 0.0
     assert drafted_ms(llmapi.DraftTargetDecodingConfig(max_draft_len=3, speculative_model_dir="meta-llama/Llama-3.2-1B-Instruct")) > 0.0
@@ -200,7 +327,7 @@ def test_an_llm_spans_its_world_of_gpus(monkeypatch):
     llm = fake.LLM(TARGET, tensor_parallel_size=2, pipeline_parallel_size=2)
     held = [g.total_bytes - g.free_bytes() for g in st.gpus]
     assert len(set(held)) == 1 and held[0] > 0  # every GPU of the world holds its share
-    llm.shutdown()
+    gone(llm)
     assert all(g.free_bytes() == g.total_bytes for g in st.gpus)
     with pytest.raises(RuntimeError, match="= 8 GPUs, but this process sees 4"):
         fake.LLM(TARGET, tensor_parallel_size=8)

@@ -50,7 +50,9 @@ def test_one_live_llm_per_worker_and_every_arm_builds(trt):
         assert len(trt.live) == 1
     assert trt.max_live == 1
     engine.close()
-    assert not trt.live and trt.gpu.free_bytes() == trt.gpu.total_bytes
+    assert not trt.live
+    seen = [trt.gpu.mem_get_info()[0] for _ in range(trt.release_queries + 1)]  # back once its process exits
+    assert seen[0] < trt.gpu.total_bytes == seen[-1]
 
 
 # 1 (memory planning): DraftTarget's fit is planned with nothing else resident.

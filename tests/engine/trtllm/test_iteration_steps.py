@@ -11,7 +11,7 @@ from importlib.resources import files
 from batchspec.config.spec import load_spec_file, run_llm_options
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams
 from batchspec.engine.trtllm.adapter import TrtllmEngine
-from batchspec.engine.trtllm.iterstats import attach_request_steps, request_traces
+from batchspec.engine.trtllm.iterstats import RowCount, attach_request_steps, request_traces
 from batchspec.engine.acceptance import PlainRow
 from batchspec.engine.trtllm.ngram_pool import NGramPoolRules, trt_ngram_acceptance
 from tests.engine.trtllm.conftest import TARGET
@@ -94,9 +94,24 @@ def test_rows_get_their_accepted_drafts_per_step_and_the_replay_predicts_them(tr
 def test_counts_that_do_not_add_up_give_no_steps():
     from batchspec.engine.base import Completion
 
-    c = Completion("a", "x", token_ids=[1, 2, 3], output_tokens=3, finish_reason="length", target_steps=2)
-    entries = [{"requestStats": [{"id": 7, "stage": "GENERATION_IN_PROGRESS", "numGeneratedTokens": n, "scheduled": True}]}
-               for n in (1, 3)]  # an iteration dropped: one step seen of two
-    assert "in 1 steps, the output 3 in 2" in attach_request_steps([(c, 8)], request_traces(entries))
+    c = Completion("a", "x", token_ids=[1, 2, 3], prompt_tokens=5, output_tokens=3, finish_reason="length", target_steps=2)
+    d = Completion("b", "y", token_ids=[1, 2], prompt_tokens=5, output_tokens=2, finish_reason="length", target_steps=1)
+    entries = [{"requestStats": [{"id": 7, "stage": "GENERATION_IN_PROGRESS", "contextPrefillPosition": 5,
+                                  "numGeneratedTokens": n, "scheduled": True}]} for n in (1, 3)]  # an iteration dropped
+    assert attach_request_steps([RowCount(5, c)], request_traces(entries)) == ["a"]  # one step seen of two
     assert c.accepted_steps == []
-    assert "requestStats show 1 requests for 2" in attach_request_steps([(c, 8), (c, 8)], request_traces(entries))
+    assert attach_request_steps([RowCount(5, c), RowCount(5, d)], request_traces(entries)) == ["a", "b"]  # no trace for b
+
+
+def test_a_row_refused_as_it_was_built_costs_the_others_nothing():
+    # a request the worker refused (no executor id, no requestStats) between two that ran
+    from batchspec.engine.base import Completion
+
+    a = Completion("a", "x", token_ids=[1, 2, 3], prompt_tokens=5, output_tokens=3, finish_reason="length", target_steps=2)
+    refused = Completion.failed("r", "RequestError: no room", 0)
+    b = Completion("b", "y", token_ids=[1, 2], prompt_tokens=4, output_tokens=2, finish_reason="length", target_steps=1)
+    entries = [{"requestStats": [{"id": i, "stage": "GENERATION_IN_PROGRESS", "contextPrefillPosition": p, "numGeneratedTokens": n,
+                                  "scheduled": True} for i, p, n in rows]}
+               for rows in ([(1, 5, 1), (2, 4, 1)], [(1, 5, 2), (2, 4, 2)], [(1, 5, 3)])]
+    assert attach_request_steps([RowCount(5, a), RowCount(9, refused), RowCount(4, b)], request_traces(entries)) == []
+    assert (a.accepted_steps, b.accepted_steps) == ([0, 0], [0])

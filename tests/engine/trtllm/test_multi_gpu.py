@@ -3,7 +3,9 @@ runs one LLM across the worker's four GPUs. A pipeline run over the stand-in on 
 cluster of four fake GPUs (`ray.init(num_gpus=4)`), in a process of its own (multi_gpu_run.py):
 the actor holds all four GPUs (a one-bundle STRICT_PACK placement group), its LLM claims a quarter
 of the weights on each, every row comes out exactly once, and the stats say the GPUs and the
-memory in use on one of them. A worker of more GPUs than any node has is refused in one line."""
+memory in use on one of them. A worker of more GPUs than any node has is refused in one line.
+The driver is a head node that cannot import TensorRT-LLM (BATCHSPEC_STANDIN_NO_GPU=1 there, as
+on a CPU-only head): it checks only that the package is installed, and the workers import it."""
 
 from __future__ import annotations
 
@@ -42,15 +44,22 @@ def runs(tmp_path_factory) -> tuple[Path, list[dict]]:
     input = tmp / "in.parquet"
     pq.write_table(prompts_table(14), input)
     args = [str(tmp / "out8"), pipeline_file(tmp, 8, 8), str(tmp / "out"), pipeline_file(tmp, 4, 4)]
-    env = {**os.environ, "PYTHONPATH": f"{SHIM}{os.pathsep}{ROOT}", "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": ""}
+    env = {**os.environ, "PYTHONPATH": f"{SHIM}{os.pathsep}{ROOT}", "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": "",
+           "BATCHSPEC_STANDIN_NO_GPU": "1"}
     done = subprocess.run([sys.executable, "-m", "tests.engine.trtllm.multi_gpu_run", "4", str(input), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return tmp, [json.loads(line) for line in done.stdout.strip().splitlines() if line.startswith("{")]
 
 
+def test_a_driver_that_cannot_import_tensorrt_llm_runs_a_trtllm_job(runs):
+    _, (driver, _, summary) = runs
+    assert driver["driver_import"].startswith("RuntimeError: CUDA initialization failed")
+    assert summary["complete"] and summary["error_rows"] == 0
+
+
 def test_one_llm_across_a_workers_four_gpus(runs):
-    tmp, (_, summary) = runs
+    tmp, (_, _, summary) = runs
     assert summary == {"rows": 14, "error_rows": 0, "complete": True, "free_gpus": 4.0}  # the placement group given back
     outputs = pq.read_table(tmp / "out" / "outputs").to_pylist()
     assert sorted(r["id"] for r in outputs) == [f"row-{i:04d}" for i in range(14)]  # every row exactly once
@@ -63,6 +72,6 @@ def test_one_llm_across_a_workers_four_gpus(runs):
 
 
 def test_a_worker_larger_than_any_node_is_refused(runs):
-    _, (refused, _) = runs
+    _, (_, refused, _) = runs
     assert refused == {"error": "worker.num_gpus: 8 GPUs per worker, but the largest node of the Ray cluster has 4; "
                                 "a worker's LLM runs on one node"}

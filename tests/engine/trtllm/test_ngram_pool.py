@@ -14,6 +14,7 @@ from batchspec.engine.acceptance import PlainRow
 from batchspec.engine.trtllm.ngram_pool import NGramPoolRules, trt_ngram_acceptance
 from tests.engine.trtllm import fake_tensorrt_llm as fake
 from tests.engine.trtllm.conftest import TARGET
+from tests.engine.trtllm.test_fake_tensorrt_llm import gone
 from tests.engine.trtllm.fake_tensorrt_llm import _ngram, llmapi
 
 
@@ -96,7 +97,7 @@ def test_the_replay_predicts_the_stand_in_step_by_step(monkeypatch, public, batc
     params = fake.SamplingParams(max_tokens=40)
     llm = fake.LLM(TARGET, max_batch_size=batch)
     plain = llm.generate(ids, params)
-    llm.shutdown()
+    gone(llm)
     rows = [PlainRow(p, o.outputs[0].token_ids, max_tokens=40) for p, o in zip(ids, plain)]
     rules = NGramPoolRules(max_matching_ngram_size=3, is_public_pool=public)
     predicted = trt_ngram_acceptance(rows, [2, 5], rules, batch_size=batch)
@@ -106,14 +107,14 @@ def test_the_replay_predicts_the_stand_in_step_by_step(monkeypatch, public, batc
         outs = llm.generate(ids, params)
         assert [o.outputs[0].token_ids for o in outs] == [list(r.output_ids) for r in rows]  # greedy: lossless
         assert per_request_steps(llm.get_stats(), rows) == predicted[k].steps
-        llm.shutdown()
+        gone(llm)
     assert any(sum(s) for s in predicted[5].steps)  # drafts were accepted: the comparison says something
 
 
 def per_request_steps(entries: list[dict], rows: list[PlainRow]) -> list[list[int]]:
     """Accepted drafts per generation step of each request, from requestStats' numGeneratedTokens
-    (a step commits accepted + 1; the last step of a row that ended early also committed its end
-    token, which the count leaves out), requests in the order they were submitted."""
+    (a step commits accepted + 1; the count includes a row's end token: SOURCES.md "End tokens"),
+    requests in the order they were submitted."""
     seen: dict[int, list[int]] = {}
     for entry in entries:
         for r in entry["requestStats"]:
@@ -121,8 +122,5 @@ def per_request_steps(entries: list[dict], rows: list[PlainRow]) -> list[list[in
                 seen.setdefault(r["id"], []).append(r["numGeneratedTokens"])
     out = []
     for row, (_, counts) in zip(rows, sorted(seen.items())):
-        steps = [b - a - 1 for a, b in zip(counts, counts[1:])]
-        if steps and len(row.output_ids) < row.max_tokens:
-            steps[-1] += 1
-        out.append(steps)
+        out.append([b - a - 1 for a, b in zip(counts, counts[1:])])
     return out

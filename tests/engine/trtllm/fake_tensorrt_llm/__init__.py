@@ -3,10 +3,15 @@
 Written from TensorRT-LLM's source (see SOURCES.md for every file read and what was taken from
 it); not a copy of its code. It simulates the GPUs a process sees (one, or a Ray actor's several), a clock,
 and deterministic toy models, and behaves as the cited source does where an adapter can go wrong:
-memory held until shutdown(), BOS added to text prompts, iteration stats bounded by max_stats_len,
-one-model speculation greedy without allow_advanced_sampling, one-model draft latency not
-reported, NGram draft counts as really proposed, MTP draft length from num_nextn_predict_layers,
-config classes that refuse unknown keys.
+memory held until shutdown() and given back only some device queries after it returns,
+`get_stats(timeout)` that waits for silence and then latches until the next request, stats
+relayed late and bounded by max_stats_len between polls, tokenized stop strings cut from
+token_ids and not from the stats, max_tokens capped at max_seq_len and long prompts refused, one
+sampling generator for every request (seeds ignored), the end token counted in
+numGeneratedTokens, BOS added to text prompts, one-model speculation greedy without
+allow_advanced_sampling, one-model draft latency not reported, NGram draft counts as really
+proposed, MTP draft length from num_nextn_predict_layers, config classes that refuse unknown keys.
+Where `import tensorrt_llm` would fail without a GPU, shim/ does (BATCHSPEC_STANDIN_NO_GPU=1).
 
 `install(monkeypatch, ...)` puts it in sys.modules as `tensorrt_llm` (and patches
 torch.cuda.mem_get_info to the simulated GPU) for one test.
@@ -39,7 +44,8 @@ def state() -> _sim.State:
     return _sim.STATE
 
 
-def install(monkeypatch, gpu_bytes: int = 80 * GIB, build_seconds: float = 0.0, gpus: int = 1) -> _sim.State:
+def install(monkeypatch, gpu_bytes: int = 80 * GIB, build_seconds: float = 0.0, gpus: int = 1,
+            release_queries: int = 2) -> _sim.State:
     """Make `import tensorrt_llm` give this stand-in for the current test, on `gpus` fresh GPUs."""
     import torch
 
@@ -48,6 +54,6 @@ def install(monkeypatch, gpu_bytes: int = 80 * GIB, build_seconds: float = 0.0, 
     monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
     monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi.llm_args", llm_args)
     monkeypatch.setitem(sys.modules, "tensorrt_llm.sampling_params", sampling_params)
-    st = reset(gpu_bytes, build_seconds, gpus)
+    st = reset(gpu_bytes, build_seconds, gpus, release_queries)
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
     return st

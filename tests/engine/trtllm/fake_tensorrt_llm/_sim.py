@@ -18,6 +18,7 @@ import json
 import math
 import os
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,15 +33,35 @@ class OutOfMemoryError(RuntimeError):
 
 @dataclass
 class SimulatedGPU:
+    """One device. An LLM's memory is held by its executor's worker process, which exits some time
+    after `LLM.shutdown()` returns (SOURCES.md, "Shutdown"): `release_later` hands it back only
+    after `release_queries` more queries of the device (`mem_get_info`, what a caller polls and
+    what the next LLM's KV-cache sizing reads) have still seen it held."""
+
     total_bytes: int = 80 * GIB
     held: dict[int, tuple[str, int]] = field(default_factory=dict)  # owner id -> (what, bytes)
+    releasing: dict[int, int] = field(default_factory=dict)  # owner id -> queries that still see it held
+    queries: int = 0  # mem_get_info calls so far
 
     def free_bytes(self) -> int:
         return self.total_bytes - sum(b for _, b in self.held.values())
 
     def mem_get_info(self, device=None) -> tuple[int, int]:
-        """torch.cuda.mem_get_info(): (free, total)."""
+        """torch.cuda.mem_get_info(): (free, total), a query of the device: memory of an exiting
+        worker process shows free once enough queries have seen it held."""
+        self.queries += 1
+        for owner in list(self.releasing):
+            if self.releasing[owner] <= 0:
+                self.release(owner)
+            else:
+                self.releasing[owner] -= 1
         return self.free_bytes(), self.total_bytes
+
+    def release_later(self, owner: int, queries: int) -> None:
+        if queries <= 0:
+            self.release(owner)
+        elif owner in self.held:
+            self.releasing[owner] = queries
 
     def allocate(self, owner: int, what: str, nbytes: int) -> None:
         free = self.free_bytes()
@@ -54,16 +75,21 @@ class SimulatedGPU:
 
     def release(self, owner: int) -> None:
         self.held.pop(owner, None)
+        self.releasing.pop(owner, None)
 
 
 class SimClock:
-    """Seconds on the simulated device; engines under test read it instead of perf_counter."""
+    """Seconds on the simulated device; engines under test read it instead of perf_counter (and
+    sleep with `advance`). `realtime`: it also runs with the process's own clock, for processes
+    whose engine sleeps for real (Ray workers started by a pipeline run: shim/)."""
 
-    def __init__(self) -> None:
+    def __init__(self, realtime: bool = False) -> None:
         self.now = 1000.0
+        self.realtime = realtime
+        self._t0 = time.monotonic()
 
     def __call__(self) -> float:
-        return self.now
+        return self.now + (time.monotonic() - self._t0 if self.realtime else 0.0)
 
     def advance(self, seconds: float) -> None:
         self.now += max(0.0, seconds)
@@ -106,7 +132,11 @@ class State:
     max_live: int = 0  # most LLMs alive at once in this process
     built: list = field(default_factory=list)  # TorchLlmArgs of every LLM built (for tests to inspect)
     audit: list = field(default_factory=list)  # every iteration's stats, never dropped (the truth tests compare with)
-
+    # device queries after shutdown() that still see an LLM's memory held (its worker process exiting)
+    release_queries: int = 2
+    # whether RequestOutput's token_ids end with the end token of a row that stopped on it: open in
+    # the source read (SOURCES.md, "End tokens"); numGeneratedTokens counts it either way
+    end_token_in_output: bool = False
 
     @property
     def gpu(self) -> SimulatedGPU:
@@ -117,10 +147,11 @@ class State:
 STATE = State()
 
 
-def reset(gpu_bytes: int = 80 * GIB, build_seconds: float = 0.0, gpus: int = 1) -> State:
+def reset(gpu_bytes: int = 80 * GIB, build_seconds: float = 0.0, gpus: int = 1, release_queries: int = 2) -> State:
     """A fresh process: `gpus` empty GPUs of `gpu_bytes` each, a new clock, the default models."""
     global STATE
-    STATE = State(gpus=[SimulatedGPU(gpu_bytes) for _ in range(gpus)], build_seconds=build_seconds)
+    STATE = State(gpus=[SimulatedGPU(gpu_bytes) for _ in range(gpus)], build_seconds=build_seconds,
+                  release_queries=release_queries)
     return STATE
 
 

@@ -1,5 +1,7 @@
-"""SamplingParams: a dataclass, as tensorrt_llm/sampling_params.py (SP in SOURCES.md), with the
-fields batchspec could pass. Unknown keywords are a TypeError, as with the real dataclass."""
+"""SamplingParams: a dataclass, as tensorrt_llm/sampling_params.py (SOURCES.md, "Sampling params"),
+with the fields batchspec could pass. Unknown keywords are a TypeError, as with the real dataclass.
+`_setup` tokenizes stop strings without special tokens, as the LLM does before submitting ("Stop
+strings"); `seed` is accepted and, on 1.2's PyTorch sampler, has no effect ("Seeds")."""
 
 from __future__ import annotations
 
@@ -44,6 +46,33 @@ class SamplingParams:
     return_perf_metrics: bool = False
     logprobs: Optional[int] = None
     guided_decoding: Optional[GuidedDecodingParams] = None
+
+    def __post_init__(self) -> None:
+        self._stop_word_ids: Optional[List[List[int]]] = None
+        if self.pad_id is None:
+            self.pad_id = self.end_id
+
+    def _setup(self, tokenizer) -> "SamplingParams":
+        """SamplingParams._setup: end_id from the tokenizer; each stop string as token ids,
+        `tokenizer.encode(s, add_special_tokens=False)`."""
+        if self.end_id is None:
+            self.end_id = tokenizer.eos_token_id
+            self.pad_id = self.pad_id if self.pad_id is not None else self.end_id
+        if self.stop is not None:
+            self._stop_word_ids = [tokenizer.encode(s, add_special_tokens=False) for s in self.stops]
+        return self
+
+    def _get_stop_words(self) -> List[List[int]]:
+        words = [[i] for i in self.stop_token_ids or []]
+        if self.stop is None:
+            return words
+        if self._stop_word_ids is None:
+            raise RuntimeError(f"SamplingParams.stop ({self.stop}) is not processed by tokenizer, please call the setup method.")
+        return words + self._stop_word_ids
+
+    def _get_stop_reasons_and_words(self) -> list:
+        reasons = list(self.stop_token_ids or []) + self.stops
+        return list(zip(reasons, self._get_stop_words()))
 
     @property
     def greedy(self) -> bool:
