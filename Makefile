@@ -102,8 +102,13 @@ bench-scale: setup
 bench-report:
 	$(PYTHON) bench/common/results.py
 
-gpu-check: setup
-	$(PY) jobs/gpu_check.py
+# On a TensorRT-LLM 1.2 node (NVIDIA's release container): at most 10 minutes on one GPU; writes
+# gpu_check.json (docs/engines/trtllm.md says how to read it). It runs in the container's Python
+# (its torch and TensorRT-LLM), not in the CPU venv `make setup` builds: GPU_PYTHON names it.
+# GPU_CHECK_ARGS: e.g. --model /models/Llama-3.1-8B-Instruct.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) jobs/gpu_check.py --budget-s 600 --out gpu_check.json $(GPU_CHECK_ARGS)
 
 # A local Ray head for `batchspec submit jobs/local.yaml --wait`. A job's entrypoint is
 # `python -m batchspec run ...`, and that `python` is the first one on the head's PATH: the venv

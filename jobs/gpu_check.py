@@ -1,38 +1,43 @@
-"""GPU smoke check for the TensorRT-LLM engine (and, with --engine torch, the torch engine).
+"""GPU check for the TensorRT-LLM engine (and, with --engine torch, the torch engine): the one
+command for the first GPU node. It writes one JSON (--out, default gpu_check.json) a person with
+a GPU sends back; docs/engines/trtllm.md says how to read it.
 
-For each TensorRT-LLM option file (default: trt_configs/*.yaml) this first loads it the way
-`trtllm-serve --config` does (TensorRT-LLM's own update_llm_args_with_extra_dict and
-TorchLlmArgs), then builds the LLM through batchspec's adapter (batchspec/engine/trtllm/),
-generates a few prompts greedily with and without that file's speculation, checks that the
-outputs are equal, and prints acceptance (from llm.get_stats()), tokens/s, the decode steps and
-per-row accepted drafts the adapter read from the iteration stats, and the memory in use per GPU.
-Then it runs one calibrated shard as a run does (n-gram k=2 and k=4, each a build, the rows
-streamed to the controller) and checks every row's greedy output against the plain run's.
-On a node of several GPUs (or --gpus N) it then runs a short batchspec pipeline on a local Ray
-cluster whose one worker holds N GPUs and runs one LLM across them (tensor_parallel_size N), and
-checks that every row came out. It is the only place batchspec meets real TensorRT-LLM.
+On a TensorRT-LLM 1.2 node with one GPU it records, within --budget-s (600 s: no phase starts after
+80% of it):
+
+1. `import tensorrt_llm`: version and seconds; the device;
+2. each shipped TensorRT-LLM option file (trt_configs/*.yaml; those only the torch engine runs, as
+   suffix.yaml, are listed as skipped): loaded as `trtllm-serve --config` loads it, then built
+   through batchspec's adapter at batch 1, 8 and 32, one LLM at a time: each build's seconds and
+   the seconds its wait for the last LLM's GPU memory took (the memory is back before it starts);
+3. per arm and batch size: tokens/s, acceptance, whether greedy outputs equal the plain run's
+   (required at batch 1; counted at larger batches, where in-flight batching may change greedy
+   outputs slightly), and how the iteration stats were read (reads, seconds waited, entries,
+   iterations missing, share of iterations that ran a full batch while rows remained);
+4. a calibrated 512-row job (every arm a candidate, batch 32, the controller choosing) against the
+   same rows under the best static arm of step 3 at batch 32.
+
+On a node of several GPUs (or --gpus N) it then runs a short pipeline on a local Ray cluster whose
+one worker holds N GPUs and runs one LLM across them. Exit status: 0 every check passed; 1 one
+failed (the JSON's "failures" says which); 2 tensorrt_llm is missing (one line on stderr, and the
+JSON says so).
 
     make gpu-check
-    python jobs/gpu_check.py --model meta-llama/Llama-3.1-8B-Instruct [--config trt_configs/ngram.yaml ...]
+    python jobs/gpu_check.py --model meta-llama/Llama-3.1-8B-Instruct --out /tmp/check.json
     python jobs/gpu_check.py --engine torch [--shape 1b --shape 8b]   # see jobs/gpu_torch_check.py
 
-Every config's LLM is built with the same non-speculative options (--base plus the configs' own,
-merged as a run merges them), one at a time: each is shut down before the next is built.
-
 The shipped configs pair with Llama-3.1-8B-Instruct (eagle3.yaml's head and draft_target.yaml's
-Llama-3.2-1B draft are made for it). Batch size 1 by default: TensorRT-LLM's own tests note that
-in-flight batching at larger batch sizes may change greedy outputs slightly.
-
-Exit status: 0 all equal; 1 a config failed to load or run, its output differed, or the
-multi-GPU worker failed; 2 tensorrt_llm is missing (one line on stderr).
+Llama-3.2-1B draft are made for it). Nothing in batchspec has run on real TensorRT-LLM before this.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,13 +45,17 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "jobs"))
 
 from batchspec.engine.base import NO_SPEC, GenerateResult, Request, SamplingParams  # noqa: E402
-from batchspec.errors import BatchspecError, EngineUnavailable  # noqa: E402
+from batchspec.errors import BatchspecError, EngineUnavailable, one_line  # noqa: E402
 
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
     "Repeat this list exactly, one item per line: apples, pears, plums, cherries, figs.",
     'Extract the fields as JSON: "Order 1182 from Ada Lovelace, 3 items, total 42.50 EUR".',
     "Explain in three sentences why the sky is blue.",
+    "Translate to French: The meeting is moved to Thursday at ten.",
+    "List the first ten prime numbers, comma separated.",
+    "Write a SQL query that counts orders per customer in a table orders(id, customer_id).",
+    "Summarize the plot of Hamlet in two sentences.",
 )
 
 
@@ -56,11 +65,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", action="append", help="option file(s); default trt_configs/*.yaml")
     parser.add_argument("--base", default=str(ROOT / "trt_configs" / "none.yaml"), help="LLM options for the plain run")
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--batch-sizes", default="1,8,32", help="comma separated; the first is where greedy must be equal")
+    parser.add_argument("--rows", type=int, default=32, help="rows per arm and batch size")
+    parser.add_argument("--calibrated-rows", type=int, default=512)
     parser.add_argument("--dtype", default="bfloat16", choices=("auto", "bfloat16", "float16", "float32"))
+    parser.add_argument("--budget-s", type=float, default=600.0, help="no phase starts after 80%% of it")
+    parser.add_argument("--out", default="gpu_check.json")
     parser.add_argument("--gpus", type=int, default=None,
                         help="GPUs of the multi-GPU worker check (default: every GPU of the node; 1 skips it)")
     return parser.parse_args(argv)
+
+
+def rows(n: int, max_tokens: int, prefix: str = "r") -> list[Request]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    return [Request(f"{prefix}{i}", prompt=PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" (variant {i // len(PROMPTS)})"),
+                    params=params) for i in range(n)]
+
+
+def tokens_per_s(result: GenerateResult) -> float | None:
+    return round(result.output_tokens / result.timing.wall_s, 2) if result.timing.wall_s > 0 else None
+
+
+def full_batch_share(entries: list[dict], total: int, batch: int) -> float | None:
+    """Of the iterations that ran while at least a batch of rows was unfinished, the share that
+    scheduled a full batch (iteration stats: inflightBatchingStats.numScheduledRequests)."""
+    finished, full, counted = 0, 0, 0
+    for e in entries:
+        if total - finished >= batch:
+            counted += 1
+            full += int((e.get("inflightBatchingStats") or {}).get("numScheduledRequests") or 0) >= batch
+        finished += int(e.get("numCompletedRequests") or 0)
+    return round(full / counted, 3) if counted else None
 
 
 def check_loads(path: str, model: str) -> bool:
@@ -88,86 +123,70 @@ def check_loads(path: str, model: str) -> bool:
     return True
 
 
-def report_stats(result: GenerateResult, engine) -> None:
-    """What calibration reads from the iteration stats: decode steps, per-row steps, memory."""
-    steps = result.steps
-    mean_ms = 1000 * sum(s.seconds for s in steps) / len(steps) if steps else 0.0
-    rows = sum(bool(c.accepted_steps) for c in result.completions)
-    gib = (engine.gpu_memory_per_gpu() or 0) / 2**30
-    print(f"  steps: {len(steps)} decode iterations, {mean_ms:.1f} ms each; accepted_steps for {rows} of "
-          f"{len(result.completions)} rows; memory in use per GPU {gib:.1f} GiB")
-    for field, why in result.caveats.items():
-        print(f"  {field}: {why}")
+def run_arm(engine, spec, batch: int, requests: list[Request], plain: GenerateResult | None, strict: bool) -> tuple[dict, GenerateResult]:
+    """One arm at one batch size: its figures, how the stats were read, and its greedy outputs
+    against the plain run's (`strict`: every row must be equal)."""
+    result = engine.generate(requests, spec, batch)
+    stats, read = engine.last_iteration_stats, engine.last_stats_read
+    errors = {c.id: c.error for c in result.completions if c.error}
+    differ = [] if plain is None else [c.id for c, ref in zip(result.completions, plain.completions) if c.token_ids != ref.token_ids]
+    record = {
+        "arm": spec.label, "batch_size": batch, "rows": len(result.completions), "errors": errors,
+        "tokens_per_s": tokens_per_s(result),
+        "acceptance_rate": stats.acceptance_rate, "mean_accepted_len": stats.mean_accepted_len,
+        "greedy_equal": None if plain is None else not differ, "greedy_differing": differ, "greedy_required": strict,
+        "stats": {"reads": read.reads, "wait_s": round(read.wait_s, 3), "entries": len(read.entries), "missing_iterations": read.missing,
+                  "full_batch_share": full_batch_share(read.entries, len(requests), batch),
+                  "decode_steps": len(result.steps), "rows_with_steps": sum(bool(c.accepted_steps) for c in result.completions)},
+        "caveats": dict(result.caveats),
+    }
+    return record, result
 
 
-def run_arm(engine, spec, batch_size: int, max_tokens: int) -> GenerateResult:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    requests = [Request(f"p{i}", prompt=p, params=params) for i, p in enumerate(PROMPTS)]
-    return engine.generate(requests, spec, batch_size)
-
-
-def tokens_per_s(result: GenerateResult) -> float:
-    return result.output_tokens / result.timing.wall_s if result.timing.wall_s > 0 else 0.0
-
-
-def check_config(engine, path: str, plain: GenerateResult, args: argparse.Namespace) -> bool:
-    from batchspec.config.spec import load_spec_file
-
-    spec = load_spec_file(path).spec
-    if spec.method == "none":
-        print(f"{path}: no speculation (baseline {tokens_per_s(plain):.1f} tok/s)")
-        return True
-    result = run_arm(engine, spec, args.batch_size, args.max_tokens)
-    errors = [c for c in result.completions if c.error]
-    differ = [c.id for c, ref in zip(result.completions, plain.completions) if c.token_ids != ref.token_ids]
-    stats = engine.last_iteration_stats
-    build = engine.build_seconds(spec)
-    rate = f"{stats.acceptance_rate:.2f}" if stats.acceptance_rate is not None else "n/a"
-    mean = f"{stats.mean_accepted_len:.2f}" if stats.mean_accepted_len is not None else "n/a"
-    speed, base = tokens_per_s(result), tokens_per_s(plain)
-    verdict = "OK" if not errors and not differ else "FAIL"
-    print(f"{path}: {spec.label} {verdict} acceptance={rate} mean_accepted_len={mean} "
-          f"tok/s={speed:.1f} (none {base:.1f}, x{speed / base if base else 0:.2f}) build={build:.0f}s")
-    for c in errors:
-        print(f"  {c.id}: error: {c.error}")
-    for rid in differ:
-        print(f"  {rid}: greedy output differs from the plain run")
-    for record in engine.builds:
-        if record.label == spec.label and record.reason:
-            print(f"  memory: {record.reason}")
-    report_stats(result, engine)
-    return verdict == "OK"
-
-
-def check_calibrated(engine, plain: GenerateResult, args: argparse.Namespace, repeat: int = 4) -> bool:
-    """A calibrated shard as a run streams it (`shard.run_shard` over n-gram k=2 and k=4 from
-    trt_configs/ngram.yaml, each a build; the rows submitted two batches ahead, the controller
-    called after every batch that finishes): every row comes back once, in order, with the plain
-    run's greedy output, and the controller's events and the builds are printed."""
+def check_calibrated(engine, arms, best, args: argparse.Namespace, batch: int) -> dict:
+    """A calibrated job of --calibrated-rows rows (every arm a candidate, the controller choosing)
+    against the same rows under the best static arm; greedy outputs must equal the static run's."""
     from batchspec.calibrate import CalibrationSettings, WorkerState
-    from batchspec.config.spec import load_spec_file
     from batchspec.shard import ShardInput, run_shard
 
-    ngram = load_spec_file(str(ROOT / "trt_configs" / "ngram.yaml")).spec
-    arms = [ngram.with_draft_len(2), ngram.with_draft_len(4)]
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    requests = [Request(f"c{j}-{i}", prompt=p, params=params) for j in range(repeat) for i, p in enumerate(PROMPTS)]
-    builds = len(engine.builds)
-    ran = run_shard(engine, ShardInput("gpu-check", "check", requests), arms, True, args.batch_size, CalibrationSettings(),
+    requests = rows(args.calibrated_rows, args.max_tokens, "c")
+    began = time.perf_counter()
+    static = engine.generate(requests, best, batch)
+    static_s = time.perf_counter() - began
+    began = time.perf_counter()
+    ran = run_shard(engine, ShardInput("gpu-check", "check", requests), arms, True, batch, CalibrationSettings(),
                     worker=WorkerState(), horizon_rows=len(requests))
-    errors = [c for c in ran.completions if c.error]
-    differ = [c.id for r, c in zip(requests, ran.completions) if c.token_ids != plain.completions[int(r.id.split("-")[1])].token_ids]
-    in_order = [c.id for c in ran.completions] == [r.id for r in requests]
-    ok = in_order and not errors and not differ
-    print(f"calibrated shard (n-gram k=2, k=4): {'OK' if ok else 'FAIL'} {len(ran.completions)} rows of {len(requests)}, "
-          f"{len(engine.builds) - builds} build(s), chose {ran.decision.chosen.label}, {ran.stats.tokens_per_s or 0.0:.1f} tok/s")
-    for e in ran.stats.events:
-        print(f"  row {e.row}: {e.kind} {e.arm}" + (f" ({e.reason})" if e.reason else ""))
-    for c in errors[:3]:
-        print(f"  {c.id}: error: {c.error}")
-    for rid in differ[:3]:
-        print(f"  {rid}: greedy output differs from the plain run")
-    return ok
+    calibrated_s = time.perf_counter() - began
+    differ = [c.id for c, ref in zip(ran.completions, static.completions) if c.token_ids != ref.token_ids]
+    tokens = sum(c.output_tokens for c in ran.completions)
+    return {
+        "rows": len(requests), "batch_size": batch, "static_arm": best.label,
+        "static_tokens_per_s": round(static.output_tokens / static_s, 2), "static_s": round(static_s, 2),
+        "calibrated_tokens_per_s": round(tokens / calibrated_s, 2), "calibrated_s": round(calibrated_s, 2),
+        "vs_static": round((tokens / calibrated_s) / (static.output_tokens / static_s), 3) if static.output_tokens else None,
+        "chosen": ran.decision.chosen.label, "builds": ran.stats.builds,
+        "events": [{"row": e.row, "kind": e.kind, "arm": e.arm, "reason": e.reason} for e in ran.stats.events],
+        "errors": sum(bool(c.error) for c in ran.completions), "in_order": [c.id for c in ran.completions] == [r.id for r in requests],
+        "greedy_differing_from_static": len(differ),
+    }
+
+
+def trtllm_configs(paths: list[str]) -> tuple[list, list[dict]]:
+    """The option files' arms TensorRT-LLM runs, and a record per file (torch-only ones skipped)."""
+    from batchspec.config.candidates import check_engine_supports
+    from batchspec.config.spec import load_spec_file
+
+    arms, records = [], []
+    for path in paths:
+        spec = load_spec_file(path).spec
+        try:
+            check_engine_supports(spec, "trtllm")
+        except BatchspecError as exc:
+            records.append({"file": path, "arm": spec.label, "skipped": one_line(exc)})
+            continue
+        arms.append(spec)
+        records.append({"file": path, "arm": spec.label})
+    return arms, records
 
 
 def check_multi_gpu(args: argparse.Namespace, gpus: int) -> bool:
@@ -225,45 +244,111 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         argv = rest
     args = parse_args(argv)
-    configs = args.config or sorted(glob.glob(str(ROOT / "trt_configs" / "*.yaml")))
+    started = time.perf_counter()
+    report: dict = {"check": "batchspec gpu-check (TensorRT-LLM)", "model": args.model, "max_tokens": args.max_tokens,
+                    "rows_per_call": args.rows, "failures": []}
+
+    def write() -> None:
+        report["elapsed_s"] = round(time.perf_counter() - started, 1)
+        report["ok"] = not report["failures"]
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str) + "\n")
+
+    def within_budget(phase: str) -> bool:
+        if time.perf_counter() - started < 0.8 * args.budget_s:
+            return True
+        report.setdefault("skipped_for_time", []).append(phase)
+        return False
+
+    began = time.perf_counter()
     try:
-        from batchspec.config.spec import load_spec_file
-        from batchspec.engine.trtllm.adapter import TrtllmEngine
+        from batchspec.config.spec import load_spec_file, run_llm_options
+        from batchspec.engine.trtllm.adapter import TrtllmEngine, import_trtllm
 
-        from batchspec.config.spec import run_llm_options
-
-        arms = [load_spec_file(path).spec for path in configs]
+        trtllm = import_trtllm()
+        report["tensorrt_llm"] = {"version": getattr(trtllm, "__version__", None), "import_s": round(time.perf_counter() - began, 2)}
+        report["device"] = _device()
+        paths = args.config or sorted(glob.glob(str(ROOT / "trt_configs" / "*.yaml")))
+        arms, report["configs"] = trtllm_configs(paths)
         engine = TrtllmEngine(args.model, run_llm_options(load_spec_file(args.base).llm_options, arms, where=args.base),
                               dtype=args.dtype)
     except EngineUnavailable as exc:
+        report["tensorrt_llm"] = {"error": str(exc)}
+        report["failures"].append("tensorrt_llm: not importable")
+        write()
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
     except BatchspecError as exc:
+        report["failures"].append(f"setup: {exc}")
+        write()
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 1
-    ok = True
+    for record in report["configs"]:
+        if "skipped" not in record:
+            record["loads"] = check_loads(record["file"], args.model)
+            if not record["loads"]:
+                report["failures"].append(f"{record['file']}: trtllm-serve --config refuses it")
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    report["runs"], report["builds"] = [], []
+    best: tuple[float, object] | None = None
     try:
-        plain = run_arm(engine, NO_SPEC, args.batch_size, args.max_tokens)
-        if any(c.error for c in plain.completions):
-            print(f"plain run failed: {[c.error for c in plain.completions if c.error][0]}", file=sys.stderr)
-            return 1
-        for path in configs:
+        for batch in batches:
+            if not within_budget(f"batch {batch}"):
+                break
+            requests = rows(args.rows, args.max_tokens)
+            plain = None
+            for spec in sorted(arms, key=lambda a: a.method != "none") if any(a.method == "none" for a in arms) else [NO_SPEC, *arms]:
+                try:
+                    record, result = run_arm(engine, spec, batch, requests, plain, strict=batch == batches[0])
+                except Exception as exc:  # an arm that cannot build or run: recorded, the others go on
+                    report["failures"].append(f"{spec.label} at batch {batch}: {one_line(exc)}")
+                    continue
+                report["runs"].append(record)
+                if spec.method == "none":
+                    plain = result
+                if record["errors"]:
+                    report["failures"].append(f"{spec.label} at batch {batch}: {len(record['errors'])} row error(s)")
+                if record["greedy_required"] and record["greedy_differing"]:
+                    report["failures"].append(f"{spec.label} at batch {batch}: greedy output differs from the plain run "
+                                              f"({', '.join(record['greedy_differing'][:5])})")
+                if record["stats"]["missing_iterations"]:
+                    report["failures"].append(f"{spec.label} at batch {batch}: {record['stats']['missing_iterations']} iteration(s) unread")
+                if batch == batches[-1] and record["tokens_per_s"] and (best is None or record["tokens_per_s"] > best[0]):
+                    best = (record["tokens_per_s"], spec)
+        report["builds"] = [{"arm": b.label, "seconds": round(b.seconds, 2), "memory_wait_s": round(b.released_s, 2),
+                             "ran_as": b.ran_as, "reason": b.reason} for b in engine.builds]
+        spec_arms = [a for a in arms if a.method != "none"]
+        if best is not None and spec_arms and within_budget("calibrated job"):
             try:
-                ok = check_loads(path, args.model) and check_config(engine, path, plain, args) and ok
-            except Exception as exc:  # report and go on to the next config
-                print(f"{path}: FAIL {' '.join(f'{type(exc).__name__}: {exc}'.split())[:300]}")
-                ok = False
-        try:
-            ok = check_calibrated(engine, plain, args) and ok
-        except Exception as exc:
-            print(f"calibrated shard: FAIL {' '.join(f'{type(exc).__name__}: {exc}'.split())[:300]}")
-            ok = False
+                report["calibrated"] = calibrated = check_calibrated(engine, spec_arms, best[1], args, batches[-1])
+                if calibrated["errors"] or not calibrated["in_order"]:
+                    report["failures"].append(f"calibrated job: {calibrated['errors']} row error(s), in order {calibrated['in_order']}")
+            except Exception as exc:
+                report["failures"].append(f"calibrated job: {one_line(exc)}")
+        report["builds"] = [{"arm": b.label, "seconds": round(b.seconds, 2), "memory_wait_s": round(b.released_s, 2),
+                             "ran_as": b.ran_as, "reason": b.reason} for b in engine.builds]
     finally:
         engine.close()
     gpus = args.gpus if args.gpus is not None else _node_gpus()
-    if gpus > 1:
-        ok = check_multi_gpu(args, gpus) and ok
-    return 0 if ok else 1
+    if gpus > 1 and within_budget("multi-GPU worker"):
+        report["multi_gpu"] = {"gpus": gpus, "ok": check_multi_gpu(args, gpus)}
+        if not report["multi_gpu"]["ok"]:
+            report["failures"].append(f"multi-GPU worker of {gpus} GPUs failed")
+    write()
+    print(f"gpu_check: {'OK' if report['ok'] else 'FAIL'}: {len(report['runs'])} runs, {len(report['builds'])} builds, "
+          f"{report['elapsed_s']} s; wrote {args.out}")
+    for failure in report["failures"]:
+        print(f"  {failure}")
+    return 0 if report["ok"] else 1
+
+
+def _device() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"cuda": False}
+    free, total = torch.cuda.mem_get_info()
+    return {"cuda": True, "name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
+            "memory_gib": round(total / 2**30, 1), "free_gib": round(free / 2**30, 1)}
 
 
 def _node_gpus() -> int:
