@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -39,8 +40,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.errors import OutputError
+from batchspec.parse import PARSED_COLUMNS, RowDefaults, parse_rows
 from batchspec.plan import Plan, ShardPlan, fingerprint_positions, plan_locally, shuffle_for
-from batchspec.read import ID, POS, Chunk, InputSource, chunk_items, chunks, chunks_of, key_strings, position, read_chunk, row_ids
+from batchspec.read import ID, POS, Chunk, InputSource, chunk_items, chunks, chunks_of, key_strings, position, read_chunk, row_ids, valid_strings
 from batchspec.write import Output
 
 SHARD = "__bs_shard"  # int64: the shard's ordinal in the plan (only while shuffling)
@@ -216,3 +218,36 @@ def read_shard_input(output: Output, shard: ShardPlan) -> pa.Table:
         raise OutputError(f"shard file {fs.unstrip_protocol(path)} does not match the plan ({table.num_rows} rows, "
                           f"fingerprint {got}; plan: {shard.rows}, {shard.fingerprint}); rerun with --no-resume")
     return table
+
+
+def shard_ids(table: pa.Table) -> list[str]:
+    """A shard file's output ids (`__bs_id`), as text whatever bytes the input held."""
+    return valid_strings(table.column(ID).combine_chunks()).to_pylist()
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    """The rows of a plan that will fail as they are parsed (`--plan-only`): how many, and the first."""
+
+    rows: int
+    failing: int
+    first: str | None = None  # "<id>: <error>"
+
+
+def check_rows(output: Output, plan: Plan, defaults: RowDefaults, skip: set[str] = frozenset()) -> RowCheck:
+    """Parse every row of the plan's shard files (but those in `skip`) as a worker will, one shard
+    at a time, reading only the columns parsing takes: the rows that will be error rows before any
+    model sees them (rows too long for the context are the engine's to find)."""
+    fs, failing, first, rows = output.fs, 0, None, 0
+    for shard in plan.shards:
+        if shard.shard_id in skip:
+            continue
+        path = output.shard_input_path(shard.shard_id)
+        shard_file = pq.ParquetFile(pa.BufferReader(fs.cat_file(path)))
+        table = shard_file.read(columns=[n for n in shard_file.schema_arrow.names if n in (ID, *PARSED_COLUMNS)])
+        for parsed in parse_rows(table, shard_ids(table), defaults):
+            rows += 1
+            if parsed.error is not None:
+                failing += 1
+                first = first or f"{parsed.request.id}: {parsed.error}"
+    return RowCheck(rows, failing, first)

@@ -13,7 +13,9 @@ deciding which rows belong together (batchspec.plan, batchspec.group).
 
 Row identity is (file, row index), carried as one int64 position (file index << 40 | row index).
 When the input has no `id` column (or a row's id is null), the id is `<file path relative to
-INPUT>#<row index>`, stable across runs; duplicate ids are refused by the plan. Every column
+INPUT>#<row index>`, stable across runs; duplicate ids are refused by the plan. Ids and shard keys
+are text: bytes in them that are not UTF-8 (Parquet readers do not check) are read as U+FFFD
+(`valid_strings`), so no cell can stop the plan. Every column
 except prompt, messages, id and the sampling columns passes through untouched.
 """
 
@@ -92,7 +94,7 @@ def list_input(url: str, storage_options: dict | None = None) -> InputListing:
         fs, root = fsspec.core.url_to_fs(url, **opts)
         paths = _list_parquet(fs, root)
         sizes = [fs.size(p) for p in paths]
-        base = (root if not _has_glob(root) and fs.isdir(root) else posixpath.dirname(paths[0])) if paths else ""
+        base = (root if not has_glob(root) and fs.isdir(root) else posixpath.dirname(paths[0])) if paths else ""
     except InputError:
         raise
     except Exception as exc:  # the backend's own error: unreachable bucket, bad credentials, ...
@@ -119,7 +121,7 @@ def open_input(url: str | InputListing, storage_options: dict | None = None, sha
 
 
 def _list_parquet(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
-    if _has_glob(root):
+    if has_glob(root):
         found = fs.glob(root)
     elif fs.isdir(root):
         found = fs.find(root)
@@ -131,7 +133,7 @@ def _list_parquet(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
     return sorted(p for p in found if not posixpath.basename(p).startswith(("_", ".")) and not fs.isdir(p))
 
 
-def _has_glob(path: str) -> bool:
+def has_glob(path: str) -> bool:
     return any(ch in path for ch in "*?[")
 
 
@@ -254,5 +256,16 @@ def key_strings(table: pa.Table, shard_by: str | None) -> pa.Array:
 def _as_strings(col: pa.Array) -> pa.Array:
     """str() of each value, as Python prints it; strings and integers are converted by Arrow."""
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_integer(col.type):
-        return col.cast(pa.string())
+        return valid_strings(col.cast(pa.string()))
     return pa.array([None if v is None else str(v) for v in col.to_pylist()], pa.string())
+
+
+def valid_strings(col: pa.Array) -> pa.Array:
+    """A string array as it is when it is valid UTF-8; else with each invalid byte sequence read as
+    U+FFFD (the check is one pass; the repair, per value, only runs on a column that needs it)."""
+    try:
+        col.validate(full=True)
+        return col
+    except pa.ArrowInvalid:
+        raw = col.cast(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
+        return pa.array([None if v is None else v.decode("utf-8", "replace") for v in raw.to_pylist()], col.type)

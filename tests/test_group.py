@@ -141,6 +141,6 @@ def test_a_partial_group_without_plan_json_is_redone(ray_session, folder, tmp_pa
     (out / "_shards").mkdir(parents=True)
     (out / "_shards" / "00000-code.parquet").write_bytes(b"half a file")
     (out / "_shards" / "99999-stale.parquet").write_bytes(b"from another plan")
-    plan = plan_run(build_config(str(folder), str(out), shard_by="task", shard_size=3))
+    plan = plan_run(build_config(str(folder), str(out), shard_by="task", shard_size=3)).plan
     assert sorted(p.name for p in (out / "_shards").iterdir()) == [f"{s.shard_id}.parquet" for s in plan.shards]
     assert read_shard_input(Output(str(out)), plan.shards[0]).num_rows == 3

@@ -48,6 +48,12 @@ def _print_tables(results) -> None:
     console = Console(file=sys.stdout, width=max(100, Console().width))
     for r in results:
         d = r.decision
+        sampled = r.sampled + r.failing_rows
+        if d is None:
+            click.echo(f"none of the {sampled} sampled rows of key {r.shard_key!r} can run (first {r.first_failure})\n")
+            continue
+        if r.failing_rows:
+            click.echo(f"{r.failing_rows} of the {sampled} sampled rows of key {r.shard_key!r} will fail (first {r.first_failure})")
         table = Table(title=f"shard key {r.shard_key!r}: {r.rows} rows, ran {r.sampled}", title_justify="left")
         for col in ("arm", "rows", "measured tok/s", "acceptance", "mean acc. len", "predicted vs none", "choice"):
             table.add_column(col, justify="left" if col in ("arm", "choice") else "right")

@@ -166,7 +166,10 @@ def test_plan_only_prints_the_shard_table_and_a_later_run_resumes_without_readin
             "--batch-size", "4", "--max-tokens", "4"]
     result = invoke(*args, "--keep-shards")
     assert result.exit_code == 0, result.output
-    assert (out / "_plan.json").read_text() == plan_text
+    planned, ran = json.loads(plan_text), json.loads((out / "_plan.json").read_text())
+    assert planned.pop("identity")["options"]["max_tokens"] != ran.pop("identity")["options"]["max_tokens"] == 4, \
+        "nothing was committed: the run binds the plan to its own options"
+    assert ran == planned, "the plan itself is the one --plan-only made"
     assert {p.name: p.read_bytes() for p in (out / "_shards").glob("*.parquet")} == shards, "kept, as they were"
     df = pl.read_parquet(f"{out}/outputs/*.parquet")
     assert sorted(df["id"].to_list()) == [f"row-{i:04d}" for i in range(10)]
@@ -176,3 +179,63 @@ def test_plan_only_prints_the_shard_table_and_a_later_run_resumes_without_readin
     assert result.exit_code == 0, result.output
     assert not (out / "_shards").exists() and (out / "_SUCCESS").exists()
     assert pl.read_parquet(f"{out}/outputs/*.parquet").sort("id").equals(df.sort("id"))
+
+
+# ---- poison cells: a cell fails its row alone, and --plan-only says which rows will fail ----------
+
+
+def poison_input(path: Path) -> pa.Table:
+    """Six rows over two keys, four of them poison: an infinite max_tokens in a float column, a seed
+    of 2**64 (a float column), a prompt and an id that are not UTF-8, and a key that is not either."""
+    def utf8(values):
+        return pa.array(values, pa.binary()).view(pa.string())
+
+    table = pa.table({
+        "id": utf8([b"r0", b"r1", b"r2", b"r3\xff", b"r4", b"r5"]),
+        "prompt": utf8([b"alpha beta", b"gamma", b"delta \xc3\x28", b"epsilon", b"zeta", b"eta"]),
+        "task": utf8([b"a", b"b", b"a", b"b", b"a", b"b\xfe"]),
+        "max_tokens": pa.array([4.0, float("inf"), None, None, None, None]),
+        "seed": pa.array([None, None, None, None, 2.0**64, None]),
+    })
+    pq.write_table(table, path)
+    return table
+
+
+def test_poison_cells_fail_their_rows_alone_and_plan_only_names_them(ray_session, tiny_model_dir, tmp_path):
+    poison_input(tmp_path / "p.parquet")
+    out = tmp_path / "out"
+    args = [str(tmp_path / "p.parquet"), str(out), "--model", str(tiny_model_dir), "--shard-by", "task", "--spec", "none", *FAST]
+    plan = invoke(*args, "--plan-only")
+    assert plan.exit_code == 0, plan.output
+    assert "3 of 6 rows will fail (first r2: prompt is not valid UTF-8)" in plan.output
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    df = pl.read_parquet(f"{out}/outputs/*.parquet").sort("id")
+    assert df.height == 6 and (out / "_SUCCESS").exists()
+    errors = dict(zip(df["id"], df["error"]))
+    assert errors["r1"] == "max_tokens must be a finite integer, got inf"
+    assert errors["r2"] == "prompt is not valid UTF-8"
+    assert errors["r4"] == "seed must be an integer in [0, 2**64), got 1.8446744073709552e+19"
+    assert errors["r0"] is None and errors["r5"] is None and errors["r3\ufffd"] is None, errors
+    assert sorted(set(df["shard_id"])) == ["00000-a", "00001-b", "00002-b"]
+
+
+def test_a_run_with_a_shard_that_failed_every_attempt_exits_non_zero_in_one_line(monkeypatch, tmp_path):
+    """The library's side (error rows, no _SUCCESS, retried next run) is tests/test_pipeline.py's; here
+    the command's: the summary, then one line, exit 1."""
+    from batchspec import pipeline
+
+    summary = pipeline.RunSummary("out", 4, 2, 2, 0, 1, 2, 10, 1.0, 1.0, None, None, True,
+                                  failed_reason="00001-code: shard failed 3 times: RuntimeError: boom")
+    monkeypatch.setattr(pipeline, "run", lambda config, progress=None, force=False: summary)
+    pq.write_table(prompts_table(2), tmp_path / "p.parquet")
+    result = invoke(str(tmp_path / "p.parquet"), str(tmp_path / "out"))
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == ("Error: 1 of 2 shard(s) failed every attempt and are written as error rows "
+                                                      "(first 00001-code: shard failed 3 times: RuntimeError: boom); no _SUCCESS; "
+                                                      "rerun to retry them")
+
+
+def test_force_goes_only_with_no_resume(tmp_path):
+    result = CliRunner().invoke(cli, ["run", str(tmp_path / "p.parquet"), str(tmp_path / "out"), "--force"])
+    assert result.exit_code == 2 and "--force only goes with --no-resume" in result.output
