@@ -11,6 +11,7 @@ from batchspec.calibrate import CalibrationSettings, Decision, WorkerState
 from batchspec.config.run import RunConfig, check_engine_options
 from batchspec.engine.factory import create_engine
 from batchspec.group import read_shards, shard_ids
+from batchspec.models import loading
 from batchspec.parse import ParsedRow, parse_rows
 from batchspec.pipeline import check_engine, check_prompt_format, ensure_ray, resolve_spec, row_defaults, run_arms, run_llm_options
 from batchspec.plan import make_plan, plan_locally
@@ -75,8 +76,9 @@ def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
     arms, _ = run_arms(resolve_spec(config))
     seeds = prior_of(config, arms, True).seeds
     samples = calibration_samples(config)
-    engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
-                           llm_options=run_llm_options(config, arms))
+    with loading(config.model):
+        engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
+                               llm_options=run_llm_options(config, arms))
     settings = CalibrationSettings(**dict(config.calibration))
     worker = WorkerState()  # one engine: one cost table for every key
     results = []

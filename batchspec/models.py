@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchspec.errors import ConfigError, ModelError, one_line
+from batchspec.errors import BatchspecError, ConfigError, ModelError, one_line
 
 MARKER = "batchspec-model.json"  # written last into every cache entry: its presence means "prepared"
 _CHUNK = 8 << 20
@@ -344,6 +344,18 @@ def local_folder(spec: str, cache_dir: Path | None = None) -> Path | None:
         return path if is_prepared(path) else None
     folder = Path(spec).expanduser()
     return folder.resolve() if "://" not in spec and (folder / "config.json").is_file() else None
+
+
+@contextlib.contextmanager
+def loading(spec: str) -> Iterator[None]:
+    """Whatever loading model `spec` raises that is not already one of ours (a truncated weights
+    file, a config transformers cannot read) as one ModelError line naming the model."""
+    try:
+        yield
+    except BatchspecError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"model {spec!r} cannot be loaded: {type(exc).__name__}: {one_line(exc)}") from None
 
 
 # ---- fingerprints -------------------------------------------------------------------------------

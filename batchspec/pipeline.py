@@ -42,6 +42,8 @@ import datetime as dt
 import importlib.metadata
 import logging
 import platform
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -219,12 +221,15 @@ def ensure_ray(config: RunConfig) -> None:
     if ray.is_initialized():
         return
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
+    term = signal.getsignal(signal.SIGTERM)  # the process's own (the CLI's): Ray's core replaces it with a stack dump
     if config.ray_address:
         ray.init(address=config.ray_address, **quiet)
     else:
         # address="local": start Ray in this process even when a head (`make ray-head`) runs on
         # this machine; plain ray.init() would join that head and refuse num_cpus.
         ray.init(address="local", num_cpus=config.ray_num_cpus, include_dashboard=False, **quiet)
+    if callable(term) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, term)
     import ray.data  # configures Ray Data's loggers on import; quiet them afterwards
 
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # our progress bar is the one to watch

@@ -16,10 +16,10 @@ workload gets its own calibration. How, without rows on the driver:
 Both shuffles run as Ray Data's pull-based sort shuffle for inputs of up to SORT_SHUFFLE_ROWS
 rows and with Ray Data's default above (`shuffle_for`).
 
-Small inputs (at most LOCAL_BYTES on disk) run the same per-chunk functions in the driver's
-process instead: a Ray Data job costs seconds of fixed overhead (tasks, a shuffle, stats actors),
-which at that size is all of the cost, while the rows involved are a few MB. Both paths give the
-same plan; a test checks it.
+Small inputs (at most LOCAL_BYTES uncompressed, from the footers) run the same per-chunk functions
+in the driver's process instead: a Ray Data job costs seconds of fixed overhead (tasks, a shuffle,
+stats actors), which at that size is all of the cost, while the rows involved are a few MB. Both
+paths give the same plan; a test checks it.
 
 A shard is thus named by its key and the input position of its first row; `batchspec.group`
 finds every row's shard by a binary search among those starts. The plan is a pure function of the
@@ -52,13 +52,16 @@ from batchspec.read import ID, POS, InputSource, chunk_items, chunks_of, key_str
 
 PLAN_VERSION = 2
 SCAN_BYTES = 64 << 20  # uncompressed input bytes per key-scan task (only two columns are read)
-LOCAL_BYTES = 32 << 20  # inputs up to this size on disk are planned and grouped in-process
+LOCAL_BYTES = 32 << 20  # inputs up to this size uncompressed are planned and grouped in-process
 SORT_SHUFFLE_ROWS = 100_000  # plans of up to this many rows shuffle with the sort shuffle (see shuffle_for)
 
 
 def plan_locally(source: InputSource) -> bool:
-    """Small inputs skip Ray Data's fixed per-job cost (see the module docstring)."""
-    return sum(f.size for f in source.files) <= LOCAL_BYTES
+    """Small inputs skip Ray Data's fixed per-job cost (see the module docstring). Small by their
+    uncompressed size from the footers, not their size on disk: zstd makes 400 MB of repetitive
+    prompts 50 KB. (Dictionary-encoded repeats are small even uncompressed: the in-process group
+    streams, so its memory does not depend on this estimate.)"""
+    return sum(b for f in source.files for _, b in f.row_groups) <= LOCAL_BYTES
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
+from typing import Iterator
 
 import fsspec
 import numpy as np
@@ -113,11 +114,20 @@ def open_input(url: str | InputListing, storage_options: dict | None = None, sha
     for path, size in listing.files:
         meta = _footer(fs, path)
         groups = tuple((meta.row_group(g).num_rows, meta.row_group(g).total_byte_size) for g in range(meta.num_row_groups))
-        files.append(InputFile(path, posixpath.relpath(path, listing.base) if listing.base else path, size, meta.num_rows, groups))
+        files.append(InputFile(path, _relative(path, listing.base), size, meta.num_rows, groups))
         schemas.append(meta.schema.to_arrow_schema())
     schema = _unify(schemas, [fs.unstrip_protocol(p) for p, _ in listing.files])
     _check_columns(schema, listing.url, shard_by)
     return InputSource(listing.url, tuple(files), schema, tuple(sorted(opts.items())))
+
+
+def _relative(path: str, base: str) -> str:
+    """A file's name relative to INPUT, as generated ids carry it: a URL's query (a signature, a
+    token) and fragment are not part of it."""
+    if "://" in path:
+        path = path.split("?", 1)[0].split("#", 1)[0]
+        base = base.split("?", 1)[0].split("#", 1)[0]
+    return posixpath.relpath(path, base) if base else path
 
 
 def _list_parquet(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
@@ -230,6 +240,47 @@ def read_chunk(source: InputSource, chunk: Chunk, columns: list[str] | None) -> 
         raise InputError(f"input file {fs.unstrip_protocol(f.path)} cannot be read: {one_line(exc)}") from exc
     if table.num_rows != chunk.rows:
         raise InputError(f"input file {fs.unstrip_protocol(f.path)} changed: row groups {list(chunk.groups)} hold {table.num_rows} rows, the footer said {chunk.rows}")
+    return _typed(source, table, wanted)
+
+
+def read_pieces(source: InputSource, chunk: Chunk, target_bytes: int) -> Iterator[tuple[Chunk, pa.Table]]:
+    """The chunk's rows, every column, in consecutive pieces of about `target_bytes` decoded (at
+    least PIECE_ROWS rows), each with the Chunk that names its rows: what reading a whole chunk at
+    once would give, with memory bounded by a piece, whatever the footer says of the chunk's size
+    (dictionary-encoded repeats are small there and large decoded)."""
+    f = source.files[chunk.file_index]
+    fs = source.fs
+    first, pending, size = chunk.first_row, [], 0
+    try:
+        with fs.open(f.path, "rb") as fh:
+            pf = pq.ParquetFile(fh, pre_buffer=False, buffer_size=PIECE_READ_BYTES)  # column chunks read by the buffer, not whole
+            present = [c for c in source.schema.names if c in pf.schema_arrow.names]
+            for batch in pf.iter_batches(batch_size=PIECE_ROWS, row_groups=list(chunk.groups), columns=present):
+                pending.append(batch)
+                size += batch.nbytes
+                if size >= target_bytes:
+                    piece = pa.Table.from_batches(pending)
+                    yield Chunk(chunk.file_index, chunk.groups, first, piece.num_rows, size), _typed(source, piece, source.schema.names)
+                    first, pending, size = first + piece.num_rows, [], 0
+            if pending:
+                piece = pa.Table.from_batches(pending)
+                yield Chunk(chunk.file_index, chunk.groups, first, piece.num_rows, size), _typed(source, piece, source.schema.names)
+                first += piece.num_rows
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"input file {fs.unstrip_protocol(f.path)} cannot be read: {one_line(exc)}") from exc
+    if first != chunk.first_row + chunk.rows:
+        raise InputError(f"input file {fs.unstrip_protocol(f.path)} changed: row groups {list(chunk.groups)} hold "
+                         f"{first - chunk.first_row} rows, the footer said {chunk.rows}")
+
+
+PIECE_ROWS = 8  # rows per Parquet read batch of `read_pieces`: a row may be a very long prompt, and the reader holds several batches' worth
+PIECE_READ_BYTES = 8 << 20  # read buffer per column chunk
+
+
+def _typed(source: InputSource, table: pa.Table, wanted: list[str]) -> pa.Table:
+    """`table`'s `wanted` columns typed as in the unified input schema (a missing one all null)."""
     if not wanted:
         return table  # no columns, but the row count
     fields = [source.schema.field(n) for n in wanted]

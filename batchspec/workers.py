@@ -45,10 +45,11 @@ import pyarrow as pa
 from batchspec.calibrate.worker import LAST_SHARD
 from batchspec.config.run import WorkerConfig
 from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
-from batchspec.errors import BatchspecError
+from batchspec.errors import BatchspecError, one_line
 from batchspec.lease import Lease
 from batchspec.plan import ShardPlan
 from batchspec.prior import WHY as PRIOR_WHY
+from batchspec.redact import redact_text
 from batchspec.group import INTERNAL, read_shard_input, shard_ids
 from batchspec.parse import ParsedRow, RowDefaults, parse_rows
 from batchspec.stats import ShardStats
@@ -149,13 +150,18 @@ def commit(job: WorkerJob, plan: ShardPlan, rows: ShardRows, completions: list[C
     tokens = sum(c.output_tokens for c in completions)
     empty = sum(c.finish_reason != "error" and not c.text for c in completions)
     stats = replace(stats, shard_id=plan.shard_id, shard_key=plan.shard_key, rows=len(completions), error_rows=errors,
-                    output_tokens=tokens, empty_rows=empty, gpus=job.worker.num_gpus)
+                    output_tokens=tokens, empty_rows=empty, gpus=job.worker.num_gpus, **_redacted(stats))
     passthrough = rows.table.select([n for n in job.passthrough.names if n in rows.table.column_names])
     if job.lease is not None:
         job.lease.check()
     job.output.commit_shard(plan.shard_id, output_table(plan.shard_id, completions, specs, passthrough, job.out_schema), stats_table(stats),
                             failed=failed, was_failed=was_failed)
     return ShardOutcome(plan.shard_id, plan.shard_key, len(completions), errors, tokens, stats)
+
+
+def _redacted(stats: ShardStats) -> dict[str, str | None]:
+    """The stats' text that may quote a URL (a model given by one, an error), without its secrets."""
+    return {name: redact_text(getattr(stats, name)) for name in ("model", "draft_model", "note") if getattr(stats, name)}
 
 
 def commit_failed(job: WorkerJob, plan: ShardPlan, reason: str, attempts: int) -> ShardOutcome:
@@ -191,7 +197,7 @@ class ShardWorker:
         import torch
 
         from batchspec.engine.factory import create_engine
-        from batchspec.models import local_folder, require_chat_template, resolve_model
+        from batchspec.models import loading, local_folder, require_chat_template, resolve_model
 
         w = self.job.worker
         torch.set_num_threads(w.torch_threads or max(1, math.ceil(w.num_cpus)))
@@ -202,8 +208,9 @@ class ShardWorker:
         draft = self.job.draft_model
         if draft and self.job.engine == "torch":
             draft = str(resolve_model(draft, storage_options=opts))
-        self.engine = create_engine(self.job.engine, model, draft_model=draft, dtype=self.job.dtype, device=self.job.device,
-                                    llm_options=dict(self.job.llm_options), suffix_tree_mb=w.suffix_tree_mb)
+        with loading(self.job.model):  # one line for the run, not a traceback (a BatchspecError is not retried)
+            self.engine = create_engine(self.job.engine, model, draft_model=draft, dtype=self.job.dtype, device=self.job.device,
+                                        llm_options=dict(self.job.llm_options), suffix_tree_mb=w.suffix_tree_mb)
         return self.engine.model_name
 
     def adopt(self, job: WorkerJob) -> str:
@@ -413,4 +420,4 @@ def _retry(job: WorkerJob, task: ShardTask, queue, report: PoolReport, on_done, 
 def _cause(exc: BaseException) -> str:
     cause = getattr(exc, "cause", None) or exc
     text = str(cause).strip().splitlines()
-    return (f"{type(cause).__name__}: {text[-1]}" if text else type(cause).__name__)[:300]
+    return one_line(f"{type(cause).__name__}: {text[-1]}" if text else type(cause).__name__)

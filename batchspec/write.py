@@ -235,11 +235,19 @@ class Output:
         return {n[: -len(".parquet")] for n in self.names(folder) if n.endswith(".parquet") and not n.startswith(".")}
 
     def read_stats(self, shard_ids: list[str]) -> list[ShardStats]:
+        """The committed shards' stats rows; OutputError (one line naming the file) for one that
+        cannot be read: written whole in one call, it was damaged after its commit."""
         fs = self.fs
         rows = []
         for sid in shard_ids:
-            with fs.open(self.stats_path(sid), "rb") as f:
-                rows.extend(ShardStats.from_row(r) for r in pq.read_table(f).to_pylist())
+            path = self.stats_path(sid)
+            try:
+                table = pq.read_table(pa.BufferReader(fs.cat_file(path)))
+            except Exception as exc:
+                shown = fs.unstrip_protocol(path) if "://" in self.url else path
+                raise OutputError(f"OUTPUT {self.url}: the commit mark {shown} cannot be read (Parquet: {one_line(exc)}); "
+                                  "delete it to run that shard again") from None
+            rows.extend(ShardStats.from_row(r) for r in table.to_pylist())
         return rows
 
     def clear(self) -> None:

@@ -17,7 +17,6 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from batchspec import lease as leases
 from batchspec.cli import cli
 from batchspec.errors import OutputError
 from batchspec.write import Output
@@ -35,6 +34,8 @@ def output(request, tmp_path):
 
 
 def test_a_second_taker_is_refused_while_the_first_holds_and_takes_it_once_released(output):
+    from batchspec import lease as leases
+
     first = leases.take(output)
     with pytest.raises(OutputError, match=r"^OUTPUT .* is in use by another run \(host .*, pid \d+, started .*, last heartbeat 0 s "
                                           r"ago\); wait for it to finish, or use another OUTPUT \(a run that stops heartbeating is "
@@ -49,6 +50,8 @@ def test_a_second_taker_is_refused_while_the_first_holds_and_takes_it_once_relea
 
 def test_of_two_runs_taking_one_generation_at_once_exactly_one_gets_it(output):
     """The conditional create is what decides: both see generation 0 free and race for 1."""
+    from batchspec import lease as leases
+
     lease = leases.Lease(output, 1, "x")
     results = []
     barrier = threading.Barrier(8)
@@ -67,6 +70,8 @@ def test_of_two_runs_taking_one_generation_at_once_exactly_one_gets_it(output):
 
 def test_a_silent_holder_is_taken_over_after_the_ttl_and_then_stops_before_writing(output):
     """A holder on another host whose heartbeat stopped (a paused or partitioned driver)."""
+    from batchspec import lease as leases
+
     stale = leases.take(output, now=1000.0)
     doc = json.loads(output.read_text(f"{leases.FOLDER}/{stale.generation:08d}.json"))
     output.put(stale.path(), json.dumps({**doc, "host": "another-host"}).encode())
@@ -82,6 +87,8 @@ def test_a_silent_holder_is_taken_over_after_the_ttl_and_then_stops_before_writi
 
 
 def test_a_holder_killed_on_this_host_is_taken_over_at_once(tmp_path):
+    from batchspec import lease as leases
+
     out = Output(str(tmp_path / "out"))
     code = f"from batchspec import lease; from batchspec.write import Output; lease.take(Output({str(out.url)!r})); print('held', flush=True); import time; time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -94,6 +101,8 @@ def test_a_holder_killed_on_this_host_is_taken_over_at_once(tmp_path):
 
 
 def test_the_heartbeat_keeps_a_long_run_s_lease_alive(tmp_path):
+    from batchspec import lease as leases
+
     out = Output(str(tmp_path / "out"))
     with leases.Held(out, ttl_s=0.4) as lease:
         time.sleep(1.0)  # more than the TTL: only the heartbeat keeps it
@@ -108,6 +117,8 @@ def test_the_heartbeat_keeps_a_long_run_s_lease_alive(tmp_path):
 
 
 def test_a_run_on_an_output_another_run_holds_is_refused_in_one_line(tmp_path):
+    from batchspec import lease as leases
+
     pq.write_table(prompts_table(4), tmp_path / "p.parquet")
     out = tmp_path / "out"
     with leases.Held(Output(str(out))):

@@ -135,8 +135,11 @@ def _print_plan(planned) -> None:
 def _print_summary(s) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"batchspec run -> {s.output}", show_header=False)
+    from batchspec.redact import redact_text
+
+    table = Table(title=Text(f"batchspec run -> {redact_text(s.output)}"), show_header=False)
     speedup = f"{s.speedup:.2f}x" if s.speedup else "n/a"
     if s.speedup and s.speedup_predicted_share:
         speedup += f" ({s.speedup_predicted_share:.0%} of decode time predicted, not measured)"
@@ -153,10 +156,10 @@ def _print_summary(s) -> None:
         *([("engine builds", f"{s.builds} ({s.build_s:.0f} s, {s.build_s / s.wall_s:.0%} of wall)")] if s.builds and s.wall_s else []),
         *([("speculation", f"NOT MEASURED in {s.speculation_unmeasured} shard(s): {s.speculation_reason}")] if s.speculation_unmeasured else []),
     ]:
-        table.add_row(name, value)
+        table.add_row(name, Text(value))  # data (an OUTPUT path, a shard key) is never rich markup
     Console(file=sys.stderr).print(table)
     for line in s.dropped_arms:  # one unwrapped line each, for logs and grep
         click.echo(f"warning: arm left out of calibration: {line}", err=True)
-    click.echo(f"{s.rows} rows ({s.error_rows} errors), {s.shards} shards, {s.tokens_per_s:.1f} tokens/s, speedup {speedup} -> {s.output}")
+    click.echo(f"{s.rows} rows ({s.error_rows} errors), {s.shards} shards, {s.tokens_per_s:.1f} tokens/s, speedup {speedup} -> {redact_text(s.output)}")
     if s.empty_text_warning:  # one line under the summary: the first thing a broken-looking run needs
         click.echo(f"warning: {s.empty_text_warning}", err=True)

@@ -239,3 +239,93 @@ def test_a_run_with_a_shard_that_failed_every_attempt_exits_non_zero_in_one_line
 def test_force_goes_only_with_no_resume(tmp_path):
     result = CliRunner().invoke(cli, ["run", str(tmp_path / "p.parquet"), str(tmp_path / "out"), "--force"])
     assert result.exit_code == 2 and "--force only goes with --no-resume" in result.output
+
+
+# ---- the smaller ones: each a one-line error or the right behaviour -------------------------------
+
+
+def one_error_line(result) -> str:
+    """The one error line a failed command ends with (a progress bar may come before it; no traceback)."""
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and lines[-1].startswith("Error: "), result.output
+    assert sum(line.startswith("Error") for line in lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[-1]
+
+
+def test_an_output_path_that_reads_as_markup_is_printed_as_text(ray_session, tiny_model_dir, tmp_path):
+    pq.write_table(prompts_table(2), tmp_path / "p.parquet")
+    out = tmp_path / "out[/]x"
+    result = invoke(str(tmp_path / "p.parquet"), str(out), "--model", str(tiny_model_dir), "--spec", "none", *FAST)
+    assert result.exit_code == 0, result.output
+    assert f"-> {out}" in result.output and (out / "_SUCCESS").exists()
+
+
+def test_a_model_that_fails_to_load_is_one_line(ray_session, tiny_model_dir, tmp_path):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a truncated download
+    pq.write_table(prompts_table(2), tmp_path / "p.parquet")
+    line = one_error_line(invoke(str(tmp_path / "p.parquet"), str(tmp_path / "out"), "--model", str(broken), "--spec", "none", *FAST))
+    assert line.startswith(f"Error: model {str(broken)!r} cannot be loaded: "), line
+
+
+def test_a_truncated_committed_stats_file_is_one_line_naming_it(ray_session, tiny_model_dir, tmp_path):
+    pq.write_table(prompts_table(4), tmp_path / "p.parquet")
+    out = tmp_path / "out"
+    args = [str(tmp_path / "p.parquet"), str(out), "--model", str(tiny_model_dir), "--spec", "none", "--shard-by", "task", *FAST]
+    assert invoke(*args).exit_code == 0
+    stats = out / "stats" / "00000-code.parquet"
+    stats.write_bytes(stats.read_bytes()[:100])
+    line = one_error_line(invoke(*args))
+    assert line == (f"Error: OUTPUT {out}: the commit mark {stats} cannot be read (Parquet: "
+                    + line.split("(Parquet: ", 1)[1].split(")")[0] + "); delete it to run that shard again"), line
+    report = CliRunner().invoke(cli, ["report", str(out)], catch_exceptions=False)
+    assert one_error_line(report).startswith(f"Error: cannot read {out}"), report.output
+
+
+def test_a_yaml_alias_bomb_is_a_config_error_in_validate_and_run(tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    bomb.write_text("\n".join(lines) + "\nshard_size: 4\n")
+    result = CliRunner().invoke(cli, ["validate", str(bomb)])
+    assert result.exit_code == 1 and f"{bomb}: YAML aliases expand it past 100000 values" in result.output, result.output
+    pq.write_table(prompts_table(2), tmp_path / "p.parquet")
+    line = one_error_line(invoke(str(tmp_path / "p.parquet"), str(tmp_path / "out"), "--pipeline", str(bomb)))
+    assert line == f"Error: {bomb}: YAML aliases expand it past 100000 values (an alias bomb?)", line
+    cycle = tmp_path / "cycle.yaml"
+    cycle.write_text("shard_size: &s [*s]\n")
+    assert "YAML aliases expand it past" in one_error_line(invoke(str(tmp_path / "p.parquet"), str(tmp_path / "out"), "--pipeline", str(cycle)))
+
+
+def test_sigterm_stops_a_run_in_one_line_and_the_next_run_resumes(ray_session, tiny_model_dir, tmp_path):
+    """What a scheduler sends first: the driver stops its workers, releases OUTPUT and says so in one
+    line (exit 143, as a process ended by SIGTERM), with no native stack dump."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pq.write_table(prompts_table(16), tmp_path / "p.parquet")
+    out = tmp_path / "out"
+    args = [str(tmp_path / "p.parquet"), str(out), "--model", str(tiny_model_dir), "--spec", "none", "--shard-size", "2",
+            "--max-tokens", "4", "--batch-size", "2"]
+    driver = subprocess.Popen([sys.executable, "-m", "batchspec", "run", *args], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (out / "_plan.json").exists() and time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 143, err[-3000:]
+    assert "SIGTERM received" not in err and "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.strip().splitlines() if line.startswith("Error")]
+    assert lines == ["Error: stopped by SIGTERM; committed shards are kept: rerun to resume"], err[-3000:]
+    assert err.strip().splitlines()[-1] == lines[0]
+    assert json.loads(next((out / "_lease").iterdir()).read_text())["released"]
+    again = invoke(*args)
+    assert again.exit_code == 0, again.output
