@@ -4,8 +4,10 @@
 `run(config)` reads as the list of steps of docs/architecture.md "Data flow"; each step lives in
 its own module (read, plan, workers, write). Everything that can be checked before work starts
 is checked first, in this order, so a bad run stops with one line and writes nothing it could
-mistake for done: the engine is available, the spec files are valid, OUTPUT is writable, the
-plan matches any run already in OUTPUT, the input files and columns are readable.
+mistake for done: the engine is available, the spec files are valid, OUTPUT is writable and apart
+from INPUT, no other run holds OUTPUT (batchspec.lease: the run holds it until it ends), the plan
+and the run's options (batchspec.identity) match any shards already committed in OUTPUT, the
+input files and columns are readable.
 
 Plan and group are one committed step (`plan_and_group`): the plan is made with Ray Data, each
 shard's rows are written once under OUTPUT/_shards/, and OUTPUT/_plan.json is written last, as

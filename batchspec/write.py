@@ -148,8 +148,10 @@ class Output:
                     os.link(tmp, path)  # fails when `path` exists: the conditional create
                 finally:
                     os.unlink(tmp)
+            elif exclusive:
+                _create(fs, path, data)
             else:
-                fs.pipe_file(path, data, **({"mode": "create"} if exclusive else {}))
+                fs.pipe_file(path, data)
         except FileExistsError:
             raise
         except Exception as exc:
@@ -282,6 +284,18 @@ class Output:
         except Exception as exc:
             raise OutputError(f"cannot write OUTPUT {self.url}: {one_line(exc)}") from exc
 
+
+
+def _create(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """The store's exclusive create (`mode="create"`: S3's If-None-Match, the memory store's
+    check under its lock). A backend whose pipe_file takes no mode gets a look first, then a
+    write: not atomic, so two runs starting within a request of each other could both take it."""
+    try:
+        fs.pipe_file(path, data, mode="create")
+    except (TypeError, NotImplementedError):
+        if fs.exists(path):
+            raise FileExistsError(path) from None
+        fs.pipe_file(path, data)
 
 
 def check_apart(listing: InputListing, storage_options: dict, output: Output) -> None:

@@ -177,3 +177,20 @@ def test_a_driver_killed_mid_run_is_resumed_at_once_by_the_next_run(ray_session,
     result = CliRunner().invoke(cli, ["run", *args])
     assert result.exit_code == 0, result.output
     assert "8 rows (0 errors), 4 shards" in result.output
+
+
+def test_a_store_without_a_conditional_create_still_refuses_an_existing_lease(tmp_path, monkeypatch):
+    """A backend whose pipe_file takes no mode: a look first, then a write (not atomic: said so)."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    original = MemoryFileSystem.pipe_file
+
+    def pipe_file(self, path, value, **kwargs):
+        if kwargs:
+            raise TypeError(f"pipe_file() got an unexpected keyword argument {next(iter(kwargs))!r}")
+        return original(self, path, value)
+
+    monkeypatch.setattr(MemoryFileSystem, "pipe_file", pipe_file)
+    out = Output(f"memory://{tmp_path.name}/out")
+    assert out.create(out.path("x"), b"1") and not out.create(out.path("x"), b"2")
+    assert out.read_text("x") == "1"
