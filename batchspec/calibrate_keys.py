@@ -10,26 +10,32 @@ from dataclasses import dataclass
 from batchspec.calibrate import CalibrationSettings, Decision, WorkerState
 from batchspec.config.run import RunConfig, check_engine_options
 from batchspec.engine.factory import create_engine
-from batchspec.errors import InputError
-from batchspec.group import read_shards
+from batchspec.group import read_shards, shard_ids
+from batchspec.models import loading
 from batchspec.parse import ParsedRow, parse_rows
 from batchspec.pipeline import check_engine, check_prompt_format, ensure_ray, resolve_spec, row_defaults, run_arms, run_llm_options
 from batchspec.plan import make_plan, plan_locally
 from batchspec.prior import WHY as PRIOR_WHY, prior_of
-from batchspec.read import ID, open_input
+from batchspec.read import open_input
 from batchspec.shard import ShardInput, run_shard
 
 @dataclass
 class KeyCalibration:
     shard_key: str | None
     rows: int  # rows of this key in the input
-    sampled: int  # rows calibration ran: its first shard's
-    decision: Decision
+    sampled: int  # rows calibration ran: its first shard's rows that can run
+    decision: Decision | None  # None: none of the sampled rows can run
+    failing_rows: int = 0  # sampled rows that will be error rows (batchspec.parse)
+    first_failure: str | None = None  # "<id>: <error>" of the first
 
     def to_doc(self) -> dict:
+        head = {"shard_key": self.shard_key, "rows": self.rows, "sampled": self.sampled,
+                "failing_rows": self.failing_rows, "first_failure": self.first_failure}
         d = self.decision
+        if d is None:
+            return {**head, "chosen": None, "arms": [], "events": []}
         return {
-            "shard_key": self.shard_key, "rows": self.rows, "sampled": self.sampled,
+            **head,
             "chosen": d.chosen.label, "spec_method": d.chosen.method, "draft_len": d.chosen.draft_len,
             "ended": d.ended.label, "reason": d.reason, "calibration_s": d.calibration_s, "overhead_s": d.overhead_s,
             "predicted_speedup": d.predicted_speedup, "speedup": d.speedup,
@@ -60,7 +66,7 @@ def calibration_samples(config: RunConfig) -> list[KeySample]:
         rows[s.shard_key] = rows.get(s.shard_key, 0) + s.rows
     tables = read_shards(source, plan, list(first.values()))
     defaults = row_defaults(config)
-    return [KeySample(key, rows[key], parse_rows(tables[n], tables[n].column(ID).to_pylist(), defaults)) for key, n in first.items()]
+    return [KeySample(key, rows[key], parse_rows(tables[n], shard_ids(tables[n]), defaults)) for key, n in first.items()]
 
 
 def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
@@ -70,8 +76,9 @@ def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
     arms, _ = run_arms(resolve_spec(config))
     seeds = prior_of(config, arms, True).seeds
     samples = calibration_samples(config)
-    engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
-                           llm_options=run_llm_options(config, arms))
+    with loading(config.model):
+        engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
+                               llm_options=run_llm_options(config, arms))
     settings = CalibrationSettings(**dict(config.calibration))
     worker = WorkerState()  # one engine: one cost table for every key
     results = []
@@ -79,11 +86,13 @@ def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
         for sample in samples:
             key = sample.shard_key
             requests = [p.request for p in sample.parsed if p.error is None]
-            if not requests:
-                raise InputError(f"shard key {key!r}: none of its first {len(sample.parsed)} rows can run (all are error rows)")
-            ran = run_shard(engine, ShardInput(str(key), key, requests), arms, True, config.batch_size, settings,
-                            seeds.get(key), worker=worker, prior_why=PRIOR_WHY)
-            results.append(KeyCalibration(key, sample.rows, len(requests), ran.decision))
+            failing = [p for p in sample.parsed if p.error is not None]
+            first = f"{failing[0].request.id}: {failing[0].error}" if failing else None
+            decision = None
+            if requests:  # a key none of whose sampled rows can run is reported, and the others calibrate
+                decision = run_shard(engine, ShardInput(str(key), key, requests), arms, True, config.batch_size, settings,
+                                     seeds.get(key), worker=worker, prior_why=PRIOR_WHY).decision
+            results.append(KeyCalibration(key, sample.rows, len(requests), decision, len(failing), first))
     finally:
         engine.close()
     return results

@@ -7,6 +7,9 @@ line and a non-zero exit.
 """
 
 
+from batchspec.redact import redact_text
+
+
 class BatchspecError(Exception):
     """A problem the user can fix; the message is one line and names the culprit."""
 
@@ -36,8 +39,9 @@ ONE_LINE_LIMIT = 300
 
 def one_line(exc: BaseException | str, limit: int = ONE_LINE_LIMIT) -> str:
     """An exception (or text) as one line of at most `limit` characters: the only formatter of
-    library errors inside batchspec's own messages."""
-    text = " ".join(str(exc).split())
+    library errors inside batchspec's own messages, and of every error line the CLI prints. URLs in
+    it lose their user info and signed query values (batchspec.redact)."""
+    text = redact_text(" ".join(str(exc).split()))
     if not text:
         return type(exc).__name__ if isinstance(exc, BaseException) else ""
     return text[:limit]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -39,13 +40,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.errors import OutputError
+from batchspec.parse import PARSED_COLUMNS, RowDefaults, parse_rows
 from batchspec.plan import Plan, ShardPlan, fingerprint_positions, plan_locally, shuffle_for
-from batchspec.read import ID, POS, Chunk, InputSource, chunk_items, chunks, chunks_of, key_strings, position, read_chunk, row_ids
+from batchspec.read import (ID, POS, Chunk, InputSource, chunk_items, chunks, chunks_of, key_strings, position, read_chunk, read_pieces,
+                            row_ids, valid_strings)
 from batchspec.write import Output
 
 SHARD = "__bs_shard"  # int64: the shard's ordinal in the plan (only while shuffling)
 INTERNAL = (POS, ID)  # columns of a shard file that are not input columns
 PARTITION_BYTES = 128 << 20  # uncompressed input bytes per read task and per shuffle partition
+LOCAL_PIECE_BYTES = 4 << 20  # decoded input bytes read at a time by the in-process group
 SORT_SHUFFLE_BYTES = 1 << 30  # groups of up to this many uncompressed input bytes use the sort shuffle (plan.shuffle_for)
 
 
@@ -84,9 +88,9 @@ def tag_rows(batch: pa.Table, source: InputSource, shard_by: str | None, starts_
     return pa.concat_tables([tag_chunk(c, source, shard_by, starts_of) for c in chunks_of(batch)])
 
 
-def tag_chunk(c: Chunk, source: InputSource, shard_by: str | None, starts_of: dict) -> pa.Table:
-    """One chunk's rows, every column, plus position, id and shard ordinal per row."""
-    t = read_chunk(source, c, None)
+def tag_chunk(c: Chunk, source: InputSource, shard_by: str | None, starts_of: dict, t: pa.Table | None = None) -> pa.Table:
+    """One chunk's rows (`t`, or read here), every column, plus position, id and shard ordinal per row."""
+    t = read_chunk(source, c, None) if t is None else t
     pos = position(c.file_index, c.first_row, c.rows)
     enc = pc.dictionary_encode(key_strings(t, shard_by), null_encoding="encode")
     idx = enc.indices.to_numpy(zero_copy_only=False)
@@ -129,10 +133,24 @@ def group_shards(source: InputSource, plan: Plan, output: Output, local: bool | 
 
 
 def _group_locally(source: InputSource, plan: Plan, output: Output) -> list[dict]:
+    """The shuffle in this process, streamed: the input is read in input order by pieces of about
+    LOCAL_PIECE_BYTES, and each shard is written as soon as its last row is read, so memory holds
+    a piece and the shards still open (for keys interleaved row by row, about one per key), never
+    the input."""
     starts_of = _assignment(plan.shards)
     shard_ids = [s.shard_id for s in plan.shards]
-    tagged = [tag_rows(pa.Table.from_pylist([item]), source, plan.shard_by, starts_of) for item in chunk_items(source, PARTITION_BYTES)]
-    return [write_shard(rows, output, shard_ids).to_pylist()[0] for _, rows in by_shard(pa.concat_tables(tagged))]
+    need = [s.rows for s in plan.shards]
+    open_shards: dict[int, list[pa.Table]] = {}
+    written = []
+    for c in chunks(source, PARTITION_BYTES):
+        for piece, table in read_pieces(source, c, LOCAL_PIECE_BYTES):
+            for n, rows in by_shard(tag_chunk(piece, source, plan.shard_by, starts_of, table)):
+                open_shards.setdefault(n, []).append(rows)
+                need[n] -= rows.num_rows
+                if need[n] == 0:
+                    written.append(write_shard(pa.concat_tables(open_shards.pop(n)), output, shard_ids).to_pylist()[0])
+    assert not open_shards, sorted(open_shards)  # the plan counted every shard's rows in this input
+    return written
 
 
 def by_shard(table: pa.Table):
@@ -183,14 +201,17 @@ def read_shards(source: InputSource, plan: Plan, wanted: list[int]) -> dict[int,
             break
         if int(position(c.file_index, c.first_row + c.rows - 1, 1)[0]) < first:
             continue
-        t = tag_chunk(c, source, plan.shard_by, starts_of)
-        t = t.filter(pc.is_in(t.column(SHARD), pa.array(list(need), pa.int64())))
-        for n, mine in by_shard(t):
-            mine = mine.drop_columns([SHARD])
-            parts[n].append(mine)
-            need[n] -= mine.num_rows
-            if need[n] == 0:
-                del need[n]
+        for piece, table in read_pieces(source, c, LOCAL_PIECE_BYTES):  # in this process: bounded by a piece
+            if not need:
+                break
+            t = tag_chunk(piece, source, plan.shard_by, starts_of, table)
+            t = t.filter(pc.is_in(t.column(SHARD), pa.array(list(need), pa.int64())))
+            for n, mine in by_shard(t):
+                mine = mine.drop_columns([SHARD])
+                parts[n].append(mine)
+                need[n] -= mine.num_rows
+                if need[n] == 0:
+                    del need[n]
     assert not need, need  # the plan counted these rows in this input
     out = {n: pa.concat_tables(parts[n]) for n in wanted}
     for n, table in out.items():
@@ -216,3 +237,41 @@ def read_shard_input(output: Output, shard: ShardPlan) -> pa.Table:
         raise OutputError(f"shard file {fs.unstrip_protocol(path)} does not match the plan ({table.num_rows} rows, "
                           f"fingerprint {got}; plan: {shard.rows}, {shard.fingerprint}); rerun with --no-resume")
     return table
+
+
+def shard_ids(table: pa.Table) -> list[str]:
+    """A shard file's output ids (`__bs_id`), as text whatever bytes the input held."""
+    return valid_strings(table.column(ID).combine_chunks()).to_pylist()
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    """The rows of a plan that will fail as they are parsed (`--plan-only`): how many, and the first."""
+
+    rows: int
+    failing: int
+    first: str | None = None  # "<id>: <error>"
+
+
+def check_rows(output: Output, plan: Plan, defaults: RowDefaults, skip: set[str] = frozenset()) -> RowCheck:
+    """Parse every row of the plan's shard files (but those in `skip`) as a worker will, one shard
+    at a time, reading only the columns parsing takes: the rows that will be error rows before any
+    model sees them (rows too long for the context are the engine's to find)."""
+    fs, failing, first, rows = output.fs, 0, None, 0
+    for shard in plan.shards:
+        if shard.shard_id in skip:
+            continue
+        with fs.open(output.shard_input_path(shard.shard_id), "rb") as f:
+            shard_file = pq.ParquetFile(f, pre_buffer=False)
+            wanted = [n for n in shard_file.schema_arrow.names if n in (ID, *PARSED_COLUMNS)]
+            for batch in shard_file.iter_batches(batch_size=CHECK_ROWS, columns=wanted):  # a few rows at a time: prompts may be long
+                table = pa.Table.from_batches([batch])
+                for parsed in parse_rows(table, shard_ids(table), defaults):
+                    rows += 1
+                    if parsed.error is not None:
+                        failing += 1
+                        first = first or f"{parsed.request.id}: {parsed.error}"
+    return RowCheck(rows, failing, first)
+
+
+CHECK_ROWS = 8

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchspec.errors import ConfigError, ModelError, one_line
+from batchspec.errors import BatchspecError, ConfigError, ModelError, one_line
 
 MARKER = "batchspec-model.json"  # written last into every cache entry: its presence means "prepared"
 _CHUNK = 8 << 20
@@ -344,6 +344,62 @@ def local_folder(spec: str, cache_dir: Path | None = None) -> Path | None:
         return path if is_prepared(path) else None
     folder = Path(spec).expanduser()
     return folder.resolve() if "://" not in spec and (folder / "config.json").is_file() else None
+
+
+@contextlib.contextmanager
+def loading(spec: str) -> Iterator[None]:
+    """Whatever loading model `spec` raises that is not already one of ours (a truncated weights
+    file, a config transformers cannot read) as one ModelError line naming the model."""
+    try:
+        yield
+    except BatchspecError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"model {spec!r} cannot be loaded: {type(exc).__name__}: {one_line(exc)}") from None
+
+
+# ---- fingerprints -------------------------------------------------------------------------------
+
+SAMPLED_BYTES = 4 << 20  # of a large weight file, the head and tail read into its fingerprint
+WHOLE_BYTES = 64 << 20  # files up to this size are hashed whole
+
+
+def fingerprint(spec: str, storage_options: Mapping[str, Any] | None = None) -> str | None:
+    """What identifies a model's weights, tokenizer and chat template, cheaply enough to compute on
+    the driver before every run: a registry model's GGUF sha256; for a local folder a sha256 over
+    every file's relative name and size, the whole content of files up to WHOLE_BYTES (config,
+    tokenizer, chat template, small weights) and the head and tail of larger ones; for a URL, its
+    listing (names, sizes and the store's checksum, an ETag on S3). None when the model is not to
+    be found from here (a worker may still fetch it)."""
+    if spec in REGISTRY:
+        return f"sha256:{REGISTRY[spec].sha256}"
+    h = hashlib.sha256()
+    if "://" in spec:
+        import fsspec
+
+        try:
+            fs, root = fsspec.core.url_to_fs(spec, **(storage_options or {}))
+            root = root.rstrip("/")
+            for path in sorted(fs.find(root)):
+                h.update(f"{path[len(root):]}\0{fs.size(path)}\0{fs.checksum(path)}\n".encode())
+        except Exception:  # unreachable from the driver: the worker that fetches it will say why
+            return None
+        return f"listing:{h.hexdigest()[:16]}"
+    folder = Path(spec).expanduser()
+    if not (folder / "config.json").is_file():
+        return None
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER):
+        size = path.stat().st_size
+        h.update(f"{path.relative_to(folder).as_posix()}\0{size}\n".encode())
+        with path.open("rb") as f:
+            if size <= WHOLE_BYTES:
+                for block in iter(lambda: f.read(_CHUNK), b""):
+                    h.update(block)
+            else:
+                h.update(f.read(SAMPLED_BYTES))
+                f.seek(size - SAMPLED_BYTES)
+                h.update(f.read(SAMPLED_BYTES))
+    return f"files:{h.hexdigest()[:16]}"
 
 
 # ---- chat templates ----------------------------------------------------------------------------

@@ -8,6 +8,10 @@ JSON string, batchspec.engine.response_format) and what a row's values must be. 
 passes through to the output untouched (batchspec.read.passthrough_schema). It knows nothing about
 files or shards: it gets an Arrow table and the rows' ids.
 
+Whatever a cell holds, it fails its own row at most: a value the column cannot even convert (bytes
+that are not UTF-8, a struct nested past Python's recursion limit) is found cell by cell, and any
+exception while a row is parsed becomes that row's one-line error (`ParsedRow.error`).
+
 A row without a `seed` samples with one derived from the run seed and its id, so the same row
 samples the same text whatever shard or batch it lands in.
 
@@ -24,14 +28,19 @@ import math
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from batchspec.engine.base import Request, SamplingParams
 from batchspec.engine.response_format import ResponseFormat, parse_response_format
+from batchspec.errors import one_line
 
 PROMPT_COLUMNS = ("prompt", "messages")
 SAMPLING_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop", "response_format")
+PARSED_COLUMNS = (*PROMPT_COLUMNS, *SAMPLING_COLUMNS)  # what a request is made of (the id comes apart)
 CONSUMED_COLUMNS = (*PROMPT_COLUMNS, "id", *SAMPLING_COLUMNS)
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # what chat templates render
+SEED_LIMIT = 2**64  # seeds are unsigned 64-bit integers (torch.Generator.manual_seed, TensorRT-LLM)
 
 
 @dataclass(frozen=True)
@@ -59,25 +68,67 @@ class ParsedRow:
 
 def parse_rows(table: pa.Table, ids: list[str], defaults: RowDefaults) -> list[ParsedRow]:
     """One ParsedRow per table row, in order; a row that cannot run gets a one-line error."""
-    cols = {name: table.column(name).to_pylist() for name in table.column_names if name in CONSUMED_COLUMNS}
+    cols = {name: cells(table.column(name)) for name in table.column_names if name in PARSED_COLUMNS}
     return [_parse_row({c: v[i] for c, v in cols.items()}, ids[i], defaults) for i in range(table.num_rows)]
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A cell its column could not turn into a Python value: why, after the column's name."""
+
+    why: str
+
+
+def cells(column: pa.ChunkedArray | pa.Array) -> list:
+    """The column's values; a cell that cannot be converted is an `Unreadable`, found cell by cell
+    only when the whole column cannot be."""
+    try:
+        return column.to_pylist()
+    except Exception:
+        return [_cell(column, i) for i in range(len(column))]
+
+
+def _cell(column, i: int):
+    try:
+        return column[i].as_py()
+    except UnicodeDecodeError:
+        return Unreadable("is not valid UTF-8")
+    except RecursionError:
+        return Unreadable("is nested too deeply")
+    except Exception as exc:
+        return Unreadable(f"cannot be read: {type(exc).__name__}: {one_line(exc)}")
 
 
 def _parse_row(row: dict, row_id: str, defaults: RowDefaults) -> ParsedRow:
     try:
+        bad = next((f"{name} {value.why}" for name, value in row.items() if isinstance(value, Unreadable)), None)
+        if bad:
+            raise ValueError(bad)
         params = _sampling(row, row_id, defaults)
         prompt, messages = _prompt(row)
-        raw = row.get("response_format")
-        response_format = defaults.response_format if raw is None else parse_response_format(raw)
+        response_format = _response_format(row.get("response_format"), defaults)
     except ValueError as exc:
         return ParsedRow(Request(row_id), str(exc))
+    except Exception as exc:  # anything else a cell can provoke fails its row alone, never the shard
+        return ParsedRow(Request(row_id), one_line(f"row cannot be parsed: {type(exc).__name__}: {one_line(exc)}"))
     if prompt is not None and defaults.prompt_format == "chat":
         prompt, messages = None, ({"role": "user", "content": prompt},)
     return ParsedRow(Request(row_id, prompt=prompt, messages=messages, params=params, response_format=response_format))
 
 
+def _response_format(raw, defaults: RowDefaults) -> ResponseFormat | None:
+    if raw is None:
+        return defaults.response_format
+    try:
+        return parse_response_format(raw)
+    except RecursionError:
+        raise ValueError("response_format is nested too deeply") from None
+
+
 def _prompt(row: dict) -> tuple[str | None, tuple[dict[str, str], ...] | None]:
     prompt, messages = row.get("prompt"), row.get("messages")
+    if prompt is not None and messages is not None:
+        raise ValueError("prompt and messages are both set; give one")
     if prompt is not None:
         if not isinstance(prompt, str):
             raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
@@ -94,9 +145,11 @@ def _prompt(row: dict) -> tuple[str | None, tuple[dict[str, str], ...] | None]:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {role, content}")
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError("messages must be a list of {role: string, content: string}")
+        if m["role"] not in CHAT_ROLES:
+            raise ValueError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got {m['role']!r}"[:300])
         out.append({"role": m["role"], "content": m["content"]})
     return None, tuple(out)
 
@@ -112,6 +165,10 @@ def _sampling(row: dict, row_id: str, d: RowDefaults) -> SamplingParams:
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if np.float32(top_p) == 0:  # the engines sample in float32: a top_p of 0 keeps no token at all
+        raise ValueError(f"top_p must be in (0, 1] and above 0 in float32 (at least 1.4e-45), got {top_p}")
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {row.get('seed')!r}")
     if seed is None and d.seed is not None:
         # A per-row seed from the run seed and the id: the same row samples the same text whatever
         # shard or batch it lands in.
@@ -123,8 +180,10 @@ def _value(row: dict, name: str, default, kind: type):
     value = row.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    if kind is int and not (isinstance(value, int) or (math.isfinite(value) and value == int(value))):
+        raise ValueError(f"{name} must be a finite integer, got {value!r}")
     return kind(value)
 
 

@@ -4,8 +4,10 @@
 `run(config)` reads as the list of steps of docs/architecture.md "Data flow"; each step lives in
 its own module (read, plan, workers, write). Everything that can be checked before work starts
 is checked first, in this order, so a bad run stops with one line and writes nothing it could
-mistake for done: the engine is available, the spec files are valid, OUTPUT is writable, the
-plan matches any run already in OUTPUT, the input files and columns are readable.
+mistake for done: the engine is available, the spec files are valid, OUTPUT is writable and apart
+from INPUT, no other run holds OUTPUT (batchspec.lease: the run holds it until it ends), the plan
+and the run's options (batchspec.identity) match any shards already committed in OUTPUT, the
+input files and columns are readable.
 
 Plan and group are one committed step (`plan_and_group`): the plan is made with Ray Data, each
 shard's rows are written once under OUTPUT/_shards/, and OUTPUT/_plan.json is written last, as
@@ -42,6 +44,8 @@ import datetime as dt
 import importlib.metadata
 import logging
 import platform
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -49,16 +53,19 @@ from typing import Protocol
 from batchspec.config.run import RunConfig, check_engine_options, default_response_format
 from batchspec.engine.base import NO_SPEC
 from batchspec.errors import OutputError
-from batchspec.group import group_shards
+from batchspec.group import RowCheck, check_rows, group_shards
+from batchspec.identity import run_identity
+from batchspec.lease import Held, Lease
 from batchspec.models import local_folder, require_chat_template
 from batchspec.parse import RowDefaults
-from batchspec.plan import Plan, check_resume, fingerprint, make_plan
+from batchspec.plan import Plan, RunIdentity, check_identity, check_resume, fingerprint, make_plan
 from batchspec.prior import prior_of
-from batchspec.read import list_input, open_input, passthrough_schema
+from batchspec.read import InputListing, list_input, open_input, passthrough_schema
+from batchspec.redact import redact_strings
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
 from batchspec.worker_pool import WorkerPool
 from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, run_pool
-from batchspec.write import Output, output_schema, resolve_template
+from batchspec.write import Output, check_apart, output_schema, resolve_template
 
 
 class RunProgress(Protocol):
@@ -80,7 +87,7 @@ class RunSummary:
     error_rows: int
     shards: int
     shards_skipped: int  # committed by an earlier run and not recomputed
-    shards_failed: int  # written as error rows after every attempt failed
+    shards_failed: int  # written as error rows after every attempt failed (a rerun retries them)
     retries: int
     output_tokens: int
     wall_s: float
@@ -98,6 +105,7 @@ class RunSummary:
     prompt_format: str = "chat"  # how text prompts reached the model (RunConfig.prompt_format)
     empty_rows: int = 0  # rows that ran and returned an empty text
     prior_run: str | None = None  # the prior run each key started from, or why none (batchspec.prior)
+    failed_reason: str | None = None  # the first failed shard and why, "<shard_id>: <note>"
 
     @property
     def empty_text_warning(self) -> str | None:
@@ -113,9 +121,10 @@ class RunSummary:
 
 
 def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: type[ShardWorker] = ShardWorker,
-        pool: WorkerPool | None = None) -> RunSummary:
+        pool: WorkerPool | None = None, force: bool = False) -> RunSummary:
     """One run. With `pool`, shard workers already loaded with this run's engine take its shards and
-    stay loaded for the next run (`batchspec.worker_pool.WorkerPool`); without, they stop at the end."""
+    stay loaded for the next run (`batchspec.worker_pool.WorkerPool`); without, they stop at the end.
+    `force`: with `resume` false, delete a previous run's committed shards in OUTPUT (refused without)."""
     started = time.perf_counter()
     config = dataclasses.replace(config, run_date=config.date())  # one date for INPUT and OUTPUT
     check_engine(config.engine)
@@ -124,33 +133,38 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
     choice = resolve_spec(config)
     arms, calibrate = run_arms(choice)
     llm_options = run_llm_options(config, arms)
+    identity = run_identity(config, arms, calibrate, llm_options)
     prior = prior_of(config, arms, calibrate)
-    output = open_output(config)
-    plan = plan_and_group(config, output)  # 1. read  2. plan + group (or the committed plan)
-    passthrough = passthrough_schema(plan.arrow_schema, OUTPUT_NAMES)
-    todo, skipped = pending(output, plan)
-    if progress:
-        progress.planned(len(plan.shards), plan.rows, skipped)
+    output, listing = open_output(config), input_listing(config)
+    check_apart(listing, dict(config.storage_options), output)
+    with Held(output) as lease:  # one writer per OUTPUT, until the run ends however it ends
+        plan = plan_and_group(config, output, listing, identity, lease, force)  # 1. read  2. plan + group (or the committed plan)
+        passthrough = passthrough_schema(plan.arrow_schema, OUTPUT_NAMES)
+        todo, failed, skipped = pending(output, plan)
+        if progress:
+            progress.planned(len(plan.shards), plan.rows, skipped)
 
-    ensure_ray(config)
-    job = WorkerJob(  # 3. shard workers: calibrate -> generate -> write, per shard
-        output=output, passthrough=passthrough, out_schema=output_schema(passthrough),
-        engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
-        device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
-        calibration=config.calibration, defaults=row_defaults(config), worker=config.worker,
-        llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
-    )
-    work_started = time.perf_counter()
-    report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls, pool, prior.seeds) if todo else None
-    work_s = time.perf_counter() - work_started
+        ensure_ray(config)
+        job = WorkerJob(  # 3. shard workers: calibrate -> generate -> write, per shard
+            output=output, passthrough=passthrough, out_schema=output_schema(passthrough),
+            engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
+            device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
+            calibration=config.calibration, defaults=row_defaults(config), worker=config.worker,
+            llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options), lease=lease,
+        )
+        work_started = time.perf_counter()
+        report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls, pool, prior.seeds, failed) if todo else None
+        work_s = time.perf_counter() - work_started
 
-    stats = output.read_stats(_committed_in_order(output, plan))  # 4. commit: every shard accounted for
-    summary = summarize(output.url, plan, stats, report, skipped, work_s, time.perf_counter() - started, choice.dropped,
-                        config.prompt_format, prior.note)
-    if summary.complete:  # 5. manifest
-        write_manifest(output, config, plan, summary)
-        if not config.keep_shards:  # 6. _shards/ is intermediate: removed once _SUCCESS is there
-            output.clear_shard_inputs()
+        stats = output.read_stats(_committed_in_order(output, plan))  # 4. commit: every shard accounted for
+        summary = summarize(output.url, plan, stats, report, skipped, work_s, time.perf_counter() - started, choice.dropped,
+                            config.prompt_format, prior.note, output.failed())
+        if summary.complete and not summary.shards_failed:
+            if report is not None or output.read_text("_SUCCESS") is None:  # 5. manifest (a rerun with nothing to do keeps it)
+                lease.check()
+                write_manifest(output, config, plan, summary)
+            if not config.keep_shards:  # 6. _shards/ is intermediate: removed once _SUCCESS is there
+                output.clear_shard_inputs()
     return summary
 
 
@@ -209,26 +223,43 @@ def ensure_ray(config: RunConfig) -> None:
     if ray.is_initialized():
         return
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
+    term = signal.getsignal(signal.SIGTERM)  # the process's own (the CLI's): Ray's core replaces it with a stack dump
     if config.ray_address:
         ray.init(address=config.ray_address, **quiet)
     else:
         # address="local": start Ray in this process even when a head (`make ray-head`) runs on
         # this machine; plain ray.init() would join that head and refuse num_cpus.
         ray.init(address="local", num_cpus=config.ray_num_cpus, include_dashboard=False, **quiet)
+    if callable(term) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, term)
     import ray.data  # configures Ray Data's loggers on import; quiet them afterwards
 
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # our progress bar is the one to watch
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 
-def plan_run(config: RunConfig) -> Plan:
-    """`batchspec run --plan-only`: check the config, then plan and group; no model is loaded."""
+@dataclass(frozen=True)
+class PlannedRun:
+    """What `batchspec run --plan-only` reports: the plan, and the rows that will fail as parsed."""
+
+    plan: Plan
+    rows: RowCheck
+
+
+def plan_run(config: RunConfig, force: bool = False) -> PlannedRun:
+    """`batchspec run --plan-only`: check the config, then plan and group, and parse every row as a
+    worker will (the rows that will fail); no model is loaded."""
     config = dataclasses.replace(config, run_date=config.date())
     check_engine(config.engine)
     check_engine_options(config, config.pipeline or "run")
     check_prompt_format(config)
-    run_llm_options(config, run_arms(resolve_spec(config))[0])
-    return plan_and_group(config, open_output(config))
+    arms, calibrate = run_arms(resolve_spec(config))
+    identity = run_identity(config, arms, calibrate, run_llm_options(config, arms))
+    output, listing = open_output(config), input_listing(config)
+    check_apart(listing, dict(config.storage_options), output)
+    with Held(output) as lease:
+        plan = plan_and_group(config, output, listing, identity, lease, force)
+    return PlannedRun(plan, check_rows(output, plan, row_defaults(config), skip=output.committed()))
 
 
 def open_output(config: RunConfig) -> Output:
@@ -237,38 +268,65 @@ def open_output(config: RunConfig) -> Output:
     return output
 
 
-def plan_and_group(config: RunConfig, output: Output) -> Plan:
-    """The committed plan of OUTPUT if it is this input's and options', else a new plan and group."""
-    opts = dict(config.storage_options)
-    listing = list_input(resolve_template(config.input, config.date()), opts)
+def input_listing(config: RunConfig) -> InputListing:
+    return list_input(resolve_template(config.input, config.date()), dict(config.storage_options))
+
+
+def plan_and_group(config: RunConfig, output: Output, listing: InputListing, identity: RunIdentity, lease: Lease,
+                   force: bool = False) -> Plan:
+    """The committed plan of OUTPUT if it is this input's and options', else a new plan and group.
+    A run with other options (`identity`) is refused where shards are committed, and bound to the
+    plan where none is; `resume` false deletes a previous run, its committed shards only with `force`."""
+    committed = output.committed()
     if not config.resume:
+        if committed and not force:
+            raise OutputError(f"OUTPUT {output.url} holds {_previous_run(output, committed)}; --no-resume deletes it: "
+                              "add --force to delete it and start over, or use another OUTPUT")
+        lease.check()
         output.clear()
+        committed = set()
+    start_over = f"--no-resume --force (deleting its {len(committed)} committed shard(s))" if committed else "--no-resume"
     text = output.read_text("_plan.json")
     existing = Plan.from_json(text) if text else None
-    check_resume(existing, fingerprint(listing.files, config.shard_by, config.shard_size))
+    check_resume(existing, fingerprint(listing.files, config.shard_by, config.shard_size), start_over)
     if existing is not None:
-        have = output.shard_inputs() | output.committed()
+        check_identity(existing, identity, len(committed), start_over)
+        have = output.shard_inputs() | committed
         missing = [s.shard_id for s in existing.shards if s.shard_id not in have]
         if missing:
-            raise OutputError(f"OUTPUT {output.url}: {len(missing)} shard file(s) under _shards/ are missing (first {missing[0]}); use --no-resume")
+            raise OutputError(f"OUTPUT {output.url}: {len(missing)} shard file(s) under _shards/ are missing (first {missing[0]}); use {start_over}")
+        if existing.identity != identity:  # nothing committed (or a plan from before identities): bind it
+            existing = dataclasses.replace(existing, identity=identity)
+            lease.check()
+            output.put(output.path("_plan.json"), existing.to_json().encode())
         return existing
-    if output.committed():
-        raise OutputError(f"OUTPUT {output.url} holds shard files but no _plan.json; use a new OUTPUT or --no-resume")
+    if committed:
+        raise OutputError(f"OUTPUT {output.url} holds shard files but no _plan.json; use a new OUTPUT or {start_over}")
+    opts = dict(config.storage_options)
     source = open_input(listing, opts, config.shard_by)
     passthrough_schema(source.schema, OUTPUT_NAMES)  # a clashing column stops the run before any work
     ensure_ray(config)
+    lease.check()
     output.clear_shard_inputs()  # a grouping that stopped half way left files of no plan
-    plan = make_plan(source, config.shard_by, config.shard_size)
+    plan = dataclasses.replace(make_plan(source, config.shard_by, config.shard_size), identity=identity)
     group_shards(source, plan, output)
+    lease.check()
     output.put(output.path("_plan.json"), plan.to_json().encode())
     return plan
 
 
-def pending(output: Output, plan: Plan) -> tuple[list, int]:
-    """The shards still to run, and how many are committed already."""
-    committed = output.committed()
-    todo = [s for s in plan.shards if s.shard_id not in committed]
-    return todo, len(plan.shards) - len(todo)
+def _previous_run(output: Output, committed: set[str]) -> str:
+    if output.read_text("_SUCCESS") is not None:
+        return f"a finished run ({len(committed)} committed shard(s), _SUCCESS)"
+    return f"an unfinished run with {len(committed)} committed shard(s)"
+
+
+def pending(output: Output, plan: Plan) -> tuple[list, frozenset[str], int]:
+    """The shards still to run (those an earlier run committed as failed among them), the failed
+    ones, and how many are committed already and skipped."""
+    committed, failed = output.committed(), frozenset(output.failed())
+    todo = [s for s in plan.shards if s.shard_id not in committed or s.shard_id in failed]
+    return todo, failed, len(plan.shards) - len(todo)
 
 
 def _on_done(progress: RunProgress | None):
@@ -288,8 +346,10 @@ def _committed_in_order(output: Output, plan: Plan) -> list[str]:
 
 
 def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: int, work_s: float, wall_s: float,
-              dropped_arms: tuple[str, ...] = (), prompt_format: str = "chat", prior_run: str | None = None) -> RunSummary:
+              dropped_arms: tuple[str, ...] = (), prompt_format: str = "chat", prior_run: str | None = None,
+              failed: set[str] = frozenset()) -> RunSummary:
     rows = sum(s.rows for s in stats)
+    first_failed = next((s for s in stats if s.shard_id in failed), None)
     new_ids = {o.shard_id for o in report.outcomes} if report else set()
     new_tokens = sum(s.output_tokens for s in stats if s.shard_id in new_ids)
     total = speedup_total(stats)
@@ -300,7 +360,8 @@ def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: in
         error_rows=sum(s.error_rows for s in stats),
         shards=len(stats),
         shards_skipped=skipped,
-        shards_failed=len(report.failed_shards) if report else 0,
+        shards_failed=len(failed),
+        failed_reason=f"{first_failed.shard_id}: {first_failed.note}" if first_failed else None,
         retries=report.retries if report else 0,
         output_tokens=sum(s.output_tokens for s in stats),
         wall_s=wall_s,
@@ -325,11 +386,12 @@ def write_manifest(output: Output, config: RunConfig, plan: Plan, summary: RunSu
         "config": config.to_doc(),
         "versions": _versions(),
         "plan_fingerprint": plan.fingerprint,
+        "run_identity": asdict(plan.identity) if plan.identity else None,
         "input": plan.input_url,
         "totals": asdict(summary),
         "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    output.put_json("_manifest.json", manifest)
+    output.put_json("_manifest.json", redact_strings(manifest))
     output.put(output.path("_SUCCESS"), b"")
 
 

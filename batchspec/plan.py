@@ -16,10 +16,10 @@ workload gets its own calibration. How, without rows on the driver:
 Both shuffles run as Ray Data's pull-based sort shuffle for inputs of up to SORT_SHUFFLE_ROWS
 rows and with Ray Data's default above (`shuffle_for`).
 
-Small inputs (at most LOCAL_BYTES on disk) run the same per-chunk functions in the driver's
-process instead: a Ray Data job costs seconds of fixed overhead (tasks, a shuffle, stats actors),
-which at that size is all of the cost, while the rows involved are a few MB. Both paths give the
-same plan; a test checks it.
+Small inputs (at most LOCAL_BYTES uncompressed, from the footers) run the same per-chunk functions
+in the driver's process instead: a Ray Data job costs seconds of fixed overhead (tasks, a shuffle,
+stats actors), which at that size is all of the cost, while the rows involved are a few MB. Both
+paths give the same plan; a test checks it.
 
 A shard is thus named by its key and the input position of its first row; `batchspec.group`
 finds every row's shard by a binary search among those starts. The plan is a pure function of the
@@ -47,17 +47,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchspec.errors import InputError, OutputError
+from batchspec.redact import redact_text
 from batchspec.read import ID, POS, InputSource, chunk_items, chunks_of, key_strings, position, read_chunk, row_ids
 
 PLAN_VERSION = 2
 SCAN_BYTES = 64 << 20  # uncompressed input bytes per key-scan task (only two columns are read)
-LOCAL_BYTES = 32 << 20  # inputs up to this size on disk are planned and grouped in-process
+LOCAL_BYTES = 32 << 20  # inputs up to this size uncompressed are planned and grouped in-process
 SORT_SHUFFLE_ROWS = 100_000  # plans of up to this many rows shuffle with the sort shuffle (see shuffle_for)
 
 
 def plan_locally(source: InputSource) -> bool:
-    """Small inputs skip Ray Data's fixed per-job cost (see the module docstring)."""
-    return sum(f.size for f in source.files) <= LOCAL_BYTES
+    """Small inputs skip Ray Data's fixed per-job cost (see the module docstring). Small by their
+    uncompressed size from the footers, not their size on disk: zstd makes 400 MB of repetitive
+    prompts 50 KB. (Dictionary-encoded repeats are small even uncompressed: the in-process group
+    streams, so its memory does not depend on this estimate.)"""
+    return sum(b for f in source.files for _, b in f.row_groups) <= LOCAL_BYTES
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,34 @@ class ShardPlan:
 
 
 @dataclass(frozen=True)
+class RunIdentity:
+    """What a run's rows' text depends on (the model and its fingerprint, engine, prompt format,
+    generation defaults, response format, arms, dtype: batchspec.identity builds it), as a
+    canonical JSON record and its digest. A resume or rerun into an OUTPUT of another identity
+    with shards committed is refused (`check_identity`), so no OUTPUT mixes rows of two settings."""
+
+    digest: str
+    options: dict  # option name -> canonical JSON value
+
+    @classmethod
+    def of(cls, options: dict) -> "RunIdentity":
+        canonical = json.loads(json.dumps(options, sort_keys=True, default=str))
+        text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+        return cls(hashlib.sha256(text.encode()).hexdigest()[:16], canonical)
+
+    def differences(self, other: "RunIdentity") -> list[str]:
+        """`name: this != other` for each option that differs, values shortened to one line."""
+        names = sorted(set(self.options) | set(other.options))
+        return [f"{n}: {_short(self.options.get(n))} != {_short(other.options.get(n))}"
+                for n in names if self.options.get(n) != other.options.get(n)]
+
+
+def _short(value, limit: int = 60) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":")) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
 class Plan:
     fingerprint: str
     input_url: str
@@ -82,6 +114,7 @@ class Plan:
     rows: int
     schema: str  # the unified input schema, Arrow IPC, base64
     shards: tuple[ShardPlan, ...]
+    identity: RunIdentity | None = None  # the run's options the committed shards were made with
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -91,6 +124,8 @@ class Plan:
         doc = asdict(self)
         doc["version"] = PLAN_VERSION
         doc["shards"] = [asdict(s) for s in self.shards]
+        if self.identity is None:
+            doc.pop("identity")
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -100,12 +135,14 @@ class Plan:
             return cls(fingerprint=doc.get("fingerprint", "?"), input_url="", files=(), shard_by=None, shard_size=0, rows=0, schema="", shards=())
         shards = tuple(ShardPlan(**s) for s in doc.pop("shards"))
         files = tuple(tuple(f) for f in doc.pop("files"))
-        return cls(shards=shards, files=files, **doc)
+        identity = doc.pop("identity", None)  # a plan written before runs had an identity has none
+        return cls(shards=shards, files=files, identity=RunIdentity(**identity) if identity else None, **doc)
 
 
 def fingerprint(files: list[tuple[str, int]], shard_by: str | None, shard_size: int) -> str:
-    """Of the input listing (paths, sizes) and the plan options: computable without reading data."""
-    doc = {"version": PLAN_VERSION, "files": [list(f) for f in files], "shard_by": shard_by, "shard_size": shard_size}
+    """Of the input listing (paths, sizes) and the plan options: computable without reading data.
+    Paths are taken without their secrets (`redact_text`): a signed URL signed anew names the same file."""
+    doc = {"version": PLAN_VERSION, "files": [[redact_text(p), size] for p, size in files], "shard_by": shard_by, "shard_size": shard_size}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -121,8 +158,8 @@ def make_plan(source: InputSource, shard_by: str | None, shard_size: int, local:
     assert sum(s.rows for s in shards) == source.rows, (sum(s.rows for s in shards), source.rows)
     return Plan(
         fingerprint=fingerprint([(f.path, f.size) for f in source.files], shard_by, shard_size),
-        input_url=source.url,
-        files=tuple((f.path, f.size, f.rows) for f in source.files),
+        input_url=redact_text(source.url),
+        files=tuple((redact_text(f.path), f.size, f.rows) for f in source.files),
         shard_by=shard_by,
         shard_size=shard_size,
         rows=source.rows,
@@ -252,10 +289,22 @@ def _shard_id(n: int, key: str | None) -> str:
     return f"{n:05d}-{slug}" if slug else f"{n:05d}"
 
 
-def check_resume(existing: Plan | None, fingerprint: str) -> None:
+def check_resume(existing: Plan | None, fingerprint: str, start_over: str = "--no-resume") -> None:
     """Refuse to resume into an OUTPUT that holds a run of another input or plan."""
     if existing is not None and existing.fingerprint != fingerprint:
         raise OutputError(
             f"OUTPUT holds a run of a different input/plan (fingerprint {existing.fingerprint} != {fingerprint}); "
-            "use a new OUTPUT or --no-resume"
+            f"use a new OUTPUT or {start_over}"
+        )
+
+
+def check_identity(existing: Plan, identity: RunIdentity, committed: int, start_over: str) -> None:
+    """Refuse to resume or rerun, with other options, an OUTPUT that holds committed shards: one
+    line naming each option that differs (OUTPUT's value first). With nothing committed there is
+    nothing to mix: the caller binds the plan to the new options."""
+    if committed and existing.identity is not None and existing.identity.digest != identity.digest:
+        diff = existing.identity.differences(identity)
+        raise OutputError(
+            f"OUTPUT holds {committed} shard(s) made with other options ({'; '.join(diff)}); "
+            f"use another OUTPUT, or {start_over} to start over"
         )

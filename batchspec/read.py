@@ -13,7 +13,9 @@ deciding which rows belong together (batchspec.plan, batchspec.group).
 
 Row identity is (file, row index), carried as one int64 position (file index << 40 | row index).
 When the input has no `id` column (or a row's id is null), the id is `<file path relative to
-INPUT>#<row index>`, stable across runs; duplicate ids are refused by the plan. Every column
+INPUT>#<row index>`, stable across runs; duplicate ids are refused by the plan. Ids and shard keys
+are text: bytes in them that are not UTF-8 (Parquet readers do not check) are read as U+FFFD
+(`valid_strings`), so no cell can stop the plan. Every column
 except prompt, messages, id and the sampling columns passes through untouched.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
+from typing import Iterator
 
 import fsspec
 import numpy as np
@@ -92,7 +95,7 @@ def list_input(url: str, storage_options: dict | None = None) -> InputListing:
         fs, root = fsspec.core.url_to_fs(url, **opts)
         paths = _list_parquet(fs, root)
         sizes = [fs.size(p) for p in paths]
-        base = (root if not _has_glob(root) and fs.isdir(root) else posixpath.dirname(paths[0])) if paths else ""
+        base = (root if not has_glob(root) and fs.isdir(root) else posixpath.dirname(paths[0])) if paths else ""
     except InputError:
         raise
     except Exception as exc:  # the backend's own error: unreachable bucket, bad credentials, ...
@@ -111,15 +114,24 @@ def open_input(url: str | InputListing, storage_options: dict | None = None, sha
     for path, size in listing.files:
         meta = _footer(fs, path)
         groups = tuple((meta.row_group(g).num_rows, meta.row_group(g).total_byte_size) for g in range(meta.num_row_groups))
-        files.append(InputFile(path, posixpath.relpath(path, listing.base) if listing.base else path, size, meta.num_rows, groups))
+        files.append(InputFile(path, _relative(path, listing.base), size, meta.num_rows, groups))
         schemas.append(meta.schema.to_arrow_schema())
     schema = _unify(schemas, [fs.unstrip_protocol(p) for p, _ in listing.files])
     _check_columns(schema, listing.url, shard_by)
     return InputSource(listing.url, tuple(files), schema, tuple(sorted(opts.items())))
 
 
+def _relative(path: str, base: str) -> str:
+    """A file's name relative to INPUT, as generated ids carry it: a URL's query (a signature, a
+    token) and fragment are not part of it."""
+    if "://" in path:
+        path = path.split("?", 1)[0].split("#", 1)[0]
+        base = base.split("?", 1)[0].split("#", 1)[0]
+    return posixpath.relpath(path, base) if base else path
+
+
 def _list_parquet(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
-    if _has_glob(root):
+    if has_glob(root):
         found = fs.glob(root)
     elif fs.isdir(root):
         found = fs.find(root)
@@ -131,7 +143,7 @@ def _list_parquet(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
     return sorted(p for p in found if not posixpath.basename(p).startswith(("_", ".")) and not fs.isdir(p))
 
 
-def _has_glob(path: str) -> bool:
+def has_glob(path: str) -> bool:
     return any(ch in path for ch in "*?[")
 
 
@@ -228,6 +240,47 @@ def read_chunk(source: InputSource, chunk: Chunk, columns: list[str] | None) -> 
         raise InputError(f"input file {fs.unstrip_protocol(f.path)} cannot be read: {one_line(exc)}") from exc
     if table.num_rows != chunk.rows:
         raise InputError(f"input file {fs.unstrip_protocol(f.path)} changed: row groups {list(chunk.groups)} hold {table.num_rows} rows, the footer said {chunk.rows}")
+    return _typed(source, table, wanted)
+
+
+def read_pieces(source: InputSource, chunk: Chunk, target_bytes: int) -> Iterator[tuple[Chunk, pa.Table]]:
+    """The chunk's rows, every column, in consecutive pieces of about `target_bytes` decoded (at
+    least PIECE_ROWS rows), each with the Chunk that names its rows: what reading a whole chunk at
+    once would give, with memory bounded by a piece, whatever the footer says of the chunk's size
+    (dictionary-encoded repeats are small there and large decoded)."""
+    f = source.files[chunk.file_index]
+    fs = source.fs
+    first, pending, size = chunk.first_row, [], 0
+    try:
+        with fs.open(f.path, "rb") as fh:
+            pf = pq.ParquetFile(fh, pre_buffer=False, buffer_size=PIECE_READ_BYTES)  # column chunks read by the buffer, not whole
+            present = [c for c in source.schema.names if c in pf.schema_arrow.names]
+            for batch in pf.iter_batches(batch_size=PIECE_ROWS, row_groups=list(chunk.groups), columns=present):
+                pending.append(batch)
+                size += batch.nbytes
+                if size >= target_bytes:
+                    piece = pa.Table.from_batches(pending)
+                    yield Chunk(chunk.file_index, chunk.groups, first, piece.num_rows, size), _typed(source, piece, source.schema.names)
+                    first, pending, size = first + piece.num_rows, [], 0
+            if pending:
+                piece = pa.Table.from_batches(pending)
+                yield Chunk(chunk.file_index, chunk.groups, first, piece.num_rows, size), _typed(source, piece, source.schema.names)
+                first += piece.num_rows
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"input file {fs.unstrip_protocol(f.path)} cannot be read: {one_line(exc)}") from exc
+    if first != chunk.first_row + chunk.rows:
+        raise InputError(f"input file {fs.unstrip_protocol(f.path)} changed: row groups {list(chunk.groups)} hold "
+                         f"{first - chunk.first_row} rows, the footer said {chunk.rows}")
+
+
+PIECE_ROWS = 8  # rows per Parquet read batch of `read_pieces`: a row may be a very long prompt, and the reader holds several batches' worth
+PIECE_READ_BYTES = 8 << 20  # read buffer per column chunk
+
+
+def _typed(source: InputSource, table: pa.Table, wanted: list[str]) -> pa.Table:
+    """`table`'s `wanted` columns typed as in the unified input schema (a missing one all null)."""
     if not wanted:
         return table  # no columns, but the row count
     fields = [source.schema.field(n) for n in wanted]
@@ -254,5 +307,16 @@ def key_strings(table: pa.Table, shard_by: str | None) -> pa.Array:
 def _as_strings(col: pa.Array) -> pa.Array:
     """str() of each value, as Python prints it; strings and integers are converted by Arrow."""
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_integer(col.type):
-        return col.cast(pa.string())
+        return valid_strings(col.cast(pa.string()))
     return pa.array([None if v is None else str(v) for v in col.to_pylist()], pa.string())
+
+
+def valid_strings(col: pa.Array) -> pa.Array:
+    """A string array as it is when it is valid UTF-8; else with each invalid byte sequence read as
+    U+FFFD (the check is one pass; the repair, per value, only runs on a column that needs it)."""
+    try:
+        col.validate(full=True)
+        return col
+    except pa.ArrowInvalid:
+        raw = col.cast(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
+        return pa.array([None if v is None else v.decode("utf-8", "replace") for v in raw.to_pylist()], col.type)

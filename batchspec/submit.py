@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from batchspec.config.job import JobSpec
 from batchspec.errors import ConfigError, one_line
+from batchspec.redact import MASK, redact, redact_strings, redact_text
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # Ray's Jobs API answers 500 "No available agent to submit job, please try again later." while the
@@ -134,13 +135,18 @@ class SubmitPlan:
     runtime_env: dict[str, Any]
     resources: dict[str, Any]
     metadata: dict[str, str]
+    from_environment: tuple[str, ...] = ()  # env_vars whose value was filled from the submitter's ${NAME}
 
     def shown(self) -> dict[str, Any]:
-        """As a document, with the values of secret-looking env vars masked."""
+        """As a document to print: env vars filled from the submitter's environment or named like a
+        secret masked, and every URL (the entrypoint's INPUT and OUTPUT, a pip index, metadata)
+        without its user info or signed query (batchspec.redact)."""
         env = dict(self.runtime_env)
         if "env_vars" in env:
-            env["env_vars"] = {k: "***" if _secret(k) else v for k, v in env["env_vars"].items()}
-        return {**dataclasses.asdict(self), "runtime_env": env}
+            env["env_vars"] = {k: MASK if k in self.from_environment else v for k, v in env["env_vars"].items()}
+        doc = {**dataclasses.asdict(self), "runtime_env": redact(env), "metadata": redact(self.metadata)}
+        doc.pop("from_environment")
+        return redact_strings(doc)
 
 
 def plan_submission(job: JobSpec, run_date: dt.date, environ: dict[str, str] | None = None) -> SubmitPlan:
@@ -150,7 +156,8 @@ def plan_submission(job: JobSpec, run_date: dt.date, environ: dict[str, str] | N
     return SubmitPlan(
         base_id=f"batchspec-{job.name}-{run_date.isoformat()}", entrypoint=entrypoint(job, run_date), output=output,
         runtime_env=resolve_env(job, environ), resources=dict(job.resources),
-        metadata={"batchspec_job": job.name, "run_date": run_date.isoformat(), "output": output, **job.metadata},
+        metadata={"batchspec_job": job.name, "run_date": run_date.isoformat(), "output": redact_text(output), **job.metadata},
+        from_environment=tuple(k for k, v in job.runtime_env.get("env_vars", {}).items() if _ENV_REF.search(v)),
     )
 
 
@@ -172,10 +179,6 @@ def submit(job: JobSpec, address: str, plan: SubmitPlan) -> Submission:
                 pause = min(pause * 2, 8.0)
                 continue
             raise ConfigError(f"{job.path}: the Ray Jobs API at {address} refused the job: {one_line(exc)}{_auth_hint(exc)}") from None
-
-
-def _secret(name: str) -> bool:
-    return any(word in name.upper() for word in ("SECRET", "KEY", "TOKEN", "PASSWORD", "CREDENTIAL"))
 
 
 def _free_id(client, base: str) -> tuple[str, bool]:

@@ -45,12 +45,13 @@ import pyarrow as pa
 from batchspec.calibrate.worker import LAST_SHARD
 from batchspec.config.run import WorkerConfig
 from batchspec.engine.base import NO_SPEC, Completion, SpecConfig
-from batchspec.errors import BatchspecError
+from batchspec.errors import BatchspecError, one_line
+from batchspec.lease import Lease
 from batchspec.plan import ShardPlan
 from batchspec.prior import WHY as PRIOR_WHY
-from batchspec.group import INTERNAL, read_shard_input
+from batchspec.redact import redact_text
+from batchspec.group import INTERNAL, read_shard_input, shard_ids
 from batchspec.parse import ParsedRow, RowDefaults, parse_rows
-from batchspec.read import ID
 from batchspec.stats import ShardStats
 from batchspec.worker_pool import WorkerPool, check_gpus_fit, start_actor, stop_actors
 from batchspec.write import Output, output_table, stats_table
@@ -76,6 +77,7 @@ class WorkerJob:
     worker: WorkerConfig
     llm_options: tuple[tuple[str, Any], ...] = ()  # trtllm: what every arm is built with
     storage_options: tuple[tuple[str, Any], ...] = ()  # fsspec options for a model given as a URL
+    lease: Lease | None = None  # the run's hold on OUTPUT, checked before every commit (batchspec.lease)
 
     def load_key(self) -> str:
         """What an actor loads and holds for its life: two jobs with the same key can share actors.
@@ -93,6 +95,7 @@ class ShardTask:
     prior_why: str = LAST_SHARD  # which of the two
     failures: tuple[str, ...] = ()  # why earlier attempts failed (recorded in the stats' note)
     horizon_rows: int = 0  # the key's rows after this shard, per worker: what an engine build can be repaid over
+    was_failed: bool = False  # an earlier run committed it as error rows after every attempt failed
 
 
 @dataclass
@@ -121,7 +124,7 @@ class ShardRows:
 
 def load_shard(job: WorkerJob, plan: ShardPlan) -> ShardRows:
     table = read_shard_input(job.output, plan)
-    ids = table.column(ID).to_pylist()
+    ids = shard_ids(table)
     table = table.drop_columns(list(INTERNAL))
     return ShardRows(table, parse_rows(table, ids, job.defaults))
 
@@ -139,16 +142,26 @@ class ShardRun:
         return output_table(shard_id, self.completions, self.specs, passthrough, schema)
 
 
-def commit(job: WorkerJob, plan: ShardPlan, rows: ShardRows, completions: list[Completion], specs: list[SpecConfig], stats: ShardStats) -> ShardOutcome:
-    """Write the shard: its rows (error rows included) counted into `stats`, outputs then stats."""
+def commit(job: WorkerJob, plan: ShardPlan, rows: ShardRows, completions: list[Completion], specs: list[SpecConfig], stats: ShardStats,
+           failed: str | None = None, was_failed: bool = False) -> ShardOutcome:
+    """Write the shard: its rows (error rows included) counted into `stats`, outputs then stats,
+    once this run still holds OUTPUT's lease. `failed`: why every attempt failed (marked for retry)."""
     errors = sum(c.finish_reason == "error" for c in completions)
     tokens = sum(c.output_tokens for c in completions)
     empty = sum(c.finish_reason != "error" and not c.text for c in completions)
     stats = replace(stats, shard_id=plan.shard_id, shard_key=plan.shard_key, rows=len(completions), error_rows=errors,
-                    output_tokens=tokens, empty_rows=empty, gpus=job.worker.num_gpus)
+                    output_tokens=tokens, empty_rows=empty, gpus=job.worker.num_gpus, **_redacted(stats))
     passthrough = rows.table.select([n for n in job.passthrough.names if n in rows.table.column_names])
-    job.output.commit_shard(plan.shard_id, output_table(plan.shard_id, completions, specs, passthrough, job.out_schema), stats_table(stats))
+    if job.lease is not None:
+        job.lease.check()
+    job.output.commit_shard(plan.shard_id, output_table(plan.shard_id, completions, specs, passthrough, job.out_schema), stats_table(stats),
+                            failed=failed, was_failed=was_failed)
     return ShardOutcome(plan.shard_id, plan.shard_key, len(completions), errors, tokens, stats)
+
+
+def _redacted(stats: ShardStats) -> dict[str, str | None]:
+    """The stats' text that may quote a URL (a model given by one, an error), without its secrets."""
+    return {name: redact_text(getattr(stats, name)) for name in ("model", "draft_model", "note") if getattr(stats, name)}
 
 
 def commit_failed(job: WorkerJob, plan: ShardPlan, reason: str, attempts: int) -> ShardOutcome:
@@ -157,7 +170,7 @@ def commit_failed(job: WorkerJob, plan: ShardPlan, reason: str, attempts: int) -
     reason = f"shard failed {attempts} times: {reason}"
     completions = [Completion.failed(p.request.id, reason) for p in rows.parsed]
     stats = _unrun_stats(job, plan.shard_id, plan.shard_key, attempts=attempts, note=reason)
-    return commit(job, plan, rows, completions, [NO_SPEC] * len(completions), stats)
+    return commit(job, plan, rows, completions, [NO_SPEC] * len(completions), stats, failed=reason)
 
 
 def _unrun_stats(job: WorkerJob, shard_id: str, shard_key: str | None, **more: Any) -> ShardStats:
@@ -184,7 +197,7 @@ class ShardWorker:
         import torch
 
         from batchspec.engine.factory import create_engine
-        from batchspec.models import local_folder, require_chat_template, resolve_model
+        from batchspec.models import loading, local_folder, require_chat_template, resolve_model
 
         w = self.job.worker
         torch.set_num_threads(w.torch_threads or max(1, math.ceil(w.num_cpus)))
@@ -195,8 +208,9 @@ class ShardWorker:
         draft = self.job.draft_model
         if draft and self.job.engine == "torch":
             draft = str(resolve_model(draft, storage_options=opts))
-        self.engine = create_engine(self.job.engine, model, draft_model=draft, dtype=self.job.dtype, device=self.job.device,
-                                    llm_options=dict(self.job.llm_options), suffix_tree_mb=w.suffix_tree_mb)
+        with loading(self.job.model):  # one line for the run, not a traceback (a BatchspecError is not retried)
+            self.engine = create_engine(self.job.engine, model, draft_model=draft, dtype=self.job.dtype, device=self.job.device,
+                                        llm_options=dict(self.job.llm_options), suffix_tree_mb=w.suffix_tree_mb)
         return self.engine.model_name
 
     def adopt(self, job: WorkerJob) -> str:
@@ -219,7 +233,8 @@ class ShardWorker:
                              task.prior_why)
         node = ray.get_runtime_context().get_node_id()
         note = "; ".join(f"attempt {i} failed: {why}" for i, why in enumerate(task.failures, 1)) or None
-        outcome = commit(job, plan, rows, done.completions, done.specs, replace(done.stats, node_id=node, note=note))
+        outcome = commit(job, plan, rows, done.completions, done.specs, replace(done.stats, node_id=node, note=note),
+                         was_failed=task.was_failed)
         outcome.decision = done.decision
         outcome.node_id = node
         outcome.actor_id = ray.get_runtime_context().get_actor_id()
@@ -283,11 +298,12 @@ class PoolReport:
 
 def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Callable[[ShardOutcome], None],
              worker_cls: type[ShardWorker] = ShardWorker, pool: WorkerPool | None = None,
-             seeds: Mapping[str | None, SpecConfig] | None = None) -> PoolReport:
+             seeds: Mapping[str | None, SpecConfig] | None = None, failed: frozenset[str] = frozenset()) -> PoolReport:
     """Run every shard on `workers` actors of `worker_cls` (a subclass may wrap `process`, as the
     fault tests do), taken from `pool` where it holds some of this engine, started otherwise;
     returns once each shard is committed. A shard starts under the arm its key's last shard ended
-    under, else its key's arm in `seeds` (a prior run's: batchspec.prior)."""
+    under, else its key's arm in `seeds` (a prior run's: batchspec.prior). `failed`: shards an
+    earlier run committed as error rows after every attempt failed, retried here."""
     import ray
 
     check_gpus_fit(job.worker.num_gpus)
@@ -307,7 +323,7 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
         starting[actor.start.remote()] = actor
 
     idle: list[Any] = []
-    queue = collections.deque(ShardTask(p, horizon_rows=h) for p, h in zip(plans, horizons(plans, workers)))
+    queue = collections.deque(ShardTask(p, horizon_rows=h, was_failed=p.shard_id in failed) for p, h in zip(plans, horizons(plans, workers)))
     decisions: dict[str | None, Any] = {}
     in_flight: dict[Any, tuple[Any, ShardTask]] = {}
     report = PoolReport([], 0, [])
@@ -404,4 +420,4 @@ def _retry(job: WorkerJob, task: ShardTask, queue, report: PoolReport, on_done, 
 def _cause(exc: BaseException) -> str:
     cause = getattr(exc, "cause", None) or exc
     text = str(cause).strip().splitlines()
-    return (f"{type(cause).__name__}: {text[-1]}" if text else type(cause).__name__)[:300]
+    return one_line(f"{type(cause).__name__}: {text[-1]}" if text else type(cause).__name__)

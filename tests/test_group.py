@@ -141,6 +141,42 @@ def test_a_partial_group_without_plan_json_is_redone(ray_session, folder, tmp_pa
     (out / "_shards").mkdir(parents=True)
     (out / "_shards" / "00000-code.parquet").write_bytes(b"half a file")
     (out / "_shards" / "99999-stale.parquet").write_bytes(b"from another plan")
-    plan = plan_run(build_config(str(folder), str(out), shard_by="task", shard_size=3))
+    plan = plan_run(build_config(str(folder), str(out), shard_by="task", shard_size=3)).plan
     assert sorted(p.name for p in (out / "_shards").iterdir()) == [f"{s.shard_id}.parquet" for s in plan.shards]
     assert read_shard_input(Output(str(out)), plan.shards[0]).num_rows == 3
+
+
+def test_an_input_small_on_disk_but_large_uncompressed_is_planned_with_ray_data(tmp_path):
+    """zstd makes 40 MB of repetitive prompts a few KB: the footers' uncompressed sizes decide."""
+    from batchspec.plan import LOCAL_BYTES, plan_locally
+    from batchspec.read import open_input
+
+    filler = "the quick brown fox jumps over the lazy dog; " * 4500  # ~200k characters
+    pq.write_table(pa.table({"prompt": [f"row {i}: {filler}" for i in range(200)]}), tmp_path / "p.parquet", compression="zstd")
+    source = open_input(str(tmp_path / "p.parquet"))
+    assert (tmp_path / "p.parquet").stat().st_size < LOCAL_BYTES // 100 < LOCAL_BYTES < sum(b for f in source.files for _, b in f.row_groups)
+    assert not plan_locally(source)
+
+
+def test_the_in_process_group_reads_repeated_long_prompts_a_few_rows_at_a_time(tmp_path):
+    """Identical prompts are small even uncompressed (Parquet's dictionary), so they are grouped in
+    this process: by pieces, never the whole input decoded at once, and to the same shard files."""
+    from batchspec import read
+    from batchspec.plan import make_plan, plan_locally
+
+    filler = "the quick brown fox jumps over the lazy dog; " * 4500
+    table = pa.table({"id": [f"r{i:03d}" for i in range(200)], "task": ["a", "b"] * 100, "prompt": [filler] * 200})
+    pq.write_table(table, tmp_path / "p.parquet", compression="zstd")
+    source = open_input(str(tmp_path / "p.parquet"), shard_by="task")
+    assert plan_locally(source) and source.files[0].row_groups[0][1] < 1 << 20 < 200 * len(filler)
+    pieces = [t.num_rows for c in read.chunks(source, 1 << 30) for _, t in read.read_pieces(source, c, 4 << 20)]
+    assert sum(pieces) == 200 and max(pieces) <= 4 * read.PIECE_ROWS, pieces
+    plan = make_plan(source, "task", 64)
+    out = Output(str(tmp_path / "out"))
+    group_shards(source, plan, out, local=True)
+    expected = {}
+    for key in ("a", "b"):  # each key's rows in input order, cut into shards of 64
+        ids = [f"r{i:03d}" for i in range(200) if table.column("task")[i].as_py() == key]
+        for s, j in zip([s for s in plan.shards if s.shard_key == key], range(0, len(ids), 64)):
+            expected[s.shard_id] = ids[j : j + 64]
+    assert shard_ids_of(out, plan) == expected and len(expected) == 4

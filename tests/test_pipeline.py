@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
 import fsspec
 import polars as pl
@@ -58,6 +59,11 @@ def input_dir(tmp_path):
     pq.write_table(table.slice(0, 7), folder / "part-0.parquet")
     pq.write_table(table.slice(7), folder / "part-1.parquet")
     return folder
+
+
+def snapshot(out) -> dict[str, bytes]:
+    """Every file a run wrote under OUTPUT, by relative path (the lease, which only says who writes, aside)."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and "_lease" not in p.parts}
 
 
 def read_outputs(output, storage_options=None) -> pl.DataFrame:
@@ -173,25 +179,43 @@ def test_worker_killed_mid_shard_is_replaced_and_the_shard_retried(ray_session, 
     assert pl.read_parquet(out / "stats" / "00001-code.parquet")["note"].to_list() == [None]
 
 
-def test_a_shard_that_keeps_failing_is_written_as_error_rows(ray_session, tiny_model_dir, input_dir, tmp_path):
+def test_a_shard_that_keeps_failing_is_written_as_error_rows_and_retried_by_the_next_run(ray_session, tiny_model_dir, input_dir, tmp_path):
+    """A shard fails as a whole only when its engine does: its rows are error rows (nothing lost),
+    the run writes no _SUCCESS (the CLI exits non-zero: tests/cli/test_run.py), and the next run
+    retries that shard alone."""
     out = tmp_path / "out"
     config = make_config(input_dir, out, tiny_model_dir, max_attempts=3, workers=1)
     # a death, then work that raises twice (retried on the replacement): both kinds of failure count
     summary = run(config, worker_cls=killing_worker({"00001-code"}, attempts=1, then_raise=2))
     assert summary.shards_failed == 1 and summary.retries == 2 and summary.complete
+    assert summary.failed_reason == "00001-code: shard failed 3 times: RuntimeError: test: attempt 3 raised"
+    assert not (out / "_SUCCESS").exists() and not (out / "_manifest.json").exists()
     failed = read_outputs(out).filter(pl.col("shard_id") == "00001-code")
     assert failed.height == 2 and set(failed["finish_reason"]) == {"error"}
     assert failed["error"].str.starts_with("shard failed 3 times: RuntimeError: test: attempt 3 raised").all()
     stats = pl.read_parquet(out / "stats" / "00001-code.parquet")
     assert stats["note"][0] == failed["error"][0] and stats["attempts"].to_list() == [3]
+    others = {p.name: p.stat().st_mtime_ns for p in (out / "stats").iterdir() if p.name != "00001-code.parquet"}
+    again = run(config)
+    assert again.shards_failed == 0 and again.shards_skipped == 3 and (out / "_SUCCESS").exists()
+    assert not list((out / "_failed").iterdir()), "the retry that succeeded removed the mark"
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "stats").iterdir() if p.name != "00001-code.parquet"} == others
+    retried = read_outputs(out).filter(pl.col("shard_id") == "00001-code")
+    assert retried.height == 2 and "shard failed" not in str(retried["error"].to_list())
 
 
-def test_a_different_plan_in_output_is_refused_and_no_resume_starts_afresh(pool, tiny_model_dir, input_dir, tmp_path):
+def test_a_different_plan_in_output_is_refused_and_no_resume_deletes_a_finished_run_only_when_forced(pool, tiny_model_dir, input_dir, tmp_path):
     out = tmp_path / "out"
     run(make_config(input_dir, out, tiny_model_dir, spec="none"), pool=pool)
-    with pytest.raises(OutputError, match=r"OUTPUT holds a run of a different input/plan \(fingerprint \w+ != \w+\); use a new OUTPUT or --no-resume"):
+    before = snapshot(out)
+    with pytest.raises(OutputError, match=r"OUTPUT holds a run of a different input/plan \(fingerprint \w+ != \w+\); use a new OUTPUT "
+                                          r"or --no-resume --force \(deleting its 4 committed shard\(s\)\)$"):
         run(make_config(input_dir, out, tiny_model_dir, spec="none", shard_size=6))
-    summary = run(make_config(input_dir, out, tiny_model_dir, spec="none", shard_size=6, resume=False), pool=pool)
+    with pytest.raises(OutputError, match=r"^OUTPUT .* holds a finished run \(4 committed shard\(s\), _SUCCESS\); --no-resume deletes it: "
+                                          r"add --force to delete it and start over, or use another OUTPUT$"):
+        run(make_config(input_dir, out, tiny_model_dir, spec="none", shard_size=6, resume=False), pool=pool)
+    assert snapshot(out) == before, "refused: nothing written, nothing deleted"
+    summary = run(make_config(input_dir, out, tiny_model_dir, spec="none", shard_size=6, resume=False), pool=pool, force=True)
     assert summary.shards == 2 and len(list((out / "outputs").glob("*.parquet"))) == 2
 
 
@@ -355,3 +379,51 @@ def test_calibration_samples_span_files_and_row_groups_with_a_null_key(request, 
     samples = calibration_samples(config)
     assert [(s.shard_key, s.rows, [p.request.id for p in s.parsed]) for s in samples] == first_rows_per_key([table], 4)
     assert samples[-1].shard_key is None and all(p.request.params.max_tokens == 3 for s in samples for p in s.parsed)
+
+
+# ---- a run is bound to its options ---------------------------------------------------------------
+
+
+def test_a_resume_or_rerun_with_other_options_is_refused_and_the_output_stays_as_it_was(pool, tiny_model_dir, input_dir, tmp_path):
+    """Killed half-way, resumed with another max_tokens and temperature: refused in one line naming
+    both, nothing written; resumed as it was: finished; rerun with other options: refused, the
+    manifest byte for byte as it was. Calibration settings and the batch size may differ."""
+    out = tmp_path / "out"
+    config = make_config(input_dir, out, tiny_model_dir, spec="none")
+    with pytest.raises(RuntimeError, match="aborted after 2"):
+        run(config, progress=AbortAfter(2), pool=pool)
+    before = snapshot(out)
+    other = dataclasses.replace(config, max_tokens=8, temperature=0.7)
+    with pytest.raises(OutputError) as refused:
+        run(other, pool=pool)
+    assert str(refused.value) == ("OUTPUT holds 2 shard(s) made with other options (max_tokens: 6 != 8; temperature: 0.0 != 0.7); "
+                                  "use another OUTPUT, or --no-resume --force (deleting its 2 committed shard(s)) to start over")
+    assert snapshot(out) == before
+    summary = run(config, pool=pool)
+    assert summary.complete and summary.shards_skipped == 2 and (out / "_SUCCESS").exists()
+    finished = snapshot(out)
+    for changed, named in [(dict(prompt_format="raw"), "prompt_format: chat != raw"), (dict(seed=1), "seed: 0 != 1"),
+                           (dict(spec="auto"), 'arms: ["none"] != ["ngram:k='), (dict(model=str(input_dir)), "model: ")]:
+        with pytest.raises(OutputError, match=re.escape(named)):
+            run(dataclasses.replace(config, **changed), pool=pool)
+        assert snapshot(out) == finished, changed
+    same = dataclasses.replace(config, batch_size=2, calibration=(("window", 8),), workers=2)
+    assert run(same, pool=pool).shards_skipped == 4
+    assert snapshot(out) == finished, "a rerun with nothing to do leaves the manifest as it was"
+    manifest = json.loads((out / "_manifest.json").read_text())
+    plan = json.loads((out / "_plan.json").read_text())
+    assert manifest["run_identity"] == plan["identity"] and plan["identity"]["options"]["max_tokens"] == 6
+    assert plan["identity"]["options"]["model_fingerprint"].startswith("files:")
+
+
+def test_a_planned_output_with_nothing_committed_takes_the_options_of_the_run_that_uses_it(pool, tiny_model_dir, input_dir, tmp_path):
+    """--plan-only fixes the plan, not the options: with no shard committed nothing can mix, so the
+    run that follows binds the plan to its own options."""
+    from batchspec.pipeline import plan_run
+
+    out = tmp_path / "out"
+    planned = plan_run(make_config(input_dir, out, tmp_path / "no-model-yet", spec="none"))
+    assert planned.plan.identity.options["model_fingerprint"] is None
+    summary = run(make_config(input_dir, out, tiny_model_dir, spec="none", max_tokens=3), pool=pool)
+    assert summary.complete and summary.shards_skipped == 0
+    assert json.loads((out / "_plan.json").read_text())["identity"]["options"]["max_tokens"] == 3

@@ -276,6 +276,20 @@ def test_submit_wait_runs_the_pipeline_on_the_cluster_and_a_rerun_resumes(ray_he
     assert {p.name: p.stat().st_mtime_ns for p in (out / "stats").iterdir()} == marks
     assert pl.read_parquet(out / "outputs" / "*.parquet").height == n
 
+    # The same night with other options (the job file edited: another max_tokens): refused in one
+    # line, and the night's outputs, stats, plan and manifest byte for byte as they were.
+    night = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and "_lease" not in p.parts}
+    (root / "variant").mkdir()
+    variant = write_job(root / "variant", name="e2e", pipeline="pipeline.yaml", input=str(root / "in.parquet"),
+                        output=str(root / "runs" / "{date}"), options={"shard_by": "task", "max_tokens": 6},
+                        resources={"entrypoint_num_cpus": 0}, runtime_env={"working_dir": "../wd", "env_vars": {"HF_HUB_OFFLINE": "1"}})
+    third = runner.invoke(cli, ["submit", str(variant), "--address", ray_head, "--wait", "--run-date", RUN_DATE])
+    assert third.exit_code == 1, third.output[-3000:]
+    last = third.output.strip().splitlines()[-1]
+    assert last.startswith(f"Error: job {job_id}-r3 FAILED: OUTPUT holds 2 shard(s) made with other options (max_tokens: 4 != 6); "
+                           "use another OUTPUT, or --no-resume --force"), last
+    assert {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and "_lease" not in p.parts} == night
+
     # The report reads the cluster's output.
     report = runner.invoke(cli, ["report", str(out), "--json"])
     assert report.exit_code == 0, report.output

@@ -1,11 +1,15 @@
 """The `batchspec` command line: one thin module per command group, each parsing options,
 loading config and calling the library. Every `BatchspecError` becomes one line and exit 1;
-`--debug` (or BATCHSPEC_DEBUG=1) shows the traceback instead."""
+`--debug` (or BATCHSPEC_DEBUG=1) shows the traceback instead. SIGTERM (what a scheduler sends
+first) unwinds the command like an error, so a run stops its workers and releases its OUTPUT,
+and ends in one line with exit 143."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import signal
+import threading
 
 import click
 
@@ -35,12 +39,42 @@ class LazyGroup(click.Group):
         return importlib.import_module(f"batchspec.cli.{mod}").command
 
     def invoke(self, ctx: click.Context):
+        previous = _on_sigterm(_terminate)
         try:
             return super().invoke(ctx)
         except BatchspecError as exc:
             if (ctx.obj or {}).get("debug"):
                 raise
             raise click.ClickException(one_line(exc, limit=2000)) from exc
+        except BaseException:
+            if _TERMINATED.is_set():  # whatever the interrupt became on its way up (Ray wraps it in a SystemError)
+                raise Stopped("stopped by SIGTERM; committed shards are kept: rerun to resume") from None
+            raise
+        finally:
+            _on_sigterm(previous)
+
+
+_TERMINATED = threading.Event()
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread by SIGTERM: an interrupt, which no `except Exception` swallows."""
+
+
+class Stopped(click.ClickException):
+    exit_code = 128 + signal.SIGTERM
+
+
+def _terminate(signum, frame) -> None:
+    _TERMINATED.set()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time: the cleanup runs to its end
+    raise Terminated
+
+def _on_sigterm(handler):
+    """Install `handler` for SIGTERM (main thread only; elsewhere nothing changes); the previous one."""
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _module_exists(mod: str) -> bool:

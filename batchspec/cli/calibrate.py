@@ -44,11 +44,18 @@ def command(input: str, pipeline: str | None, as_json: bool, **options) -> None:
 def _print_tables(results) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console(file=sys.stdout, width=max(100, Console().width))
     for r in results:
         d = r.decision
-        table = Table(title=f"shard key {r.shard_key!r}: {r.rows} rows, ran {r.sampled}", title_justify="left")
+        sampled = r.sampled + r.failing_rows
+        if d is None:
+            click.echo(f"none of the {sampled} sampled rows of key {r.shard_key!r} can run (first {r.first_failure})\n")
+            continue
+        if r.failing_rows:
+            click.echo(f"{r.failing_rows} of the {sampled} sampled rows of key {r.shard_key!r} will fail (first {r.first_failure})")
+        table = Table(title=Text(f"shard key {r.shard_key!r}: {r.rows} rows, ran {r.sampled}"), title_justify="left")
         for col in ("arm", "rows", "measured tok/s", "acceptance", "mean acc. len", "predicted vs none", "choice"):
             table.add_column(col, justify="left" if col in ("arm", "choice") else "right")
         for a in d.arms:
@@ -62,5 +69,5 @@ def _print_tables(results) -> None:
             )
         console.print(table)
         for e in d.events:
-            console.print(f"  row {e.row}: {e.kind} {e.arm}" + (f" ({e.reason})" if e.reason else ""))
-        console.print(f"choice: {d.chosen.label} ({d.reason}); calibration {d.calibration_s:.1f} s\n")
+            console.print(Text(f"  row {e.row}: {e.kind} {e.arm}" + (f" ({e.reason})" if e.reason else "")))
+        console.print(Text(f"choice: {d.chosen.label} ({d.reason}); calibration {d.calibration_s:.1f} s\n"))

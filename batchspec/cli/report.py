@@ -57,23 +57,25 @@ def _write_html(path: str, page: str) -> None:
 def _print_table(report) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from batchspec.report import event_rows, table_rows
 
+    # Every string from the run (OUTPUT, keys, ids, reasons) goes in as Text: data is never markup.
     header, rows, total = table_rows(report)
-    title = f"batchspec report: {report.output}"
-    caption = " · ".join(str(x) for x in (report.engine, report.model, "complete" if report.complete else "NOT finished") if x)
+    title = Text(f"batchspec report: {report.output}")
+    caption = Text(" · ".join(str(x) for x in (report.engine, report.model, "complete" if report.complete else "NOT finished") if x))
     table = Table(title=title, caption=caption, show_footer=True)
     for i, (name, foot) in enumerate(zip(header, total)):
-        table.add_column(name, footer=foot, justify="left" if i in (0, 1, 4) else "right", no_wrap=i == 0)
+        table.add_column(name, footer=Text(foot), justify="left" if i in (0, 1, 4) else "right", no_wrap=i == 0)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))
     console = Console(width=None if sys.stdout.isatty() else 180)  # piped: wide enough for every column
     console.print(table)
     events = event_rows(report)
     if events:
         console.print("calibration events (shard, rows finished, event, arm, predicted, measured, why):")
         for e in events:
-            console.print("  " + "  ".join(x for x in e if x and x != "-"), highlight=False)
+            console.print(Text("  " + "  ".join(x for x in e if x and x != "-")), highlight=False)
     for warning in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        console.print(Text.assemble(("warning:", "yellow"), f" {warning}"))

@@ -19,11 +19,12 @@ from batchspec.config.run import build_config
 @sampling_options
 @click.option("--run-date", help="Date for {date}/{yyyy}/{mm}/{dd} in INPUT/OUTPUT (default today, UTC).")
 @click.option("--resume/--no-resume", default=None, help="Skip shards already committed in OUTPUT (default), or start OUTPUT afresh.")
+@click.option("--force", is_flag=True, help="With --no-resume: delete the committed shards of a previous run in OUTPUT (refused without it).")
 @click.option("--keep-shards/--no-keep-shards", default=None,
               help="Keep OUTPUT/_shards/ (each shard's input rows) after _SUCCESS, for debugging; by default a finished run removes it.")
 @PRIOR_RUN
 @click.option("--plan-only", is_flag=True, help="Plan and group (OUTPUT/_plan.json, OUTPUT/_shards/), print the shard table, stop; no model is loaded.")
-def command(input: str, output: str, pipeline: str | None, run_date: str | None, plan_only: bool, **options) -> None:
+def command(input: str, output: str, pipeline: str | None, run_date: str | None, plan_only: bool, force: bool, **options) -> None:
     """Generate a completion for every row of INPUT into OUTPUT (paths or fsspec URLs).
 
     INPUT is a Parquet file, folder or glob with a `prompt` or `messages` column; a prompt goes to
@@ -41,20 +42,31 @@ def command(input: str, output: str, pipeline: str | None, run_date: str | None,
       batchspec run s3://bucket/prompts/ s3://bucket/run1 --shard-by task --plan-only
 
     With --plan-only the run stops after the plan: a scheduler can size the job from the shard
-    table, and a later run of the same INPUT and OUTPUT without the flag resumes from that plan.
+    table and the rows that will fail, and a later run of the same INPUT and OUTPUT without the
+    flag resumes from that plan.
+
+    One run writes an OUTPUT at a time (a lease in OUTPUT/_lease/), and an OUTPUT is bound to the
+    options its committed shards were made with: a rerun or resume with other options (model,
+    sampling, prompt format, spec, ...) is refused. --no-resume starts over; where OUTPUT holds
+    committed shards it needs --force, which deletes them.
     """
     from batchspec.pipeline import plan_run, run
 
     date = _date(run_date)
     config = build_config(input, output, pipeline, run_date=date, **options)
+    if force and config.resume:
+        raise click.UsageError("--force only goes with --no-resume", ctx=None)
     if plan_only:
-        _print_plan(plan_run(config))
+        _print_plan(plan_run(config, force=force))
         return
     with _Progress() as progress:
-        summary = run(config, progress=progress)
+        summary = run(config, progress=progress, force=force)
     _print_summary(summary)
     if not summary.complete:
         raise click.ClickException(f"{summary.rows} output rows for a plan of more rows; rerun to resume")
+    if summary.shards_failed:
+        raise click.ClickException(f"{summary.shards_failed} of {summary.shards} shard(s) failed every attempt and are written as "
+                                   f"error rows (first {summary.failed_reason}); no _SUCCESS; rerun to retry them")
     if summary.speculation_unmeasured:
         line = (f"speculation could not be measured in {summary.speculation_unmeasured} of {summary.shards} shard(s), "
                 f"which ran without it (first {summary.speculation_reason})")
@@ -107,21 +119,27 @@ class _Progress:
         self.bar.__exit__(*exc)
 
 
-def _print_plan(plan) -> None:
-    """The shard table on stdout: one line per shard, then a total."""
+def _print_plan(planned) -> None:
+    """The shard table on stdout: one line per shard, then a total, then the rows that will fail."""
+    plan, rows = planned.plan, planned.rows
     click.echo(f"{'shard_id':<24} {'shard_key':<24} {'rows':>8}")
     for s in plan.shards:
         key = "" if s.shard_key is None else s.shard_key
         click.echo(f"{s.shard_id:<24} {key:<24} {s.rows:>8}")
     keys = len({s.shard_key for s in plan.shards})
     click.echo(f"{plan.rows} rows, {len(plan.shards)} shards, {keys} shard key(s), plan {plan.fingerprint}")
+    if rows.failing:
+        click.echo(f"{rows.failing} of {rows.rows} rows will fail (first {rows.first})")
 
 
 def _print_summary(s) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"batchspec run -> {s.output}", show_header=False)
+    from batchspec.redact import redact_text
+
+    table = Table(title=Text(f"batchspec run -> {redact_text(s.output)}"), show_header=False)
     speedup = f"{s.speedup:.2f}x" if s.speedup else "n/a"
     if s.speedup and s.speedup_predicted_share:
         speedup += f" ({s.speedup_predicted_share:.0%} of decode time predicted, not measured)"
@@ -138,10 +156,10 @@ def _print_summary(s) -> None:
         *([("engine builds", f"{s.builds} ({s.build_s:.0f} s, {s.build_s / s.wall_s:.0%} of wall)")] if s.builds and s.wall_s else []),
         *([("speculation", f"NOT MEASURED in {s.speculation_unmeasured} shard(s): {s.speculation_reason}")] if s.speculation_unmeasured else []),
     ]:
-        table.add_row(name, value)
+        table.add_row(name, Text(value))  # data (an OUTPUT path, a shard key) is never rich markup
     Console(file=sys.stderr).print(table)
     for line in s.dropped_arms:  # one unwrapped line each, for logs and grep
         click.echo(f"warning: arm left out of calibration: {line}", err=True)
-    click.echo(f"{s.rows} rows ({s.error_rows} errors), {s.shards} shards, {s.tokens_per_s:.1f} tokens/s, speedup {speedup} -> {s.output}")
+    click.echo(f"{s.rows} rows ({s.error_rows} errors), {s.shards} shards, {s.tokens_per_s:.1f} tokens/s, speedup {speedup} -> {redact_text(s.output)}")
     if s.empty_text_warning:  # one line under the summary: the first thing a broken-looking run needs
         click.echo(f"warning: {s.empty_text_warning}", err=True)

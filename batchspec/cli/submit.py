@@ -38,25 +38,26 @@ def command(job_file: str, address: str | None, wait: bool, run_date: str | None
     """
     from batchspec import submit
     from batchspec.config.job import load_job
+    from batchspec.redact import redact_text
 
     date = _date(run_date)
     job = load_job(job_file)
     target = submit.resolve_address(address, job)
     plan = submit.plan_submission(job, submit.job_run_date(job, date))
     if dry_run:
-        click.echo(json.dumps({"address": target, **plan.shown()}, indent=1))
+        click.echo(json.dumps({"address": redact_text(target), **plan.shown()}, indent=1))
         return
     sub = submit.submit(job, target, plan)
     verb = "attached to running job" if sub.attached else "submitted"
-    click.echo(f"{verb} {sub.job_id} at {sub.address} -> {sub.output}", err=True)
+    click.echo(f"{verb} {sub.job_id} at {redact_text(sub.address)} -> {redact_text(sub.output)}", err=True)
     click.echo(sub.job_id)
     if not wait:
         return
     try:
         outcome = submit.wait(target, sub.job_id, lambda lines: (sys.stderr.write(lines), sys.stderr.flush()))
     except KeyboardInterrupt:
-        raise click.ClickException(f"stopped waiting; job {sub.job_id} keeps running (ray job stop {sub.job_id} --address {target})") from None
+        raise click.ClickException(f"stopped waiting; job {sub.job_id} keeps running (ray job stop {sub.job_id} --address {redact_text(target)})") from None
     if not outcome.ok:
         raise click.ClickException(f"job {outcome.job_id} {outcome.status}: {outcome.message or 'no message'}")
-    click.echo(f"job {outcome.job_id} SUCCEEDED -> {sub.output}", err=True)
+    click.echo(f"job {outcome.job_id} SUCCEEDED -> {redact_text(sub.output)}", err=True)
 

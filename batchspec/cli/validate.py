@@ -22,10 +22,11 @@ def command(files: tuple[str, ...]) -> None:
       batchspec validate s3://my-bucket/configs/nightly.yaml
     """
     from batchspec.config.validate import validate_files
+    from batchspec.redact import redact_text
 
     results = validate_files(list(files))
     for r in results:
-        click.echo(r.line, err=not r.ok)
+        click.echo(redact_text(r.line), err=not r.ok)
     bad = [r for r in results if not r.ok]
     if bad:
         raise click.ClickException(f"{len(bad)} of {len(results)} file(s) invalid")

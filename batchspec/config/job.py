@@ -32,6 +32,7 @@ from typing import Any
 from batchspec.config.kit import read_yaml
 from batchspec.config.run import FIELDS, validate_pipeline_file
 from batchspec.errors import ConfigError
+from batchspec.redact import redact_text
 from batchspec.write import resolve_template
 
 JOB_KIND = "batchspec-job"
@@ -60,7 +61,8 @@ class JobSpec:
 
     def summary(self) -> str:
         where = self.runtime_env.get("working_dir") or "no working_dir"
-        return f"{self.path}: batchspec job {self.name}, {self.input} -> {self.output}, pipeline {self.pipeline or 'default'}, working_dir {where}"
+        return redact_text(f"{self.path}: batchspec job {self.name}, {self.input} -> {self.output}, "
+                           f"pipeline {self.pipeline or 'default'}, working_dir {where}")
 
 
 def is_job_doc(data: Any) -> bool:

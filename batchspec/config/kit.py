@@ -29,7 +29,7 @@ def read_yaml(path: str) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -38,6 +38,30 @@ def read_yaml(path: str) -> Any:
         raise ConfigError(f"{path}{where}: invalid YAML: {exc.problem or exc.context}{since}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from None
+    if _expands_past(data, MAX_VALUES):
+        raise ConfigError(f"{path}: YAML aliases expand it past {MAX_VALUES} values (an alias bomb?)")
+    return data
+
+
+MAX_VALUES = 100_000  # values a config document may hold once its aliases are expanded
+
+
+def _expands_past(data: Any, limit: int) -> bool:
+    """Whether `data`, its aliases expanded (a shared or cyclic node counts each time it is
+    reached), holds more than `limit` values: a walk that stops at the limit, so an alias bomb or
+    a cycle costs `limit` steps, never its expansion."""
+    stack, seen = [data], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
 
 
 def describe(value: Any) -> str:

@@ -43,6 +43,7 @@ from batchspec.engine.base import DTYPES, PROMPT_FORMATS, SUFFIX_TREE_MB_DEFAULT
 from batchspec.engine.factory import ENGINES
 from batchspec.engine.response_format import ResponseFormat, parse_json, parse_response_format
 from batchspec.errors import ConfigError, one_line
+from batchspec.redact import redact, redact_strings
 
 
 def _date(v: Any) -> dt.date | None:
@@ -51,6 +52,16 @@ def _date(v: Any) -> dt.date | None:
     if isinstance(v, str):
         return dt.date.fromisoformat(v)
     raise ValueError
+
+
+def _top_p(v: Any) -> float:
+    """A nucleus mass in (0, 1] that stays above 0 in float32, where the engines sample (a top_p
+    float32 rounds to 0 keeps no token at all)."""
+    import numpy as np
+
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1 or np.float32(v) == 0:
+        raise ValueError
+    return float(v)
 
 
 def _mapping(v: Any) -> tuple[tuple[str, Any], ...]:
@@ -99,8 +110,8 @@ class RunConfig:
     batch_size: int = field(default=8, metadata={"min": 1})
     max_tokens: int = field(default=64, metadata={"min": 1})
     temperature: float = field(default=0.0, metadata={"min": 0})
-    top_p: float = field(default=1.0, metadata={"above": 0, "max": 1})
-    seed: int | None = 0
+    top_p: float = field(default=1.0, metadata={"expected": "a number in (0, 1] that float32 does not round to 0", "convert": _top_p})
+    seed: int | None = field(default=0, metadata={"min": 0, "max": 2**64 - 1})  # unsigned 64 bits, as the engines take it
     # A JSON file holding an OpenAI `response_format` ({"type": "json_schema", "json_schema": {...}}):
     # structured output for every row whose response_format column is null (or that has none).
     response_format: str | None = field(default=None, metadata={"expected": "a JSON file of an OpenAI response_format"})
@@ -138,15 +149,13 @@ class RunConfig:
         return self.run_date or dt.datetime.now(dt.timezone.utc).date()
 
     def to_doc(self) -> dict:
+        """The settings as a document to write or show: secrets masked in storage and LLM options at
+        any depth, and every URL without its user info or signed query (batchspec.redact)."""
         doc = dataclasses.asdict(self)
         doc["calibration"] = dict(self.calibration)
-        doc["llm_options"] = dict(self.llm_options)
-        doc["storage_options"] = {k: "***" if _secret(k) else v for k, v in self.storage_options}
-        return doc
-
-
-def _secret(key: str) -> bool:
-    return any(word in key.lower() for word in ("secret", "key", "token", "password"))
+        doc["llm_options"] = redact(dict(self.llm_options))
+        doc["storage_options"] = redact(dict(self.storage_options))
+        return redact_strings(doc)
 
 
 # key -> (what is expected, converter): derived from the dataclasses above, never listed twice.
@@ -241,6 +250,8 @@ def default_response_format(config: RunConfig, where: str = "response_format") -
         fmt = parse_response_format(parse_json(text, path))
     except ValueError as exc:
         raise ConfigError(f"{where}: {path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: {path}: response_format is nested too deeply") from None
     if fmt is not None and config.engine == "torch":  # its grammar library's verdict, before any worker starts
         from batchspec.engine.torch.grammar import schema_problem
 

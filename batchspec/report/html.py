@@ -14,11 +14,12 @@ def render_html(report: RunReport) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
-    figures = [
-        ("Acceptance and speedup per shard", _fig_rates(report)),
-        ("Calibrated arms per shard (tokens/s; the chosen arm is highlighted)", _fig_arms(report)),
-        ("Where the time went", _fig_time(report)),
-    ]
+    with matplotlib.rc_context({"text.parse_math": False}):  # a shard key or id is text, never mathtext ("$...$")
+        figures = [
+            ("Acceptance and speedup per shard", _fig_rates(report)),
+            ("Calibrated arms per shard (tokens/s; the chosen arm is highlighted)", _fig_arms(report)),
+            ("Where the time went", _fig_time(report)),
+        ]
     t = report.totals
     cards = [
         ("rows", f"{t.rows:,}", f"{t.error_rows} with errors"),

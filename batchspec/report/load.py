@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import fsspec
 import polars as pl
 
 from batchspec.errors import OutputError, one_line
+from batchspec.redact import redact_strings, redact_text
 from batchspec.stats import ShardStats, speedup_total, to_columns
 
 POLARS_PROTOCOLS = ("file", "local", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
@@ -90,9 +91,9 @@ class RunReport:
 
     def to_doc(self) -> dict:
         """The report as JSON-ready values: each shard's stats columns (arm labels included), the
-        label of its chosen arm, and what the report derives."""
+        label of its chosen arm, and what the report derives; no URL with its secrets."""
         shards = [{**to_columns(s), "chosen": s.chosen.label if s.chosen else None} for s in self.shards]
-        return {**asdict(self), "shards": shards}
+        return redact_strings({**asdict(self), "shards": shards})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,8 +141,14 @@ def load_report(url: str, environ: dict[str, str] | None = None) -> RunReport:
     config = manifest.get("config", {})
     engine = config.get("engine") or _first(stats, "engine")
     model = config.get("model") or _first(stats, "model")
-    return RunReport(url, complete, engine, model, manifest.get("input"), shards,
-                     _totals(shards, planned, per_shard, reasons), tuple(warnings))
+    # What the report shows never carries a URL's secrets, whatever wrote the files (batchspec.redact).
+    return RunReport(redact_text(url), complete, engine, redact_strings(model), redact_strings(manifest.get("input")),
+                     tuple(_shown(s) for s in shards), _totals(shards, planned, per_shard, reasons),
+                     tuple(redact_text(w) for w in warnings))
+
+
+def _shown(shard: ShardReport) -> ShardReport:
+    return replace(shard, **{name: redact_text(getattr(shard, name)) for name in ("model", "draft_model", "note") if getattr(shard, name)})
 
 
 def _parquet_files(out, folder: str) -> list[str]:
@@ -159,7 +166,7 @@ def _parquet_files(out, folder: str) -> list[str]:
 def _read(out, files: list[str], pl_opts: dict | None, columns: list[str] | None) -> pl.DataFrame:
     try:
         if fsspec.utils.get_protocol(out.url) in POLARS_PROTOCOLS:
-            frame = pl.scan_parquet(files, storage_options=pl_opts)
+            frame = pl.scan_parquet(files, storage_options=pl_opts, glob=False)  # listed files: a "[" in a path is not a pattern
             return (frame.select(columns) if columns else frame).collect()
         parts = []
         for f in files:

@@ -166,7 +166,10 @@ def test_plan_only_prints_the_shard_table_and_a_later_run_resumes_without_readin
             "--batch-size", "4", "--max-tokens", "4"]
     result = invoke(*args, "--keep-shards")
     assert result.exit_code == 0, result.output
-    assert (out / "_plan.json").read_text() == plan_text
+    planned, ran = json.loads(plan_text), json.loads((out / "_plan.json").read_text())
+    assert planned.pop("identity")["options"]["max_tokens"] != ran.pop("identity")["options"]["max_tokens"] == 4, \
+        "nothing was committed: the run binds the plan to its own options"
+    assert ran == planned, "the plan itself is the one --plan-only made"
     assert {p.name: p.read_bytes() for p in (out / "_shards").glob("*.parquet")} == shards, "kept, as they were"
     df = pl.read_parquet(f"{out}/outputs/*.parquet")
     assert sorted(df["id"].to_list()) == [f"row-{i:04d}" for i in range(10)]
@@ -176,3 +179,153 @@ def test_plan_only_prints_the_shard_table_and_a_later_run_resumes_without_readin
     assert result.exit_code == 0, result.output
     assert not (out / "_shards").exists() and (out / "_SUCCESS").exists()
     assert pl.read_parquet(f"{out}/outputs/*.parquet").sort("id").equals(df.sort("id"))
+
+
+# ---- poison cells: a cell fails its row alone, and --plan-only says which rows will fail ----------
+
+
+def poison_input(path: Path) -> pa.Table:
+    """Six rows over two keys, four of them poison: an infinite max_tokens in a float column, a seed
+    of 2**64 (a float column), a prompt and an id that are not UTF-8, and a key that is not either."""
+    def utf8(values):
+        return pa.array(values, pa.binary()).view(pa.string())
+
+    table = pa.table({
+        "id": utf8([b"r0", b"r1", b"r2", b"r3\xff", b"r4", b"r5"]),
+        "prompt": utf8([b"alpha beta", b"gamma", b"delta \xc3\x28", b"epsilon", b"zeta", b"eta"]),
+        "task": utf8([b"a", b"b", b"a", b"b", b"a", b"b\xfe"]),
+        "max_tokens": pa.array([4.0, float("inf"), None, None, None, None]),
+        "seed": pa.array([None, None, None, None, 2.0**64, None]),
+    })
+    pq.write_table(table, path)
+    return table
+
+
+def test_poison_cells_fail_their_rows_alone_and_plan_only_names_them(ray_session, tiny_model_dir, tmp_path):
+    poison_input(tmp_path / "p.parquet")
+    out = tmp_path / "out"
+    args = [str(tmp_path / "p.parquet"), str(out), "--model", str(tiny_model_dir), "--shard-by", "task", "--spec", "none", *FAST]
+    plan = invoke(*args, "--plan-only")
+    assert plan.exit_code == 0, plan.output
+    assert "3 of 6 rows will fail (first r2: prompt is not valid UTF-8)" in plan.output
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    df = pl.read_parquet(f"{out}/outputs/*.parquet").sort("id")
+    assert df.height == 6 and (out / "_SUCCESS").exists()
+    errors = dict(zip(df["id"], df["error"]))
+    assert errors["r1"] == "max_tokens must be a finite integer, got inf"
+    assert errors["r2"] == "prompt is not valid UTF-8"
+    assert errors["r4"] == "seed must be an integer in [0, 2**64), got 1.8446744073709552e+19"
+    assert errors["r0"] is None and errors["r5"] is None and errors["r3\ufffd"] is None, errors
+    assert sorted(set(df["shard_id"])) == ["00000-a", "00001-b", "00002-b"]
+
+
+def test_a_run_with_a_shard_that_failed_every_attempt_exits_non_zero_in_one_line(monkeypatch, tmp_path):
+    """The library's side (error rows, no _SUCCESS, retried next run) is tests/test_pipeline.py's; here
+    the command's: the summary, then one line, exit 1."""
+    from batchspec import pipeline
+
+    summary = pipeline.RunSummary("out", 4, 2, 2, 0, 1, 2, 10, 1.0, 1.0, None, None, True,
+                                  failed_reason="00001-code: shard failed 3 times: RuntimeError: boom")
+    monkeypatch.setattr(pipeline, "run", lambda config, progress=None, force=False: summary)
+    pq.write_table(prompts_table(2), tmp_path / "p.parquet")
+    result = invoke(str(tmp_path / "p.parquet"), str(tmp_path / "out"))
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == ("Error: 1 of 2 shard(s) failed every attempt and are written as error rows "
+                                                      "(first 00001-code: shard failed 3 times: RuntimeError: boom); no _SUCCESS; "
+                                                      "rerun to retry them")
+
+
+def test_force_goes_only_with_no_resume(tmp_path):
+    result = CliRunner().invoke(cli, ["run", str(tmp_path / "p.parquet"), str(tmp_path / "out"), "--force"])
+    assert result.exit_code == 2 and "--force only goes with --no-resume" in result.output
+
+
+# ---- the smaller ones: each a one-line error or the right behaviour -------------------------------
+
+
+def one_error_line(result) -> str:
+    """The one error line a failed command ends with (a progress bar may come before it; no traceback)."""
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and lines[-1].startswith("Error: "), result.output
+    assert sum(line.startswith("Error") for line in lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[-1]
+
+
+def test_an_output_path_that_reads_as_markup_is_printed_as_text(ray_session, tiny_model_dir, tmp_path):
+    pq.write_table(prompts_table(2), tmp_path / "p.parquet")
+    out = tmp_path / "out[/]x"
+    result = invoke(str(tmp_path / "p.parquet"), str(out), "--model", str(tiny_model_dir), "--spec", "none", *FAST)
+    assert result.exit_code == 0, result.output
+    assert f"-> {out}" in result.output and (out / "_SUCCESS").exists()
+
+
+def test_a_model_that_fails_to_load_is_one_line(ray_session, tiny_model_dir, tmp_path):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a truncated download
+    pq.write_table(prompts_table(2), tmp_path / "p.parquet")
+    line = one_error_line(invoke(str(tmp_path / "p.parquet"), str(tmp_path / "out"), "--model", str(broken), "--spec", "none", *FAST))
+    assert line.startswith(f"Error: model {str(broken)!r} cannot be loaded: "), line
+
+
+def test_a_truncated_committed_stats_file_is_one_line_naming_it(ray_session, tiny_model_dir, tmp_path):
+    pq.write_table(prompts_table(4), tmp_path / "p.parquet")
+    out = tmp_path / "out"
+    args = [str(tmp_path / "p.parquet"), str(out), "--model", str(tiny_model_dir), "--spec", "none", "--shard-by", "task", *FAST]
+    assert invoke(*args).exit_code == 0
+    stats = out / "stats" / "00000-code.parquet"
+    stats.write_bytes(stats.read_bytes()[:100])
+    line = one_error_line(invoke(*args))
+    assert line == (f"Error: OUTPUT {out}: the commit mark {stats} cannot be read (Parquet: "
+                    + line.split("(Parquet: ", 1)[1].split(")")[0] + "); delete it to run that shard again"), line
+    report = CliRunner().invoke(cli, ["report", str(out)], catch_exceptions=False)
+    assert one_error_line(report).startswith(f"Error: cannot read {out}"), report.output
+
+
+def test_a_yaml_alias_bomb_is_a_config_error_in_validate_and_run(tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    bomb.write_text("\n".join(lines) + "\nshard_size: 4\n")
+    result = CliRunner().invoke(cli, ["validate", str(bomb)])
+    assert result.exit_code == 1 and f"{bomb}: YAML aliases expand it past 100000 values" in result.output, result.output
+    pq.write_table(prompts_table(2), tmp_path / "p.parquet")
+    line = one_error_line(invoke(str(tmp_path / "p.parquet"), str(tmp_path / "out"), "--pipeline", str(bomb)))
+    assert line == f"Error: {bomb}: YAML aliases expand it past 100000 values (an alias bomb?)", line
+    cycle = tmp_path / "cycle.yaml"
+    cycle.write_text("shard_size: &s [*s]\n")
+    assert "YAML aliases expand it past" in one_error_line(invoke(str(tmp_path / "p.parquet"), str(tmp_path / "out"), "--pipeline", str(cycle)))
+
+
+def test_sigterm_stops_a_run_in_one_line_and_the_next_run_resumes(ray_session, tiny_model_dir, tmp_path):
+    """What a scheduler sends first: the driver stops its workers, releases OUTPUT and says so in one
+    line (exit 143, as a process ended by SIGTERM), with no native stack dump."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pq.write_table(prompts_table(16), tmp_path / "p.parquet")
+    out = tmp_path / "out"
+    args = [str(tmp_path / "p.parquet"), str(out), "--model", str(tiny_model_dir), "--spec", "none", "--shard-size", "2",
+            "--max-tokens", "4", "--batch-size", "2"]
+    driver = subprocess.Popen([sys.executable, "-m", "batchspec", "run", *args], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (out / "_plan.json").exists() and time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 143, err[-3000:]
+    assert "SIGTERM received" not in err and "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.strip().splitlines() if line.startswith("Error")]
+    assert lines == ["Error: stopped by SIGTERM; committed shards are kept: rerun to resume"], err[-3000:]
+    assert err.strip().splitlines()[-1] == lines[0]
+    assert json.loads(next((out / "_lease").iterdir()).read_text())["released"]
+    again = invoke(*args)
+    assert again.exit_code == 0, again.output

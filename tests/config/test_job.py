@@ -14,8 +14,9 @@ from batchspec.submit import entrypoint
 
 
 def _cli_options() -> set[str]:
-    # --plan-only is a mode of the command (plan, print, stop), not a setting of the run a job runs
-    return {p.name for p in run_command.params if isinstance(p, click.Option)} - {"pipeline", "plan_only"}
+    # --plan-only is a mode of the command (plan, print, stop), not a setting of the run a job runs;
+    # --force (delete a previous run's committed shards) is a person's decision, never a scheduled job's
+    return {p.name for p in run_command.params if isinstance(p, click.Option)} - {"pipeline", "plan_only", "force"}
 
 
 def test_every_job_option_is_a_run_option_and_back():

@@ -181,3 +181,35 @@ def test_html_page_renders_its_plots_in_headless_chromium(real_run, tmp_path):
     assert _colour_share(shot, (0xF0, 0xB4, 0x29)) > 0.002  # chosen arm, calibration time
     assert _colour_share(shot, (0x82, 0x9A, 0xB1)) > 0.002  # prefill time
     assert _colour_share(shot, (0xFF, 0xFF, 0xFF)) < 0.97  # not a blank page
+
+
+def hostile_run(real_run, root: Path, keys: list[str], folder: str) -> Path:
+    """A copy of the real run (in `folder`) whose shards are `len(keys)` copies of one real stats
+    row, each with one of `keys` as its shard key: data a report must show as text, never as
+    markup or math."""
+    out = root / folder
+    shutil.copytree(real_run, out)
+    shutil.rmtree(out / "outputs")
+    stats = pl.read_parquet(real_run / "stats" / "*.parquet").head(1)
+    for p in (out / "stats").iterdir():
+        p.unlink()
+    for i, key in enumerate(keys):
+        row = stats.with_columns(pl.lit(f"{i:05d}-k").alias("shard_id"), pl.lit(key).alias("shard_key"))
+        row.write_parquet(out / "stats" / f"{i:05d}-k.parquet")
+    return out
+
+
+@pytest.mark.parametrize(("shards", "folder"), [
+    (3, "run"),  # keys that read as rich markup
+    (61, "run"),  # past MAX_PLOTTED (60) the time plot is by shard key: keys that read as mathtext
+    (3, "hostile[/]run"),  # an OUTPUT path that reads as markup and as a glob
+])
+def test_shard_keys_and_paths_are_shown_as_text_never_as_markup_or_math(real_run, tmp_path, shards, folder):
+    keys = ["[/]", r"$\frac{$", "[bold]x[/bold]"]
+    out = hostile_run(real_run, tmp_path, [keys[i % len(keys)] + (str(i) if i >= len(keys) else "") for i in range(shards)], folder)
+    page = tmp_path / "r.html"
+    result = CliRunner().invoke(cli, ["report", str(out), "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    assert "[/]" in result.output and "[bold]x[/bold]" in result.output and f"batchspec report: {out}" in result.output
+    assert "&lt;" not in result.output and r"$\frac{$" in result.output
+    assert len(re.findall(r'src="data:image/png;base64,', page.read_text())) == 3

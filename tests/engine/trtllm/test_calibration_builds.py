@@ -105,7 +105,7 @@ def test_a_run_where_no_arm_could_be_measured_is_loud(monkeypatch, tmp_path):
     import batchspec.pipeline
     from batchspec.cli import cli
 
-    monkeypatch.setattr(batchspec.pipeline, "run", lambda config, progress=None: summary)
+    monkeypatch.setattr(batchspec.pipeline, "run", lambda config, progress=None, force=False: summary)
     pipeline = tmp_path / "p.yaml"
     pipeline.write_text("engine: torch\nstrict_speculation: true\n")
     strict = CliRunner().invoke(cli, ["run", "in.parquet", str(tmp_path / "out"), "--pipeline", str(pipeline)])
