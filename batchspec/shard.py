@@ -3,7 +3,7 @@
 Calibrated, a shard runs under one `calibrate.Controller` whichever the engine: an engine that
 switches arms between decode steps (the torch engine) takes it as the generate call's control; one
 whose arms are builds (TensorRT-LLM) streams the shard's rows and calls it after every batch of
-finished rows, a switch ending the segment of rows under one arm (`calibrate.run_chunked`) and
+finished rows, a switch ending the segment of rows under one arm (`calibrate.run_segments`) and
 priced at its build's seconds. Fixed, the
 shard runs under its one arm. Either way one `ShardStats` row records it.
 
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from batchspec.calibrate import CalibrationSettings, Controller, Decision, WorkerState, fixed_decision, run_chunked
+from batchspec.calibrate import CalibrationSettings, Controller, Decision, WorkerState, fixed_decision, run_segments
 from batchspec.calibrate.counterfactual import scope_of
 from batchspec.calibrate.worker import LAST_SHARD
 from batchspec.engine.base import NO_SPEC, Completion, Engine, GenerateResult, Request, SpecConfig
@@ -60,7 +60,7 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         if engine.in_flight_control:
             ran = engine.generate(shard.requests, control.start, batch_size, control=control)
         else:
-            ran = run_chunked(engine, shard.requests, control, batch_size)
+            ran = run_segments(engine, shard.requests, control, batch_size)
         decision, row_specs = control.close(ran, shard.shard_id)
     else:
         chosen = spec_arms[0] if spec_arms else NO_SPEC
@@ -123,7 +123,7 @@ def _stats(engine: Engine, shard: ShardInput, ran: GenerateResult, decision: Dec
         baseline_tokens_per_s=decision.baseline_tokens_per_s,
         speedup=decision.speedup,
         calibration_s=decision.calibration_s + sum(b.seconds for b in builds if b.label != spec.label),
-        calibration_overhead_s=decision.overhead_s,
+        calibration_overhead_s=decision.profile_s,
         decision_source=decision.source,
         decision_reason=decision.reason,
         wall_s=wall_s if engine.regime is None else timing.prefill_s + timing.decode_s + decision.calibration_s,

@@ -22,15 +22,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from batchspec.engine.base import (
-    Completion,
-    GenerateResult,
-    SpecConfig,
-    StepCost,
-    acceptance_rate,
-    mean_accepted_len,
-    spec_label,
-)
+from batchspec.engine.base import Completion, SpecConfig, StepCost, spec_label
 
 _SCALARS = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
 
@@ -144,76 +136,34 @@ OUTPUT_NAMES = tuple(f.name for f in OUTPUT_FIELDS)
 
 @dataclass
 class ArmResult:
-    """One calibration arm: its settings and what was measured (or predicted) for it."""
+    """One calibration arm of a shard, in two parts that count different rows:
+    - what the arm ran in this shard (`measured`, `rows_run`, `tokens_run`, `tokens_per_s`): the
+      decode steps it ran and the rows that finished under it (zero for an arm that never ran);
+    - what calibration priced it at (`predicted_speedup`, acceptance, `tally_*`): its
+      counterfactual tally over the shard's finished rows (docs/calibration.md, concept 2), the
+      same rows for every arm, whichever arm decoded them."""
 
     DERIVED: typing.ClassVar[tuple[str, ...]] = ("label",)
 
     method: str
     draft_len: int
-    tokens_per_s: float | None = None  # measured goodput (committed tokens / decode s)
-    speedup: float | None = None  # measured goodput over plain decoding's on the same rows
-    predicted_tokens_per_s: float | None = None  # from counterfactual acceptance and the worker's cost profile
-    acceptance_rate: float | None = None
-    mean_accepted_len: float | None = None
-    output_tokens: int = 0
-    decode_tokens: int = 0  # committed by decode steps (the first token of a row comes from prefill)
-    rows: int = 0
-    target_steps: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    other_s: float = 0.0
-    prefill_s: float = 0.0
-    accepted_at: list[int] = field(default_factory=list)  # by draft position: see Completion
-    measured: bool = False
-    error: str | None = None
-    predicted_speedup: float | None = None  # predicted goodput over plain decoding's on the same rows
-    acceptance_exact: bool | None = None  # counterfactual acceptance: exact (greedy) or an estimate (sampled)
+    measured: bool = False  # the arm ran decode steps in this shard
+    rows_run: int = 0  # rows that finished under the arm
+    tokens_run: int = 0  # tokens committed by the decode steps it ran (every row's in flight)
+    tokens_per_s: float | None = None  # tokens_run per second of those steps (None: it ran none)
+    predicted_speedup: float | None = None  # over plain decoding on the shard's rows, its drain included
+    acceptance_rate: float | None = None  # tally_accepted_tokens / tally_draft_tokens
+    mean_accepted_len: float | None = None  # committed tokens per target step in the tally, the bonus token included
+    acceptance_exact: bool | None = None  # the tally is exact (greedy rows), not an expectation (sampled)
+    tally_rows: int = 0  # finished rows the tally covers (none: the arm's acceptance is measured by running it)
+    tally_target_steps: int = 0  # target steps those rows take under the arm
+    tally_draft_tokens: int = 0
+    tally_accepted_tokens: int = 0
+    error: str | None = None  # why the arm could not run (its build failed)
 
     @property
     def label(self) -> str:
         return spec_label(self.method, self.draft_len)
-
-    @property
-    def decode_s(self) -> float:
-        return self.draft_s + self.verify_s + self.other_s
-
-    def vs_none(self, baseline_tokens_per_s: float | None) -> float | None:
-        """Speedup over plain decoding: the paired figure when calibration recorded one, else this
-        arm's goodput over the baseline's."""
-        if self.speedup is not None:
-            return self.speedup
-        return self.tokens_per_s / baseline_tokens_per_s if self.tokens_per_s and baseline_tokens_per_s else None
-
-    def to_struct(self) -> dict:
-        return to_columns(self)
-
-    def add(self, result: GenerateResult) -> None:
-        t = result.timing
-        self.output_tokens += result.output_tokens
-        self.decode_tokens += result.decode_tokens
-        self.rows += sum(c.finish_reason != "error" for c in result.completions)
-        self.draft_tokens += result.draft_tokens
-        self.accepted_tokens += result.accepted_tokens
-        self.target_steps += result.target_steps
-        self.draft_s += t.draft_s
-        self.verify_s += t.verify_s
-        self.other_s += t.other_s
-        self.prefill_s += t.prefill_s
-        for c in result.completions:
-            _add_into(self.accepted_at, c.accepted_at)
-        decode = self.decode_s
-        self.tokens_per_s = self.decode_tokens / decode if decode > 0 and self.decode_tokens else None
-        self.acceptance_rate = acceptance_rate(self.accepted_tokens, self.draft_tokens)
-        self.mean_accepted_len = mean_accepted_len(self.accepted_tokens, self.target_steps)
-        self.measured = True
-
-
-def _add_into(total: list[int], more: list[int]) -> None:
-    total.extend([0] * (len(more) - len(total)))
-    for j, x in enumerate(more):
-        total[j] += x
 
 
 def chosen_arm(arms: Iterable[ArmResult], chosen: SpecConfig | str) -> ArmResult | None:
@@ -259,7 +209,7 @@ class ShardStats:
     shard_key: str | None  # the shard-by value
     rows: int
     error_rows: int
-    spec_method: str = "none"  # the decision; rows after a drift fallback ran "none" (see outputs)
+    spec_method: str = "none"  # the decision
     draft_len: int = 0
     acceptance_rate: float | None = None  # accepted / proposed
     mean_accepted_len: float | None = None  # committed tokens per target step, the bonus token included

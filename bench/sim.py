@@ -205,7 +205,6 @@ class Scheduled:
 
     schedule: dict[int, SpecConfig]
     batch_size: int
-    first: tuple = ()
 
     def arm_at(self, rows: int) -> SpecConfig:
         return self.schedule[max((k for k in self.schedule if k <= rows), default=min(self.schedule))]

@@ -60,7 +60,6 @@ class Controller:
         self.arms = [a for a in arms if a.method != "none"]
         self.worker, self.key, self.switch_s = worker, key, switch_s
         self.builds = switch_s(NO_SPEC) > 0  # an arm switch is a build (TensorRT-LLM): the live engine is where the key goes on
-        self.first: Sequence[int] = ()
         self.start, why = worker.start(key, prior, self.arms, builds=self.builds, prior_why=prior_why)
         self.running = self.start
         self.steady = self.start  # the arm that last ran before the drain (rows queued or the batch full; not a trial)
@@ -331,13 +330,13 @@ class Controller:
         for label, arm in by_label.items():
             e, ran, t = whole.get(label), self.ran.get(label), self.totals.get(label, Tally())
             arms.append(ArmResult(
-                arm.method, arm.draft_len,
+                arm.method, arm.draft_len, measured=bool(ran and ran.steps),
+                rows_run=counts.get(label, 0), tokens_run=ran.committed if ran else 0,
                 tokens_per_s=ran.committed / ran.seconds if ran and ran.seconds else None,
                 predicted_speedup=speedup[label] if e else None,
                 acceptance_rate=e.acceptance_rate if e else None, mean_accepted_len=e.accepted_len if e else None,
-                rows=counts.get(label, 0), decode_tokens=ran.committed if ran else 0,
-                target_steps=int(t.steps), draft_tokens=int(t.drafted),
-                accepted_tokens=int(t.accepted), measured=bool(ran and ran.steps), acceptance_exact=self.exact,
+                acceptance_exact=self.exact, tally_rows=sum(label in row for row in self.shard_rows.values()),
+                tally_target_steps=int(t.steps), tally_draft_tokens=int(t.drafted), tally_accepted_tokens=int(t.accepted),
                 error=self.errors.get(label),
             ))
         plain_s = sum(committed / rows * costs.price("none", rows, 1, ctx).seconds
@@ -352,7 +351,7 @@ class Controller:
             predicted_speedup=speedup.get(chosen.label),
             speedup=plain_s / spent if spent and plain_s else None,
             baseline_tokens_per_s=tokens / plain_s if plain_s else None,
-            calibration_s=self.profile_s + self.control_s, overhead_s=self.profile_s, profile_s=self.profile_s,
+            calibration_s=self.profile_s + self.control_s, profile_s=self.profile_s,
             exact=self.exact,
         )
         return decision, specs

@@ -29,6 +29,7 @@ from batchspec.cli import cli
 from batchspec.errors import OutputError
 from batchspec.report import load_report, render_html, storage_options
 from batchspec.report.load import TIME_PARTS
+from batchspec.report.plots import arm_bar
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 12
@@ -80,7 +81,20 @@ def test_report_of_a_real_run_agrees_with_its_files(real_run):
         assert [e.kind for e in s.events].count("profile") <= 1  # one worker: one profile per batch size
         assert "none" in [a.label for a in s.candidates]  # every arm is priced against plain decoding
         measured_arms = [a for a in s.candidates if a.measured]
-        assert measured_arms and all(a.decode_tokens > 0 for a in measured_arms)  # written, not dropped
+        assert measured_arms and all(a.tokens_run > 0 and a.tokens_per_s for a in measured_arms)  # written, not dropped
+        assert all(not a.tokens_run and a.tokens_per_s is None for a in s.candidates if not a.measured)
+        # what the arms ran: every row of the shard finished under one arm, every decode token by one arm's steps
+        shard_out = outputs.filter(pl.col("shard_id") == s.shard_id)
+        decode_tokens = int((shard_out["output_tokens"] - 1).clip(lower_bound=0).sum())
+        assert sum(a.rows_run for a in s.candidates) == s.rows
+        assert sum(a.tokens_run for a in s.candidates) == decode_tokens
+        # what calibration priced: each arm's counterfactual tally over the same finished rows
+        none = next(a for a in s.candidates if a.label == "none")
+        assert (none.tally_rows, none.tally_target_steps, none.tally_draft_tokens) == (s.rows - s.error_rows, decode_tokens, 0)
+        for a in s.candidates:
+            assert a.tally_rows == none.tally_rows and a.predicted_speedup and a.acceptance_exact
+            assert a.mean_accepted_len == pytest.approx(1 + a.tally_accepted_tokens / a.tally_target_steps)
+            assert arm_bar(a)[0] == a.predicted_speedup > 0  # plotted, whether it ran or not
         assert s.chosen is not None and s.chosen.label == chosen_label and s.chosen.method == s.spec_method
         assert 0 <= s.calibration_cost <= s.calibration_share <= 1
         assert s.decision_source in ("calibrated", "fixed")

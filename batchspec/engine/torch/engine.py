@@ -142,8 +142,7 @@ class TorchEngine:
 
         self.warmed = self.warmed or bool(rows)  # a profile inside `control` runs after this call's first forwards
         with torch.inference_mode():
-            run = self._decoder(scopes, lookups).run(rows, spec, max(1, batch_size), clock,
-                                                     control.first if control else (), step if control else None)
+            run = self._decoder(scopes, lookups).run(rows, spec, max(1, batch_size), clock, step if control else None)
             for row in run:  # the next step's drafts see this row (decode.Decoder.retire yields before it steps on)
                 completions[row.index] = self._finish(requests[row.index], row, lookups)
                 done.append(row.index)
@@ -167,7 +166,7 @@ class TorchEngine:
     def encode(self, request: Request) -> list[int]:
         """Token ids of a request's prompt: chat messages through the chat template, text as is.
         The ids of the last ENCODED_KEPT requests are kept (while the request object lives): calibration
-        asks again for the prompts of rows the shard prefilled, at every drift check, and a chat
+        asks again for the prompts of rows the shard prefilled, each time it counts a row, and a chat
         template costs about as much as pricing every arm over the window (0.5 ms a row)."""
         held = self._encoded.get(id(request))
         if held is not None and held[0]() is request:
@@ -233,7 +232,7 @@ class TorchEngine:
             id=request.id, text=text, token_ids=out, prompt_tokens=row.prompt_len, output_tokens=len(out),
             finish_reason=row.finish or "length", error=row.error, draft_tokens=row.draft_tokens,
             accepted_tokens=row.accepted_tokens, target_steps=row.target_steps,
-            accepted_at=row.accepted_at, accepted_steps=row.accepted_steps, forced_tokens=row.forced_tokens,
+            accepted_steps=row.accepted_steps, forced_tokens=row.forced_tokens,
             tree_lookups=lookups.lookups.get(row.index, 0), tree_drafts=lookups.tree_drafts.get(row.index, 0),
         )
 

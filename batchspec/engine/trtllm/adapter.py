@@ -177,7 +177,7 @@ class TrtllmEngine:
             raise ConfigError(f"{where}: sets {differ[0]}; every arm of a run is built with the run's LLM options (like for like with none): set it once for the run")
 
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int, control=None) -> GenerateResult:
-        """Complete `requests` under `spec` (base.Engine.generate). With `control` (calibrate/chunked.py),
+        """Complete `requests` under `spec` (base.Engine.generate). With `control` (calibrate/segments.py),
         rows are submitted at most AHEAD batches ahead of the rows finished, so the executor's batch
         stays full without every row queued at once, and `control` is called with the call's
         `Progress` after every `batch_size` finished rows and at the end. Once it returns another

@@ -206,6 +206,5 @@ def attach_request_steps(done: Sequence[tuple[Completion, int]], traces: dict[in
         given.append((c, steps))
     for c, steps in given:
         c.accepted_steps = steps
-        c.accepted_at = [sum(a > j for a in steps) for j in range(max(steps, default=0))]
         c.accepted_tokens = sum(steps)
     return None
