@@ -162,10 +162,6 @@ class TrtllmEngine:
         self.peak_gpu_bytes: int | None = None  # most memory seen in use on one of the LLM's GPUs
         self._live: _Built | None = None
 
-    @property
-    def llm_options(self) -> dict[str, Any]:
-        return self.run_options
-
     def check(self, spec: SpecConfig) -> None:
         where = spec.source or "spec"
         if spec.method not in ENGINE_METHODS[self.name]:
