@@ -195,12 +195,12 @@ class StepCost:
     of `model` over `batch` rows whose cache holds `context` tokens, `tokens` new tokens per row.
     kind: target (a verify or plain step, the accept rule included) | draft (one draft step)."""
 
-    kind: str
-    model: str
-    batch: int
-    context: int
-    tokens: int
-    seconds: float
+    kind: str  # target | draft
+    model: str  # the model timed
+    batch: int  # rows in the forward
+    context: int  # tokens each row's cache held
+    tokens: int  # new tokens per row (a verify's width)
+    seconds: float  # the fastest try's
 
 
 @dataclass
