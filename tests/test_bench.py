@@ -288,12 +288,39 @@ def test_only_committed_reproducible_runs_go_into_the_projects_record():
 
 def test_docs_performance_shows_the_table_of_bench_results():
     """`make bench-report` was run after the last recorded figure, every line is a committed,
-    reproducible run, and the README's "Where it stands" is made from the same lines."""
-    from common import results
+    reproducible run, and the README's "Where it stands" and docs/calibration.md's grid are made
+    from the same lines."""
+    from common import results, stands
 
     lines = results.read()
     assert lines and all(set(results.KEYS) <= set(x) for x in lines)
     assert all(x["bench"] in results.BENCHES for x in lines)
+    assert {i: results.check(x) for i, x in enumerate(lines) if results.check(x)} == {}
     text = results.DOC.read_text()
     block = text.split(results.BEGIN)[1].split(results.END)[0].strip()
     assert block == results.table(lines), "run `make bench-report`"
+    assert results.block(results.README.read_text()) == stands.stands_table(lines), "run `make bench-report`"
+    grid = (REPO / "docs" / "calibration.md").read_text()
+    assert results.block(grid, stands.GRID_BEGIN, stands.GRID_END) == stands.grid_table(lines), "run `make bench-report`"
+
+
+def test_every_command_the_tables_print_runs_as_printed():
+    """Each command of docs/performance.md's and the README's tables names a script of the
+    repository and only options that script takes (its --help lists them): nothing elided."""
+    import re
+    import shlex
+
+    from common import results
+
+    commands = {results.reproduce(x) for x in results.latest(results.read())}
+    helps: dict[str, str] = {}
+    for command in sorted(commands):
+        for part in command.split(" && "):
+            words = shlex.split(part)
+            assert words[0] == "python" and (REPO / words[1]).is_file(), part
+            if words[1] not in helps:
+                helps[words[1]] = subprocess.run([sys.executable, str(REPO / words[1]), "--help"], capture_output=True,
+                                                 text=True, check=True, timeout=120).stdout
+            taken = set(re.findall(r"--[\w-]+", helps[words[1]]))
+            asked = {w.split("=")[0] for w in words[2:] if w.startswith("--")}
+            assert asked <= taken, f"{part}: {sorted(asked - taken)} not among {words[1]}'s options"

@@ -43,10 +43,6 @@ class Decision:
     profile_s: float = 0.0  # of which the profile: the one calibration work not kept as output
     exact: bool = True  # every row's counterfactual acceptance exact (greedy)
 
-    @property
-    def chosen_arm(self) -> ArmResult | None:
-        return next((a for a in self.arms if a.label == self.chosen.label), None)
-
 
 def fixed_decision(spec: SpecConfig, reason: str) -> Decision:
     return Decision(spec, spec, source="fixed", reason=reason)

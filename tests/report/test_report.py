@@ -98,6 +98,17 @@ def test_report_of_a_real_run_agrees_with_its_files(real_run):
         assert s.chosen is not None and s.chosen.label == chosen_label and s.chosen.method == s.spec_method
         assert 0 <= s.calibration_cost <= s.calibration_share <= 1
         assert s.decision_source in ("calibrated", "fixed")
+        # every stats column docs/schema.md documents, filled as it says on a calibrated CPU run
+        filled = ("tokens_per_s", "baseline_tokens_per_s", "speedup", "predicted_speedup", "calibration_s", "wall_s",
+                  "decode_s", "prefill_s", "draft_s", "verify_s", "other_s", "draft_tokens", "accepted_tokens",
+                  "target_steps", "decision_reason", "node_id", "prompt_format", "calibration_overhead_s")
+        assert [c for c in filled if getattr(s, c) is None] == []
+        assert s.decode_s == pytest.approx(s.draft_s + s.verify_s + s.other_s)
+        assert s.calibration_overhead_s == s.profile_s and bool(s.cost_profile) == (s.profile_s > 0)
+        assert (s.gpus, s.gpu_memory_per_gpu, s.builds, s.build_s, s.attempts) == (0.0, None, 0, 0.0, 1)  # a CPU worker
+        assert (s.tree_bytes, s.tree_rows, s.tree_hit_rate, s.speculation_unmeasured) == (None, None, None, None)
+        assert s.empty_rows == outputs.filter((pl.col("shard_id") == s.shard_id) & (pl.col("text") == "")).height
+    assert sum(bool(s.cost_profile) for s in report.shards) == 1  # one worker, one batch size: one profile
 
 
 def test_report_reads_s3_with_endpoint_and_credentials_from_the_environment(real_run, monkeypatch):

@@ -28,7 +28,6 @@ from batchspec.engine.base import (
     Progress,
     Request,
     SpecConfig,
-    Step,
     StepCost,
     Timing,
 )
@@ -72,7 +71,6 @@ class TorchEngine:
         self._draft_loader = draft_loader  # name -> (model, tokenizer)
         self._drafts: dict[str, object] = {}
         self._encoded: dict[int, tuple[weakref.ref, array.array]] = {}  # id(request) -> (the request, its prompt's ids): `encode`
-        self.last_steps: list[Step] = []  # the decode steps of the last generate call, as it ran them (benches price them)
         self.probe_seeds: dict[str, Batch] = {}  # model -> the one short row its cost probes fork from (measure.profile)
         self.warmed = False  # the target has decoded rows: a cost profile needs no warm-up forward (measure.profile)
         self.regime = regime  # a cost regime: every second this engine reports is simulated (engine/regimes.py)
@@ -150,7 +148,6 @@ class TorchEngine:
                     self.trees.add(scopes[row.index], requests[row.index].id, row.output)
         clock.timing.wall_s = time.perf_counter() - start if self.regime is None else \
             clock.timing.prefill_s + clock.timing.decode_s
-        self.last_steps = clock.steps
         assert all(c is not None for c in completions)
         return GenerateResult(completions, clock.timing, steps=clock.steps)  # type: ignore[arg-type]
 
