@@ -20,7 +20,7 @@ TEST_WORKERS ?= 2
 RAY_CPUS ?= 2
 RAY_ARGS ?=
 
-.PHONY: setup run test test-floor bench bench-engine bench-calibrate bench-pipeline bench-peer bench-scale bench-report gpu-check ray-head ray-stop clean
+.PHONY: setup run test test-floor docs bench bench-engine bench-calibrate bench-pipeline bench-peer bench-scale bench-sim bench-report gpu-check ray-head ray-stop clean
 
 setup: $(STAMP)
 
@@ -74,20 +74,23 @@ bench-engine: setup
 	$(PY) bench/engine.py $(BENCH_ARGS)
 
 # HELDOUT=1: calibration on prompts the project did not write, HELDOUT_FILE (a prompt Parquet with a
-# task column; by default one written from installed packages' READMEs and the standard library,
-# SEED), ROWS-row shards at BATCH, each its key's later shard on the worker (FIRST=1: its first).
+# task column, written from installed packages' READMEs and the standard library with SEED, the
+# command the recorded figures name), ROWS-row shards at BATCH, each its key's later shard on the
+# worker (FIRST=1: its first).
 HELDOUT ?=
 FIRST ?=
 SEED ?= 7
 BATCH ?= 8
 ROWS ?= 64
-HELDOUT_FILE ?= /tmp/batchspec_heldout_seed$(SEED)_$(ROWS)rows.parquet
+HELDOUT_FILE ?= held$(SEED).parquet
+HELDOUT_MAKE = python bench/common/peer_prompts.py --out $(HELDOUT_FILE) --rows 512 --seed $(SEED) --min-tokens 150 --max-tokens 450
 bench-calibrate: setup
 ifeq ($(HELDOUT),)
 	$(PY) bench/calibrate.py $(BENCH_ARGS)
 else
-	test -f $(HELDOUT_FILE) || $(PY) bench/common/peer_prompts.py --out $(HELDOUT_FILE) --rows $$(( 8 * $(ROWS) )) --seed $(SEED) --min-tokens 150 --max-tokens 450
-	$(PY) bench/calibrate.py --input $(HELDOUT_FILE) --rows $(ROWS) --max-tokens 24 --batch-size $(BATCH) --dtype float32 --threads 2 $(if $(FIRST),,--later-shard) $(BENCH_ARGS)
+	test -f $(HELDOUT_FILE) || $(VENV)/bin/$(HELDOUT_MAKE)
+	$(PY) bench/calibrate.py --input $(HELDOUT_FILE) --input-made-by "$(HELDOUT_MAKE)" --rows $(ROWS) --max-tokens 24 \
+		--batch-size $(BATCH) --dtype float32 --threads 2 $(if $(FIRST),,--later-shard) $(BENCH_ARGS)
 endif
 
 bench-pipeline: setup
@@ -99,8 +102,23 @@ bench-peer: setup
 bench-scale: setup
 	$(PY) bench/scale.py $(BENCH_ARGS)
 
+# The simulated calibration grid of docs/calibration.md (virtual time; minutes, the model's greedy
+# outputs recorded once under ~/.cache/batchspec/sim).
+GRID_MAKE = python examples/make_prompts.py --rows-per-task 256 --out grid.parquet
+bench-sim: setup
+	test -f grid.parquet || $(VENV)/bin/$(GRID_MAKE)
+	$(PY) bench/sim.py --input grid.parquet --input-made-by "$(GRID_MAKE)" --shard-by task \
+		--regime cpu,h200-torch,gpu-roofline,trtllm --batch-size 1,8,32 --rows 256 --max-tokens 128 --switch prose,edit \
+		--prior-pass $(BENCH_ARGS)
+
 bench-report:
 	$(PYTHON) bench/common/results.py
+
+# What a reader consults, written from the code and the records (tests/test_docs.py and
+# tests/test_bench.py fail while a file is stale): the column tables of the README and
+# docs/schema.md from batchspec/stats.py, and the benchmark tables from bench/results.jsonl.
+docs: setup bench-report
+	$(PY) docs/generate.py
 
 # On a TensorRT-LLM 1.2 node (NVIDIA's release container): at most 10 minutes on one GPU; writes
 # gpu_check.json (docs/engines/trtllm.md says how to read it). It runs in the container's Python

@@ -18,6 +18,8 @@ from batchspec.plan import make_plan, plan_locally
 from batchspec.prior import WHY as PRIOR_WHY, prior_of
 from batchspec.read import open_input
 from batchspec.shard import ShardInput, run_shard
+from batchspec.stats import to_columns
+
 
 @dataclass
 class KeyCalibration:
@@ -37,9 +39,9 @@ class KeyCalibration:
         return {
             **head,
             "chosen": d.chosen.label, "spec_method": d.chosen.method, "draft_len": d.chosen.draft_len,
-            "ended": d.ended.label, "reason": d.reason, "calibration_s": d.calibration_s, "overhead_s": d.overhead_s,
+            "ended": d.ended.label, "reason": d.reason, "calibration_s": d.calibration_s, "overhead_s": d.profile_s,
             "predicted_speedup": d.predicted_speedup, "speedup": d.speedup,
-            "baseline_tokens_per_s": d.baseline_tokens_per_s, "arms": [a.to_struct() for a in d.arms],
+            "baseline_tokens_per_s": d.baseline_tokens_per_s, "arms": [to_columns(a) for a in d.arms],
             "events": [dataclasses.asdict(e) for e in d.events],
         }
 

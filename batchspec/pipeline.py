@@ -30,11 +30,12 @@ Ray: inside an existing Ray session (a test fixture, `ray job submit`) the pipel
 `ray_address` or RAY_ADDRESS set it connects to that cluster; otherwise it starts a local Ray with
 `ray_num_cpus` CPUs and no dashboard.
 
-Totals. `tokens_per_s` is this run's output tokens over the wall time of the worker step.
-`speedup` compares every committed shard's decode time with what plain decoding would have taken
-for the same tokens, from each shard's calibrated ratio (chosen arm vs none, measured side by
-side): sum(decode_s x speedup) / sum(decode_s) (`batchspec.stats.speedup_total`, which the report
-shows too).
+Totals. `tokens_per_s` is this run's output tokens over the wall time of the worker step (end to
+end). `speedup` compares every committed shard's decode time with what plain decoding would have
+taken for the same tokens, priced by the worker's cost table from the steps the shard ran:
+sum(decode_s x speedup) / sum(decode_s) (`batchspec.stats.speedup_total`, which the report shows
+too); `decode_tokens_per_s` and `baseline_tokens_per_s` are those shards' goodput and plain
+decoding's priced goodput, so speedup = decode_tokens_per_s / baseline_tokens_per_s.
 """
 
 from __future__ import annotations
@@ -91,9 +92,9 @@ class RunSummary:
     retries: int
     output_tokens: int
     wall_s: float
-    tokens_per_s: float
-    baseline_tokens_per_s: float | None
-    speedup: float | None
+    tokens_per_s: float  # end to end: this run's output tokens over the worker step's wall time
+    baseline_tokens_per_s: float | None  # plain decoding's goodput, priced for the same tokens as decode_tokens_per_s
+    speedup: float | None  # decode_tokens_per_s over baseline_tokens_per_s
     complete: bool
     speedup_predicted_share: float = 0.0  # share of the speedup's decode time priced by prediction, not measured
     # shards whose calibration could not measure any speculative arm (every arm failed), and why
@@ -106,6 +107,7 @@ class RunSummary:
     empty_rows: int = 0  # rows that ran and returned an empty text
     prior_run: str | None = None  # the prior run each key started from, or why none (batchspec.prior)
     failed_reason: str | None = None  # the first failed shard and why, "<shard_id>: <note>"
+    decode_tokens_per_s: float | None = None  # goodput of the shards with a speedup: decode tokens per decode second
 
     @property
     def empty_text_warning(self) -> str | None:
@@ -378,6 +380,7 @@ def summarize(url: str, plan: Plan, stats: list[ShardStats], report, skipped: in
         prompt_format=prompt_format,
         empty_rows=sum(s.empty_rows for s in stats),
         prior_run=prior_run,
+        decode_tokens_per_s=total.tokens_per_s,
     )
 
 

@@ -14,8 +14,8 @@ The stage is one `map_batches` on an actor pool (`config.workers` actors at most
 engine for its life, with `config.worker` resources: the same `ShardWorker` as `batchspec run`).
 Every batch of at most `shard_size` rows is a shard; its rows are split by the `shard_by` value and
 each part is calibrated and generated like a shard of `batchspec run` (the same `run_shard`: the
-same per-shard calibration, drift fallback and reuse of a key's decision for a later, smaller part
-on the same actor; a `response_format` column, with `config.response_format` for rows without one,
+same per-shard calibration, each key's part starting where the key's last part on the same actor
+ended; a `response_format` column, with `config.response_format` for rows without one,
 constrains rows as in a run). Each output row carries the output columns of stats.OutputRow (`id`,
 `shard_id`, `text`, ..., `target_steps`) and the input's passthrough columns; a row that cannot run
 becomes an error row, as in a run. A text `prompt` goes through the model's chat template as one

@@ -3,9 +3,10 @@
 Calibrated, a shard runs under one `calibrate.Controller` whichever the engine: an engine that
 switches arms between decode steps (the torch engine) takes it as the generate call's control; one
 whose arms are builds (TensorRT-LLM) streams the shard's rows and calls it after every batch of
-finished rows, a switch ending the segment of rows under one arm (`calibrate.run_chunked`) and
-priced at its build's seconds. Fixed, the
-shard runs under its one arm. Either way one `ShardStats` row records it.
+finished rows, a switch ending the segment of rows under one arm (`calibrate.run_segments`) and
+priced at its build's seconds. Fixed, the shard runs under its one arm, its steps priced against
+plain decoding afterwards (`calibrate.ledger.price_fixed`). Either way one `ShardStats` row
+records it.
 
 This module knows nothing about Parquet, storage or Ray; the pipeline's workers call `run_shard`.
 """
@@ -16,8 +17,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from batchspec.calibrate import CalibrationSettings, Controller, Decision, WorkerState, fixed_decision, run_chunked
+from batchspec.calibrate import CalibrationSettings, Controller, Decision, WorkerState, fixed_decision, run_segments
 from batchspec.calibrate.counterfactual import scope_of
+from batchspec.calibrate.ledger import price_fixed
 from batchspec.calibrate.worker import LAST_SHARD
 from batchspec.engine.base import NO_SPEC, Completion, Engine, GenerateResult, Request, SpecConfig
 from batchspec.stats import ShardStats, suffix_columns
@@ -60,12 +62,14 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         if engine.in_flight_control:
             ran = engine.generate(shard.requests, control.start, batch_size, control=control)
         else:
-            ran = run_chunked(engine, shard.requests, control, batch_size)
+            ran = run_segments(engine, shard.requests, control, batch_size)
         decision, row_specs = control.close(ran, shard.shard_id)
     else:
         chosen = spec_arms[0] if spec_arms else NO_SPEC
-        decision = fixed_decision(chosen, "speculation off (--spec none)" if chosen is NO_SPEC else f"fixed by config: {chosen.label}")
         ran = engine.generate(shard.requests, chosen, batch_size)
+        speedup, baseline, profile_s = price_fixed(engine, worker.costs, chosen, batch_size, ran)
+        decision = replace(fixed_decision(chosen, "speculation off (--spec none)" if chosen is NO_SPEC else f"fixed by config: {chosen.label}"),
+                           speedup=speedup, baseline_tokens_per_s=baseline, calibration_s=profile_s, profile_s=profile_s)
         row_specs = [chosen] * len(shard.requests)
     builds = engine.builds[builds_before:] if engine.arms_are_builds else []
     stats = _stats(engine, shard, ran, decision, batch_size, time.perf_counter() - start, builds)
@@ -123,7 +127,7 @@ def _stats(engine: Engine, shard: ShardInput, ran: GenerateResult, decision: Dec
         baseline_tokens_per_s=decision.baseline_tokens_per_s,
         speedup=decision.speedup,
         calibration_s=decision.calibration_s + sum(b.seconds for b in builds if b.label != spec.label),
-        calibration_overhead_s=decision.overhead_s,
+        calibration_overhead_s=decision.profile_s,
         decision_source=decision.source,
         decision_reason=decision.reason,
         wall_s=wall_s if engine.regime is None else timing.prefill_s + timing.decode_s + decision.calibration_s,

@@ -22,15 +22,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from batchspec.engine.base import (
-    Completion,
-    GenerateResult,
-    SpecConfig,
-    StepCost,
-    acceptance_rate,
-    mean_accepted_len,
-    spec_label,
-)
+from batchspec.engine.base import Completion, SpecConfig, StepCost, spec_label
 
 _SCALARS = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
 
@@ -115,18 +107,18 @@ def table(record: type, rows: Iterable[Any]) -> pa.Table:
 
 @dataclass
 class OutputRow:
-    id: str
-    shard_id: str
-    text: str | None
-    prompt_tokens: int
-    output_tokens: int
+    id: str  # the input's `id`, or `<file>#<row>` where it has none
+    shard_id: str  # the shard that made the row (`00003-code`)
+    text: str | None  # the completion (null on error)
+    prompt_tokens: int  # tokens in the prompt, after the chat template
+    output_tokens: int  # tokens generated
     finish_reason: str  # stop | length | error
     error: str | None  # null, or a one-line reason
-    spec_method: str  # the setting the row ran under: none | ngram | draft_target | eagle3 | mtp | suffix
-    draft_len: int
-    draft_tokens: int  # proposed
-    accepted_tokens: int
-    target_steps: int  # target forward passes in decode
+    spec_method: str  # the arm the row finished under: none | ngram | draft_target | eagle3 | mtp | suffix
+    draft_len: int  # that arm's most drafts per step (0 for none)
+    draft_tokens: int  # drafts proposed for the row
+    accepted_tokens: int  # of those, accepted
+    target_steps: int  # target forward passes in the row's decode (prefill excluded)
 
     @classmethod
     def of(cls, shard_id: str, c: Completion, spec: SpecConfig) -> "OutputRow":
@@ -144,76 +136,35 @@ OUTPUT_NAMES = tuple(f.name for f in OUTPUT_FIELDS)
 
 @dataclass
 class ArmResult:
-    """One calibration arm: its settings and what was measured (or predicted) for it."""
+    """One calibration arm of a shard, in two parts that count different rows:
+    - what the arm ran in this shard (`measured`, `rows_run`, `tokens_run`, `tokens_per_s`): the
+      decode steps it ran and the rows that finished under it (zero for an arm that never ran);
+    - what calibration priced it at (`predicted_speedup`, acceptance, `tally_*`): its
+      counterfactual tally over the shard's finished rows (docs/calibration.md, concept 2), the
+      same rows for every arm, whichever arm decoded them."""
 
     DERIVED: typing.ClassVar[tuple[str, ...]] = ("label",)
 
-    method: str
-    draft_len: int
-    tokens_per_s: float | None = None  # measured goodput (committed tokens / decode s)
-    speedup: float | None = None  # measured goodput over plain decoding's on the same rows
-    predicted_tokens_per_s: float | None = None  # from counterfactual acceptance and the worker's cost profile
-    acceptance_rate: float | None = None
-    mean_accepted_len: float | None = None
-    output_tokens: int = 0
-    decode_tokens: int = 0  # committed by decode steps (the first token of a row comes from prefill)
-    rows: int = 0
-    target_steps: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    other_s: float = 0.0
-    prefill_s: float = 0.0
-    accepted_at: list[int] = field(default_factory=list)  # by draft position: see Completion
-    measured: bool = False
-    error: str | None = None
-    predicted_speedup: float | None = None  # predicted goodput over plain decoding's on the same rows
-    acceptance_exact: bool | None = None  # counterfactual acceptance: exact (greedy) or an estimate (sampled)
+    method: str  # none | ngram | draft_target | eagle3 | mtp | suffix
+    draft_len: int  # the arm's most drafts per step (0 for none)
+    measured: bool = False  # the arm ran decode steps in this shard
+    rows_run: int = 0  # rows that finished under the arm
+    tokens_run: int = 0  # tokens committed by the decode steps it ran (every row's in flight)
+    tokens_per_s: float | None = None  # tokens_run per second of those steps (null: it ran none)
+    predicted_speedup: float | None = None  # its goodput over plain decoding's on the shard's rows, drain included: from its tally and the worker's cost table
+    acceptance_rate: float | None = None  # tally_accepted_tokens / tally_draft_tokens
+    mean_accepted_len: float | None = None  # committed tokens per target step in the tally, the bonus token included
+    acceptance_exact: bool | None = None  # the tally is exact (greedy rows), not an expectation (sampled)
+    tally_rows: int = 0  # finished rows the tally covers (where acceptance is measured by running the arm: the rows it ran)
+    tally_target_steps: int = 0  # target steps those rows take under the arm
+    tally_draft_tokens: int = 0  # drafts the arm proposes on those rows
+    tally_accepted_tokens: int = 0  # of those, accepted
+    error: str | None = None  # why the arm could not run (its build failed)
 
     @property
     def label(self) -> str:
+        """The arm's name: `none`, or `method:k=N` (`ngram:k=4`)."""
         return spec_label(self.method, self.draft_len)
-
-    @property
-    def decode_s(self) -> float:
-        return self.draft_s + self.verify_s + self.other_s
-
-    def vs_none(self, baseline_tokens_per_s: float | None) -> float | None:
-        """Speedup over plain decoding: the paired figure when calibration recorded one, else this
-        arm's goodput over the baseline's."""
-        if self.speedup is not None:
-            return self.speedup
-        return self.tokens_per_s / baseline_tokens_per_s if self.tokens_per_s and baseline_tokens_per_s else None
-
-    def to_struct(self) -> dict:
-        return to_columns(self)
-
-    def add(self, result: GenerateResult) -> None:
-        t = result.timing
-        self.output_tokens += result.output_tokens
-        self.decode_tokens += result.decode_tokens
-        self.rows += sum(c.finish_reason != "error" for c in result.completions)
-        self.draft_tokens += result.draft_tokens
-        self.accepted_tokens += result.accepted_tokens
-        self.target_steps += result.target_steps
-        self.draft_s += t.draft_s
-        self.verify_s += t.verify_s
-        self.other_s += t.other_s
-        self.prefill_s += t.prefill_s
-        for c in result.completions:
-            _add_into(self.accepted_at, c.accepted_at)
-        decode = self.decode_s
-        self.tokens_per_s = self.decode_tokens / decode if decode > 0 and self.decode_tokens else None
-        self.acceptance_rate = acceptance_rate(self.accepted_tokens, self.draft_tokens)
-        self.mean_accepted_len = mean_accepted_len(self.accepted_tokens, self.target_steps)
-        self.measured = True
-
-
-def _add_into(total: list[int], more: list[int]) -> None:
-    total.extend([0] * (len(more) - len(total)))
-    for j, x in enumerate(more):
-        total[j] += x
 
 
 def chosen_arm(arms: Iterable[ArmResult], chosen: SpecConfig | str) -> ArmResult | None:
@@ -235,7 +186,7 @@ class Event:
     """What calibration decided, or what happened, while a shard ran (batchspec.calibrate)."""
 
     row: int  # rows of the shard finished when it happened
-    kind: str  # start | profile | measure | measured | switch
+    kind: str  # start | profile | measure | measured | switch | failed (docs/calibration.md, "Event")
     arm: str  # the arm concerned (its label)
     predicted: float | None = None  # the arm's predicted speedup over plain decoding, where the rule used one
     measured: float | None = None  # measured: the arm's speedup priced from its own steps; profile: its seconds
@@ -255,60 +206,57 @@ class ShardStats:
     Rates are None where nothing was drafted; measurements are None where the shard had no row
     that could run (every row an error row)."""
 
-    shard_id: str
-    shard_key: str | None  # the shard-by value
-    rows: int
-    error_rows: int
-    spec_method: str = "none"  # the decision; rows after a drift fallback ran "none" (see outputs)
-    draft_len: int = 0
-    acceptance_rate: float | None = None  # accepted / proposed
-    mean_accepted_len: float | None = None  # committed tokens per target step, the bonus token included
-    output_tokens: int = 0
-    decode_s: float | None = None
-    prefill_s: float | None = None
-    draft_s: float | None = None  # None: not measured (see caveats)
-    verify_s: float | None = None
-    tokens_per_s: float | None = None  # committed tokens per decode second (the calibration goodput
-    # measure), over the rows generated after calibration (kept calibration rows were timed there)
-    baseline_tokens_per_s: float | None = None  # "none" measured in calibration, same measure
-    calibration_s: float | None = None
-    wall_s: float | None = None
-    engine: str
-    model: str
-    draft_model: str | None = None
-    batch_size: int
-    candidates: list[ArmResult] = field(default_factory=list)  # one per calibrated arm
-    draft_tokens: int | None = None
-    accepted_tokens: int | None = None
-    target_steps: int | None = None
-    other_s: float | None = None
-    speedup: float | None = None  # the shard's goodput over plain decoding's, priced by the worker's cost table for the same tokens
-    calibration_overhead_s: float | None = None  # calibration time whose work was not kept as output
+    shard_id: str  # the shard (`00003-code`)
+    shard_key: str | None  # its --shard-by value
+    rows: int  # rows written
+    error_rows: int  # rows with finish_reason error
+    spec_method: str = "none"  # the arm most of the shard's rows finished under (each output row names its own)
+    draft_len: int = 0  # that arm's most drafts per step (0 for none)
+    acceptance_rate: float | None = None  # accepted_tokens / draft_tokens (null where nothing was drafted)
+    mean_accepted_len: float | None = None  # tokens committed per target step, the bonus token included
+    output_tokens: int = 0  # tokens generated, all rows
+    decode_s: float | None = None  # decode seconds: draft_s + verify_s + other_s
+    prefill_s: float | None = None  # the target's prefill of the rows (its first token each)
+    draft_s: float | None = None  # drafting, a draft model's prefill of the rows it admits included (null: not measured, see caveats)
+    verify_s: float | None = None  # the target's verify forwards and the accept rule (null: not measured, see caveats)
+    tokens_per_s: float | None = None  # goodput: tokens committed by decode steps per decode second
+    baseline_tokens_per_s: float | None = None  # plain decoding's goodput for the same tokens, priced by the worker's cost table
+    calibration_s: float | None = None  # seconds calibration added: the cost profile, the controller's own work, builds of arms the shard did not end on
+    wall_s: float | None = None  # the shard's wall time, calibration included
+    engine: str  # torch | trtllm
+    model: str  # the target model as configured
+    draft_model: str | None = None  # the chosen arm's draft model (draft_target, eagle3)
+    batch_size: int  # most rows in flight
+    candidates: list[ArmResult] = field(default_factory=list)  # every arm calibration weighed, run or only priced (docs/schema.md, "candidates")
+    draft_tokens: int | None = None  # drafts proposed, all rows
+    accepted_tokens: int | None = None  # drafts accepted, all rows
+    target_steps: int | None = None  # target forward passes in decode, all rows
+    other_s: float | None = None  # the decode loop's own work between forwards (committing tokens, stop strings, cache upkeep)
+    speedup: float | None = None  # the shard's decode steps against plain decoding's price for the same tokens
+    # (the worker's cost table); plain decoding fixed: 1.0; null where the table cannot price plain decoding
+    calibration_overhead_s: float | None = None  # of calibration_s, the cost profile's forwards (as profile_s)
     decision_source: str | None = None  # calibrated | fixed
     decision_reason: str | None = None  # one short line; the whole story is `events`
-    attempts: int = 1  # tries this shard took (a worker death or an exception is retried)
+    attempts: int = 1  # tries the shard took (a worker death or an exception is retried)
     note: str | None = None  # why every attempt failed (rows written as errors), or why the attempts before the last did
-    builds: int = 0  # engine builds while this shard ran (TensorRT-LLM: one per arm switched to)
-    build_s: float = 0.0  # their seconds, part of calibration_s when calibration caused them
-    speculation_unmeasured: str | None = None  # why no speculative arm could be measured, if none could
+    builds: int = 0  # engine builds while the shard ran (TensorRT-LLM: one per arm switched to)
+    build_s: float = 0.0  # their seconds, part of calibration_s where calibration caused them
+    speculation_unmeasured: str | None = None  # why no speculative arm could be priced or run, where none could
     caveats: str | None = None  # figures that are estimates or were not measured, and why
-    predicted_speedup: float | None = None  # the chosen arm's, from counterfactual acceptance + the cost table
-    profile_s: float = 0.0  # seconds this shard spent timing the worker's cost profile (0: the worker had one)
-    cost_profile: list[StepCost] = field(default_factory=list)  # the worker's profiled forwards
-    node_id: str | None = None  # the Ray node whose worker ran the shard (None: written by the driver)
+    predicted_speedup: float | None = None  # the chosen arm's, over the shard's rows (its candidates entry)
+    profile_s: float = 0.0  # seconds the shard spent timing the worker's cost profile (0: the worker had one)
+    cost_profile: list[StepCost] = field(default_factory=list)  # that profile's forwards, where this shard timed it
+    node_id: str | None = None  # the Ray node whose worker ran the shard (null: written by the driver)
     gpus: float = 0.0  # GPUs the shard's worker held (worker.num_gpus; TensorRT-LLM: one LLM spans them all)
-    gpu_memory_per_gpu: int | None = None  # bytes: the most device memory seen in use on one of them (None: a CPU)
-    prompt_format: str | None = None  # how text prompts reached the model: chat (its chat template) or raw (RunConfig.prompt_format)
+    gpu_memory_per_gpu: int | None = None  # bytes: the most device memory seen in use on one of them (null: a CPU)
+    prompt_format: str | None = None  # how text prompts reached the model: chat (its chat template) or raw
     empty_rows: int = 0  # rows that ran and returned an empty text (many: a likely prompt-format mismatch)
     constrained_rows: int = 0  # rows with a response_format (structured output)
-    forced_tokens: int = 0  # of accepted_tokens: drafts their grammar forced (see Completion)
-    # The suffix arm (`suffix_columns`): the shard key's tree on this worker when the shard ended,
-    # and the share of the suffix drafter's lookups in this shard that the tree (other rows'
-    # outputs) answered rather than the row's own context. None where the engine keeps no trees.
-    tree_bytes: int | None = None
-    tree_rows: int | None = None
-    tree_hit_rate: float | None = None
-    events: list[Event] = field(default_factory=list)  # what calibration decided and what happened, in order
+    forced_tokens: int = 0  # of accepted_tokens: drafts the row's grammar forced
+    tree_bytes: int | None = None  # suffix drafting: bytes of the shard key's tree on the worker when the shard ended (null without one)
+    tree_rows: int | None = None  # rows in that tree
+    tree_hit_rate: float | None = None  # share of the suffix drafter's lookups in the shard that other rows' outputs answered
+    events: list[Event] = field(default_factory=list)  # what calibration decided and what happened, in order (docs/schema.md, "events")
 
     @property
     def chosen(self) -> ArmResult | None:
@@ -345,6 +293,7 @@ class Speedup:
     speedup: float | None  # sum(decode_s x speedup) / sum(decode_s)
     baseline_tokens_per_s: float | None  # the same shards' tokens over what plain decoding would have taken
     predicted_share: float = 0.0  # share of that decode time priced by a predicted ratio, not a measured one
+    tokens_per_s: float | None = None  # the same shards' tokens over their decode time: baseline x speedup
 
 
 def shard_speedup(s: ShardStats) -> tuple[float | None, bool]:
@@ -368,5 +317,5 @@ def speedup_total(shards: Iterable[ShardStats]) -> Speedup:
     tokens = sum(s.tokens_per_s * s.decode_s for s, _, _ in timed)
     predicted_s = sum(s.decode_s for s, _, predicted in timed if predicted)
     return Speedup(plain_s / decode_s if decode_s else None, tokens / plain_s if plain_s else None,
-                   predicted_s / decode_s if decode_s else 0.0)
+                   predicted_s / decode_s if decode_s else 0.0, tokens / decode_s if decode_s else None)
 

@@ -1,4 +1,4 @@
-"""batchspec's torch engine against transformers `generate()` on held-out long chat prompts (issue 12).
+"""batchspec's torch engine against transformers `generate()` on held-out long chat prompts.
 
 Three comparisons, each on the same model object and the same token ids, greedy, wall time of
 the whole call (prefill included), arms interleaved prompt by prompt (chunk by chunk at batch 8)

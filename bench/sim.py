@@ -14,6 +14,9 @@ calibration captured. All figures are SIMULATED, never measurements.
 
     python bench/sim.py --input examples/prompts.parquet --shard-by task --regime gpu-roofline \\
         --batch-size 8 [--rows 256] [--model smollm2-135m] [--max-tokens 128] --json OUT.json
+
+The grid docs/calibration.md shows runs on `python examples/make_prompts.py --rows-per-task 256
+--out grid.parquet` (its command is in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -205,7 +208,6 @@ class Scheduled:
 
     schedule: dict[int, SpecConfig]
     batch_size: int
-    first: tuple = ()
 
     def arm_at(self, rows: int) -> SpecConfig:
         return self.schedule[max((k for k in self.schedule if k <= rows), default=min(self.schedule))]
@@ -213,6 +215,19 @@ class Scheduled:
     def __call__(self, progress) -> SpecConfig | None:
         rows = min(self.batch_size, len(progress.in_flight) + progress.queued)
         return self.arm_at(rows) if rows else None
+
+
+def predictions(shards: Sequence[dict], share: float = 0.95, tolerance: float = 0.05) -> tuple[int, int]:
+    """(shards judged, of them predicted within `tolerance`): a shard is judged where one speculative
+    arm ran at least `share` of its rows, its predicted speedup set beside that arm's simulated
+    speedup over the same shard (the recordings are greedy: acceptance is exact)."""
+    judged = within = 0
+    for s in shards:
+        arm = max(s["ran"], key=s["ran"].get)
+        if arm != "none" and s["ran"][arm] >= share * s["rows"] and s["predicted_speedup"]:
+            judged += 1
+            within += abs(s["predicted_speedup"] / s["oracle_speedups"][arm] - 1) <= tolerance
+    return judged, within
 
 
 def _tokens_s(run: dict) -> dict:
@@ -338,9 +353,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         Path(args.json).write_text(json.dumps({"simulated": True, "args": vars(args), "results": results}, indent=1))
     for r in results:
         shards = r["shards"]
+        judged, within = predictions(shards)
         metrics = {"simulated": True, "min_vs_oracle": round(min(s["vs_oracle"] for s in shards), 3),
                    "mean_vs_oracle": round(sum(s["vs_oracle"] for s in shards) / len(shards), 3),
                    "max_overhead": round(max(s["overhead"] for s in shards), 4),
+                   "predictions_judged": judged, "predictions_within_5pct": within,
                    **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r["job"].items() if k != "schedule_best"}}
         one = argparse.Namespace(**{**vars(args), "regime": r["regime"], "batch_size": r["batch_size"]})
         recorded_results.record("sim", "bench/sim.py", one, argv, metrics)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
 sys.path.insert(0, str(BENCH))
 
 
@@ -81,12 +82,19 @@ def test_engine_bench_writes_comparisons_and_records_its_speedups_when_asked(mod
     assert data["comparisons"] == saved["comparisons"]
 
 
+def line_dtype(path) -> str:
+    return json.loads(path.read_text().splitlines()[-1])["args"]["dtype"]
+
+
 def test_engine_bench_structured_option_runs_the_extraction_arms_and_records_them(models, tmp_path):
     import engine
 
     target, _ = models
-    argv = ["--structured", "--model", target, "--quick", "--max-tokens", "8", "--threads", "1", "--dtype", "float32"]
+    argv = ["--structured", "--model", target, "--quick", "--max-tokens", "8", "--threads", "1"]
     data = engine.main([*argv, "--record", "--results", str(tmp_path / "r.jsonl")])
+    assert data["machine"]["dtype"] == "float32" == line_dtype(tmp_path / "r.jsonl")  # where its equality check holds
+    with pytest.raises(SystemExit):
+        engine.main([*argv, "--dtype", "bfloat16"])  # refused in one line, before any model loads
     (line,) = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert line == data["record"] and line["bench"] == "engine" and line["args"]["structured"] is True
     assert line["command"] == "python bench/engine.py " + " ".join(argv)
@@ -247,30 +255,72 @@ def test_results_report_keeps_the_latest_line_per_figure_and_rewrites_only_its_b
 
     lines = [line("2026-12-01T00:00:00+00:00", 4.0), line("2026-12-02T00:00:00+00:00", 5.0, threads=2),
              line("2026-12-01T00:00:00+00:00", 3.0, quick=True),
-             {**line("2026-11-01T00:00:00+00:00", 2.0), "bench": "peer", "metrics": {"ratio": 1.5, "source": "README"}}]
+             {**line("2026-11-01T00:00:00+00:00", 2.0), "bench": "peer", "metrics": {"ratio": 1.5, "source": "README"},
+              "command": "python bench/peer.py", "prepare": "python make.py --out in.parquet"}]
     assert [(x["bench"], x["metrics"]) for x in results.latest(lines)] == [
         ("engine", {"plain_b8_vs_b1": 3.0}), ("engine", {"plain_b8_vs_b1": 5.0}), ("peer", {"ratio": 1.5, "source": "README"})]
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     doc = tmp_path / "performance.md"
     doc.write_text(f"# Performance\n\nprose\n\n{results.BEGIN}\nold table\n{results.END}\n\nmore prose\n")
-    results.main(["--results", str(tmp_path / "r.jsonl"), "--doc", str(doc)])
+    results.main(["--results", str(tmp_path / "r.jsonl"), "--doc", str(doc), "--readme", "", "--grid", ""])
     text = doc.read_text()
     assert text.startswith("# Performance\n\nprose\n\n") and text.endswith(f"{results.END}\n\nmore prose\n")
-    assert "old table" not in text and "| engine | plain_b8_vs_b1 5 | m | abc1234 | 2026-12-02 |" in text
-    assert "| peer | ratio 1.5 (from the README) |" in text
+    # a figure is told apart from its bench's others by what changes it (threads does not), with its commit and machine
+    assert "old table" not in text and "| engine | quick False | plain_b8_vs_b1 5 | abc1234, m | `python bench/engine.py` |" in text
+    assert "| peer | - | ratio 1.5 (from the README) | abc1234, m | `python make.py --out in.parquet && python bench/peer.py` |" in text
     doc.write_text("no markers\n")
     with pytest.raises(SystemExit, match="expected one"):
         results.update_doc(doc, tmp_path / "r.jsonl")
 
 
-def test_docs_performance_shows_the_table_of_bench_results():
-    """`make bench-report` was run after the last recorded figure, and every recorded line has the
-    keys of a record (the seeded ones say so)."""
+def test_only_committed_reproducible_runs_go_into_the_projects_record():
     from common import results
 
+    good = {"utc": "u", "commit": "abc1234", "machine": "m", "bench": "calibrate", "metrics": {}, "command": "c",
+            "args": {"input": "held.parquet", "threads": 2}, "prepare": "python bench/common/peer_prompts.py --out held.parquet"}
+    assert results.check(good) == []
+    assert "commit abc1234-dirty" in results.check({**good, "commit": "abc1234-dirty"})[0]
+    assert "a path of this machine" in results.check({**good, "args": {"input": "/tmp/held.parquet"}})[0]
+    assert "--input-made-by" in results.check({k: v for k, v in good.items() if k != "prepare"})[0]
+    assert results.check({**good, "args": {"input": "examples/prompts.parquet"}}) == []  # in the repository
+    assert results._without_left_out(["--rows", "8", "--json", "/tmp/x.json", "--work=/tmp/w", "--record"]) == ["--rows", "8"]
+
+
+def test_docs_performance_shows_the_table_of_bench_results():
+    """`make bench-report` was run after the last recorded figure, every line is a committed,
+    reproducible run, and the README's "Where it stands" and docs/calibration.md's grid are made
+    from the same lines."""
+    from common import results, stands
+
     lines = results.read()
-    assert lines and all({"utc", "commit", "machine", "bench", "args", "metrics", "command"} <= set(x) for x in lines)
+    assert lines and all(set(results.KEYS) <= set(x) for x in lines)
     assert all(x["bench"] in results.BENCHES for x in lines)
+    assert {i: results.check(x) for i, x in enumerate(lines) if results.check(x)} == {}
     text = results.DOC.read_text()
     block = text.split(results.BEGIN)[1].split(results.END)[0].strip()
     assert block == results.table(lines), "run `make bench-report`"
+    assert results.block(results.README.read_text()) == stands.stands_table(lines), "run `make bench-report`"
+    grid = (REPO / "docs" / "calibration.md").read_text()
+    assert results.block(grid, stands.GRID_BEGIN, stands.GRID_END) == stands.grid_table(lines), "run `make bench-report`"
+
+
+def test_every_command_the_tables_print_runs_as_printed():
+    """Each command of docs/performance.md's and the README's tables names a script of the
+    repository and only options that script takes (its --help lists them): nothing elided."""
+    import re
+    import shlex
+
+    from common import results
+
+    commands = {results.reproduce(x) for x in results.latest(results.read())}
+    helps: dict[str, str] = {}
+    for command in sorted(commands):
+        for part in command.split(" && "):
+            words = shlex.split(part)
+            assert words[0] == "python" and (REPO / words[1]).is_file(), part
+            if words[1] not in helps:
+                helps[words[1]] = subprocess.run([sys.executable, str(REPO / words[1]), "--help"], capture_output=True,
+                                                 text=True, check=True, timeout=120).stdout
+            taken = set(re.findall(r"--[\w-]+", helps[words[1]]))
+            asked = {w.split("=")[0] for w in words[2:] if w.startswith("--")}
+            assert asked <= taken, f"{part}: {sorted(asked - taken)} not among {words[1]}'s options"

@@ -95,6 +95,46 @@ def test_legitimate_text_passes(line: str) -> None:
     assert offences(line, "x.py") == []
 
 
+# docs/ states the design as it is; its history lives in git. A figure's commit and date stand in
+# one place only: the table of docs/performance.md that `make bench-report` writes from
+# bench/results.jsonl (and the other tables written from it).
+DOCS = PACKAGE.parent / "docs"
+DOC_RULES = ("a date", "a commit hash")
+GENERATED = [("<!-- bench-report:begin -->", "<!-- bench-report:end -->")]
+# Pages another engineer owns, with what they still hold: to be emptied, then removed from here.
+DOC_EXCEPTIONS = {"engines/trtllm.md": "citations of TensorRT-LLM's source: its commits, release and pull-request dates"}
+
+
+def doc_offences(text: str, name: str) -> list[str]:
+    for begin, end in GENERATED:
+        if begin in text and end in text:
+            text = text[: text.index(begin)] + text[text.index(end):]
+    return [o for o in offences(text, name) if any(f": {what}: " in o for what in DOC_RULES)]
+
+
+def test_docs_carry_no_date_or_commit_outside_the_generated_tables() -> None:
+    found = []
+    for path in sorted(DOCS.rglob("*.md")):
+        name = path.relative_to(DOCS).as_posix()
+        if name not in DOC_EXCEPTIONS:
+            found += doc_offences(path.read_text(encoding="utf-8"), f"docs/{name}")
+    assert not found, "history lives in git; figures' commits in docs/performance.md's table:\n" + "\n".join(found)
+
+
+def test_the_docs_rule_catches_a_date_and_a_commit_but_not_the_generated_table() -> None:
+    text = ("Measured at 3bf54a7 on 2026-12-06.\n<!-- bench-report:begin -->\n| x | 3bf54a7 | 2026-12-06 |\n"
+            "<!-- bench-report:end -->\n")
+    assert len(doc_offences(text, "x.md")) == 2 and not doc_offences(text.split("\n", 1)[1], "x.md")
+
+
+def test_no_help_text_or_bench_names_an_issue_number() -> None:
+    issue = re.compile(r"\bissues? \d+", re.IGNORECASE)
+    files = [p for d in ("batchspec", "bench", "jobs", "examples") for p in (ROOT / d).rglob("*.py")] + [ROOT / "Makefile"]
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()[:80]}" for p in files
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if issue.search(line)]
+    assert not found, "say what and why, not which issue:\n" + "\n".join(found)
+
+
 # A fresh clone must set up on any machine: nothing tracked may point outside the checkout or name
 # a path of one machine, and nothing the ignore rules exclude may be tracked (a `.venv` symlink
 # to another worktree's venv once went in this way, and `python3 -m venv .venv` then failed).

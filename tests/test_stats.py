@@ -22,6 +22,7 @@ from batchspec.stats import (
     arrow_fields,
     chosen_arm,
     speedup_total,
+    to_columns,
 )
 from batchspec.write import Output, output_schema, output_table, stats_table
 
@@ -45,7 +46,7 @@ def test_schemas_are_the_dataclass_fields_design_columns_first():
         pa.int64(), pa.float64(), pa.string(), pa.string())
     assert [f.name for f in EVENT_TYPE] == ["row", "kind", "arm", "predicted", "measured", "reason"]
     assert kinds["events"] == pa.list_(EVENT_TYPE)
-    assert CANDIDATE_TYPE.field("accepted_at").type == pa.list_(pa.int64())
+    assert CANDIDATE_TYPE.field("tally_target_steps").type == pa.int64()
 
 
 def test_adding_a_field_is_a_declaration():
@@ -89,7 +90,7 @@ def _full(record: type, seed: int = 0):
 
 def test_a_full_stats_row_round_trips_through_parquet_with_nothing_lost(tmp_path):
     stats = _full(ShardStats)
-    assert stats.candidates[0].decode_tokens and stats.candidates[0].accepted_at  # dropped before this record
+    assert stats.candidates[0].tokens_run and stats.candidates[0].tally_target_steps  # dropped before this record
     out = Output(str(tmp_path / "out"))
     completion = Completion("a", "hi", prompt_tokens=3, output_tokens=2, finish_reason="stop", draft_tokens=4,
                             accepted_tokens=3, target_steps=1)
@@ -113,19 +114,20 @@ def test_unknown_fields_are_refused_and_only_records_are_written():
 
 
 def test_rows_written_by_older_versions_still_read():
-    row = {**_full(ShardStats).to_row(), "wall_tokens_per_s": 12.0, "attempts": None}
+    row = {**to_columns(_full(ShardStats)), "wall_tokens_per_s": 12.0, "attempts": None}
     for c in row["candidates"]:
-        del c["decode_tokens"], c["accepted_at"]
+        del c["tokens_run"], c["tally_target_steps"]
+        c["decode_tokens"] = 7  # a field this version no longer has
     back = ShardStats.from_row(row)
-    assert back.attempts == 1 and back.candidates[0].decode_tokens == 0 and back.candidates[0].accepted_at == []
+    assert back.attempts == 1 and back.candidates[0].tokens_run == 0 and back.candidates[0].tally_target_steps == 0
     assert back.speedup == row["speedup"]
 
 
 def test_the_chosen_arm_is_the_measured_arm_with_the_chosen_label():
-    predicted = ArmResult("ngram", 4, predicted_tokens_per_s=30.0)
+    unpriced = ArmResult("ngram", 4)
     measured = [ArmResult("none", 0, tokens_per_s=10.0, measured=True), ArmResult("ngram", 2, tokens_per_s=20.0, measured=True)]
-    assert chosen_arm(measured + [predicted], SpecConfig("ngram", 2)) is measured[1]
-    assert chosen_arm(measured + [predicted], "ngram:k=4") is None  # predicted only: never ran, never chosen
+    assert chosen_arm(measured + [unpriced], SpecConfig("ngram", 2)) is measured[1]
+    assert chosen_arm(measured + [unpriced], "ngram:k=4") is None  # neither run nor priced: never chosen
     assert chosen_arm(measured, NO_SPEC) is measured[0]
     shard = ShardStats(shard_id="s", shard_key=None, rows=1, error_rows=0, engine="torch", model="m", batch_size=1,
                        spec_method="ngram", draft_len=2, candidates=measured)

@@ -11,13 +11,14 @@ repay the measurement.
     counterfactual  every arm's acceptance on rows already decoded (`Tally` per row and arm)
     estimate        every arm's speedup and gain over the running arm, with its uncertainty
     controller      the rule, after every decode step of a shard (`Controller`, engine.base.Control)
-    chunked         the same controller on engines whose arms are builds (chunks of rows)
+    ledger          the steps a shard ran by arm, their cost table, and their price as plain decoding
+    segments        the same controller on engines whose arms are builds (a segment of rows per arm)
     worker          what a worker learns over its life (`WorkerState`: cost table, keys' last arms)
 
 Data flows down: shard -> calibrate -> predict -> stats, engine.
 """
 
-from batchspec.calibrate.chunked import run_chunked  # noqa: F401
 from batchspec.calibrate.controller import Controller  # noqa: F401
+from batchspec.calibrate.segments import run_segments  # noqa: F401
 from batchspec.calibrate.settings import CalibrationSettings, Decision, fixed_decision  # noqa: F401
 from batchspec.calibrate.worker import WorkerState  # noqa: F401

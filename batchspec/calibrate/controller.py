@@ -22,31 +22,20 @@ The same rule on the same sliding window catches drift both ways. Each change is
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from batchspec.calibrate.counterfactual import end_step, measured_tallies, scope_of, tallies
 from batchspec.calibrate.estimate import Estimate, Tally, Window, estimates, shard_speedups
+from batchspec.calibrate.ledger import Ledger
 from batchspec.calibrate.settings import CalibrationSettings, Decision
 from batchspec.calibrate.worker import LAST_SHARD, WorkerState
 from batchspec.engine.acceptance import PlainRow
-from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Progress, Request, SpecConfig, Step
-from batchspec.predict.costs import profile_grid
+from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Progress, Request, SpecConfig
 from batchspec.stats import ArmResult, Event
 
-PROFILE_TRIES = 1  # the profile times each point once: the steps the worker runs correct its prices
 CHECK_EVERY = 8  # steps between the rule's checks on rows in flight, before a batch of rows has finished
 PAYBACK = 10  # a measurement runs only where the steps left are this many times its own
 ROW_TOKENS = 64.0  # a row's decode tokens, assumed until the shard's first rows finish
-
-
-@dataclass
-class _Ran:
-    """What one arm ran in this shard: its steps' seconds and what they committed."""
-
-    seconds: float = 0.0
-    committed: int = 0
-    steps: list = field(default_factory=list)  # (rows, context, committed) of each step
 
 
 class Controller:
@@ -60,7 +49,6 @@ class Controller:
         self.arms = [a for a in arms if a.method != "none"]
         self.worker, self.key, self.switch_s = worker, key, switch_s
         self.builds = switch_s(NO_SPEC) > 0  # an arm switch is a build (TensorRT-LLM): the live engine is where the key goes on
-        self.first: Sequence[int] = ()
         self.start, why = worker.start(key, prior, self.arms, builds=self.builds, prior_why=prior_why)
         self.running = self.start
         self.steady = self.start  # the arm that last ran before the drain (rows queued or the batch full; not a trial)
@@ -76,16 +64,14 @@ class Controller:
         self.totals = {"none": Tally()}  # this shard's rows, by arm label
         self.shard_rows: dict[int, dict] = {}  # this shard's rows' tallies, by request index
         self.row_specs: dict[int, SpecConfig] = {}
-        self.ran: dict[str, _Ran] = {}
+        self.ledger = Ledger(engine, worker.costs, batch_size, self.arms)  # the steps each arm ran, and their price
         self.exact = True
         self.finished = 0  # rows finished, error rows included
         self.counted = 0  # rows whose tallies were counted (greedy or sampled, not error rows)
-        self.seen = 0  # steps already learned from
         self.measuring: tuple[str, int, SpecConfig] | None = None  # (arm label, steps it ran, the arm before it)
         self.measured: set[str] = set()
         self.errors: dict[str, str] = {}  # arm label -> why it could not run
         self.measure_steps = 0
-        self.profile_s = 0.0
         self.control_s = 0.0
         self.effective: float | None = None  # what the rows the rule judges now are worth, where some are in flight
 
@@ -104,37 +90,15 @@ class Controller:
         return new if changed else None
 
     def _learn(self, progress: Progress) -> None:
-        steps: list[Step] = progress.steps
-        costs = self.worker.costs
-        if steps and costs.needs_profile(self.batch_size):
-            self._profile(steps[-1].context)
-        draft = progress.spec.draft_model
-        ran = self.ran.setdefault(progress.spec.label, _Ran())
-        for step in steps[self.seen:]:
-            costs.observe(step, draft)
-            ran.seconds += step.seconds
-            ran.committed += step.committed
-            ran.steps.append((step.rows, step.context, step.committed))
-            if self.measuring and self.measuring[0] == progress.spec.label:  # not the rows still draining before it
-                label, n, before = self.measuring
-                self.measuring = (label, n + 1, before)
-                self.measure_steps += 1
-        self.seen = len(steps)
-
-    def _profile(self, context: int) -> None:
-        widths = [1 + a.draft_len for a in self.arms]
-        drafts = sorted({a.draft_model for a in self.arms if a.method == "draft_target" and a.draft_model})
-        target, draft = profile_grid(self.batch_size, max(context, 8), widths, drafts)
-        began = time.perf_counter()
-        points = self.engine.profile(target, draft, tries=PROFILE_TRIES)
-        wall = time.perf_counter() - began
-        self.worker.costs.seed(points, self.batch_size)
-        if not points:  # an engine that times no forward apart: its steps teach the table
-            return
-        seconds = PROFILE_TRIES * sum(p.seconds for p in points) if self.engine.regime is not None else wall
-        self.profile_s += seconds
-        self.control_s -= wall  # counted as profile, not as the controller's own time
-        self.events.append(Event(self.finished, "profile", "none", None, seconds, f"{len(points)} forwards timed"))
+        new, profiled = self.ledger.learn(progress.steps, progress.spec)
+        if profiled is not None:
+            self.control_s -= profiled.wall_s  # counted as profile, not as the controller's own time
+            self.events.append(Event(self.finished, "profile", "none", None, profiled.seconds,
+                                     f"{profiled.points} forwards timed"))
+        if self.measuring and self.measuring[0] == progress.spec.label:  # not the rows still draining before it
+            label, n, before = self.measuring
+            self.measuring = (label, n + new, before)
+            self.measure_steps += new
 
     def _count(self, progress: Progress) -> list[dict[str, Tally]] | None:
         """Count the rows finished since the last call into the window. Returns the rows the rule
@@ -329,30 +293,26 @@ class Controller:
         speedup = {label: drained.get(label, e.speedup) for label, e in whole.items()}
         arms = []
         for label, arm in by_label.items():
-            e, ran, t = whole.get(label), self.ran.get(label), self.totals.get(label, Tally())
+            e, ran, t = whole.get(label), self.ledger.ran.get(label), self.totals.get(label, Tally())
             arms.append(ArmResult(
-                arm.method, arm.draft_len,
+                arm.method, arm.draft_len, measured=bool(ran and ran.steps),
+                rows_run=counts.get(label, 0), tokens_run=ran.committed if ran else 0,
                 tokens_per_s=ran.committed / ran.seconds if ran and ran.seconds else None,
                 predicted_speedup=speedup[label] if e else None,
                 acceptance_rate=e.acceptance_rate if e else None, mean_accepted_len=e.accepted_len if e else None,
-                rows=counts.get(label, 0), decode_tokens=ran.committed if ran else 0,
-                target_steps=int(t.steps), draft_tokens=int(t.drafted),
-                accepted_tokens=int(t.accepted), measured=bool(ran and ran.steps), acceptance_exact=self.exact,
+                acceptance_exact=self.exact, tally_rows=sum(label in row for row in self.shard_rows.values()),
+                tally_target_steps=int(t.steps), tally_draft_tokens=int(t.drafted), tally_accepted_tokens=int(t.accepted),
                 error=self.errors.get(label),
             ))
-        plain_s = sum(committed / rows * costs.price("none", rows, 1, ctx).seconds
-                      for r in self.ran.values() for rows, ctx, committed in r.steps)
-        spent = sum(r.seconds for r in self.ran.values())
-        tokens = sum(r.committed for r in self.ran.values())
+        speedup_run, baseline = self.ledger.plain()
         switched = [e for e in self.events if e.kind == "switch"]
         reason = (f"started under {self.start.label} ({self.events[0].reason}); "
                   + (f"{len(switched)} switch(es), last to {switched[-1].arm}" if switched else "no switch"))
         decision = Decision(
             chosen=chosen, ended=ended, arms=arms, events=list(self.events), reason=reason, shard_id=shard_id,
             predicted_speedup=speedup.get(chosen.label),
-            speedup=plain_s / spent if spent and plain_s else None,
-            baseline_tokens_per_s=tokens / plain_s if plain_s else None,
-            calibration_s=self.profile_s + self.control_s, overhead_s=self.profile_s, profile_s=self.profile_s,
+            speedup=speedup_run, baseline_tokens_per_s=baseline,
+            calibration_s=self.ledger.profile_s + self.control_s, profile_s=self.ledger.profile_s,
             exact=self.exact,
         )
         return decision, specs

@@ -39,14 +39,9 @@ class Decision:
     predicted_speedup: float | None = None  # the chosen arm's, over the shard's rows
     speedup: float | None = None  # the shard's goodput over plain decoding's price for its tokens
     baseline_tokens_per_s: float | None = None  # that plain price as a goodput
-    calibration_s: float = 0.0  # profile, measurement and the controller's own time
-    overhead_s: float = 0.0  # of which work not kept as output (profile forwards)
-    profile_s: float = 0.0
+    calibration_s: float = 0.0  # the cost profile's forwards and the controller's own time
+    profile_s: float = 0.0  # of which the profile: the one calibration work not kept as output
     exact: bool = True  # every row's counterfactual acceptance exact (greedy)
-
-    @property
-    def chosen_arm(self) -> ArmResult | None:
-        return next((a for a in self.arms if a.label == self.chosen.label), None)
 
 
 def fixed_decision(spec: SpecConfig, reason: str) -> Decision:

@@ -56,11 +56,11 @@ def _print_tables(results) -> None:
         if r.failing_rows:
             click.echo(f"{r.failing_rows} of the {sampled} sampled rows of key {r.shard_key!r} will fail (first {r.first_failure})")
         table = Table(title=Text(f"shard key {r.shard_key!r}: {r.rows} rows, ran {r.sampled}"), title_justify="left")
-        for col in ("arm", "rows", "measured tok/s", "acceptance", "mean acc. len", "predicted vs none", "choice"):
+        for col in ("arm", "rows run", "measured tok/s", "acceptance", "mean acc. len", "predicted vs none", "choice"):
             table.add_column(col, justify="left" if col in ("arm", "choice") else "right")
         for a in d.arms:
             table.add_row(
-                a.label, str(a.rows),
+                a.label, str(a.rows_run),
                 f"{a.tokens_per_s:.1f}" if a.tokens_per_s else "-",
                 f"{a.acceptance_rate:.2f}" if a.acceptance_rate is not None else "",
                 f"{a.mean_accepted_len:.2f}" if a.mean_accepted_len else "",

@@ -143,14 +143,16 @@ def _print_summary(s) -> None:
     speedup = f"{s.speedup:.2f}x" if s.speedup else "n/a"
     if s.speedup and s.speedup_predicted_share:
         speedup += f" ({s.speedup_predicted_share:.0%} of decode time predicted, not measured)"
+    decode = f"{s.decode_tokens_per_s:.1f}" if s.decode_tokens_per_s else "n/a"
     base = f"{s.baseline_tokens_per_s:.1f}" if s.baseline_tokens_per_s else "n/a"
     for name, value in [
         ("rows", f"{s.rows} ({s.error_rows} errors)"),
         ("shards", f"{s.shards} ({s.shards_skipped} resumed, {s.shards_failed} failed, {s.retries} retries)"),
         ("output tokens", str(s.output_tokens)),
-        ("tokens/s (this run)", f"{s.tokens_per_s:.1f}"),
-        ("baseline tokens/s", base),
-        ("speedup vs baseline", speedup),
+        ("tokens/s, end to end", f"{s.tokens_per_s:.1f} (output tokens / wall)"),
+        ("decode tokens/s", f"{decode} (decode tokens / decode s)"),
+        ("plain decoding tokens/s", f"{base} (priced for the same tokens)"),
+        ("speedup vs plain decoding", speedup),
         ("wall", f"{s.wall_s:.1f} s"),
         *([("prior run", s.prior_run)] if s.prior_run else []),
         *([("engine builds", f"{s.builds} ({s.build_s:.0f} s, {s.build_s / s.wall_s:.0%} of wall)")] if s.builds and s.wall_s else []),
@@ -160,6 +162,8 @@ def _print_summary(s) -> None:
     Console(file=sys.stderr).print(table)
     for line in s.dropped_arms:  # one unwrapped line each, for logs and grep
         click.echo(f"warning: arm left out of calibration: {line}", err=True)
-    click.echo(f"{s.rows} rows ({s.error_rows} errors), {s.shards} shards, {s.tokens_per_s:.1f} tokens/s, speedup {speedup} -> {redact_text(s.output)}")
+    versus = f"decode {decode} tokens/s vs plain {base}: {speedup}" if s.speedup else f"speedup {speedup}"
+    click.echo(f"{s.rows} rows ({s.error_rows} errors), {s.shards} shards, {s.tokens_per_s:.1f} tokens/s end to end, "
+               f"{versus} -> {redact_text(s.output)}")
     if s.empty_text_warning:  # one line under the summary: the first thing a broken-looking run needs
         click.echo(f"warning: {s.empty_text_warning}", err=True)

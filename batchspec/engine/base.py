@@ -173,11 +173,6 @@ class Completion:
     draft_tokens: int = 0  # proposed
     accepted_tokens: int = 0
     target_steps: int = 0
-    # By draft position j (0-based): on how many of the row's target steps draft j was accepted
-    # (with every draft before it). Acceptance comes in bursts on copied text, so the ratio of
-    # position j+1 to j says how likely a draft continues; calibration predicts other draft lengths
-    # from it. Empty when the engine does not report it.
-    accepted_at: list[int] = field(default_factory=list)
     # Drafts accepted at each of the row's target steps, in order (counts only tokens committed:
     # drafts accepted past the row's end are not output). Empty when the engine does not report it.
     accepted_steps: list[int] = field(default_factory=list)
@@ -196,24 +191,16 @@ class Completion:
 
 @dataclass(frozen=True)
 class StepCost:
-    """One measured point of an engine's cost profile (`TorchEngine.profile`): seconds of one
-    forward of `model` over `batch` rows whose cache holds `context` tokens, `tokens` new tokens
-    per row. kind: target (a verify or plain step, the accept rule included) | draft (one draft
-    step) | draft_prefill (a draft model's prefill of one row of `tokens` tokens)."""
+    """One measured point of an engine's cost profile (`Engine.profile`): seconds of one forward
+    of `model` over `batch` rows whose cache holds `context` tokens, `tokens` new tokens per row.
+    kind: target (a verify or plain step, the accept rule included) | draft (one draft step)."""
 
-    kind: str
-    model: str
-    batch: int
-    context: int
-    tokens: int
-    seconds: float
-
-    @property
-    def key(self) -> tuple:
-        return (self.kind, self.model, self.batch, self.context, self.tokens)
-
-    def to_struct(self) -> dict:
-        return dataclasses.asdict(self)
+    kind: str  # target | draft
+    model: str  # the model timed
+    batch: int  # rows in the forward
+    context: int  # tokens each row's cache held
+    tokens: int  # new tokens per row (a verify's width)
+    seconds: float  # the fastest try's
 
 
 @dataclass
@@ -225,7 +212,6 @@ class Timing:
     verify_s: float = 0.0
     other_s: float = 0.0
     wall_s: float = 0.0
-    admit_s: float = 0.0  # of draft_s: a draft model prefilling the rows its drafter admits
 
     @property
     def decode_s(self) -> float:
@@ -242,24 +228,20 @@ class Timing:
 ADMIT_WINDOW = 8  # batches' worth of rows within which a decode loop admits the shortest prompt first (`admission_order`)
 
 
-def admission_order(lengths: Sequence[int], batch_size: int, first: Sequence[int] = ()) -> list[int]:
+def admission_order(lengths: Sequence[int], batch_size: int) -> list[int]:
     """The order a continuous-batching loop admits rows (indices into `lengths`, their prompt
-    lengths): the rows in `first` (a calibration sample, decoded in the batch it stands for)
-    before all others, then the rest in input order by windows of ADMIT_WINDOW x `batch_size`
-    rows, the shortest prompt first within each window.
+    lengths): in input order by windows of ADMIT_WINDOW x `batch_size` rows, the shortest prompt
+    first within each window.
 
     Sorted within a window, the rows a step admits together have close lengths, so a batched
-    prefill pads little and a row joins a batch whose cache is about its length. The window is
-    the drift watch's size (8 x batch rows) so that a shard whose workload changes along the file
-    keeps the file's order at the scale the watch judges: sorted over the whole shard, admission
-    would mix the two halves and the watch would see a mixture, never the change
+    prefill pads little and a row joins a batch whose cache is about its length. Sorted over the
+    whole shard instead, a shard whose workload changes along the file would mix its two halves,
+    and calibration's window of recent rows (a few batches) would see a mixture, never the change
     (docs/pipeline.md, "Admission order")."""
-    head = {i for i in first if 0 <= i < len(lengths)}
-    rest = [i for i in range(len(lengths)) if i not in head]
     window = max(1, ADMIT_WINDOW * max(1, batch_size))
-    out = sorted(head, key=lambda i: (lengths[i], i))
-    for begin in range(0, len(rest), window):
-        out += sorted(rest[begin : begin + window], key=lambda i: lengths[i])
+    out: list[int] = []
+    for begin in range(0, len(lengths), window):
+        out += sorted(range(begin, min(begin + window, len(lengths))), key=lambda i: lengths[i])
     return out
 
 
@@ -281,7 +263,7 @@ class Step:
 
 @dataclass
 class Progress:
-    """What a generate call's `control` sees after each decode step (engines that take one)."""
+    """What a generate call's `control` sees when it is called (`Engine.generate`)."""
 
     spec: SpecConfig  # the setting the rows in flight decode under
     done: list[int]  # request indices finished since the last call, in the order they finished
@@ -347,7 +329,7 @@ class Engine(Protocol):
 
     name: str  # "torch" | "trtllm"
     model_name: str
-    in_flight_control: bool  # generate takes control= and switches arms between decode steps
+    in_flight_control: bool  # generate switches arms between decode steps (else an arm switch ends the call: see generate)
     arms_are_builds: bool  # an arm switch builds a new engine; `builds` records each (label, seconds)
     counterfactual: bool  # `acceptance` answers for every arm it runs (else some are measured by running them)
     end_token_in_output: bool  # a row that ends on an end token has it among its output ids (torch; not TensorRT-LLM)
@@ -379,11 +361,15 @@ class Engine(Protocol):
         A bad row (empty prompt, too long for the context) yields an error Completion for that
         row only; the call raises only for problems that affect every row.
 
-        An engine that can change its setting while rows are in flight (the torch engine; its
-        `in_flight_control` is True) also takes `control=`, a `Control`: the rows it names in
-        `first` are admitted before the others, and after every decode step it is called with
-        the call's `Progress`; a `SpecConfig` it returns is what the rows in flight and those
-        queued decode under from the next step on (greedy output stays plain decoding's).
+        Every engine also takes `control=`, a `Control` (calibration's controller), called with
+        the call's `Progress` and returning the arm to go on under (None: stay):
+        - where `in_flight_control` (the torch engine), after every decode step; the rows in flight
+          and those queued decode under the arm it returns from the next step on (greedy output
+          stays plain decoding's);
+        - otherwise (TensorRT-LLM, where an arm is a build), after every `batch_size` finished rows
+          and at the end; once it returns another arm no further row is submitted, and the call
+          returns when the rows submitted finish: its completions are those of a prefix of
+          `requests` (calibrate/segments.py runs the rest under the new arm).
         """
 
     def gpu_memory_per_gpu(self) -> int | None:
@@ -395,10 +381,8 @@ class Engine(Protocol):
 
 
 class Control(Protocol):
-    """A generate call's in-flight control (`Engine.generate`): which rows go first, and after each
-    decode step the setting to go on under (None: keep the current one)."""
-
-    first: Sequence[int]  # request indices admitted before the others
+    """A generate call's control (`Engine.generate`): given the call's `Progress`, the setting to
+    go on under (None: keep the current one)."""
 
     def __call__(self, progress: Progress) -> SpecConfig | None:
         ...

@@ -17,7 +17,7 @@ def render_html(report: RunReport) -> str:
     with matplotlib.rc_context({"text.parse_math": False}):  # a shard key or id is text, never mathtext ("$...$")
         figures = [
             ("Acceptance and speedup per shard", _fig_rates(report)),
-            ("Calibrated arms per shard (tokens/s; the chosen arm is highlighted)", _fig_arms(report)),
+            ("Calibrated arms per shard (predicted speedup over plain decoding; the chosen arm is highlighted)", _fig_arms(report)),
             ("Where the time went", _fig_time(report)),
         ]
     t = report.totals

@@ -6,6 +6,7 @@ import base64
 import io
 
 from batchspec.report.load import MAX_ARM_PANELS, MAX_PLOTTED, TIME_PARTS, RunReport
+from batchspec.stats import ArmResult
 
 
 def _png(fig) -> str:
@@ -82,6 +83,15 @@ def _fig_rates_scatter(report: RunReport) -> str:
     return _png(fig)
 
 
+def arm_bar(a: ArmResult) -> tuple[float, str]:
+    """One arm's bar in the arms plot: its predicted speedup over plain decoding (every arm
+    calibration priced has one, run or not), and its label: what it ran, where it ran."""
+    if a.predicted_speedup is None:
+        return 0.0, (a.error or "not priced")[:40]
+    ran = f", ran {a.rows_run} rows" + (f" at {a.tokens_per_s:.0f} tok/s" if a.tokens_per_s else "") if a.measured else ""
+    return a.predicted_speedup, f"{a.predicted_speedup:.2f}x{ran}"
+
+
 def _fig_arms(report: RunReport) -> str | None:
     import matplotlib.pyplot as plt
 
@@ -94,27 +104,19 @@ def _fig_arms(report: RunReport) -> str | None:
     fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 0.6 + max(len(s.candidates) for s in shards) * 0.28 * rows + 0.6 * rows), squeeze=False)
     for ax, s in zip(axes.flat, shards):
         labels = [a.label for a in s.candidates]
-        values = [a.tokens_per_s or a.predicted_tokens_per_s or 0.0 for a in s.candidates]
+        values, texts = zip(*(arm_bar(a) for a in s.candidates))
         colors = ["#f0b429" if a is s.chosen else COLORS.get(a.method, "#2680c2") for a in s.candidates]
         bars = ax.barh(labels, values, color=colors, edgecolor=["#1f2933" if a is s.chosen else "none" for a in s.candidates])
-        for bar, a in zip(bars, s.candidates):
-            if a.tokens_per_s is None:  # predicted only: an outline, not a measurement
-                bar.set_facecolor("none")
-                bar.set_edgecolor(COLORS.get(a.method, "#2680c2"))
-                bar.set_hatch("//")
-        for bar, a in zip(bars, s.candidates):
-            if a.tokens_per_s is not None:
-                text = f"{a.tokens_per_s:.0f}" + (" chosen" if a is s.chosen else "")
-            else:
-                text = f"~{a.predicted_tokens_per_s:.0f} predicted" if a.predicted_tokens_per_s else "not measured"
+        for bar, text in zip(bars, texts):
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=7)
-        ax.set_xlim(0, max([1.0, *values]) * 1.45)
+        ax.axvline(1.0, color="#52606d", linewidth=0.8, linestyle=":")
+        ax.set_xlim(0, max([1.0, *values]) * 1.6)
         ax.invert_yaxis()
         ax.tick_params(labelsize=7)
         ax.set_title(f"{s.shard_id}", fontsize=9)
     for ax in list(axes.flat)[len(shards):]:
         ax.axis("off")
-    fig.supxlabel("tokens/s per arm (gold: chosen; hatched: predicted, not measured)", fontsize=9)
+    fig.supxlabel("predicted speedup over plain decoding, per arm (gold: chosen; dotted: plain decoding)", fontsize=9)
     if len(with_arms) > len(shards):
         fig.suptitle(f"the first {len(shards)} of {len(with_arms)} calibrated shards", fontsize=10)
     fig.tight_layout()

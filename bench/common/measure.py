@@ -85,7 +85,6 @@ class Measured:
     completions: list[Completion] = field(default_factory=list)
     timing: Timing = field(default_factory=Timing)
     parts: list[GenerateResult] = field(default_factory=list)  # each generate call (a chunk of `interleaved`)
-    steps: list[list] = field(default_factory=list)  # each call's decode steps (engine.last_steps; [] where an engine keeps none)
 
     def add(self, result: GenerateResult) -> None:
         self.completions += result.completions
@@ -119,7 +118,6 @@ def interleaved(engine, requests: Sequence[Request], arms: Sequence[tuple[str, S
         part = list(requests[begin : begin + chunk])
         for arm in order[i % len(order):] + order[: i % len(order)]:
             arm.add(engine.generate(part, arm.spec, arm.batch_size))
-            arm.steps.append(list(getattr(engine, "last_steps", [])))
     return measured
 
 

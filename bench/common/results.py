@@ -1,23 +1,31 @@
-"""bench/results.jsonl, the one record of benchmark figures, and the table docs/performance.md
-shows from it.
+"""bench/results.jsonl, the one record of benchmark figures, and the tables made from it: the
+current figures of docs/performance.md and the README's "Where it stands".
 
 A bench run is recorded only when asked (`--record`): a figure is recorded when it changes a
 decision, a default or a figure in the docs, not for every run, so smoke tests and casual runs
 append nothing. Each line is one run:
 
     utc      when it finished (ISO 8601, seconds)
-    commit   the checkout's short hash, "-dirty" when tracked files differ from it
+    commit   the checkout's short hash
     machine  CPU model and cores, and the GPU when CUDA is present (`machine()`)
     bench    engine | calibrate | pipeline | peer | scale | sim
-    args     every option of the run (the recording options left out)
+    args     every option that can change the figure (output locations and recording options left out)
     metrics  the bench's headline figures, numbers or short strings
     command  the command line that reproduces it
+    prepare  (where the bench read a file it did not make) the command that makes that file
 
-`python bench/common/results.py` (`make bench-report`) rewrites the table between the
-`bench-report` markers of docs/performance.md: the latest line per bench and figure (the args
-that identify a figure: all but NOT_IDENTIFYING), with its machine, commit and command. Lines
-whose metrics say `"source": "README"` were carried over from the README's figures when the
-per-run result files were retired, with the machine and commit the README gave them.
+The project's record holds figures of committed code only, every one reproducible as printed:
+`record` appends to bench/results.jsonl only from a checkout with no uncommitted change, and only
+where no option names a path of this machine (an input outside the repository is given by a
+relative path, with `--input-made-by`, the documented command that makes it). `check` says what
+breaks these rules; tests/test_bench.py holds every line to it.
+
+`python bench/common/results.py` (`make bench-report`) rewrites the tables between the
+`bench-report` markers of docs/performance.md (the latest line per figure: per bench and
+identifying args, all but NOT_IDENTIFYING, with its commit and machine), and, from the same lines,
+the README's "Where it stands" and docs/calibration.md's simulated grid (bench/common/stands.py). Lines whose metrics say
+`"source": "README"` were carried over from the README's figures when the per-run result files
+were retired, with the machine and commit the README gave them.
 """
 
 from __future__ import annotations
@@ -37,51 +45,86 @@ from typing import Any, Sequence
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results.jsonl"
 DOC = ROOT / "docs" / "performance.md"
+README = ROOT / "README.md"
 BEGIN, END = "<!-- bench-report:begin -->", "<!-- bench-report:end -->"
-NOT_IDENTIFYING = ("threads", "work")  # how a run was made, not which figure it gives
+NOT_IDENTIFYING = ("threads",)  # how a run was made, not which figure it gives
 BENCHES = ("engine", "calibrate", "pipeline", "peer", "scale", "sim")  # the table's order
-RECORDING = {"--record": 0, "--results": 1, "--out": 1}  # options left out of a recorded command (value count)
+# options left out of a recorded command and its args (value count): how it is recorded, and where
+# a bench writes its details or work files, change no figure
+LEFT_OUT = {"--record": 0, "--results": 1, "--input-made-by": 1, "--out": 1, "--json": 1, "--work": 1}
+KEYS = ("utc", "commit", "machine", "bench", "args", "metrics", "command")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """--record and --results, the same in every bench."""
+    """--record, --results and --input-made-by, the same in every bench."""
     parser.add_argument("--record", action="store_true",
                         help="append this run's figures to bench/results.jsonl (do it when they change a decision, "
-                        "a default or docs/performance.md; then `make bench-report`)")
+                        "a default or docs/performance.md, from a committed checkout; then `make bench-report`)")
     parser.add_argument("--results", default=str(RESULTS), metavar="FILE", help="where --record appends (default bench/results.jsonl)")
+    parser.add_argument("--input-made-by", default=None, metavar="COMMAND",
+                        help="with --record and an --input the repository does not hold: the command that makes it "
+                        "(recorded, so the figure can be reproduced as printed)")
+
+
+def _arg_name(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
 
 
 def record(bench: str, script: str, args: argparse.Namespace, argv: Sequence[str] | None, metrics: dict[str, Any]) -> dict:
-    """The run's line; appended to `args.results` when `args.record`. `argv` is what the bench
-    parsed (None: sys.argv[1:]); `script` its path from the repository root."""
+    """The run's line; appended to `args.results` when `args.record` (to the project's record only
+    where `check` finds nothing wrong with it). `argv` is what the bench parsed (None:
+    sys.argv[1:]); `script` its path from the repository root."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    left_out = {_arg_name(o) for o in LEFT_OUT}
     line = {
         "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": commit(),
         "machine": machine(),
         "bench": bench,
-        "args": {k: v for k, v in vars(args).items() if k not in ("record", "results", "out")},
+        "args": {k: v for k, v in vars(args).items() if k not in left_out},
         "metrics": metrics,
-        "command": shlex.join(["python", script, *_without_recording(argv)]),
+        "command": shlex.join(["python", script, *_without_left_out(argv)]),
     }
+    if getattr(args, "input_made_by", None):
+        line["prepare"] = args.input_made_by
     if args.record:
-        with open(args.results, "a", encoding="utf-8") as f:
-            f.write(json.dumps(line, default=str) + "\n")
-        print(f"recorded in {args.results}", flush=True)
+        problems = check(line) if Path(args.results).resolve() == RESULTS.resolve() else []
+        if problems:
+            print(f"not recorded in {args.results}: {'; '.join(problems)}", flush=True)
+        else:
+            with open(args.results, "a", encoding="utf-8") as f:
+                f.write(json.dumps(line, default=str) + "\n")
+            print(f"recorded in {args.results}", flush=True)
     return line
 
 
-def _without_recording(argv: list[str]) -> list[str]:
+def _without_left_out(argv: list[str]) -> list[str]:
     out, skip = [], 0
     for token in argv:
         name = token.split("=", 1)[0]
         if skip:
             skip -= 1
-        elif name in RECORDING:
-            skip = RECORDING[name] if "=" not in token else 0
+        elif name in LEFT_OUT:
+            skip = LEFT_OUT[name] if "=" not in token else 0
         else:
             out.append(token)
     return out
+
+
+def check(line: dict) -> list[str]:
+    """What keeps a line out of the project's record, one phrase each (nothing: it may go in)."""
+    problems = [f"no {k}" for k in KEYS if k not in line]
+    if problems:
+        return problems
+    if line["commit"] == "unknown" or line["commit"].endswith("-dirty"):
+        problems.append(f"commit {line['commit']}: record from a checkout with every change committed")
+    for name, value in line["args"].items():
+        for path in value if isinstance(value, list) else [value]:
+            if isinstance(path, str) and path.startswith("/"):
+                problems.append(f"--{name.replace('_', '-')} {path} is a path of this machine: give a relative path")
+            elif isinstance(path, str) and name == "input" and not (ROOT / path).exists() and "prepare" not in line:
+                problems.append(f"--input {path} is not in the repository: say how it is made (--input-made-by)")
+    return problems
 
 
 def commit() -> str:
@@ -118,7 +161,7 @@ def machine() -> str:
     return text
 
 
-# ---- the report --------------------------------------------------------------------------------
+# ---- the tables --------------------------------------------------------------------------------
 
 
 def read(path: Path | str = RESULTS) -> list[dict]:
@@ -128,10 +171,15 @@ def read(path: Path | str = RESULTS) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def identifying(line: dict) -> dict:
+    """The args that can change the line's figure, and how its input was made."""
+    args = {k: v for k, v in line["args"].items() if k not in NOT_IDENTIFYING}
+    return {**args, **({"prepare": line["prepare"]} if "prepare" in line else {})}
+
+
 def identity(line: dict) -> tuple[str, str]:
     """(bench, its identifying args): lines with the same identity give the same figure."""
-    args = {k: v for k, v in line["args"].items() if k not in NOT_IDENTIFYING}
-    return line["bench"], json.dumps(args, sort_keys=True, default=str)
+    return line["bench"], json.dumps(identifying(line), sort_keys=True, default=str)
 
 
 def latest(lines: Sequence[dict]) -> list[dict]:
@@ -145,40 +193,89 @@ def latest(lines: Sequence[dict]) -> list[dict]:
     return sorted(last.values(), key=lambda line: (order.get(line["bench"], len(order)), line["bench"], line["utc"]))
 
 
+def reproduce(line: dict) -> str:
+    """The line's command as a reader runs it: the input made first where the bench read one."""
+    return f"{line['prepare']} && {line['command']}" if "prepare" in line else line["command"]
+
+
+def where(line: dict) -> str:
+    return f"{line['commit']}, {line['machine']}"
+
+
+def _varying(lines: Sequence[dict]) -> dict[str, set[str]]:
+    """Per bench, the identifying args whose values differ between its lines: what tells them apart."""
+    values: dict[str, dict[str, set[str]]] = {}
+    for line in lines:
+        for k, v in identifying(line).items():
+            values.setdefault(line["bench"], {}).setdefault(k, set()).add(json.dumps(v, default=str))
+    return {b: {k for k, vs in args.items() if len(vs) > 1 and k != "prepare"} for b, args in values.items()}
+
+
 def table(lines: Sequence[dict]) -> str:
-    rows = ["| bench | figures | machine | commit | date (UTC) | command |", "|---|---|---|---|---|---|"]
-    for line in latest(lines):
+    current = latest(lines)
+    varying = _varying(current)
+    rows = ["| bench | figure | figures | commit, machine | command |", "|---|---|---|---|---|"]
+    for line in current:
         metrics = dict(line["metrics"])
         seeded = metrics.pop("source", None) == "README"
         figures = "; ".join(f"{k} {_number(v)}" for k, v in metrics.items()) + (" (from the README)" if seeded else "")
-        cells = [line["bench"], figures, line["machine"], line["commit"], line["utc"][:10], f"`{line['command']}`"]
+        args = identifying(line)
+        which = ", ".join(f"{k} {_number(args[k])}" for k in sorted(varying.get(line["bench"], ())) if k in args) or "-"
+        cells = [line["bench"], which, figures, where(line), f"`{reproduce(line)}`"]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
 
 
 def _number(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(_number(v) for v in value)
     return f"{value:.3f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
 
 
-def update_doc(doc: Path | str = DOC, results: Path | str = RESULTS) -> str:
-    """Rewrite the table between the markers of `doc` from `results`; return the table."""
+def rewrite(text: str, made: str, where_: str, begin: str = BEGIN, end: str = END) -> str:
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise SystemExit(f"{where_}: expected one {begin} line before one {end} line")
+    head, rest = text.split(begin)
+    return f"{head}{begin}\n{made}\n{end}{rest.split(end, 1)[1]}"
+
+
+def block(text: str, begin: str = BEGIN, end: str = END) -> str:
+    """What stands between a file's markers."""
+    return text.split(begin)[1].split(end)[0].strip()
+
+
+def update_doc(doc: Path | str = DOC, results: Path | str = RESULTS, readme: Path | str | None = None,
+               grid: Path | str | None = None) -> str:
+    """Rewrite the table between the markers of `doc` (and of `readme`: STANDS; of `grid`: the
+    simulated grid) from `results`; return the first."""
+    lines = read(results)
+    made = table(lines)
     doc = Path(doc)
-    text = doc.read_text(encoding="utf-8")
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise SystemExit(f"{doc}: expected one {BEGIN} line before one {END} line")
-    made = table(read(results))
-    head, rest = text.split(BEGIN)
-    doc.write_text(f"{head}{BEGIN}\n{made}\n{END}{rest.split(END, 1)[1]}", encoding="utf-8")
+    doc.write_text(rewrite(doc.read_text(encoding="utf-8"), made, str(doc)), encoding="utf-8")
+    if readme is not None or grid is not None:
+        if str(ROOT / "bench") not in sys.path:  # run as a script: bench/common is first on the path
+            sys.path.insert(0, str(ROOT / "bench"))
+        from common import stands  # the tables of figures a reader weighs first, made from these lines
+    if readme is not None:
+        readme = Path(readme)
+        readme.write_text(rewrite(readme.read_text(encoding="utf-8"), stands.stands_table(lines), str(readme)), encoding="utf-8")
+    if grid is not None:
+        grid = Path(grid)
+        grid.write_text(rewrite(grid.read_text(encoding="utf-8"), stands.grid_table(lines), str(grid), stands.GRID_BEGIN,
+                                stands.GRID_END), encoding="utf-8")
     return made
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Regenerate docs/performance.md's table from bench/results.jsonl.")
+    parser = argparse.ArgumentParser(description="Regenerate docs/performance.md's and the README's tables from bench/results.jsonl.")
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--doc", default=str(DOC))
+    parser.add_argument("--readme", default=str(README), help="whose 'Where it stands' table to rewrite ('' for none)")
+    parser.add_argument("--grid", default=str(ROOT / "docs" / "calibration.md"), help="whose simulated grid table to rewrite ('' for none)")
     args = parser.parse_args(argv)
-    made = update_doc(args.doc, args.results)
-    print(f"{args.doc}: {made.count(chr(10)) - 1} figures from {args.results}")
+    made = update_doc(args.doc, args.results, args.readme or None, args.grid or None)
+    print(f"{args.doc}: {made.count(chr(10)) - 1} figures from {args.results}"
+          + (f"; {args.readme}" if args.readme else "") + (f"; {args.grid}" if args.grid else ""))
 
 
 if __name__ == "__main__":

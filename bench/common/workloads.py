@@ -194,7 +194,7 @@ def prose_text(rng: random.Random) -> str:
     return f"Write {rng.choice(STORIES)} about {rng.choice(HEROES)}."
 
 
-# Workloads whose rows share structure (issue 57: suffix drafting across the rows of a shard): one
+# Workloads whose rows share structure (suffix drafting across the rows of a shard): one
 # output schema, one boilerplate, one template per workload, filled from seeded fields. Not in
 # WORKLOADS (the other benches' mix); bench/common/suffix.py runs them beside prose.
 SHARED_WORKLOADS = ("schema", "boilerplate", "templated")

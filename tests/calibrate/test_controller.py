@@ -157,6 +157,34 @@ def test_a_fixed_arm_runs_without_calibration(tiny_engine):
     assert off.stats.spec_method == "none" and "speculation off" in off.stats.decision_reason
 
 
+@pytest.mark.parametrize("name", ["cpu", "gpu-roofline"])
+def test_a_fixed_arm_says_its_speedup_where_plain_decoding_can_be_priced(tiny_engine, name):
+    """A fixed arm's steps are priced against plain decoding as a calibrated shard's are: from the
+    worker's cost table, seeded by a profile of the target's forwards. In virtual time the price
+    is within a few percent of plain decoding run on the same rows (the profile sees no plain
+    step's bookkeeping). Plain decoding fixed is its own baseline."""
+    requests, recorded = _shard("c" * 32)
+    engine = ReplayEngine(tiny_engine, recorded, regime(name))
+    arm = SpecConfig("ngram", 4)
+    ran = run_shard(engine, ShardInput("s0", "copy", requests), [arm], False, 4, worker=WorkerState())
+    ratio = _goodput(engine.generate(requests, arm, 4)) / _goodput(engine.generate(requests, NO_SPEC, 4))
+    assert ran.stats.decision_source == "fixed" and ratio > 1.5
+    assert ran.stats.speedup == pytest.approx(ratio, rel=0.05)
+    assert ran.stats.baseline_tokens_per_s == pytest.approx(ran.stats.tokens_per_s / ran.stats.speedup)
+    assert ran.stats.profile_s > 0 and ran.stats.cost_profile  # the profile the price rests on, in the record
+    plain = run_shard(engine, ShardInput("s1", "copy", requests), [], False, 4, worker=WorkerState())
+    assert plain.stats.speedup == 1.0 and plain.stats.baseline_tokens_per_s == plain.stats.tokens_per_s
+
+
+def test_a_fixed_arm_has_no_speedup_where_nothing_prices_plain_decoding(tiny_engine):
+    """Where an arm is a build the engine times no forward apart (TensorRT-LLM, and its regime): a
+    fixed arm's steps alone cannot price plain decoding, so no speedup is claimed."""
+    requests, recorded = _shard("c" * 32)
+    engine = ReplayEngine(tiny_engine, recorded, regime("trtllm"))
+    ran = run_shard(engine, ShardInput("s0", "copy", requests), [SpecConfig("ngram", 4)], False, 4, worker=WorkerState())
+    assert ran.stats.speedup is None and ran.stats.baseline_tokens_per_s is None and ran.stats.tokens_per_s
+
+
 def _shared_row(rng: random.Random, template: list[int]) -> tuple[list[int], list[int]]:
     """A prompt of its own, and an output every row shares (one schema, one template): what the
     shard's earlier rows wrote, the suffix drafter proposes; the row's own prompt does not hold it."""

@@ -36,12 +36,37 @@ def test_cli_run_writes_every_row_prints_the_summary_and_names_the_arms_it_left_
                     "--shard-by", "task", *FAST)
     assert result.exit_code == 0, result.output
     assert "6 rows (0 errors), 2 shards" in result.output
+    totals = json.loads((out / "_manifest.json").read_text())["totals"]
+    assert totals["decode_tokens_per_s"] == pytest.approx(totals["baseline_tokens_per_s"] * totals["speedup"])
     assert "arm left out of calibration: draft_target:k=2: no draft model configured" in result.output
     assert pl.read_parquet(f"{out}/outputs/*.parquet").height == 6
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["config"]["shard_by"] == "task"
     assert [line.split(":")[0] for line in manifest["totals"]["dropped_arms"]] == ["draft_target"]
     assert manifest["config"]["prompt_format"] == "chat" and "prompt-format mismatch" not in result.output
+
+
+def test_the_summary_sets_decode_goodput_beside_the_baseline_it_is_compared_with(capsys):
+    """The speedup compares decode goodput with plain decoding's priced goodput for the same
+    tokens: those two are printed one under the other, the speedup their ratio; the end-to-end
+    rate (output tokens over wall time, prefill and Ray included) stands on its own line."""
+    from batchspec.cli.run import _print_summary
+    from batchspec.pipeline import RunSummary
+
+    _print_summary(RunSummary(output="out", rows=256, error_rows=0, shards=4, shards_skipped=0, shards_failed=0, retries=0,
+                              output_tokens=6144, wall_s=120.0, tokens_per_s=50.4, baseline_tokens_per_s=88.9,
+                              speedup=1.05, complete=True, decode_tokens_per_s=93.3))
+    captured = capsys.readouterr()
+    cells = [[c.strip() for c in line.strip("│ ").split("│")] for line in captured.err.splitlines() if "│" in line]
+    table = {name: value for name, value, *_ in cells if name}
+    names = list(table)
+    decode = names.index("decode tokens/s")
+    assert names[decode + 1 : decode + 3] == ["plain decoding tokens/s", "speedup vs plain decoding"]
+    assert names[decode - 1] == "tokens/s, end to end" and table[names[decode - 1]].startswith("50.4 ")
+    assert table["decode tokens/s"].startswith("93.3 ") and table["plain decoding tokens/s"].startswith("88.9 ")
+    assert table["speedup vs plain decoding"] == "1.05x"
+    assert captured.out.strip() == ("256 rows (0 errors), 4 shards, 50.4 tokens/s end to end, "
+                                    "decode 93.3 tokens/s vs plain 88.9: 1.05x -> out")
 
 
 def test_a_run_whose_rows_come_back_empty_says_so_in_one_line_under_its_summary(ray_session, tiny_model_dir, tmp_path):

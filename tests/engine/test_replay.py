@@ -43,8 +43,6 @@ def test_a_switch_in_flight_replays_as_the_engine_runs_it(tiny_engine, recorded)
     requests, recording, _ = recorded
 
     class Switch:
-        first = ()
-
         def __init__(self):
             self.calls = 0
 

@@ -29,6 +29,7 @@ from batchspec.cli import cli
 from batchspec.errors import OutputError
 from batchspec.report import load_report, render_html, storage_options
 from batchspec.report.load import TIME_PARTS
+from batchspec.report.plots import arm_bar
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 12
@@ -80,10 +81,34 @@ def test_report_of_a_real_run_agrees_with_its_files(real_run):
         assert [e.kind for e in s.events].count("profile") <= 1  # one worker: one profile per batch size
         assert "none" in [a.label for a in s.candidates]  # every arm is priced against plain decoding
         measured_arms = [a for a in s.candidates if a.measured]
-        assert measured_arms and all(a.decode_tokens > 0 for a in measured_arms)  # written, not dropped
+        assert measured_arms and all(a.tokens_run > 0 and a.tokens_per_s for a in measured_arms)  # written, not dropped
+        assert all(not a.tokens_run and a.tokens_per_s is None for a in s.candidates if not a.measured)
+        # what the arms ran: every row of the shard finished under one arm, every decode token by one arm's steps
+        shard_out = outputs.filter(pl.col("shard_id") == s.shard_id)
+        decode_tokens = int((shard_out["output_tokens"] - 1).clip(lower_bound=0).sum())
+        assert sum(a.rows_run for a in s.candidates) == s.rows
+        assert sum(a.tokens_run for a in s.candidates) == decode_tokens
+        # what calibration priced: each arm's counterfactual tally over the same finished rows
+        none = next(a for a in s.candidates if a.label == "none")
+        assert (none.tally_rows, none.tally_target_steps, none.tally_draft_tokens) == (s.rows - s.error_rows, decode_tokens, 0)
+        for a in s.candidates:
+            assert a.tally_rows == none.tally_rows and a.predicted_speedup and a.acceptance_exact
+            assert a.mean_accepted_len == pytest.approx(1 + a.tally_accepted_tokens / a.tally_target_steps)
+            assert arm_bar(a)[0] == a.predicted_speedup > 0  # plotted, whether it ran or not
         assert s.chosen is not None and s.chosen.label == chosen_label and s.chosen.method == s.spec_method
         assert 0 <= s.calibration_cost <= s.calibration_share <= 1
         assert s.decision_source in ("calibrated", "fixed")
+        # every stats column docs/schema.md documents, filled as it says on a calibrated CPU run
+        filled = ("tokens_per_s", "baseline_tokens_per_s", "speedup", "predicted_speedup", "calibration_s", "wall_s",
+                  "decode_s", "prefill_s", "draft_s", "verify_s", "other_s", "draft_tokens", "accepted_tokens",
+                  "target_steps", "decision_reason", "node_id", "prompt_format", "calibration_overhead_s")
+        assert [c for c in filled if getattr(s, c) is None] == []
+        assert s.decode_s == pytest.approx(s.draft_s + s.verify_s + s.other_s)
+        assert s.calibration_overhead_s == s.profile_s and bool(s.cost_profile) == (s.profile_s > 0)
+        assert (s.gpus, s.gpu_memory_per_gpu, s.builds, s.build_s, s.attempts) == (0.0, None, 0, 0.0, 1)  # a CPU worker
+        assert (s.tree_bytes, s.tree_rows, s.tree_hit_rate, s.speculation_unmeasured) == (None, None, None, None)
+        assert s.empty_rows == outputs.filter((pl.col("shard_id") == s.shard_id) & (pl.col("text") == "")).height
+    assert sum(bool(s.cost_profile) for s in report.shards) == 1  # one worker, one batch size: one profile
 
 
 def test_report_reads_s3_with_endpoint_and_credentials_from_the_environment(real_run, monkeypatch):

@@ -28,7 +28,7 @@ It does not know requests, chat templates or how models are loaded (engine.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -58,7 +58,6 @@ class Row:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     target_steps: int = 0
-    accepted_at: list[int] = field(default_factory=list)  # see Completion
     accepted_steps: list[int] = field(default_factory=list)  # see Completion
     finish: str | None = None
     stop_at: int | None = None  # char offset where a stop string begins
@@ -185,21 +184,18 @@ class Decoder:
         self.new_drafter = new_drafter
 
     def run(self, queue: list[Row], spec: SpecConfig, batch_size: int, clock: Clock,
-            first: Collection[int] = (), control: Callable[[list[Row], int], SpecConfig | None] | None = None,
-            ) -> Iterator[Row]:
+            control: Callable[[list[Row], int], SpecConfig | None] | None = None) -> Iterator[Row]:
         """Yield each row when it finishes; keeps at most batch_size rows in flight. Rows are
-        admitted in `admission_order` (completions keep request order): the rows whose index is
-        in `first` before all others, then shortest prompt first within windows of the input, so
-        rows prefilled together have similar lengths and batched prefill pads little, while a
-        shard's workload keeps its place.
+        admitted in `admission_order` (completions keep request order): shortest prompt first
+        within windows of the input, so rows prefilled together have similar lengths and batched
+        prefill pads little, while a shard's workload keeps its place.
 
         `control(active rows, rows queued)`, called after every decode step once finished rows
         have been yielded, may return another setting: a fresh drafter admits the rows in flight
         from their contexts (a draft model prefills them; its time is draft time) and they, and
         the rows queued, go on under it. The target's cache is untouched, so a switch changes
         no greedy token."""
-        first = set(first)
-        order = admission_order([r.prompt_len for r in queue], batch_size, [i for i, r in enumerate(queue) if r.index in first])
+        order = admission_order([r.prompt_len for r in queue], batch_size)
         queue = [queue[i] for i in order]
         active: list[Row] = []
         batch = self.target.new_batch()
@@ -210,7 +206,6 @@ class Decoder:
                 fresh_batch = self.prefill(fresh, clock)
                 t = time.perf_counter()
                 drafter.admit(fresh, self.device)
-                clock.add("admit_s", t)
                 t = clock.add("draft_s", t)
                 batch.extend(fresh_batch)  # joining the batch is part of admitting a row, as its prefill is
                 clock.add("prefill_s", t)
@@ -231,7 +226,6 @@ class Decoder:
                 spec, drafter = new, self.new_drafter(new)
                 if active:
                     drafter.admit(active, self.device)
-                clock.add("admit_s", t)
                 clock.add("draft_s", t)
                 if clock.regime is not None:
                     clock.priced("draft_s", clock.regime.switch_s(new.method))
@@ -303,9 +297,6 @@ class Decoder:
             row.draft_tokens += len(d)
             row.accepted_tokens += n
             row.accepted_steps.append(n)
-            row.accepted_at.extend([0] * (n - len(row.accepted_at)))
-            for j in range(n):
-                row.accepted_at[j] += 1
         clock.add("other_s", t)
         return len(rows), context, width, committed
 

@@ -28,7 +28,6 @@ from batchspec.engine.base import (
     Progress,
     Request,
     SpecConfig,
-    Step,
     StepCost,
     Timing,
 )
@@ -72,7 +71,6 @@ class TorchEngine:
         self._draft_loader = draft_loader  # name -> (model, tokenizer)
         self._drafts: dict[str, object] = {}
         self._encoded: dict[int, tuple[weakref.ref, array.array]] = {}  # id(request) -> (the request, its prompt's ids): `encode`
-        self.last_steps: list[Step] = []  # the decode steps of the last generate call, as it ran them (benches price them)
         self.probe_seeds: dict[str, Batch] = {}  # model -> the one short row its cost probes fork from (measure.profile)
         self.warmed = False  # the target has decoded rows: a cost profile needs no warm-up forward (measure.profile)
         self.regime = regime  # a cost regime: every second this engine reports is simulated (engine/regimes.py)
@@ -142,8 +140,7 @@ class TorchEngine:
 
         self.warmed = self.warmed or bool(rows)  # a profile inside `control` runs after this call's first forwards
         with torch.inference_mode():
-            run = self._decoder(scopes, lookups).run(rows, spec, max(1, batch_size), clock,
-                                                     control.first if control else (), step if control else None)
+            run = self._decoder(scopes, lookups).run(rows, spec, max(1, batch_size), clock, step if control else None)
             for row in run:  # the next step's drafts see this row (decode.Decoder.retire yields before it steps on)
                 completions[row.index] = self._finish(requests[row.index], row, lookups)
                 done.append(row.index)
@@ -151,7 +148,6 @@ class TorchEngine:
                     self.trees.add(scopes[row.index], requests[row.index].id, row.output)
         clock.timing.wall_s = time.perf_counter() - start if self.regime is None else \
             clock.timing.prefill_s + clock.timing.decode_s
-        self.last_steps = clock.steps
         assert all(c is not None for c in completions)
         return GenerateResult(completions, clock.timing, steps=clock.steps)  # type: ignore[arg-type]
 
@@ -167,7 +163,7 @@ class TorchEngine:
     def encode(self, request: Request) -> list[int]:
         """Token ids of a request's prompt: chat messages through the chat template, text as is.
         The ids of the last ENCODED_KEPT requests are kept (while the request object lives): calibration
-        asks again for the prompts of rows the shard prefilled, at every drift check, and a chat
+        asks again for the prompts of rows the shard prefilled, each time it counts a row, and a chat
         template costs about as much as pricing every arm over the window (0.5 ms a row)."""
         held = self._encoded.get(id(request))
         if held is not None and held[0]() is request:
@@ -233,7 +229,7 @@ class TorchEngine:
             id=request.id, text=text, token_ids=out, prompt_tokens=row.prompt_len, output_tokens=len(out),
             finish_reason=row.finish or "length", error=row.error, draft_tokens=row.draft_tokens,
             accepted_tokens=row.accepted_tokens, target_steps=row.target_steps,
-            accepted_at=row.accepted_at, accepted_steps=row.accepted_steps, forced_tokens=row.forced_tokens,
+            accepted_steps=row.accepted_steps, forced_tokens=row.forced_tokens,
             tree_lookups=lookups.lookups.get(row.index, 0), tree_drafts=lookups.tree_drafts.get(row.index, 0),
         )
 

@@ -25,24 +25,20 @@ SEED = 32  # tokens the target prefills for a profile's probes, repeated to the 
 def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
             temperature: float = 0.0, reps: int = REPS, agree: float = AGREE, least: int = 2) -> list[StepCost]:
     """Time one target forward of `engine` for each (batch, context, tokens per row) in `target`,
-    the accept rule's work on its logits included (`time_forward`), and one draft forward for each (draft model, batch,
-    context, tokens per row) in `drafts` (plus each draft model's prefill of one row, timed after a
-    forward has warmed the model: its first after loading runs slow). Each model has one seed row
-    as long as the widest context asked of it, and every point's cache is a copy of that row cut
-    to the point's context and copied to its batch size (attention cost depends on shapes, not
-    values), so a profile costs at most one prefill per model and a few forwards. A draft
-    model's row is its prefill at that context. The target's row is `SEED`
-    tokens prefilled and repeated to the widest context: its prefill is no point of the profile,
-    and at 248 tokens it took 0.2 s of `make run`'s 2-3 s profile (a draft's is timed: a point).
-    The engine keeps that row (`probe_seeds`), so a later profile of the target (a context probe,
-    a re-timed width curve) prefills nothing and needs no warm-up: of a one-point context probe's
-    four forwards (`make run`'s prose shard, 0.22 s) two were those.
+    the accept rule's work on its logits included (`time_forward`), and one draft forward for each
+    (draft model, batch, context, tokens per row) in `drafts`. Each model has one seed row as long
+    as the widest context asked of it, and every point's cache is a copy of that row cut to the
+    point's context and copied to its batch size (attention cost depends on shapes, not values),
+    so a profile costs at most one prefill per model and a few forwards. A draft model's row is
+    its prefill at that context; the target's row is `SEED` tokens prefilled and repeated to the
+    widest context, so its prefill stays small. The engine keeps that row (`probe_seeds`), so a
+    later profile of the target (at another batch size) prefills nothing and needs no warm-up.
     Each copy has room for its widest probe, as a decoding batch's cache has between doublings
-    (kv.Batch.fork). The fastest try counts: `least` (two)
-    tries of every point (round-robin over widths, so a change of load hits every width alike),
-    and up to `reps` while some point's tries differ by more than `agree`; one forward per model
-    warms it first, not counted. `least=1` times every point once: a profile within a shard's
-    budget (calibrate.profiling.refresh_profile) tries a point again only where the budget allows.
+    (kv.Batch.fork). The fastest try counts: `least` (two) tries of every point (round-robin over
+    widths, so a change of load hits every width alike), and up to `reps` while some point's
+    tries differ by more than `agree`; one forward per model warms it first, not counted.
+    `least=1` times every point once (the calibration controller's profile: the steps the worker
+    runs correct its prices).
 
     A decoding batch of several rows almost always holds holes (rows of different lengths,
     rejected drafts), so its forwards take the explicit-mask path (kv.Batch._attention_inputs);
@@ -59,17 +55,12 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
             filler = [(17 + 31 * i) % engine.vocab for i in range(widest)]
             seed = engine.probe_seeds.get(name) if kind == "target" else None
             # a model's first forwards after loading run slow: one warm-up, not counted, unless the
-            # target has decoded rows (engine.warmed: a worker profiles after its sample's decode)
+            # target has decoded rows (engine.warmed: the controller profiles after a shard's first steps)
             warm = seed is None and not (kind == "target" and getattr(engine, "warmed", False))
             if seed is None:
                 seed = Batch(device)
-                if kind == "draft":  # its prefill is a point: warm the model first
-                    Batch(device).forward(model, [filler[:8]], engine.pad_id, last_only=True)
                 prefilled = widest if kind == "draft" else min(widest, SEED)
-                t = time.perf_counter()
                 seed.forward(model, [filler[:prefilled]], engine.pad_id, last_only=True)
-                if kind == "draft":
-                    points.append(StepCost("draft_prefill", name, 1, 0, widest, time.perf_counter() - t))
                 seed.keep(torch.tensor([prefilled], device=device))
                 if kind == "target":
                     engine.probe_seeds[name] = seed

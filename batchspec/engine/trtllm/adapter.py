@@ -209,7 +209,7 @@ class TrtllmEngine:
 
     name = "trtllm"
     arms_are_builds = True  # switching arms builds an LLM: calibration counts and caps builds
-    in_flight_control = False  # an arm is a build: the controller chooses per chunk of rows
+    in_flight_control = False  # an arm is a build: the controller switches between segments of a shard, each a build
     counterfactual = False  # no teacher-forced logits: a model drafter's acceptance is measured by running it
     end_token_in_output = False  # the adapter leaves the end token out of a row's output ids (its counts include it)
     seeded_sampling = False  # 1.2's PyTorch sampler ignores a request's seed: sampled rows say so (caveats["sampled"])
@@ -238,10 +238,6 @@ class TrtllmEngine:
         self.peak_gpu_bytes: int | None = None  # most memory seen in use on one of the LLM's GPUs
         self._live: _Built | None = None
 
-    @property
-    def llm_options(self) -> dict[str, Any]:
-        return self.run_options
-
     def sleep(self, seconds: float) -> None:
         (self._sleep or SLEEP)(seconds)
 
@@ -256,7 +252,7 @@ class TrtllmEngine:
             raise ConfigError(f"{where}: sets {differ[0]}; every arm of a run is built with the run's LLM options (like for like with none): set it once for the run")
 
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int, control=None) -> GenerateResult:
-        """Complete `requests` under `spec` (base.Engine.generate). With `control` (calibrate/chunked.py),
+        """Complete `requests` under `spec` (base.Engine.generate). With `control` (calibrate/segments.py),
         rows are submitted at most AHEAD batches ahead of the rows finished, so the executor's batch
         stays full without every row queued at once, and `control` is called with the call's
         `Progress` after every `batch_size` finished rows and once at the end. Once it returns

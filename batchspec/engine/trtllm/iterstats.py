@@ -224,6 +224,5 @@ def attach_request_steps(rows: Sequence[RowCount], traces: dict[int, RequestTrac
             missed.append(c.id)
             continue
         c.accepted_steps = steps
-        c.accepted_at = [sum(a > j for a in steps) for j in range(max(steps, default=0))]
         c.accepted_tokens = sum(steps)
     return missed

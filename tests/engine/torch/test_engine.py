@@ -81,11 +81,9 @@ def test_counts_when_every_draft_is_right(word_models, draft_len):
         after_prefill = r.params.max_tokens - 1  # the first token comes from prefill
         assert c.accepted_tokens == c.draft_tokens == after_prefill - c.target_steps
         assert c.target_steps == math.ceil(after_prefill / (draft_len + 1))
-        # by position: every step but the last accepted all draft_len drafts
+        # step by step: every full step accepted all draft_len drafts, a last short one what its budget left
         full, last = divmod(after_prefill, draft_len + 1)
-        last_accepted = (last - 1) if last else draft_len
-        steps_with = [full - (not last) + (j < last_accepted) for j in range(draft_len)]
-        assert c.accepted_at == [n for n in steps_with if n] and sum(c.accepted_at) == c.accepted_tokens
+        assert c.accepted_steps == [draft_len] * full + ([last - 1] if last else [])
 
 
 def bigram_model(vocab: int):
@@ -116,7 +114,7 @@ def test_ngram_counts_on_a_constructed_case():
     # step 1 proposes 13 14 15 9 (4), accepts 3, recovers 16; "15 16" never occurred: no more drafts
     assert (c.draft_tokens, c.accepted_tokens) == (4, 3)
     assert c.target_steps == 1 + 3  # then three plain steps for 17 18 19
-    assert c.accepted_at == [1, 1, 1]  # positions 0-2 accepted once (step 1), position 3 never
+    assert c.accepted_steps == [3, 0, 0, 0]  # step 1 accepted 3 drafts, the plain steps none
 
 
 def ngram_lookup(tokens, max_ngram: int, k: int) -> list[int]:
@@ -365,14 +363,13 @@ def test_load_by_path_and_unknown_model(tiny_model_dir, tiny_draft_dir):
         TorchEngine.load("no-such-model-anywhere")
 
 
-def test_profile_times_every_point_asked_and_each_draft_prefill_once(tiny_engine):
+def test_profile_times_every_point_asked_and_nothing_else(tiny_engine):
     target = [(1, 6, 1), (4, 6, 1), (4, 6, 5), (4, 12, 1), (4, 20, 1)]
     drafts = [("close", 4, 12, 1), ("close", 4, 12, 2), ("close", 1, 20, 1)]
     points = tiny_engine.profile(target, drafts, reps=2)
     got = sorted((p.kind, p.batch, p.context, p.tokens) for p in points)
-    want = sorted([("target", b, c, w) for b, c, w in target] + [("draft", b, c, w) for _, b, c, w in drafts]
-                  + [("draft_prefill", 1, 0, 20)])  # the draft prefills once, at its widest context
-    assert got == want
+    want = sorted([("target", b, c, w) for b, c, w in target] + [("draft", b, c, w) for _, b, c, w in drafts])
+    assert got == want  # every point the cost table prices (predict/costs.py), and no other
     assert all(p.seconds > 0 for p in points)
 
 
@@ -427,8 +424,8 @@ class Cycle:
     """A control that moves the rows in flight to the next setting of `specs` after every step,
     and records what it saw."""
 
-    def __init__(self, specs, first=()):
-        self.specs, self.first, self.seen, self.finished, self.outputs = list(specs), list(first), [], [], []
+    def __init__(self, specs):
+        self.specs, self.seen, self.finished, self.outputs = list(specs), [], [], []
 
     def __call__(self, progress):
         self.seen.append(progress)  # its completions, steps and in_flight are the call's own, live: read them now
@@ -456,18 +453,18 @@ def test_greedy_output_is_plain_greedy_across_settings_changed_in_flight(word_mo
     assert sorted(i for p in control.seen for i in p.done) == list(range(6))  # each finished row reported once
 
 
-def test_the_rows_named_first_are_admitted_first_and_progress_shows_them(word_models):
-    """Rows are admitted shortest prompt first, except those a control names `first` (a
-    calibration sample), which go before all others; a row's output so far is in `in_flight`."""
-    control = Cycle([SpecConfig()], first=[5, 4])
+def test_progress_shows_the_rows_in_flight_with_their_output_so_far(word_models):
+    """After the first step the control sees the batch's two rows (the shortest prompts) in flight,
+    each with prefill's token and the step's, the other four queued, none finished."""
+    control = Cycle([SpecConfig()])
     requests = word_requests(6)
-    word_engine(word_models).generate(requests, SpecConfig(), 2, control=control)
+    engine = word_engine(word_models)
+    engine.generate(requests, SpecConfig(), 2, control=control)
     start = control.seen[0]
-    assert set(control.outputs[0]) == {4, 5} and start.queued == 4 and start.spec.label == "none"
+    shortest = sorted(range(6), key=lambda i: len(engine.encode(requests[i])))[:2]
+    assert set(control.outputs[0]) == set(shortest) and start.queued == 4 and start.spec.label == "none"
     assert all(len(out) == 2 for out in control.outputs[0].values())  # prefill's token and the first step's
     assert control.finished[0] == 0
-    admitted = [i for out in control.outputs for i in out]
-    assert [i for i in dict.fromkeys(admitted) if i not in (4, 5)] == [0, 1, 2, 3]  # then shortest prompt first
 
 
 def test_rows_are_admitted_shortest_first_within_windows_of_the_input(word_models):

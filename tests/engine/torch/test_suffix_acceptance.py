@@ -18,8 +18,6 @@ DRAFT_LENS = list(range(1, 9))
 class FinishOrder:
     """An in-flight control that only records the order rows finish in."""
 
-    first = ()
-
     def __init__(self) -> None:
         self.done: list[int] = []
 

@@ -11,7 +11,7 @@ from importlib.resources import files
 
 from click.testing import CliRunner
 
-from batchspec.calibrate import CalibrationSettings, Controller, WorkerState, run_chunked
+from batchspec.calibrate import CalibrationSettings, Controller, WorkerState, run_segments
 from batchspec.config.spec import load_spec_file, run_llm_options
 from batchspec.engine.base import Request, SamplingParams
 from batchspec.engine.trtllm.adapter import TrtllmEngine
@@ -129,8 +129,8 @@ def test_ngram_lengths_are_priced_from_tokens_by_replaying_the_pool_not_by_build
     built = engine.generate(rows.requests, candidates[0], 4)  # k=2 built and run: what the replay predicted
     engine.close()
     k2 = next(a for a in ran.decision.arms if a.label == "ngram:k=2")
-    assert k2.target_steps == sum(c.target_steps for c in built.completions) > 0
-    assert k2.accepted_tokens == sum(c.accepted_tokens for c in built.completions) > 0
+    assert k2.tally_target_steps == sum(c.target_steps for c in built.completions) > 0
+    assert k2.tally_accepted_tokens == sum(c.accepted_tokens for c in built.completions) > 0
     assert ran.decision.exact and k2.predicted_speedup
 
 
@@ -192,7 +192,7 @@ def test_a_shard_streams_its_rows_and_drains_its_batch_only_where_its_arm_change
     engine = TrtllmEngine(TARGET, run_llm_options({}, candidates), clock=st.clock)
     requests = shard(0, "code", 64).requests
     control = Controller(engine, requests, candidates, 4, CalibrationSettings(), WorkerState(), "code", switch_s=lambda arm: 3600.0)
-    result = run_chunked(engine, requests, control, 4)
+    result = run_segments(engine, requests, control, 4)
     engine.close()
     assert [c.id for c in result.completions] == [r.id for r in requests] and st.builds == 1
     rows = [s.rows for s in result.steps]

@@ -8,10 +8,8 @@ batch of finished rows with their `Progress` (its decode steps from iteration st
 at the segment's end, its decode time spread evenly over the batch steps it took). Where the
 controller returns another arm the engine submits no more rows; the rows submitted finish under
 the arm they started with (one drain), and the rest of the shard continues under the new arm, a
-build. Rows are never cut into chunks that each drain their batch: a drain at every chunk's end
-cost a quarter of a batch of slots a chunk, about 10% of a batch-8 shard's decode in the `trtllm`
-regime (docs/calibration.md). An arm whose build fails is dropped for the shard
-(`Controller.failed`) and its rows run under the arm before it.
+build: a shard drains its batch once per arm, not once per fixed group of rows. An arm whose
+build fails is dropped for the shard (`Controller.failed`) and its rows run under the arm before it.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from batchspec.engine.base import Completion, Engine, GenerateResult, Progress, 
 from batchspec.errors import one_line
 
 
-def run_chunked(engine: Engine, requests: Sequence[Request], control, batch_size: int) -> GenerateResult:
+def run_segments(engine: Engine, requests: Sequence[Request], control, batch_size: int) -> GenerateResult:
     completions: list[Completion | None] = [None] * len(requests)
     steps: list[Step] = []
     timing, caveats = Timing(), {}

@@ -1,0 +1,113 @@
+"""The decode steps one shard ran, by arm, and what plain decoding would have taken for the same
+tokens.
+
+Every step the engine runs teaches the worker's cost table (predict/costs.py), which a short
+profile seeds the first time the worker runs a shard at a batch size; at the shard's end its steps
+are priced as plain decoding's at the table's prices:
+
+    plain_s   = sum over steps of committed / rows x price(none, rows, 1, context)
+    speedup   = plain_s / the steps' seconds        (the shard's goodput over plain decoding's)
+    baseline  = committed tokens / plain_s          (plain decoding's goodput, priced)
+
+The calibration controller keeps one for the arms it runs; a shard with a fixed arm keeps one too
+(`price_fixed`), so its stats say its speedup wherever the table can price plain decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from batchspec.engine.base import Engine, GenerateResult, SpecConfig, Step
+from batchspec.predict.costs import CostTable, profile_grid
+
+PROFILE_TRIES = 1  # the profile times each point once: the steps the worker runs correct its prices
+
+
+@dataclass
+class Ran:
+    """What one arm ran in a shard: its steps' seconds and what they committed."""
+
+    seconds: float = 0.0
+    committed: int = 0
+    steps: list = field(default_factory=list)  # (rows, context, committed) of each step
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """A profile the ledger timed: its seconds (the regime's under a simulated clock), its wall
+    seconds and how many forwards it timed."""
+
+    seconds: float
+    wall_s: float
+    points: int
+
+
+class Ledger:
+    """One shard's steps by arm label, learned into `costs` as they come (see the module docstring)."""
+
+    def __init__(self, engine: Engine, costs: CostTable, batch_size: int, arms: Sequence[SpecConfig]) -> None:
+        self.engine, self.costs, self.batch_size = engine, costs, batch_size
+        self.arms = [a for a in arms if a.method != "none"]
+        self.ran: dict[str, Ran] = {}
+        self.seen = 0  # steps already learned from
+        self.profile_s = 0.0
+
+    def learn(self, steps: Sequence[Step], spec: SpecConfig) -> tuple[int, Profiled | None]:
+        """Teach the cost table the steps after those already learned (all run under `spec`),
+        profiling first where the worker has no profile at this batch size. Returns how many steps
+        were new, and the profile if one was timed."""
+        profiled = self.profile(steps[-1].context) if steps and self.costs.needs_profile(self.batch_size) else None
+        ran = self.ran.setdefault(spec.label, Ran())
+        for step in steps[self.seen:]:
+            self.costs.observe(step, spec.draft_model)
+            ran.seconds += step.seconds
+            ran.committed += step.committed
+            ran.steps.append((step.rows, step.context, step.committed))
+        new, self.seen = len(steps) - self.seen, len(steps)
+        return new, profiled
+
+    def profile(self, context: int) -> Profiled | None:
+        """Time the worker's profile at this batch size (`profile_grid`: every arm's verify width);
+        None where the engine times no forward apart (its steps alone teach the table)."""
+        widths = [1 + a.draft_len for a in self.arms]
+        drafts = sorted({a.draft_model for a in self.arms if a.method == "draft_target" and a.draft_model})
+        target, draft = profile_grid(self.batch_size, max(context, 8), widths, drafts)
+        began = time.perf_counter()
+        points = self.engine.profile(target, draft, tries=PROFILE_TRIES)
+        wall = time.perf_counter() - began
+        self.costs.seed(points, self.batch_size)
+        if not points:
+            return None
+        seconds = PROFILE_TRIES * sum(p.seconds for p in points) if self.engine.regime is not None else wall
+        self.profile_s += seconds
+        return Profiled(seconds, wall, len(points))
+
+    def plain(self) -> tuple[float | None, float | None]:
+        """(speedup, baseline tokens/s): the steps run against plain decoding's price for the same
+        tokens (None where nothing ran or plain decoding has no price)."""
+        plain_s = sum(committed / rows * self.costs.price("none", rows, 1, ctx).seconds
+                      for r in self.ran.values() for rows, ctx, committed in r.steps)
+        spent = sum(r.seconds for r in self.ran.values())
+        tokens = sum(r.committed for r in self.ran.values())
+        return (plain_s / spent if spent and plain_s else None), (tokens / plain_s if plain_s else None)
+
+    def prices_plain(self) -> bool:
+        """Whether the table has plain decoding's price of its own: a profile of the target's
+        forwards, or plain steps observed (else a price would be another arm's steps, borrowed)."""
+        return bool(self.costs.points) or any(m == "none" and c.n for (m, _, _), c in self.costs.cells.items())
+
+
+def price_fixed(engine: Engine, costs: CostTable, spec: SpecConfig, batch_size: int,
+                result: GenerateResult) -> tuple[float | None, float | None, float]:
+    """A fixed arm's shard priced as the controller prices a calibrated one: (speedup, baseline
+    tokens/s, profile seconds) from the steps `result` ran under `spec`. Plain decoding is its own
+    baseline (1.0x); an arm is priced where the table can price plain decoding, else (None, None)."""
+    if spec.method == "none":
+        return (1.0, result.goodput, 0.0) if result.goodput else (None, None, 0.0)
+    ledger = Ledger(engine, costs, batch_size, [spec])
+    ledger.learn(result.steps, spec)
+    if not ledger.prices_plain():
+        return None, None, ledger.profile_s
+    return (*ledger.plain(), ledger.profile_s)
