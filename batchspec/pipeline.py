@@ -4,7 +4,8 @@
 `run(config)` reads as the list of steps of docs/architecture.md "Data flow"; each step lives in
 its own module (read, plan, workers, write). Everything that can be checked before work starts
 is checked first, in this order, so a bad run stops with one line and writes nothing it could
-mistake for done: the engine is available, the spec files are valid, OUTPUT is writable and apart
+mistake for done: the engine is available, the spec files are valid (batchspec.preflight, the one
+preparation `batchspec calibrate` and the Ray Data stage share), OUTPUT is writable and apart
 from INPUT, no other run holds OUTPUT (batchspec.lease: the run holds it until it ends), the plan
 and the run's options (batchspec.identity) match any shards already committed in OUTPUT, the
 input files and columns are readable.

@@ -1,26 +1,10 @@
-"""Candidates files and `--spec`: which arms a run calibrates over, or the one arm it runs.
-
-A batchspec candidates file lists the calibration arms. The option files must stay valid for
-trtllm-serve, which takes one `max_draft_len`, so the list of draft lengths to try lives here::
-
-    candidates:
-      - config: ../ngram.yaml           # path relative to this file
-        max_draft_len: [2, 4, 6, 8]     # optional: one arm per value (default: the file's)
-      - config: ../draft_target.yaml
-        max_draft_len: [2, 4, 6]
-        speculative_model_dir: qwen2.5-coder-0.5b   # optional: replaces the file's draft
-
-"none" is never listed: calibration always adds it itself. A candidate file that mixes a list of
-draft lengths with a `draft_len_schedule` is rejected (the schedule pins max_draft_len).
-
-`resolve_spec_arg` turns `--spec auto|none|FILE` into a `SpecChoice`: `none` never speculates;
-`auto` calibrates over the engine's default candidates file (or `--candidates`); a FILE that is an
-option file runs exactly that arm with no calibration; a FILE that is a candidates file calibrates
-over its arms. `--draft-model` overrides the draft of every Draft_Target arm. Under `auto` (and a
-candidates FILE) a Draft_Target arm with no draft model anywhere is dropped and the reason recorded
-in `SpecChoice.dropped`; an explicit option FILE without its draft is an error instead. An arm the
-chosen engine cannot run is an error naming the file and the engine to use instead.
-"""
+"""Candidates files and `--spec`: which arms a run calibrates over, or the one arm it runs
+(docs/spec-settings.md). A candidates file lists option files and the draft lengths to try (the
+option files stay valid for trtllm-serve, which takes one `max_draft_len`); "none" is never listed:
+calibration adds it. `resolve_spec_arg` turns `--spec auto|none|FILE` (with `--candidates` and
+`--draft-model`) into a `SpecChoice`: under `auto` and a candidates FILE a Draft_Target arm with no
+draft anywhere is dropped and the reason recorded; an arm the engine cannot run is an error naming
+the engine to use instead."""
 
 from __future__ import annotations
 
@@ -43,6 +27,8 @@ Length = conint(strict=True, ge=1)
 
 class Candidate(Section):
     """One entry: an option file, and optionally the draft lengths to try and a replacement draft."""
+
+    missing = "nothing"
 
     config: text("the path of a TensorRT-LLM option file") = Field(description="A TensorRT-LLM option file with a speculative_config, relative to this file.")
     max_draft_len: Union[Length, Annotated[list[Length], Field(min_length=1)]] = Field(None, description="Draft lengths to try, one arm each; default: the file's own.")

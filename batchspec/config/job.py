@@ -1,24 +1,7 @@
-"""The batchspec job file (jobs/*.yaml): what `batchspec submit` runs on a Ray cluster.
-
-    kind: batchspec-job            # required: how `batchspec validate` recognises it
-    name: nightly-trtllm           # lowercase letters, digits, '-'; names the Ray submission id
-    address: null                  # optional; --address, BATCHSPEC_ADDRESS and RAY_ADDRESS win
-    pipeline: pipelines/gpu_trtllm.yaml   # as seen from the job's working directory
-    input: s3://bucket/prompts/
-    output: s3://bucket/runs/{date}       # {date} {yyyy} {mm} {dd}: batchspec.write templates
-    options: {shard_by: task, prior_run: "s3://bucket/runs/{date}"}   # any `batchspec run` option,
-                                   # by its long name; this prior_run: the newest earlier night
-    resources: {entrypoint_num_cpus: 1, entrypoint_num_gpus: 0, entrypoint_memory: null,
-                entrypoint_resources: {}}   # for the driver only; workers: the pipeline's worker:
-    runtime_env: {working_dir: .., excludes: [...], pip: [...], env_vars: {K: "v" | "${K}"}}
-    metadata: {team: data}         # optional strings, shown by `ray job list`
-
-Paths: `runtime_env.working_dir` is relative to the job file; `pipeline` and `input` are relative
-to that working directory (the job runs in an uploaded copy of it). `output` must be absolute or
-a URL, since a relative one would land inside Ray's session folder and vanish with it.
-`${NAME}` in an env_vars value is read from the submitter's environment at submit time, so
-credentials stay out of the file.
-"""
+"""The batchspec job file (jobs/*.yaml, `kind: batchspec-job`): what `batchspec submit` runs on a
+Ray cluster (docs/deploy.md). Paths: `runtime_env.working_dir` is relative to the job file;
+`pipeline` and `input` to that working directory (the job runs in an uploaded copy of it); `output`
+must be absolute or a URL, since a relative one would land in Ray's session folder and vanish."""
 
 from __future__ import annotations
 
@@ -73,6 +56,8 @@ RunOptions = create_model("RunOptions", __base__=_Options, __doc__="`batchspec r
 class Resources(Section):
     """The driver's resources (Ray Jobs API entrypoint_*); the workers': the pipeline's `worker:`."""
 
+    what = None
+
     entrypoint_num_cpus: nullable(number(ge=0)) = Field(None, description="CPUs of the driver.")
     entrypoint_num_gpus: nullable(number(ge=0)) = Field(None, description="GPUs of the driver.")
     entrypoint_memory: Annotated[Optional[conint(strict=True, ge=0)], Expect("bytes as an integer >= 0")] = Field(None, description="Memory of the driver, in bytes.")
@@ -97,6 +82,8 @@ class RuntimeEnv(Section):
 
 class JobFile(Section):
     """A batchspec job file (jobs/*.yaml): what `batchspec submit` runs on a Ray cluster."""
+
+    missing = "None"
 
     kind: Annotated[Literal[JOB_KIND], Expect(repr(JOB_KIND))] = Field(description="How `batchspec validate` recognises a job file.")
     name: Annotated[constr(strict=True, pattern=_NAME.pattern), Expect("lowercase letters, digits and '-' (at most 48)")] = Field(

@@ -147,21 +147,18 @@ def _range(ge: float | None, gt: float | None, le: float | None) -> str:
     return f" <= {le}" if le is not None else ""
 
 
-def words_of(info: Any) -> str:
-    return next((m.words for m in info.metadata if isinstance(m, Expect)), "a value")
-
-
-def known_keys(data: Any, keys: tuple[str, ...] | None, fields: dict, what: str, unknown: Callable) -> Any:
+def known_keys(data: Any, keys: tuple[str, ...] | None, what: str, unknown: Callable, fields: dict | None = None, missing: str = "") -> Any:
     """`data` as a mapping (`what`) of `keys` only (None: any; `unknown(key)` the error of any
-    other), every required one of `fields` present: checked before any value is."""
+    other), every required one of `fields` present (`missing`: what a line says of an absent one)."""
     if not isinstance(data, dict):
         raise expected(what)
     for key in data:
         if keys is not None and key not in keys:
             raise unknown(key)
-    for name, info in fields.items():
+    for name, info in (fields or {}).items():
         if info.is_required() and name not in data:
-            raise said(f"expected {words_of(info)}, got nothing (the key is required)", name)
+            words = next((m.words for m in info.metadata if isinstance(m, Expect)), "a value")
+            raise said(f"expected {words}, got {missing}", name)
     return data
 
 
@@ -169,12 +166,14 @@ class Section(BaseModel):
     """A mapping of described keys: anything else is refused by name before any value is checked."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    what: ClassVar[str] = "a mapping"
+    what: ClassVar[str | None] = "a mapping"  # None: "a mapping of KEY, KEY, ..."
+    missing: ClassVar[str] = "nothing (the key is required)"
 
     @model_validator(mode="before")
     @classmethod
     def _known(cls, data: Any) -> Any:
-        return data if isinstance(data, cls) else known_keys(data, cls.keys(), cls.model_fields, cls.what, cls.unknown)
+        what = cls.what or f"a mapping of {', '.join(cls.keys())}"
+        return data if isinstance(data, cls) else known_keys(data, cls.keys(), what, cls.unknown, cls.model_fields, cls.missing)
 
     @classmethod
     def keys(cls) -> tuple[str, ...] | None:
@@ -255,8 +254,8 @@ def model_of(cls: type) -> type[Section]:
     """A Section of the dataclass `cls`'s fields, each with its default and description."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     rules = {n: (t, Field(fields[n].default, description=fields[n].metadata.get("description"))) for n, t in field_rules(cls).items()}
-    model = create_model(cls.__name__, __base__=Section, __doc__=cls.__doc__, **rules)
-    model.what = f"a mapping of {', '.join(rules)}"
+    model = create_model(cls.__name__, __base__=Section, __doc__=(cls.__doc__ or "").split(". ")[0], **rules)
+    model.what = None
     return model
 
 

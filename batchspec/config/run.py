@@ -92,7 +92,7 @@ class WorkerConfig:
         if isinstance(data, (cls, ArgsKwargs)):  # built in Python, not read from a file
             return data
         names = ", ".join(cls.__dataclass_fields__)
-        return known_keys(data, tuple(cls.__dataclass_fields__), {}, f"a mapping of {names}",
+        return known_keys({} if data is None else data, tuple(cls.__dataclass_fields__), f"a mapping of {names}",
                           lambda key: said(f"unknown key; expected one of {names}", key))
 
 
