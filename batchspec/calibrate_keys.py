@@ -7,15 +7,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from batchspec import preflight
 from batchspec.calibrate import CalibrationSettings, Decision, WorkerState
-from batchspec.config.run import RunConfig, check_engine_options
+from batchspec.config.run import RunConfig
 from batchspec.engine.factory import create_engine
 from batchspec.group import read_shards, shard_ids
 from batchspec.models import loading
-from batchspec.parse import ParsedRow, parse_rows
-from batchspec.pipeline import check_engine, check_prompt_format, ensure_ray, resolve_spec, row_defaults, run_arms, run_llm_options
+from batchspec.parse import ParsedRow, RowDefaults, parse_rows
+from batchspec.pipeline import ensure_ray
 from batchspec.plan import make_plan, plan_locally
-from batchspec.prior import WHY as PRIOR_WHY, prior_of
+from batchspec.prior import WHY as PRIOR_WHY
 from batchspec.read import open_input
 from batchspec.shard import ShardInput, run_shard
 from batchspec.stats import to_columns
@@ -53,7 +54,7 @@ class KeySample:
     parsed: list[ParsedRow]  # its first shard's rows: the key's first --shard-size rows, in input order
 
 
-def calibration_samples(config: RunConfig) -> list[KeySample]:
+def calibration_samples(config: RunConfig, defaults: RowDefaults | None = None) -> list[KeySample]:
     """Per shard key, in plan order, its row count and its first shard's rows. The plan is
     `batchspec run`'s (with Ray Data for large inputs: per-shard records, never keys or rows, on
     the driver); each key's first shard is read from the input, stopping once it is complete."""
@@ -67,20 +68,19 @@ def calibration_samples(config: RunConfig) -> list[KeySample]:
         first.setdefault(s.shard_key, n)
         rows[s.shard_key] = rows.get(s.shard_key, 0) + s.rows
     tables = read_shards(source, plan, list(first.values()))
-    defaults = row_defaults(config)
+    defaults = defaults or preflight.row_defaults(config)
     return [KeySample(key, rows[key], parse_rows(tables[n], shard_ids(tables[n]), defaults)) for key, n in first.items()]
 
 
 def calibrate_only(config: RunConfig) -> list[KeyCalibration]:
-    check_engine(config.engine)
-    check_engine_options(config, config.pipeline or "run")
-    check_prompt_format(config)
-    arms, _ = run_arms(resolve_spec(config))
-    seeds = prior_of(config, arms, True).seeds
-    samples = calibration_samples(config)
+    """Each key's first shard under the controller: over a fixed `--spec FILE` arm too (it against none)."""
+    job = dataclasses.replace(preflight.prepare(config), calibrate=True)
+    config, arms = job.config, job.arms
+    seeds = job.prior().seeds
+    samples = calibration_samples(config, job.defaults)
     with loading(config.model):
         engine = create_engine(config.engine, config.model, config.draft_model, config.dtype, config.device,
-                               llm_options=run_llm_options(config, arms))
+                               llm_options=job.llm_options)
     settings = CalibrationSettings(**dict(config.calibration))
     worker = WorkerState()  # one engine: one cost table for every key
     results = []

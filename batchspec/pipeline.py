@@ -4,7 +4,8 @@
 `run(config)` reads as the list of steps of docs/architecture.md "Data flow"; each step lives in
 its own module (read, plan, workers, write). Everything that can be checked before work starts
 is checked first, in this order, so a bad run stops with one line and writes nothing it could
-mistake for done: the engine is available, the spec files are valid, OUTPUT is writable and apart
+mistake for done: the engine is available, the spec files are valid (batchspec.preflight, the one
+preparation `batchspec calibrate` and the Ray Data stage share), OUTPUT is writable and apart
 from INPUT, no other run holds OUTPUT (batchspec.lease: the run holds it until it ends), the plan
 and the run's options (batchspec.identity) match any shards already committed in OUTPUT, the
 input files and columns are readable.
@@ -51,21 +52,18 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from batchspec.config.run import RunConfig, check_engine_options, default_response_format
-from batchspec.engine.base import NO_SPEC
+from batchspec import preflight
+from batchspec.config.run import RunConfig
 from batchspec.errors import OutputError
 from batchspec.group import RowCheck, check_rows, group_shards
-from batchspec.identity import run_identity
 from batchspec.lease import Held, Lease
-from batchspec.models import local_folder, require_chat_template
-from batchspec.parse import RowDefaults
 from batchspec.plan import Plan, RunIdentity, check_identity, check_resume, fingerprint, make_plan
-from batchspec.prior import prior_of
+from batchspec.preflight import check_engine, check_prompt_format, resolve_spec, row_defaults, run_arms, run_llm_options  # noqa: F401  (re-exported)
 from batchspec.read import InputListing, list_input, open_input, passthrough_schema
 from batchspec.redact import redact_strings
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
 from batchspec.worker_pool import WorkerPool
-from batchspec.workers import ShardOutcome, ShardWorker, WorkerJob, run_pool
+from batchspec.workers import ShardOutcome, ShardWorker, run_pool
 from batchspec.write import Output, check_apart, output_schema, resolve_template
 
 
@@ -128,15 +126,9 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
     stay loaded for the next run (`batchspec.worker_pool.WorkerPool`); without, they stop at the end.
     `force`: with `resume` false, delete a previous run's committed shards in OUTPUT (refused without)."""
     started = time.perf_counter()
-    config = dataclasses.replace(config, run_date=config.date())  # one date for INPUT and OUTPUT
-    check_engine(config.engine)
-    check_engine_options(config, config.pipeline or "run")
-    check_prompt_format(config)
-    choice = resolve_spec(config)
-    arms, calibrate = run_arms(choice)
-    llm_options = run_llm_options(config, arms)
-    identity = run_identity(config, arms, calibrate, llm_options)
-    prior = prior_of(config, arms, calibrate)
+    job = preflight.prepare(config)
+    config, choice = job.config, job.choice
+    identity, prior = job.identity(), job.prior()
     output, listing = open_output(config), input_listing(config)
     check_apart(listing, dict(config.storage_options), output)
     with Held(output) as lease:  # one writer per OUTPUT, until the run ends however it ends
@@ -147,15 +139,9 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
             progress.planned(len(plan.shards), plan.rows, skipped)
 
         ensure_ray(config)
-        job = WorkerJob(  # 3. shard workers: calibrate -> generate -> write, per shard
-            output=output, passthrough=passthrough, out_schema=output_schema(passthrough),
-            engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
-            device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
-            calibration=config.calibration, defaults=row_defaults(config), worker=config.worker,
-            llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options), lease=lease,
-        )
+        work = job.worker_job(output, passthrough, output_schema(passthrough), lease)  # 3. shard workers: calibrate -> generate -> write
         work_started = time.perf_counter()
-        report = run_pool(job, todo, config.workers, _on_done(progress), worker_cls, pool, prior.seeds, failed) if todo else None
+        report = run_pool(work, todo, config.workers, _on_done(progress), worker_cls, pool, prior.seeds, failed) if todo else None
         work_s = time.perf_counter() - work_started
 
         stats = output.read_stats(_committed_in_order(output, plan))  # 4. commit: every shard accounted for
@@ -168,55 +154,6 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
             if not config.keep_shards:  # 6. _shards/ is intermediate: removed once _SUCCESS is there
                 output.clear_shard_inputs()
     return summary
-
-
-def check_engine(engine: str) -> None:
-    """Stop before any work when the engine cannot run here (one line from the adapter)."""
-    if engine == "trtllm":
-        from batchspec.engine.trtllm.adapter import require_trtllm_installed
-
-        require_trtllm_installed()
-
-
-def check_prompt_format(config: RunConfig) -> None:
-    """prompt_format chat needs a model with a chat template: one found on this machine without one
-    stops the run here; a model not here yet (a URL) is checked by each worker once it has it."""
-    if config.prompt_format == "chat":
-        require_chat_template(config.model, local_folder(config.model))
-
-
-def row_defaults(config: RunConfig) -> RowDefaults:
-    """How the run's rows become requests unless a row says otherwise (batchspec.parse): the sampling
-    values, the prompt format and the default response_format (its file read and checked here)."""
-    return RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed, config.prompt_format,
-                       default_response_format(config))
-
-
-def run_llm_options(config: RunConfig, arms) -> dict:
-    """trtllm: the LLM options every arm is built with, "none" included (like for like), checked to
-    span exactly the GPUs each worker holds."""
-    if config.engine != "trtllm":
-        return {}
-    from batchspec.config.spec import check_world, run_llm_options as merge
-
-    where = f"{config.pipeline or 'run'}: llm_options"
-    merged = merge(dict(config.llm_options), [a for a in arms if a.method != "none"], where=where)
-    check_world(where, merged, config.worker.num_gpus)
-    return merged
-
-
-def resolve_spec(config: RunConfig):
-    """`--spec` as a `SpecChoice` (the arms, whether to calibrate, and any arm left out and why)."""
-    from batchspec.config.candidates import resolve_spec_arg
-
-    return resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)
-
-
-def run_arms(choice) -> tuple[tuple, bool]:
-    """The arms workers get, and whether they calibrate over them."""
-    if choice.calibrate:
-        return tuple(choice.arms), True
-    return ((choice.fixed or NO_SPEC),), False
 
 
 def ensure_ray(config: RunConfig) -> None:
@@ -251,17 +188,13 @@ class PlannedRun:
 def plan_run(config: RunConfig, force: bool = False) -> PlannedRun:
     """`batchspec run --plan-only`: check the config, then plan and group, and parse every row as a
     worker will (the rows that will fail); no model is loaded."""
-    config = dataclasses.replace(config, run_date=config.date())
-    check_engine(config.engine)
-    check_engine_options(config, config.pipeline or "run")
-    check_prompt_format(config)
-    arms, calibrate = run_arms(resolve_spec(config))
-    identity = run_identity(config, arms, calibrate, run_llm_options(config, arms))
+    job = preflight.prepare(config)
+    config, identity = job.config, job.identity()
     output, listing = open_output(config), input_listing(config)
     check_apart(listing, dict(config.storage_options), output)
     with Held(output) as lease:
         plan = plan_and_group(config, output, listing, identity, lease, force)
-    return PlannedRun(plan, check_rows(output, plan, row_defaults(config), skip=output.committed()))
+    return PlannedRun(plan, check_rows(output, plan, job.defaults, skip=output.committed()))
 
 
 def open_output(config: RunConfig) -> Output:

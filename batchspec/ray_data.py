@@ -36,7 +36,7 @@ import re
 import pyarrow as pa
 
 from batchspec.errors import InputError
-from batchspec.prior import WHY as PRIOR_WHY, prior_of
+from batchspec.prior import WHY as PRIOR_WHY
 
 STAGE = "batchspec.ray_data.generate"
 
@@ -51,30 +51,17 @@ def generate(ds, config):
     """
     import ray.data
 
-    from batchspec.config.run import check_engine_options
-    from batchspec.pipeline import check_engine, check_prompt_format, resolve_spec, row_defaults, run_arms, run_llm_options
+    from batchspec import preflight
     from batchspec.worker_pool import check_gpus_fit
-    from batchspec.workers import WorkerJob
 
-    check_engine(config.engine)
-    check_engine_options(config, config.pipeline or "ray_data.generate")
-    check_prompt_format(config)
+    job = preflight.prepare(config, "ray_data.generate")
     schema = ds.schema(fetch_if_missing=False)
     if schema is not None:
         check_columns(list(schema.names), config.shard_by)
-    arms, calibrate = run_arms(resolve_spec(config))
-    llm_options = run_llm_options(config, arms)
-    seeds = prior_of(config, arms, calibrate).seeds
+    seeds = job.prior().seeds
     check_gpus_fit(config.worker.num_gpus)  # Ray Data places an actor of N GPUs on one node
-    job = WorkerJob(
-        output=None, passthrough=pa.schema([]), out_schema=pa.schema([]),
-        engine=config.engine, model=config.model, draft_model=config.draft_model, dtype=config.dtype,
-        device=config.device, arms=arms, calibrate=calibrate, batch_size=config.batch_size,
-        calibration=config.calibration, defaults=row_defaults(config), worker=config.worker,
-        llm_options=tuple(llm_options.items()), storage_options=tuple(config.storage_options),
-    )
     return ds.map_batches(
-        GenerateStage, fn_constructor_args=(job, config.shard_by, seeds), batch_size=config.shard_size, batch_format="pyarrow",
+        GenerateStage, fn_constructor_args=(job.worker_job(), config.shard_by, seeds), batch_size=config.shard_size, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=config.workers),
         num_cpus=config.worker.num_cpus, num_gpus=config.worker.num_gpus or None,
     )
@@ -135,22 +122,29 @@ def check_columns(names: list[str], shard_by: str | None) -> None:
 
 
 def _ids(batch: pa.Table) -> list[str]:
-    """The `id` column as strings; a row without one gets `<hash of its batch's prompts>#<row>`."""
-    given = batch.column("id").to_pylist() if "id" in batch.column_names else [None] * batch.num_rows
+    """The `id` column as strings; a row without one gets `<hash of its batch's prompts>#<row>`.
+    Read as a run reads them (batchspec.read): bytes that are not UTF-8 become U+FFFD, and a prompt
+    that cannot be read fails its own row later (batchspec.parse), never the batch."""
+    from batchspec.parse import cells
+    from batchspec.read import as_strings
+
+    given = as_strings(batch.column("id").combine_chunks()).to_pylist() if "id" in batch.column_names else [None] * batch.num_rows
     if all(v is not None for v in given):
-        return [str(v) for v in given]
+        return given
     prompts = batch.column("prompt") if "prompt" in batch.column_names else batch.column("messages")
-    digest = hashlib.sha256(repr(prompts.to_pylist()).encode()).hexdigest()[:10]
-    return [str(v) if v is not None else f"{digest}#{i}" for i, v in enumerate(given)]
+    digest = hashlib.sha256(repr(cells(prompts)).encode()).hexdigest()[:10]
+    return [v if v is not None else f"{digest}#{i}" for i, v in enumerate(given)]
 
 
 def _by_key(batch: pa.Table, shard_by: str | None) -> list[tuple[str | None, list[int]]]:
-    """Row positions per shard-by value (as a string; null last), values in sorted order."""
+    """Row positions per shard-by value (as a string, as a run reads it; null last), values in sorted order."""
+    from batchspec.read import key_strings
+
     if not shard_by:
         return [(None, list(range(batch.num_rows)))]
     groups: dict[str | None, list[int]] = {}
-    for i, v in enumerate(batch.column(shard_by).to_pylist()):
-        groups.setdefault(None if v is None else str(v), []).append(i)
+    for i, v in enumerate(key_strings(batch, shard_by).to_pylist()):
+        groups.setdefault(v, []).append(i)
     return [(k, groups[k]) for k in sorted(groups, key=lambda k: (k is None, k or ""))]
 
 

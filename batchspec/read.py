@@ -294,17 +294,17 @@ def row_ids(source: InputSource, chunk: Chunk, table: pa.Table) -> pa.Array:
     generated = pc.binary_join_element_wise(source.files[chunk.file_index].rel, pa.array(rows.astype(str)), "#")
     if "id" not in table.column_names:
         return generated
-    return pc.coalesce(_as_strings(table.column("id").combine_chunks()), generated)
+    return pc.coalesce(as_strings(table.column("id").combine_chunks()), generated)
 
 
 def key_strings(table: pa.Table, shard_by: str | None) -> pa.Array:
     """Each row's shard-by value as a string (null stays null); all null without shard_by."""
     if not shard_by:
         return pa.nulls(table.num_rows, pa.string())
-    return _as_strings(table.column(shard_by).combine_chunks())
+    return as_strings(table.column(shard_by).combine_chunks())
 
 
-def _as_strings(col: pa.Array) -> pa.Array:
+def as_strings(col: pa.Array) -> pa.Array:
     """str() of each value, as Python prints it; strings and integers are converted by Arrow."""
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_integer(col.type):
         return valid_strings(col.cast(pa.string()))

@@ -97,3 +97,34 @@ def test_the_stage_names_a_missing_column_of_a_batch_when_the_schema_was_not_kno
     stage = GenerateStage(job, "task")
     with pytest.raises(InputError, match=r"batchspec\.ray_data\.generate: needs a 'prompt'.*found \['question', 'task'\]"):
         stage(pa.table({"question": ["hi"], "task": ["x"]}))
+
+
+def test_a_batch_with_bytes_that_are_not_utf8_fails_one_row_not_the_batch(tiny_model_dir):
+    """As a run reads its input (batchspec.read, batchspec.parse): an id or a shard key with bytes
+    that are not UTF-8 is read with U+FFFD, a prompt that is not UTF-8 is its row's one-line error;
+    the batch's other rows run."""
+    import pyarrow as pa
+
+    from batchspec.ray_data import GenerateStage
+
+    def invalid_utf8(values: list[bytes]) -> pa.Array:
+        return pa.array(values, pa.binary()).view(pa.string())
+
+    config = config_for(tiny_model_dir, spec="none")
+    batch = pa.table({"id": invalid_utf8([b"ok", b"bad \xff id", b"bad-prompt"]),
+                      "prompt": invalid_utf8([b"Say hi.", b"Say hello.", b"bad \xfe prompt"]),
+                      "task": invalid_utf8([b"chat", b"ch\xffat", b"chat"])})
+    stage = GenerateStage(preflight_job(config), "task")
+    out = stage(batch)
+    rows = {r["id"]: r for r in out.select(["id", "shard_id", "text", "error"]).to_pylist()}
+    assert set(rows) == {"ok", "bad \ufffd id", "bad-prompt"}
+    assert rows["bad-prompt"]["error"] == "prompt is not valid UTF-8"
+    assert rows["ok"]["error"] is None and rows["bad \ufffd id"]["error"] is None and rows["ok"]["text"] is not None
+    assert rows["bad \ufffd id"]["shard_id"].startswith("ch_at-")  # its own key, read as "ch\ufffdat"
+    assert rows["ok"]["shard_id"] == rows["bad-prompt"]["shard_id"]
+
+
+def preflight_job(config):
+    from batchspec import preflight
+
+    return preflight.prepare(config).worker_job()

@@ -10,15 +10,15 @@ from batchspec.stats import ArmResult, Event
 
 @dataclass(frozen=True)
 class CalibrationSettings:
-    """The `calibration:` section. Each field declares its range in `metadata` (min / max
-    inclusive, above exclusive); batchspec.config checks every key against the type and range at
-    load, before any worker starts, so a new field needs only its declaration here."""
+    """The `calibration:` section. Each field declares its range and description in `metadata`
+    (min / max inclusive, above exclusive); batchspec.config checks every key against the type and
+    range at load, before any worker starts, so a new field needs only its declaration here."""
 
-    margin: float = field(default=0.05, metadata={"min": 0, "max": 1})  # an arm must beat the running one by this fraction
-    window: int = field(default=0, metadata={"min": 0})  # finished rows the rule judges on; 0 = max(16, 4 x batch size)
-    measure_steps: int = field(default=16, metadata={"min": 1})  # decode steps an arm runs to measure its price
-    max_fraction: float = field(default=0.10, metadata={"min": 0, "max": 1})  # the most of a shard's decode measuring may take
-    max_builds_per_worker: int = field(default=6, metadata={"min": 2})  # builds measurements may cause per worker (TensorRT-LLM)
+    margin: float = field(default=0.05, metadata={"min": 0, "max": 1, "description": "An arm must beat the running one by this fraction."})
+    window: int = field(default=0, metadata={"min": 0, "description": "Finished rows the rule judges on; 0: max(16, 4 x batch size)."})
+    measure_steps: int = field(default=16, metadata={"min": 1, "description": "Decode steps an arm runs to measure its price."})
+    max_fraction: float = field(default=0.10, metadata={"min": 0, "max": 1, "description": "The most of a shard's decode measuring may take."})
+    max_builds_per_worker: int = field(default=6, metadata={"min": 2, "description": "Engine builds measurements may cause per worker (TensorRT-LLM)."})
 
     def window_rows(self, batch_size: int) -> int:
         return self.window or max(16, 4 * batch_size)

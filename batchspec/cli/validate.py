@@ -7,8 +7,10 @@ import click
 
 
 @click.command("validate")
-@click.argument("files", nargs=-1, required=True, metavar="FILE...")
-def command(files: tuple[str, ...]) -> None:
+@click.argument("files", nargs=-1, metavar="FILE...")
+@click.option("--schema", type=click.Choice(["pipeline", "job", "options", "candidates"]),
+              help="Write the JSON Schema of a file kind instead (options: a TensorRT-LLM option file).")
+def command(files: tuple[str, ...], schema: str | None) -> None:
     """Check each FILE once, recognised by its content: a pipeline (pipelines/*.yaml), a
     TensorRT-LLM option file or a candidates file (trt_configs/), a batchspec job file
     (kind: batchspec-job), or Kubernetes manifests (apiVersion/kind; structure only, nothing is
@@ -20,10 +22,18 @@ def command(files: tuple[str, ...]) -> None:
       batchspec validate pipelines/*.yaml trt_configs/*.yaml trt_configs/candidates/*.yaml
       batchspec validate jobs/*.yaml
       batchspec validate s3://my-bucket/configs/nightly.yaml
+      batchspec validate --schema pipeline > pipeline.schema.json
     """
-    from batchspec.config.validate import validate_files
+    import json
+
+    from batchspec.config.validate import json_schema, validate_files
     from batchspec.redact import redact_text
 
+    if schema:
+        click.echo(json.dumps(json_schema(schema), indent=2))
+        return
+    if not files:
+        raise click.UsageError("Missing argument 'FILE...'.")
     results = validate_files(list(files))
     for r in results:
         click.echo(redact_text(r.line), err=not r.ok)

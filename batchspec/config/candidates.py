@@ -1,47 +1,65 @@
-"""Candidates files and `--spec`: which arms a run calibrates over, or the one arm it runs.
-
-A batchspec candidates file lists the calibration arms. The option files must stay valid for
-trtllm-serve, which takes one `max_draft_len`, so the list of draft lengths to try lives here::
-
-    candidates:
-      - config: ../ngram.yaml           # path relative to this file
-        max_draft_len: [2, 4, 6, 8]     # optional: one arm per value (default: the file's)
-      - config: ../draft_target.yaml
-        max_draft_len: [2, 4, 6]
-        speculative_model_dir: qwen2.5-coder-0.5b   # optional: replaces the file's draft
-
-"none" is never listed: calibration always adds it itself. A candidate file that mixes a list of
-draft lengths with a `draft_len_schedule` is rejected (the schedule pins max_draft_len).
-
-`resolve_spec_arg` turns `--spec auto|none|FILE` into a `SpecChoice`: `none` never speculates;
-`auto` calibrates over the engine's default candidates file (or `--candidates`); a FILE that is an
-option file runs exactly that arm with no calibration; a FILE that is a candidates file calibrates
-over its arms. `--draft-model` overrides the draft of every Draft_Target arm. Under `auto` (and a
-candidates FILE) a Draft_Target arm with no draft model anywhere is dropped and the reason recorded
-in `SpecChoice.dropped`; an explicit option FILE without its draft is an error instead. An arm the
-chosen engine cannot run is an error naming the file and the engine to use instead.
-"""
+"""Candidates files and `--spec`: which arms a run calibrates over, or the one arm it runs
+(docs/spec-settings.md). A candidates file lists option files and the draft lengths to try (the
+option files stay valid for trtllm-serve, which takes one `max_draft_len`); "none" is never listed:
+calibration adds it. `resolve_spec_arg` turns `--spec auto|none|FILE` (with `--candidates` and
+`--draft-model`) into a `SpecChoice`: under `auto` and a candidates FILE a Draft_Target arm with no
+draft anywhere is dropped and the reason recorded; an arm the engine cannot run is an error naming
+the engine to use instead."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Union
 
-from batchspec.config.kit import describe, need_int, need_mapping, need_text, read_yaml
-from batchspec.config.kit import relative_to as _relative
-from batchspec.config.spec import (
-    _parse_options_file,
-    is_candidates_file,
-    load_spec_file,
-)
+from pydantic import Field, conint, field_validator
+
+from batchspec.config.kit import Expect, Section, check, describe, expected, read_yaml, relative_to, said, text
+from batchspec.config.spec import _parse_options_file, is_candidates_file, load_spec_file
 from batchspec.data import CANDIDATES_DIR
 from batchspec.engine.base import ENGINE_METHODS, SpecConfig
 from batchspec.engine.trtllm.translate import METHOD_TO_DECODING_TYPE, SPEC_PREFIX, TRTLLM_REFUSED_METHODS
 from batchspec.errors import ConfigError
 
-CANDIDATE_KEYS = ("config", "max_draft_len", "speculative_model_dir", "speculative_model")
+Length = conint(strict=True, ge=1)
+
+
+class Candidate(Section):
+    """One entry: an option file, and optionally the draft lengths to try and a replacement draft."""
+
+    missing = "nothing"
+
+    config: text("the path of a TensorRT-LLM option file") = Field(description="A TensorRT-LLM option file with a speculative_config, relative to this file.")
+    max_draft_len: Union[Length, Annotated[list[Length], Field(min_length=1)]] = Field(None, description="Draft lengths to try, one arm each; default: the file's own.")
+    speculative_model_dir: text("a non-empty string (a model location)") = Field(None, description="Replaces the file's draft model (Draft_Target, Eagle3).")
+    speculative_model: text("a non-empty string (a model location)") = Field(None, description="The same as speculative_model_dir.")
+
+    @classmethod
+    def unknown(cls, key: Any) -> Any:
+        return said(f"unknown key (valid: {', '.join(cls.keys())})", key)
+
+    @field_validator("max_draft_len", mode="before")
+    @classmethod
+    def _lengths(cls, value: Any) -> list[int]:
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise expected("an integer >= 1 or a non-empty list of them")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise said(f"expected an integer >= 1, got {describe(v)}")
+        return sorted(set(values), key=values.index)
+
+
+class CandidatesFile(Section):
+    """A batchspec candidates file: the arms `--spec auto` calibrates over ("none" is always added)."""
+
+    candidates: Annotated[list[Candidate], Field(min_length=1), Expect("a non-empty list of {config: FILE, max_draft_len: [...]}")] = Field(
+        description="The arms, in order: each entry's option file at each of its draft lengths.")
+
+    @classmethod
+    def unknown(cls, key: Any) -> Any:
+        return said("unknown key (a candidates file holds only 'candidates')", key)
 
 
 @dataclass(frozen=True)
@@ -61,14 +79,6 @@ class SpecChoice:
         return self.arms[0] if self.arms else None
 
 
-def _entry_lengths(path: str, key: str, value: Any) -> list[int]:
-    values = value if isinstance(value, list) else [value]
-    if not values:
-        raise ConfigError(f"{path}: {key}: expected an integer >= 1 or a non-empty list of them, got []")
-    lengths = [need_int(path, key, v, 1) for v in values]
-    return sorted(set(lengths), key=lengths.index)
-
-
 def load_candidates(path: str | os.PathLike) -> list[SpecConfig]:
     """The calibration arms of a candidates file, in file order, without "none" and without
     duplicates. Draft_Target arms may come back with `draft_model` None (see `resolve_spec_arg`)."""
@@ -76,43 +86,27 @@ def load_candidates(path: str | os.PathLike) -> list[SpecConfig]:
     data = read_yaml(path)
     if not is_candidates_file(data):
         raise ConfigError(f"{path}: candidates: expected a candidates file with a top-level 'candidates' list")
-    extra = sorted(set(data) - {"candidates"})
-    if extra:
-        raise ConfigError(f"{path}: {extra[0]}: unknown key (a candidates file holds only 'candidates')")
-    entries = data["candidates"]
-    if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"{path}: candidates: expected a non-empty list of {{config: FILE, max_draft_len: [...]}}, got {describe(entries)}")
     arms: list[SpecConfig] = []
-    for i, entry in enumerate(entries):
+    for i, entry in enumerate(check(CandidatesFile, data, path, show=describe).candidates):
         for arm in _entry_arms(path, f"candidates[{i}]", entry):
             if arm not in arms:
                 arms.append(arm)
     return arms
 
 
-def _entry_arms(path: str, where: str, entry: Any) -> list[SpecConfig]:
-    entry = need_mapping(path, where, entry)
-    for key in entry:
-        if key not in CANDIDATE_KEYS:
-            raise ConfigError(f"{path}: {where}.{key}: unknown key (valid: {', '.join(CANDIDATE_KEYS)})")
-    if "config" not in entry:
-        raise ConfigError(f"{path}: {where}.config: expected the path of a TensorRT-LLM option file, got nothing")
-    config = _relative(path, need_text(path, f"{where}.config", entry["config"]))
-    data = read_yaml(config)
-    base = _parse_options_file(config, data, require_draft=False).spec
+def _entry_arms(path: str, where: str, entry: Candidate) -> list[SpecConfig]:
+    config = relative_to(path, entry.config)
+    base = _parse_options_file(config, read_yaml(config), require_draft=False).spec
     if base.method == "none":
         raise ConfigError(f"{path}: {where}.config: {config} has no speculative_config; calibration adds 'none' itself, remove this entry")
-    draft = None
-    for key in ("speculative_model_dir", "speculative_model"):
-        if key in entry:
-            draft = need_text(path, f"{where}.{key}", entry[key])
+    draft = entry.speculative_model or entry.speculative_model_dir
     if draft is not None:
         if base.method not in ("draft_target", "eagle3"):
             raise ConfigError(f"{path}: {where}.speculative_model_dir: {base.method} takes no draft model")
         base = dataclasses.replace(base, draft_model=draft)
-    if "max_draft_len" not in entry:
+    if entry.max_draft_len is None:
         return [base]
-    lengths = _entry_lengths(path, f"{where}.max_draft_len", entry["max_draft_len"])
+    lengths = entry.max_draft_len
     if any(k == SPEC_PREFIX + "draft_len_schedule" for k, _ in base.options) and lengths != [base.draft_len]:
         raise ConfigError(f"{path}: {where}.max_draft_len: {config} sets draft_len_schedule, which pins max_draft_len {base.draft_len}; list only that length or drop the schedule")
     return [base.with_draft_len(k) for k in lengths]

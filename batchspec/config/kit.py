@@ -1,20 +1,29 @@
-"""The one YAML reader and the small checkers every config file kind is validated with.
+"""The one YAML reader, the field types every config model is built from, and the one line a bad
+value becomes.
 
 Every file batchspec reads (pipelines, TensorRT-LLM option files, candidates files, job files) goes
 through `read_yaml`, over fsspec, so any of them may live at a URL (`s3://bucket/pipeline.yaml`).
-Every check raises `ConfigError` with one line: "FILE: KEY: expected ..., got ...".
+Each kind is a pydantic model (run.py, spec.py, candidates.py, job.py). A field's type says in words
+what it expects (`integer`, `number`, `flag`, `text`, `one_of`, or an `Expect` of its own), so
+`check` turns pydantic's first error into one line, "FILE: KEY: expected ..., got ...", KEY being
+the key's path in the YAML (`speculative_config.max_draft_len`, `candidates[0].config`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import posixpath
 import typing
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, ClassVar, Literal, Optional
 
 import fsspec
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, conint, constr, create_model, model_validator
+from pydantic import StrictBool, confloat
+from pydantic_core import PydanticCustomError, core_schema
 
 from batchspec.errors import ConfigError
 
@@ -68,139 +77,194 @@ def describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})" if isinstance(value, str) else repr(value)
 
 
-def need_int(path: str, key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{path}: {key}: expected an integer >= {minimum}, got {describe(value)}")
-    return value
+# ---------------------------------------------------------------------------------------------
+# Errors of our own: "expected WORDS" (the line adds ", got VALUE") and a sentence said as is.
+# A `key` extends the error's location by one key (an unknown key, a rule of the whole mapping).
+
+def expected(words: str, key: str | None = None) -> PydanticCustomError:
+    return PydanticCustomError("expected", "expected {words}", {"words": words, **({"key": key} if key else {})})
 
 
-def need_bool(path: str, key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{path}: {key}: expected true or false, got {describe(value)}")
-    return value
+def said(message: str, key: str | None = None) -> PydanticCustomError:
+    return PydanticCustomError("said", "{message}", {"message": message, **({"key": key} if key else {})})
 
 
-def need_fraction(path: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ConfigError(f"{path}: {key}: expected a number in (0, 1], got {describe(value)}")
-    return float(value)
+@dataclass(frozen=True)
+class Expect:
+    """A field's expectation in words: a failure of its own check becomes "expected WORDS"; one
+    that already says its own (an item of a list, a key of a nested section) passes through."""
+
+    words: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Callable) -> core_schema.CoreSchema:
+        return core_schema.no_info_wrap_validator_function(self._check, handler(source))
+
+    def _check(self, value: Any, handler: Callable) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            if all(e["type"] in ("expected", "said") for e in exc.errors()):
+                raise
+            raise expected(self.words) from None
 
 
-def need_text(path: str, key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{path}: {key}: expected a non-empty string (a model location), got {describe(value)}")
-    return value
+def _typed(tp: Any, words: str, null: bool) -> Any:
+    return Annotated[Optional[tp] if null else tp, Expect(words + (" or null" if null else ""))]
 
 
-def need_mapping(path: str, key: str, value: Any) -> dict:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{path}: {key}: expected a mapping, got {describe(value)}")
-    return value
+def integer(ge: int | None = None, le: int | None = None, *, null: bool = False) -> Any:
+    return _typed(conint(strict=True, ge=ge, le=le), f"an integer{_range(ge, None, le)}", null)
+
+
+def number(ge: float | None = None, gt: float | None = None, le: float | None = None, *, null: bool = False) -> Any:
+    return _typed(confloat(strict=True, ge=ge, gt=gt, le=le), f"a number{_range(ge, gt, le)}", null)
+
+
+def flag(*, null: bool = False) -> Any:
+    return _typed(StrictBool, "true or false", null)
+
+
+def text(words: str = "a non-empty string", *, null: bool = False) -> Any:
+    return _typed(constr(strict=True, pattern=r"\S"), words, null)
+
+
+def one_of(*choices: Any, null: bool = False) -> Any:
+    return _typed(Literal[choices], f"one of {', '.join(map(str, choices))}", null)
+
+
+def nullable(tp: Any) -> Any:
+    """`tp` (one of the types above) that also takes null, words unchanged: a key whose null means unset."""
+    inner, *meta = typing.get_args(tp)
+    return Annotated[(Optional[inner], *meta)]
+
+
+def _range(ge: float | None, gt: float | None, le: float | None) -> str:
+    low = ("[", ge) if ge is not None else ("(", gt) if gt is not None else None
+    if low is not None and le is not None:
+        return f" in {low[0]}{low[1]}, {le}]"
+    if low is not None:
+        return f" {'>=' if low[0] == '[' else '>'} {low[1]}"
+    return f" <= {le}" if le is not None else ""
+
+
+def known_keys(data: Any, keys: tuple[str, ...] | None, what: str, unknown: Callable, fields: dict | None = None, missing: str = "") -> Any:
+    """`data` as a mapping (`what`) of `keys` only (None: any; `unknown(key)` the error of any
+    other), every required one of `fields` present (`missing`: what a line says of an absent one)."""
+    if not isinstance(data, dict):
+        raise expected(what)
+    for key in data:
+        if keys is not None and key not in keys:
+            raise unknown(key)
+    for name, info in (fields or {}).items():
+        if info.is_required() and name not in data:
+            words = next((m.words for m in info.metadata if isinstance(m, Expect)), "a value")
+            raise said(f"expected {words}, got {missing}", name)
+    return data
+
+
+class Section(BaseModel):
+    """A mapping of described keys: anything else is refused by name before any value is checked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    what: ClassVar[str | None] = "a mapping"  # None: "a mapping of KEY, KEY, ..."
+    missing: ClassVar[str] = "nothing (the key is required)"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, data: Any) -> Any:
+        what = cls.what or f"a mapping of {', '.join(cls.keys())}"
+        return data if isinstance(data, cls) else known_keys(data, cls.keys(), what, cls.unknown, cls.model_fields, cls.missing)
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...] | None:
+        return None if cls.model_config.get("extra") == "allow" else tuple(cls.model_fields)
+
+    @classmethod
+    def unknown(cls, key: Any) -> PydanticCustomError:
+        return said(f"unknown key; expected one of {', '.join(cls.keys())}", key)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Callable) -> dict:
+        out = handler.resolve_ref_schema(handler(schema))
+        if cls.model_config.get("extra") == "allow" and cls.keys() is not None:  # other keys, by name only
+            out["propertyNames"] = {"enum": list(cls.keys())}
+        return out
+
+
+def check(model: Any, data: Any, where: str, *, key: str = "", show: Callable[[Any], str] = repr, context: dict | None = None) -> Any:
+    """`data` validated by `model` (a class or a type), or ConfigError: its first error as the line
+    "WHERE: KEY: expected ..., got VALUE" (`key` prefixes the location; `show` writes the value)."""
+    try:
+        return TypeAdapter(model).validate_python(data, context=context)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        ctx = err.get("ctx") or {}
+        path = _key_path((*err["loc"], *([ctx["key"]] if "key" in ctx else [])), data)
+        path = f"{key}.{path}" if key and path and not path.startswith("[") else key + path
+        if err["type"] == "said":
+            message = ctx["message"]
+        elif err["type"] == "expected":
+            message = f"expected {ctx['words']}, got {show(err['input'])}"
+        else:  # pydantic's own words, for a type that says none of its own
+            message = f"{err['msg']}, got {show(err['input'])}"
+        raise ConfigError(f"{where}: {path}: {message}" if path else f"{where}: {message}") from None
+
+
+def _key_path(loc: tuple, data: Any) -> str:
+    """The location as the YAML's key path: a union's tag or a validator's name is no key."""
+    out, node = "", data
+    for i, part in enumerate(loc):
+        if isinstance(part, int) and isinstance(node, (list, tuple)):
+            out += f"[{part}]"
+            node = node[part] if part < len(node) else None
+        elif (isinstance(node, dict) and part in node) or i == len(loc) - 1:
+            out += f"{'.' if out else ''}{part}"
+            node = node.get(part) if isinstance(node, dict) else None
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
-# Typed fields: a dataclass field's type hint and its declared range are the whole rule.
-#
-# A field declares its range in `metadata` (plain data, so the declaring module needs nothing
-# from here):  min / max (inclusive), above (exclusive lower bound), choices (a tuple),
-# expected (the noun for a string, e.g. "a model name, folder or URL"), or, for the odd field,
-# convert (value -> value, raising ValueError) together with expected (the whole description).
-# int, float, bool and str fields, and `X | None`, need nothing more.
+# Dataclasses declared outside config (calibration's settings): a field's type hint and its
+# `metadata` (min / max inclusive, above exclusive, choices, expected, description) are its rule.
 
-Rule = tuple[str, Callable[[Any], Any]]
-_NOUN = {bool: "true or false", int: "an integer", float: "a number", str: "a non-empty string"}
-
-
-def field_rules(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Rule]:
-    """name -> (what is expected, converter) for every field of the dataclass `cls`."""
+def field_rules(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """name -> the type a field of the dataclass `cls` is checked by."""
     hints = typing.get_type_hints(cls)
-    return {f.name: _rule(f, hints[f.name]) for f in dataclasses.fields(cls) if f.name not in skip}
+    return {f.name: _rule(hints[f.name], f.metadata) for f in dataclasses.fields(cls) if f.name not in skip}
 
 
-def check_value(where: str, key: str, value: Any, rule: Rule) -> Any:
-    """The converted value, or ConfigError "WHERE: KEY: expected ..., got VALUE"."""
-    expected, convert = rule
-    try:
-        return convert(value)
-    except (ValueError, TypeError):
-        raise ConfigError(f"{where}: {key}: expected {expected}, got {value!r}") from None
+def _rule(hint: Any, meta: typing.Mapping[str, Any]) -> Any:
+    args = typing.get_args(hint)
+    null = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    if "choices" in meta:
+        return one_of(*meta["choices"], null=null)
+    if base is bool:
+        return flag(null=null)
+    if base is str:
+        return text(meta.get("expected", "a non-empty string"), null=null)
+    if base is int:
+        return integer(meta.get("min"), meta.get("max"), null=null)
+    assert base is float, f"{hint}: a dataclass field checked by its metadata is a bool, int, float or str"
+    return number(meta.get("min"), meta.get("above"), meta.get("max"), null=null)
+
+
+@functools.cache
+def model_of(cls: type) -> type[Section]:
+    """A Section of the dataclass `cls`'s fields, each with its default and description."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    rules = {n: (t, Field(fields[n].default, description=fields[n].metadata.get("description"))) for n, t in field_rules(cls).items()}
+    model = create_model(cls.__name__, __base__=Section, __doc__=(cls.__doc__ or "").split(". ")[0], **rules)
+    model.what = None
+    return model
 
 
 def check_fields(where: str, key: str, cls: type, value: Any) -> dict[str, Any]:
     """A mapping of `cls` fields, each checked and converted (`key` prefixes the error keys)."""
-    rules = field_rules(cls)
     if value is None:
         return {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: {key}: expected a mapping of {', '.join(rules)}, got {value!r}")
-    out = {}
-    for name, v in value.items():
-        if name not in rules:
-            raise ConfigError(f"{where}: {key}.{name}: unknown key; expected one of {', '.join(rules)}")
-        out[name] = check_value(where, f"{key}.{name}", v, rules[name])
-    return out
-
-
-def _rule(f: dataclasses.Field, hint: Any) -> Rule:
-    meta = f.metadata
-    if "convert" in meta:
-        return meta["expected"], meta["convert"]
-    args = typing.get_args(hint)
-    optional = type(None) in args
-    base = next((a for a in args if a is not type(None)), hint) if args else hint
-    assert base in _NOUN, f"{f.name}: declare `convert` and `expected` for a field of type {hint}"
-    choices = meta.get("choices")
-    if choices is not None:
-        expected = f"one of {', '.join(map(str, choices))}"
-    else:
-        expected = meta.get("expected") or _NOUN[base]
-        expected += _range_text(meta)
-    if optional:
-        expected += " or null"
-
-    def convert(v: Any) -> Any:
-        if v is None and optional:
-            return None
-        if choices is not None:
-            if v not in choices:
-                raise ValueError
-            return v
-        if base is bool:
-            if not isinstance(v, bool):
-                raise ValueError
-            return v
-        if base is str:
-            if not isinstance(v, str) or not v.strip():
-                raise ValueError
-            return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (base is int and not isinstance(v, int)):
-            raise ValueError
-        if not _in_range(v, meta):
-            raise ValueError
-        return float(v) if base is float else v
-
-    return expected, convert
-
-
-def _in_range(v: float, meta: Mapping[str, Any]) -> bool:
-    if v != v:  # NaN
-        return False
-    if "min" in meta and v < meta["min"]:
-        return False
-    if "above" in meta and v <= meta["above"]:
-        return False
-    return not ("max" in meta and v > meta["max"])
-
-
-def _range_text(meta: Mapping[str, Any]) -> str:
-    low = ("[", meta["min"]) if "min" in meta else ("(", meta["above"]) if "above" in meta else None
-    if low is not None and "max" in meta:
-        return f" in {low[0]}{low[1]}, {meta['max']}]"
-    if low is not None:
-        return f" {'>=' if low[0] == '[' else '>'} {low[1]}"
-    if "max" in meta:
-        return f" <= {meta['max']}"
-    return ""
+    section = check(model_of(cls), value, where, key=key)
+    return {name: getattr(section, name) for name in value}
 
 
 def relative_to(base: str, target: str) -> str:

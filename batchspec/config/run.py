@@ -1,43 +1,35 @@
 """The run configuration: built-in defaults < pipeline YAML < command-line options, validated once.
 
-A pipeline file (pipelines/*.yaml) is a flat mapping of the RunConfig fields below, with three
-nested sections:
-
-    engine: torch                 # torch | trtllm
-    model: smollm2-135m           # registry name, local folder or fsspec URL
-    spec: auto                    # auto | none | FILE.yaml
-    candidates: trt_configs/candidates/torch_default.yaml   # relative to the pipeline file
-    shard_by: null
-    shard_size: 64
-    workers: 1
-    batch_size: 8
-    max_tokens: 64
-    prompt_format: chat           # chat: a prompt is one user message through the model's chat template; raw: as is
-    response_format: null         # a JSON file: the default response_format of rows without one
-    prior_run: null               # a previous run's OUTPUT: each key's first shard starts under its predicted best arm
-    worker: {num_cpus: 1, num_gpus: 0, torch_threads: null, max_attempts: 3, wait_for_workers_s: 0, suffix_tree_mb: 256}
-    calibration: {sample_size: 8, max_tokens: 16, ...}   # batchspec.calibrate.CalibrationSettings
-    storage_options: {}           # fsspec options for INPUT and OUTPUT (endpoint, credentials)
-
-Every key is checked for type and range at load, by the rules the dataclasses below (and
-CalibrationSettings) declare in their field metadata; every error names the file (or the option),
-the key, the value and what was expected, in one line. A pipeline file may be a path or an fsspec
-URL (`s3://bucket/conf/pipeline.yaml`, read with the ambient fsspec/AWS configuration, since its own
-storage_options cannot be read before it). Relative paths inside it (candidates, spec, a model
-folder) are taken relative to the file's folder, on the same filesystem, when something is there.
+A pipeline file (pipelines/*.yaml) is a flat mapping of the RunConfig fields below (each described
+where it is declared; `batchspec validate --schema pipeline` writes them as a JSON Schema) with the
+sections `worker:`, `calibration:` (batchspec.calibrate.CalibrationSettings), `storage_options:`
+and `llm_options:`. Every key is checked for type and range at load by its field's type, and every
+error names the file (or the option), the key, the value and what was expected, in one line. A
+pipeline file may be a path or an fsspec URL (`s3://bucket/conf/pipeline.yaml`, read with the
+ambient fsspec/AWS configuration, since its own storage_options cannot be read before it).
+Relative paths inside it (candidates, spec, a model folder) are taken relative to the file's folder,
+on the same filesystem, when something is there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Optional
 
 import fsspec
+import numpy as np
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, PlainValidator, confloat, model_validator
+from pydantic_core import ArgsKwargs
+from pydantic.dataclasses import dataclass
+from pydantic.json_schema import SkipJsonSchema
 
-from batchspec.config.kit import check_fields, check_value, exists, field_rules, read_yaml, relative_to
+from batchspec.calibrate import CalibrationSettings
+from batchspec.config.kit import (Expect, check, exists, expected, flag, integer, known_keys, model_of, number, one_of, read_yaml,
+                                  relative_to, said, text)
+from batchspec.config.spec import LlmOptions
 from batchspec.data import DEFAULT_PIPELINE, PIPELINES_DIR  # noqa: F401  (PIPELINES_DIR re-exported for the CLI)
 from batchspec.engine.base import DTYPES, PROMPT_FORMATS, SUFFIX_TREE_MB_DEFAULT
 from batchspec.engine.factory import ENGINES
@@ -46,102 +38,102 @@ from batchspec.errors import ConfigError, one_line
 from batchspec.redact import redact, redact_strings
 
 
-def _date(v: Any) -> dt.date | None:
-    if v is None or isinstance(v, dt.date):
-        return v
+def _float32_positive(v: float) -> float:
+    if np.float32(v) == 0:  # the engines sample in float32: a top_p that rounds to 0 keeps no token at all
+        raise ValueError
+    return v
+
+
+def _date(v: Any) -> Any:
     if isinstance(v, str):
         return dt.date.fromisoformat(v)
+    if v is None or isinstance(v, dt.date):
+        return v
     raise ValueError
 
 
-def _top_p(v: Any) -> float:
-    """A nucleus mass in (0, 1] that stays above 0 in float32, where the engines sample (a top_p
-    float32 rounds to 0 keeps no token at all)."""
-    import numpy as np
-
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1 or np.float32(v) == 0:
-        raise ValueError
-    return float(v)
-
-
-def _mapping(v: Any) -> tuple[tuple[str, Any], ...]:
-    if v is None:
-        return ()
-    if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
-        raise ValueError
-    return tuple(sorted(v.items()))
+def pairs(words: str, section: type | None = None, schema: Any = dict[str, Any]) -> PlainValidator:
+    """A mapping held as sorted (key, value) pairs (RunConfig is hashable): a `section` of checked
+    keys, or any keys (`schema` describes them)."""
+    def convert(v: Any) -> tuple[tuple[str, Any], ...]:
+        v = dict(v) if isinstance(v, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in v) else v
+        if v is None:
+            return ()
+        if section is not None:
+            v = {k: getattr(section.model_validate(v), k) for k in v}
+        elif not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise expected(words)
+        return tuple(sorted(v.items()))
+    return PlainValidator(convert, json_schema_input_type=section or schema)
 
 
-@dataclass(frozen=True)
+Pairs = tuple[tuple[str, Any], ...]
+CALIBRATION = model_of(CalibrationSettings)
+
+
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class WorkerConfig:
-    """Resources and fault policy of each shard worker (one Ray actor, one engine)."""
+    """Resources and fault policy of each shard worker (one Ray actor, one engine): `worker:`."""
 
-    num_cpus: float = field(default=1.0, metadata={"min": 0})
-    num_gpus: float = field(default=0.0, metadata={"min": 0})
-    torch_threads: int | None = field(default=None, metadata={"min": 1})  # None: the CPUs Ray gives the actor, at least 1
-    max_attempts: int = field(default=3, metadata={"min": 1})  # tries per shard before its rows are written as error rows
-    # Hand out no shard until every worker of the pool has loaded its engine, or this many seconds
-    # passed (Ray Data's `wait_for_min_actors_s`). 0: a worker starts on shards as soon as it is
-    # ready, and on a fast pool the first ready one may take every shard of a short run.
-    wait_for_workers_s: float = field(default=0.0, metadata={"min": 0})
-    # The suffix arm's trees (finished rows' outputs by shard key), all keys together, in MiB: past
-    # it the oldest rows are evicted. About 9 bytes a token (docs/suffix.md): 256 MiB holds ~28M.
-    suffix_tree_mb: float = field(default=SUFFIX_TREE_MB_DEFAULT, metadata={"min": 1, "max": 65536})
+    num_cpus: number(ge=0) = Field(1.0, description="CPUs Ray reserves for each worker; fractional is fine (leave Ray room to read).")
+    num_gpus: number(ge=0) = Field(0.0, description="GPUs of each worker; a trtllm worker runs one LLM across all of them.")
+    torch_threads: integer(ge=1, null=True) = Field(None, description="Torch threads of the worker; null: the CPUs Ray gives the actor, at least 1.")
+    max_attempts: integer(ge=1) = Field(3, description="Tries per shard before its rows are written as error rows.")
+    wait_for_workers_s: number(ge=0) = Field(0.0, description=(
+        "Hand out no shard until every worker has loaded its engine, or this many seconds passed (Ray Data's "
+        "wait_for_min_actors_s); 0: a worker starts on shards as soon as it is ready."))
+    suffix_tree_mb: number(ge=1, le=65536) = Field(SUFFIX_TREE_MB_DEFAULT, description=(
+        "MiB of the suffix arm's trees (finished rows' outputs by shard key), all keys together; past it the "
+        "oldest rows are evicted (about 9 bytes a token)."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, data: Any) -> Any:
+        if isinstance(data, (cls, ArgsKwargs)):  # built in Python, not read from a file
+            return data
+        names = ", ".join(cls.__dataclass_fields__)
+        return known_keys({} if data is None else data, tuple(cls.__dataclass_fields__), f"a mapping of {names}",
+                          lambda key: said(f"unknown key; expected one of {names}", key))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class RunConfig:
-    """One run's settings. Each field's type and `metadata` (range, choices, or the words for
-    what is expected) are the one rule `load_pipeline` and `build_config` check it by."""
+    """One run's settings: a pipeline file's keys, with the command line's INPUT, OUTPUT and pipeline."""
 
-    input: str = ""
-    output: str = ""
-    pipeline: str | None = None
-    engine: str = field(default="torch", metadata={"choices": ENGINES})
-    model: str = field(default="smollm2-135m", metadata={"expected": "a model name, folder or URL"})
-    draft_model: str | None = field(default=None, metadata={"expected": "a model name, folder, URL"})
-    dtype: str = field(default="float32", metadata={"choices": DTYPES})
-    device: str | None = field(default=None, metadata={"expected": "a torch device string"})
-    spec: str = field(default="auto", metadata={"expected": "auto, none or a YAML file"})
-    candidates: str | None = field(default=None, metadata={"expected": "a candidates YAML file"})
-    shard_by: str | None = field(default=None, metadata={"expected": "a column name"})
-    shard_size: int = field(default=64, metadata={"min": 1})
-    workers: int = field(default=1, metadata={"min": 1})
-    batch_size: int = field(default=8, metadata={"min": 1})
-    max_tokens: int = field(default=64, metadata={"min": 1})
-    temperature: float = field(default=0.0, metadata={"min": 0})
-    top_p: float = field(default=1.0, metadata={"expected": "a number in (0, 1] that float32 does not round to 0", "convert": _top_p})
-    seed: int | None = field(default=0, metadata={"min": 0, "max": 2**64 - 1})  # unsigned 64 bits, as the engines take it
-    # A JSON file holding an OpenAI `response_format` ({"type": "json_schema", "json_schema": {...}}):
-    # structured output for every row whose response_format column is null (or that has none).
-    response_format: str | None = field(default=None, metadata={"expected": "a JSON file of an OpenAI response_format"})
-    # A previous run's OUTPUT (path or fsspec URL): each shard key's first shard starts under the arm
-    # that run predicted best for the key, where it ran this engine, model and batch size (batchspec.prior);
-    # with {date} (OUTPUT's template), the newest earlier run it names.
-    prior_run: str | None = field(default=None, metadata={"expected": "the OUTPUT of a previous run (path or fsspec URL)"})
-    # How a text `prompt` reaches the model (batchspec.parse): "chat", one user message through the
-    # model's chat template (an instruct model answers a bare instruction with end-of-turn), or
-    # "raw", as is (completion-style prompts for base models). `messages` rows always take the template.
-    prompt_format: str = field(default="chat", metadata={"choices": PROMPT_FORMATS})
-    resume: bool = True
-    # Keep OUTPUT/_shards/ (each shard's input rows) after _SUCCESS, for debugging; by default a
-    # finished run removes it (batchspec.pipeline: the decision and why resume stays exact).
-    keep_shards: bool = field(default=False, metadata={"expected": "true or false"})
-    run_date: dt.date | None = field(default=None, metadata={"expected": "a date YYYY-MM-DD or null", "convert": _date})
-    ray_address: str | None = field(default=None, metadata={"expected": "a Ray address"})
-    ray_num_cpus: int | None = field(default=None, metadata={"min": 1})  # local Ray only; None: every CPU of the machine
-    worker: WorkerConfig = WorkerConfig()
-    # batchspec.calibrate.CalibrationSettings overrides, checked against its fields at load
-    calibration: tuple[tuple[str, Any], ...] = ()
-    storage_options: tuple[tuple[str, Any], ...] = field(
-        default=(), metadata={"expected": "a mapping of fsspec options", "convert": _mapping})
-    # trtllm: TensorRT-LLM LLM arguments every arm of the run is built with (merged with the arms'
-    # option files by batchspec.config.spec.run_llm_options; "none" gets them too).
-    llm_options: tuple[tuple[str, Any], ...] = field(
-        default=(), metadata={"expected": "a mapping of TensorRT-LLM LLM arguments", "convert": _mapping})
-    # Exit non-zero when calibration could not measure any speculative arm in some shard (every
-    # arm failed): the outputs are complete, but speculation never ran. True in GPU pipelines.
-    strict_speculation: bool = False
+    input: SkipJsonSchema[Any] = ""
+    output: SkipJsonSchema[Any] = ""
+    pipeline: SkipJsonSchema[Optional[str]] = None
+    engine: one_of(*ENGINES) = Field("torch", description="The engine every worker holds.")
+    model: text("a model name, folder or URL") = Field("smollm2-135m", description="Target model: a registry name (batchspec models list), a Hugging Face folder or an fsspec URL to one.")
+    draft_model: text("a model name, folder, URL", null=True) = Field(None, description="Draft model of every Draft_Target arm (replaces the option files' own).")
+    dtype: one_of(*DTYPES) = Field("float32", description="Weights and compute dtype; float32 keeps greedy speculative output equal to plain output.")
+    device: text("a torch device string", null=True) = Field(None, description="A torch device string; null: the worker's GPU if it has one, else CPU.")
+    spec: text("auto, none or a YAML file") = Field("auto", description="auto: calibrate per shard over `candidates`; none: never speculate; a file: that option file's one arm, or that candidates file's arms.")
+    candidates: text("a candidates YAML file", null=True) = Field(None, description="The candidates file `spec: auto` calibrates over (relative to this file); null: the engine's default.")
+    shard_by: text("a column name", null=True) = Field(None, description="Column to group rows by before cutting shards (one calibration per value).")
+    shard_size: integer(ge=1) = Field(64, description="Rows per shard at most.")
+    workers: integer(ge=1) = Field(1, description="Shard workers (Ray actors), each holding one engine.")
+    batch_size: integer(ge=1) = Field(8, description="Sequences generated at once per worker.")
+    max_tokens: integer(ge=1) = Field(64, description="Default max new tokens (a max_tokens column overrides per row).")
+    temperature: number(ge=0) = Field(0.0, description="Default temperature (a column overrides per row); 0 is greedy.")
+    top_p: Annotated[confloat(strict=True, gt=0, le=1), AfterValidator(_float32_positive), Expect("a number in (0, 1] that float32 does not round to 0")] = Field(1.0, description="Default nucleus mass (a column overrides per row).")
+    seed: integer(ge=0, le=2**64 - 1, null=True) = Field(0, description="Run seed (unsigned 64 bits, as the engines take it): each row samples with one derived from it and its id.")
+    response_format: text("a JSON file of an OpenAI response_format", null=True) = Field(None, description="A JSON file holding an OpenAI response_format: structured output for rows whose response_format column is null.")
+    prior_run: text("the OUTPUT of a previous run (path or fsspec URL)", null=True) = Field(None, description=(
+        "A previous run's OUTPUT: each shard key's first shard starts under the arm it predicted best (same engine, "
+        "model, batch size); with {date}, the newest earlier run that template names."))
+    prompt_format: one_of(*PROMPT_FORMATS) = Field("chat", description="chat: a text prompt is one user message through the model's chat template; raw: as is (base models).")
+    resume: flag() = Field(True, description="Skip the shards OUTPUT already holds committed.")
+    keep_shards: flag() = Field(False, description="Keep OUTPUT/_shards/ (each shard's input rows) after _SUCCESS, for debugging.")
+    run_date: Annotated[Optional[dt.date], BeforeValidator(_date), Expect("a date YYYY-MM-DD or null")] = Field(None, description="The run date {date} names in INPUT, OUTPUT and prior_run; null: today in UTC.")
+    ray_address: text("a Ray address", null=True) = Field(None, description="Join this Ray cluster (RAY_ADDRESS otherwise); null: start a local Ray.")
+    ray_num_cpus: integer(ge=1, null=True) = Field(None, description="Local Ray only: its CPUs; null: every CPU of the machine.")
+    worker: WorkerConfig = Field(WorkerConfig(), description="Resources and fault policy of each shard worker.")
+    calibration: Annotated[Pairs, pairs("", CALIBRATION)] = Field((), description="Calibration settings overrides (docs/calibration.md).", json_schema_extra={"default": {}})
+    storage_options: Annotated[Pairs, pairs("a mapping of fsspec options")] = Field((), description="fsspec options for INPUT and OUTPUT (endpoint, credentials).", json_schema_extra={"default": {}})
+    llm_options: Annotated[Pairs, pairs("a mapping of TensorRT-LLM LLM arguments", schema=LlmOptions)] = Field(
+        (), description="trtllm: TensorRT-LLM LLM arguments every arm, none included, is built with.", json_schema_extra={"default": {}})
+    strict_speculation: flag() = Field(False, description="Exit non-zero when calibration could not measure any speculative arm in some shard.")
 
     def date(self) -> dt.date:
         """The run date: `run_date`, else today in UTC (what {date} names in INPUT, OUTPUT and
@@ -158,12 +150,18 @@ class RunConfig:
         return redact_strings(doc)
 
 
-# key -> (what is expected, converter): derived from the dataclasses above, never listed twice.
-# `worker` and `calibration` are sections, checked field by field (WORKER_FIELDS, CalibrationSettings).
-FIELDS = field_rules(RunConfig, skip=("input", "output", "pipeline", "worker", "calibration"))
-WORKER_FIELDS = field_rules(WorkerConfig)
+# The keys of a pipeline file: every field but the command line's; `worker` and `calibration` are sections.
+FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("input", "output", "pipeline", "worker", "calibration"))
+WORKER_FIELDS = tuple(f.name for f in dataclasses.fields(WorkerConfig))
 SECTIONS = ("worker", "calibration")
 PATH_FIELDS = ("candidates", "spec", "model", "draft_model", "response_format")
+
+
+@functools.cache
+def field_type(cls: type, name: str) -> Any:
+    """The type one field of a config dataclass is checked by (a command-line option's check)."""
+    info = cls.__pydantic_fields__[name]
+    return Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
 
 
 def load_pipeline(path: str | os.PathLike) -> dict[str, Any]:
@@ -175,28 +173,15 @@ def load_pipeline(path: str | os.PathLike) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        if key == "worker":
-            values["worker"] = WorkerConfig(**check_fields(path, "worker", WorkerConfig, value))
-        elif key == "calibration":
-            values["calibration"] = check_calibration(path, value)
-        elif key in FIELDS:
-            values[key] = check_value(path, key, value, FIELDS[key])
-        else:
-            raise ConfigError(f"{path}: unknown key {key!r}; expected one of {', '.join([*FIELDS, *SECTIONS])}")
+    unknown = next((key for key in data if key not in (*FIELDS, *SECTIONS)), None)
+    if unknown is not None:
+        raise ConfigError(f"{path}: unknown key {unknown!r}; expected one of {', '.join([*FIELDS, *SECTIONS])}")
+    config = check(RunConfig, data, path)
+    values = {key: getattr(config, key) for key in data}
     for key in PATH_FIELDS:
         if values.get(key) is not None:
             values[key] = _relative(path, values[key])
     return values
-
-
-def check_calibration(where: str, value: Any) -> tuple[tuple[str, Any], ...]:
-    """The `calibration:` section: keys and values checked against CalibrationSettings' fields
-    and their declared ranges; returned as sorted (key, value) pairs (RunConfig is hashable)."""
-    from batchspec.calibrate import CalibrationSettings  # lazy: calibrate pulls in pyarrow
-
-    return tuple(sorted(check_fields(where, "calibration", CalibrationSettings, value).items()))
 
 
 def _relative(pipeline: str, value: str) -> str:
@@ -220,10 +205,11 @@ def build_config(input: str, output: str, pipeline: str | None = None, **options
     for key, value in options.items():
         if value is None:
             continue
+        option = f"--{key.replace('_', '-')}"
         if key in WORKER_FIELDS:
-            worker = dataclasses.replace(worker, **{key: check_value("option", f"--{key.replace('_', '-')}", value, WORKER_FIELDS[key])})
+            worker = dataclasses.replace(worker, **{key: check(field_type(WorkerConfig, key), value, "option", key=option)})
         elif key in FIELDS:
-            values[key] = check_value("option", f"--{key.replace('_', '-')}", value, FIELDS[key])
+            values[key] = check(field_type(RunConfig, key), value, "option", key=option)
         else:
             raise AssertionError(f"unknown option {key}")
     if not values.get("ray_address") and os.environ.get("RAY_ADDRESS"):

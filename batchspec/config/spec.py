@@ -1,74 +1,236 @@
-"""The speculative-settings language: TensorRT-LLM option files and batchspec candidates files.
+"""TensorRT-LLM LLM-API option files (`trt_configs/*.yaml`): one speculative arm in TensorRT-LLM's
+own format, read once at the edge and turned into an engine-neutral `SpecConfig`.
 
-This module owns reading and validating the files that say how to speculate, once, at the edge,
-and turning them into engine-neutral `SpecConfig` arms. It knows nothing about models, Ray or
-timing; engines receive `SpecConfig` values and trust them.
-
-A TensorRT-LLM LLM-API option file (`trt_configs/*.yaml`): exactly the YAML that
-   `trtllm-serve --config` / `--extra_llm_api_options` and `trtllm-bench` read, so a user can take
-   it straight to those tools. Its `speculative_config:` block is the arm::
-
-       speculative_config:
-         decoding_type: NGram          # Eagle3 | Draft_Target | NGram | MTP (1.2's tags) | Suffix (batchspec's own)
-         max_draft_len: 4              # integer >= 1
-         max_matching_ngram_size: 3    # NGram only
-       disable_overlap_scheduler: true # every other top-level key is an LLM argument
-
-   A file without `speculative_config` is "no speculation" (method none). Keys of
-   `speculative_config` are checked against the fields of TensorRT-LLM's decoding-config classes
-   (tensorrt_llm/llmapi/llm_args.py: DecodingBaseConfig, EagleDecodingConfig / Eagle3DecodingConfig,
-   NGramDecodingConfig, DraftTargetDecodingConfig, MTPDecodingConfig), which reject unknown fields;
-   an unknown key here is an error that lists the valid ones. Top-level LLM arguments that
-   batchspec reads (max_batch_size, max_num_tokens, max_seq_len, disable_overlap_scheduler,
-   kv_cache_config, cuda_graph_config, ...) are type-checked; others pass through untouched to
-   `tensorrt_llm.LLM`, which validates them itself (the torch engine ignores them).
-   `speculative_model_dir` and `speculative_model` are the same field (1.2 accepts both); the draft
-   location may be a local folder, an fsspec URL, a Hugging Face id or a packaged-model name
-   (resolved later by `batchspec.models.resolve_model`).
-
-Candidates files and `--spec` live in batchspec/config/candidates.py.
-
-Error messages are one line: "FILE: KEY: expected ..., got ...".
+An option file is exactly the YAML `trtllm-serve --config` (`--extra_llm_api_options`) and
+`trtllm-bench` read: top-level LLM arguments (`LlmOptions`) and a `speculative_config` block, the
+arm, whose class is picked by its `decoding_type` tag as TensorRT-LLM 1.2's union does
+(tensorrt_llm/llmapi/llm_args.py: SpeculativeConfig; the classes below carry its names and tags,
+and `Suffix`, batchspec's own, for the torch engine). A file without `speculative_config` is no
+speculation. The keys each class checks are its fields; every other key 1.2 has (translate.py
+SPEC_KEYS, LLM_ARGS) passes through untouched, to be checked by TensorRT-LLM itself, and any
+other is refused naming the valid ones. Candidates files and `--spec` live in candidates.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Annotated, Any, Literal, Optional, Sequence, Union
 
-from batchspec.config.kit import (
-    describe,
-    need_bool,
-    need_fraction,
-    need_int,
-    need_mapping,
-    need_text,
-    read_yaml,
-)
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from batchspec.config.kit import Expect, Section, check, describe, expected, flag, integer, nullable, number, read_yaml, said, text
 from batchspec.engine.base import NGRAM_SIZE_DEFAULT, SpecConfig, freeze
 from batchspec.engine.trtllm.guided import GUIDED_BACKENDS
-from batchspec.engine.trtllm.translate import (
-    DECODING_TYPES,
-    LLM_ARGS,
-    LLM_ARGS_REFUSED,
-    PARALLEL_SIZES,
-    RESPELLED,
-    SPEC_KEYS,
-    SPEC_PREFIX,
-    TRTLLM_RELEASE,
-    check_draft_len_schedule,
-    check_max_concurrency,
-    llm_options,
-    world_size,
-)
+from batchspec.engine.trtllm.translate import (DECODING_TYPES, LLM_ARGS, LLM_ARGS_REFUSED, PARALLEL_SIZES, RESPELLED, SPEC_KEYS,
+                                               SPEC_PREFIX, TRTLLM_RELEASE, check_draft_len_schedule, check_max_concurrency,
+                                               llm_options, world_size)
 from batchspec.errors import ConfigError
 
-# Fields lifted into SpecConfig's own attributes; everything else goes to SpecConfig.options.
+ALLOW = ConfigDict(extra="allow", frozen=True)  # TensorRT-LLM's other keys pass through, by name only
+DRAFT = nullable(text("a non-empty string (a model location)"))
+# speculative_config keys lifted into SpecConfig's own attributes; the others go to SpecConfig.options
 _LIFTED = ("decoding_type", "max_draft_len", "speculative_model", "speculative_model_dir",
            "max_matching_ngram_size", "num_nextn_predict_layers", "max_spec_factor", "min_token_prob")
 
+
+class KvCacheConfig(Section):
+    """TensorRT-LLM's KvCacheConfig: what batchspec reads of it; other keys pass through."""
+
+    model_config = ALLOW
+    free_gpu_memory_fraction: number(gt=0, le=1) = Field(None, description="Share of free GPU memory the KV cache takes.")
+    enable_block_reuse: flag() = Field(None, description="Reuse KV cache blocks across requests that share a prefix.")
+    max_tokens: nullable(integer(ge=1)) = Field(None, description="Tokens the KV cache holds at most.")
+
+
+class CudaGraphConfig(Section):
+    """TensorRT-LLM's CudaGraphConfig: what batchspec reads of it; other keys pass through."""
+
+    model_config = ALLOW
+    max_batch_size: integer(ge=0) = Field(None, description="Largest batch captured as a CUDA graph.")
+    enable_padding: flag() = Field(None, description="Pad a batch up to the next captured size.")
+    batch_sizes: Annotated[Optional[Annotated[list[integer(ge=1)], Field(min_length=1)]], Expect("a non-empty list of integers")] = Field(
+        None, description="The batch sizes captured as CUDA graphs.")
+
+
+class LlmOptions(Section):
+    """Top-level TensorRT-LLM 1.2 LLM arguments (TorchLlmArgs), as in an option file or a pipeline's
+    `llm_options`: those batchspec reads are checked here; any other 1.2 argument passes through."""
+
+    model_config = ALLOW
+    max_batch_size: integer(ge=1) = Field(None, description="Requests the LLM runs at once (batchspec sets it to --batch-size).")
+    max_num_tokens: integer(ge=1) = Field(None, description="Tokens of one forward pass at most.")
+    max_seq_len: integer(ge=1) = Field(None, description="Prompt plus output tokens of a request at most.")
+    max_input_len: integer(ge=1) = Field(None, description="Prompt tokens of a request at most.")
+    max_stats_len: integer(ge=1) = Field(None, description="Iteration statistics kept (batchspec raises it to what it reads).")
+    tensor_parallel_size: integer(ge=1) = Field(None, description="GPUs one LLM splits each layer over.")
+    pipeline_parallel_size: integer(ge=1) = Field(None, description="GPUs one LLM splits its layers over.")
+    context_parallel_size: integer(ge=1) = Field(None, description="GPUs one LLM splits its context over.")
+    disable_overlap_scheduler: flag() = Field(None, description="Schedule each iteration after the last (NGram needs it in 1.2).")
+    enable_iter_perf_stats: flag() = Field(None, description="Iteration statistics (batchspec turns them on).")
+    enable_chunked_prefill: flag() = Field(None, description="Prefill long prompts in chunks.")
+    trust_remote_code: flag() = Field(None, description="Run the model repository's own code.")
+    enable_attention_dp: flag() = Field(None, description="Data-parallel attention.")
+    print_iter_log: flag() = Field(None, description="Log every iteration.")
+    guided_decoding_backend: Annotated[Optional[Literal[GUIDED_BACKENDS]], Expect(f"{', '.join(GUIDED_BACKENDS)} or null")] = Field(
+        None, description="The structured-output backend (batchspec sets it when a row has a response_format).")
+    dtype: text("a string such as auto, bfloat16, float16 or float32") = Field("auto", description="Model dtype (a free string in 1.2).")
+    kv_cache_config: KvCacheConfig = Field(None, description="The KV cache's settings (KvCacheConfig).")
+    cuda_graph_config: Optional[CudaGraphConfig] = Field(None, description="CUDA graph capture (CudaGraphConfig); null: none.")
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return LLM_ARGS
+
+    @classmethod
+    def unknown(cls, key: Any) -> Any:
+        if key in LLM_ARGS_REFUSED:
+            return said(LLM_ARGS_REFUSED[key], key)
+        return said(f"not a TensorRT-LLM {TRTLLM_RELEASE} LLM argument batchspec passes on (known: {', '.join(sorted(LLM_ARGS))})", key)
+
+
+class _Decoding(Section):
+    """What every `speculative_config` has: its tag and its draft length."""
+
+    model_config = ALLOW
+    decoding_type: str = Field(description="The decoding-config class, by its tag.")
+    max_draft_len: integer(ge=1) = Field(None, description="Draft tokens per step (k); required (MTP: or num_nextn_predict_layers).")
+
+    @classmethod
+    def tag(cls) -> str:
+        return typing.get_args(cls.model_fields["decoding_type"].annotation)[0]
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return SPEC_KEYS[cls.tag()]
+
+    @classmethod
+    def unknown(cls, key: Any) -> Any:
+        return said(f"unknown field for decoding_type {cls.tag()} (valid: {', '.join(sorted(cls.keys()))})", key)
+
+    @model_validator(mode="after")
+    def _rules(self, info: ValidationInfo) -> _Decoding:
+        if self.length() is None:
+            raise said("expected an integer >= 1, got nothing (the key is required)", "max_draft_len")
+        self.check(info.context or {})
+        return self
+
+    def length(self) -> int | None:
+        return self.max_draft_len
+
+    def check(self, context: dict) -> None:
+        """The rules of this class that span keys (ConfigError words by `said`)."""
+
+    @property
+    def draft(self) -> str | None:
+        return None
+
+
+class DecodingBaseConfig(_Decoding):
+    """TensorRT-LLM 1.2's DecodingBaseConfig: the fields every TensorRT-LLM decoding type has."""
+
+    speculative_model_dir: DRAFT = Field(None, description="The draft model or head: a folder, an fsspec URL, a Hugging Face id or a packaged-model name.")
+    speculative_model: DRAFT = Field(None, description="The same field as speculative_model_dir (1.2 accepts both).")
+
+    @property
+    def draft(self) -> str | None:
+        return self.speculative_model_dir or self.speculative_model
+
+    def check(self, context: dict) -> None:
+        if self.speculative_model_dir is not None and self.speculative_model is not None:
+            raise said("give speculative_model_dir or speculative_model, not both", "speculative_model")
+
+
+class NGramDecodingConfig(DecodingBaseConfig):
+    """Prompt lookup: drafts are n-grams already seen in the prompt and the output."""
+
+    decoding_type: Literal["NGram"] = Field(description="NGram: prompt lookup.")
+    max_matching_ngram_size: integer(ge=1) = Field(NGRAM_SIZE_DEFAULT, description="Longest n-gram matched.")
+    is_keep_all: flag() = Field(None, description="Keep every draft a pattern ever had, not only the newest.")
+    is_use_oldest: flag() = Field(None, description="Draft the oldest match, not the newest.")
+    is_public_pool: flag() = Field(None, description="One n-gram pool shared by every request of the LLM.")
+
+    def check(self, context: dict) -> None:
+        super().check(context)
+        if self.draft is not None:
+            raise said("NGram needs no draft model; remove it", "speculative_model_dir")
+
+
+class DraftTargetDecodingConfig(DecodingBaseConfig):
+    """A separate small draft model with the target's tokenizer."""
+
+    decoding_type: Literal["Draft_Target"] = Field(description="Draft_Target: a draft model (1.2's tag, not DraftTarget).")
+
+    def check(self, context: dict) -> None:
+        super().check(context)
+        if self.draft is None and context.get("require_draft", True):
+            raise said("Draft_Target needs a draft model with the target's tokenizer; set it here or pass --draft-model", "speculative_model_dir")
+
+
+class Eagle3DecodingConfig(DecodingBaseConfig):
+    """An EAGLE-3 head trained on the target's hidden states (TensorRT-LLM engine only)."""
+
+    decoding_type: Literal["Eagle3"] = Field(description="Eagle3: an EAGLE-3 head.")
+    eagle3_one_model: flag() = Field(None, description="Run the head inside the target's forward (1.2's default: true).")
+
+    def check(self, context: dict) -> None:
+        super().check(context)
+        if self.draft is None:
+            raise said("Eagle3 needs the location of its EAGLE-3 head, got none", "speculative_model_dir")
+
+
+class MTPDecodingConfig(DecodingBaseConfig):
+    """Multi-token prediction layers of the target itself (TensorRT-LLM engine only)."""
+
+    decoding_type: Literal["MTP"] = Field(description="MTP: the target's multi-token prediction layers.")
+    num_nextn_predict_layers: integer(ge=1) = Field(None, description="MTP layers run per step: 1.2's draft length (it overwrites max_draft_len).")
+
+    def length(self) -> int | None:
+        return self.num_nextn_predict_layers or self.max_draft_len
+
+    def check(self, context: dict) -> None:
+        super().check(context)
+        layers = self.num_nextn_predict_layers
+        if layers is not None and self.max_draft_len is not None and self.max_draft_len != layers:
+            raise said(f"MTP runs num_nextn_predict_layers ({layers}) drafts per step in TensorRT-LLM {TRTLLM_RELEASE}; "
+                       f"expected max_draft_len {layers} or no max_draft_len, got {describe(self.max_draft_len)}", "max_draft_len")
+
+
+class SuffixDecodingConfig(_Decoding):
+    """batchspec's own: drafts from the finished rows of the shard key (SuffixDecoding; torch only)."""
+
+    decoding_type: Literal["Suffix"] = Field(description="Suffix: suffix drafting (docs/suffix.md).")
+    max_spec_factor: number(gt=0) = Field(None, description="A match of m tokens drafts at most m x this (the draft length caps it).")
+    min_token_prob: number(ge=0, le=1) = Field(None, description="Stop before a token whose estimated probability is lower.")
+
+
+SpeculativeConfig = Annotated[
+    Union[Eagle3DecodingConfig, DraftTargetDecodingConfig, NGramDecodingConfig, MTPDecodingConfig, SuffixDecodingConfig],
+    Field(discriminator="decoding_type"),
+]
+
+
+class OptionsFile(LlmOptions):
+    """A TensorRT-LLM LLM-API option file: LLM arguments, and the arm in `speculative_config`."""
+
+    speculative_config: Optional[SpeculativeConfig] = Field(None, description="The arm; none: no speculation.")
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return (*LLM_ARGS, "speculative_config")
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _tag(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, dict):
+            raise expected("a mapping")
+        kind = v.get("decoding_type") if v is not None else None
+        if v is not None and kind not in DECODING_TYPES:
+            why = f" (TensorRT-LLM {TRTLLM_RELEASE} spells it {RESPELLED[kind]})" if kind in RESPELLED else ""
+            raise said(f"expected one of {', '.join(DECODING_TYPES)}, got {describe(kind)}{why}", "decoding_type")
+        return v
 
 
 @dataclass(frozen=True)
@@ -80,178 +242,43 @@ class SpecFile:
     llm_options: dict[str, Any] = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------------------------------------
-# TensorRT-LLM option files
-
-# Top-level LLM arguments batchspec reads or that commonly go wrong, with their checks.
-_TOP_INTS = {"max_batch_size": 1, "max_num_tokens": 1, "max_seq_len": 1, "max_input_len": 1, "max_stats_len": 1,
-             **{key: 1 for key in PARALLEL_SIZES}}
-_TOP_BOOLS = ("disable_overlap_scheduler", "enable_iter_perf_stats", "enable_chunked_prefill",
-              "trust_remote_code", "enable_attention_dp", "print_iter_log")
-
-
 def check_llm_options(path: str, options: dict) -> None:
     """Top-level LLM arguments of an option file (or a pipeline's llm_options), TensorRT-LLM 1.2."""
-    for key in options:
-        if key in LLM_ARGS_REFUSED:
-            raise ConfigError(f"{path}: {key}: {LLM_ARGS_REFUSED[key]}")
-        if key not in LLM_ARGS:
-            raise ConfigError(
-                f"{path}: {key}: not a TensorRT-LLM {TRTLLM_RELEASE} LLM argument batchspec passes on (known: {', '.join(sorted(LLM_ARGS))})"
-            )
-    if options.get("guided_decoding_backend") not in (None, *GUIDED_BACKENDS):
-        raise ConfigError(f"{path}: guided_decoding_backend: expected {', '.join(GUIDED_BACKENDS)} or null, got {describe(options['guided_decoding_backend'])}")
-    dtype = options.get("dtype", "auto")  # a free string in 1.2 (TorchLlmArgs.dtype: str)
-    if not isinstance(dtype, str) or not dtype.strip():
-        raise ConfigError(f"{path}: dtype: expected a string such as auto, bfloat16, float16 or float32, got {describe(dtype)}")
-    for key, minimum in _TOP_INTS.items():
-        if key in options:
-            need_int(path, key, options[key], minimum)
-    for key in _TOP_BOOLS:
-        if key in options:
-            need_bool(path, key, options[key])
-    if "model" in options:
-        raise ConfigError(f"{path}: model: the target model is not part of an option file; pass it with --model")
-    if "kv_cache_config" in options:
-        kv = need_mapping(path, "kv_cache_config", options["kv_cache_config"])
-        if "free_gpu_memory_fraction" in kv:
-            need_fraction(path, "kv_cache_config.free_gpu_memory_fraction", kv["free_gpu_memory_fraction"])
-        if "enable_block_reuse" in kv:
-            need_bool(path, "kv_cache_config.enable_block_reuse", kv["enable_block_reuse"])
-        if kv.get("max_tokens") is not None:
-            need_int(path, "kv_cache_config.max_tokens", kv["max_tokens"], 1)
-    if options.get("cuda_graph_config") is not None:
-        cg = need_mapping(path, "cuda_graph_config", options["cuda_graph_config"])
-        if "max_batch_size" in cg:
-            need_int(path, "cuda_graph_config.max_batch_size", cg["max_batch_size"], 0)
-        if "enable_padding" in cg:
-            need_bool(path, "cuda_graph_config.enable_padding", cg["enable_padding"])
-        sizes = cg.get("batch_sizes")
-        if sizes is not None and (not isinstance(sizes, list) or not sizes):
-            raise ConfigError(f"{path}: cuda_graph_config.batch_sizes: expected a non-empty list of integers, got {describe(sizes)}")
-        for i, size in enumerate(sizes or ()):
-            need_int(path, f"cuda_graph_config.batch_sizes[{i}]", size, 1)
-
-
-def parse_spec_section(path: str, section: Any, *, require_draft: bool = True) -> SpecConfig:
-    """Validate one `speculative_config` mapping and translate it into a SpecConfig.
-
-    With `require_draft` false a Draft_Target arm may lack its draft model (its `draft_model` is
-    then None); callers that allow that must supply or drop it."""
-    section = need_mapping(path, "speculative_config", section)
-    kind = section.get("decoding_type")
-    if kind not in DECODING_TYPES:
-        why = f" (TensorRT-LLM {TRTLLM_RELEASE} spells it {RESPELLED[kind]})" if kind in RESPELLED else ""
-        raise ConfigError(
-            f"{path}: speculative_config.decoding_type: expected one of {', '.join(DECODING_TYPES)}, got {describe(kind)}{why}"
-        )
-    allowed = SPEC_KEYS[kind]
-    for key in section:
-        if key not in allowed:
-            raise ConfigError(
-                f"{path}: speculative_config.{key}: unknown field for decoding_type {kind} (valid: {', '.join(sorted(allowed))})"
-            )
-    draft_len = _draft_len(path, kind, section)
-    draft_model = _draft_model(path, section)
-    ngram_size = NGRAM_SIZE_DEFAULT
-    if kind == "NGram":
-        if draft_model is not None:
-            raise ConfigError(f"{path}: speculative_config.speculative_model_dir: NGram needs no draft model; remove it")
-        if "max_matching_ngram_size" in section:
-            ngram_size = need_int(path, SPEC_PREFIX + "max_matching_ngram_size", section["max_matching_ngram_size"], 1)
-        for key in ("is_keep_all", "is_use_oldest", "is_public_pool"):
-            if key in section:
-                need_bool(path, SPEC_PREFIX + key, section[key])
-    suffix = {}
-    if kind == "Suffix":
-        if "max_spec_factor" in section:
-            suffix["spec_factor"] = _need_positive(path, SPEC_PREFIX + "max_spec_factor", section["max_spec_factor"])
-        if "min_token_prob" in section:
-            suffix["min_token_prob"] = _need_probability(path, SPEC_PREFIX + "min_token_prob", section["min_token_prob"])
-    if kind == "Eagle3":
-        if draft_model is None:
-            raise ConfigError(f"{path}: speculative_config.speculative_model_dir: Eagle3 needs the location of its EAGLE-3 head, got none")
-        if "eagle3_one_model" in section:
-            need_bool(path, SPEC_PREFIX + "eagle3_one_model", section["eagle3_one_model"])
-    if kind == "Draft_Target" and draft_model is None and require_draft:
-        raise ConfigError(
-            f"{path}: speculative_config.speculative_model_dir: Draft_Target needs a draft model with the target's tokenizer; set it here or pass --draft-model"
-        )
-    options = tuple((SPEC_PREFIX + k, freeze(v)) for k, v in section.items() if k not in _LIFTED)
-    spec = SpecConfig(
-        method=DECODING_TYPES[kind], draft_len=draft_len, draft_model=draft_model,
-        ngram_size=ngram_size, options=options, source=path, **suffix,
-    )
-    if section.get("draft_len_schedule") is not None:
-        check_draft_len_schedule(path, section["draft_len_schedule"], draft_len, spec)
-    if section.get("max_concurrency") is not None:
-        check_max_concurrency(path, section["max_concurrency"], spec)
-    return spec
-
-
-def _need_positive(path: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"{path}: {key}: expected a number > 0, got {describe(value)}")
-    return float(value)
-
-
-def _need_probability(path: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ConfigError(f"{path}: {key}: expected a number in [0, 1], got {describe(value)}")
-    return float(value)
-
-
-def _draft_len(path: str, kind: str, section: dict) -> int:
-    if kind == "MTP" and "num_nextn_predict_layers" in section:
-        # 1.2's MTPDecodingConfig takes its draft length from num_nextn_predict_layers and overwrites
-        # max_draft_len with it (llm_args.py set_max_total_draft_tokens): both must agree.
-        layers = need_int(path, SPEC_PREFIX + "num_nextn_predict_layers", section["num_nextn_predict_layers"], 1)
-        if "max_draft_len" in section and section["max_draft_len"] != layers:
-            raise ConfigError(
-                f"{path}: speculative_config.max_draft_len: MTP runs num_nextn_predict_layers ({layers}) drafts per step in "
-                f"TensorRT-LLM {TRTLLM_RELEASE}; expected max_draft_len {layers} or no max_draft_len, got {describe(section['max_draft_len'])}"
-            )
-        return layers
-    if "max_draft_len" in section:
-        return need_int(path, SPEC_PREFIX + "max_draft_len", section["max_draft_len"], 1)
-    raise ConfigError(f"{path}: speculative_config.max_draft_len: expected an integer >= 1, got nothing (the key is required)")
-
-
-def _draft_model(path: str, section: dict) -> str | None:
-    given = [k for k in ("speculative_model_dir", "speculative_model") if section.get(k) is not None]
-    if len(given) == 2:
-        raise ConfigError(f"{path}: speculative_config.speculative_model: give speculative_model_dir or speculative_model, not both")
-    return need_text(path, SPEC_PREFIX + given[0], section[given[0]]) if given else None
+    check(LlmOptions, options, path, show=describe)
 
 
 def _parse_options_file(path: str, data: Any, *, require_draft: bool) -> SpecFile:
+    """With `require_draft` false a Draft_Target arm may lack its draft model (its `draft_model`
+    is then None); callers that allow that must supply or drop it."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of TensorRT-LLM LLM arguments at the top level, got {describe(data)}")
     if is_candidates_file(data):
         raise ConfigError(f"{path}: this is a candidates file; expected a TensorRT-LLM option file here")
-    llm_options = {k: v for k, v in data.items() if k != "speculative_config"}
-    check_llm_options(path, llm_options)
-    section = data.get("speculative_config")
-    if section is None:
-        spec = SpecConfig(options=_llm_option_pairs(llm_options), source=path)
-    else:
-        spec = parse_spec_section(path, section, require_draft=require_draft)
-        spec = dataclasses.replace(spec, options=spec.options + _llm_option_pairs(llm_options))
-    return SpecFile(path=path, spec=spec, llm_options=llm_options)
-
-
-def _llm_option_pairs(llm_options: dict) -> tuple[tuple[str, Any], ...]:
-    return tuple((k, freeze(v)) for k, v in llm_options.items())
+    arm = check(OptionsFile, data, path, show=describe, context={"require_draft": require_draft}).speculative_config
+    llm = {k: v for k, v in data.items() if k != "speculative_config"}
+    pairs = tuple((k, freeze(v)) for k, v in llm.items())
+    if arm is None:
+        return SpecFile(path=path, spec=SpecConfig(options=pairs, source=path), llm_options=llm)
+    section = data["speculative_config"]
+    options = tuple((SPEC_PREFIX + k, freeze(v)) for k, v in section.items() if k not in _LIFTED)
+    suffix = {"spec_factor": arm.max_spec_factor, "min_token_prob": arm.min_token_prob} if arm.tag() == "Suffix" else {}
+    spec = SpecConfig(method=DECODING_TYPES[arm.tag()], draft_len=arm.length(), draft_model=arm.draft,
+                      ngram_size=arm.max_matching_ngram_size if arm.tag() == "NGram" else NGRAM_SIZE_DEFAULT,
+                      options=options, source=path, **{k: v for k, v in suffix.items() if v is not None})
+    if section.get("draft_len_schedule") is not None:
+        check_draft_len_schedule(path, section["draft_len_schedule"], spec.draft_len, spec)
+    if section.get("max_concurrency") is not None:
+        check_max_concurrency(path, section["max_concurrency"], spec)
+    return SpecFile(path=path, spec=dataclasses.replace(spec, options=options + pairs), llm_options=llm)
 
 
 def load_spec_file(path: str | os.PathLike, *, draft_model: str | None = None) -> SpecFile:
     """Load and validate one TensorRT-LLM option file. `draft_model` (from `--draft-model`)
     replaces the draft of a Draft_Target arm before the file's own draft is required."""
     path = str(path)
-    data = read_yaml(path)
-    loaded = _parse_options_file(path, data, require_draft=draft_model is None)
+    loaded = _parse_options_file(path, read_yaml(path), require_draft=draft_model is None)
     if draft_model is not None and loaded.spec.method == "draft_target":
         loaded = dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, draft_model=draft_model))
     return loaded

@@ -8,7 +8,9 @@ Kinds, in the order they are recognised:
     pipeline file        keys of a pipeline (engine, spec, ...)    -> batchspec.config.run
     TensorRT-LLM options anything else that is a mapping           -> validate_spec_file
 
-Kubernetes manifests are checked for structure only, in batchspec/config/kube.py.
+Kubernetes manifests are checked for structure only, in batchspec/config/kube.py. `json_schema`
+writes the JSON Schema of the four batchspec kinds (shipped in batchspec/data/schemas/, which the
+shipped YAML files name in their `# yaml-language-server: $schema=...` line, so editors check them).
 """
 
 from __future__ import annotations
@@ -18,18 +20,37 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter
 
-from batchspec.config.candidates import load_candidates
-from batchspec.config.job import is_job_doc, load_job
+from batchspec.config.candidates import CandidatesFile, load_candidates
+from batchspec.config.job import JobFile, is_job_doc, load_job
 from batchspec.config.kit import read_yaml
 from batchspec.config.kube import check_manifests
-from batchspec.config.run import FIELDS, SECTIONS, validate_pipeline_file
-from batchspec.config.spec import _parse_options_file, is_candidates_file
+from batchspec.config.run import FIELDS, SECTIONS, RunConfig, validate_pipeline_file
+from batchspec.config.spec import OptionsFile, _parse_options_file, is_candidates_file
 from batchspec.engine.trtllm.translate import METHOD_TO_DECODING_TYPE
 from batchspec.errors import BatchspecError, ConfigError
 
 # Keys only a pipeline file has: its fields less those a TensorRT-LLM option file may also carry.
 PIPELINE_ONLY = tuple(key for key in (*FIELDS, *SECTIONS) if key not in ("model", "dtype"))
+
+
+SCHEMAS = {"pipeline": RunConfig, "job": JobFile, "options": OptionsFile, "candidates": CandidatesFile}
+
+
+def json_schema(kind: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a file kind: every key with its type, range and description."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **_unset(TypeAdapter(SCHEMAS[kind]).json_schema())}
+
+
+def _unset(node: Any) -> Any:
+    """Without `default: null` where null is no value the key takes (there it means "not set")."""
+    if isinstance(node, list):
+        return [_unset(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    takes_null = node.get("type") == "null" or any(o.get("type") == "null" for o in node.get("anyOf", ()))
+    return {k: _unset(v) for k, v in node.items() if not (k == "default" and v is None and not takes_null)}
 
 
 @dataclass(frozen=True)
