@@ -20,6 +20,11 @@ the tokens a row's grammar forces there (F, structured output; none on an uncons
   Exact for greedy rows at batch 1; at batch > 1 rows in flight together finish in another order
   under the arm, and a row is let see every row plain decoding finished before it from its first
   step (an estimate that leans optimistic).
+- EAGLE-3 head (eagle3.py; `chain_acceptance`): its chain at a step starting at t drafts from the
+  target's hidden states up to t and feeds its own output on; draft j only matters if drafts
+  0..j-1 matched, so one unrolled pass of the head over prompt + output with the true tokens fed
+  (eagle3.chains) gives every chain it would draft; run[t] = how far the chain at t agrees with
+  output[t:]. Exact for greedy rows; sampled rows are not replayed.
 Sampled rows (temperature > 0): the target's (and a draft model's) distributions along the sampled
 path, masked by the grammar there, give each draft's chance to pass (`expected_walk`): an
 estimate. Greedy constrained output is what every arm commits (the engine is lossless under the
@@ -156,6 +161,21 @@ def proposal_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int],
         return greedy_runs(proposals[r], row.output_ids), None
 
     return _acceptance("draft_target", rows, draft_lens, row_model, None)
+
+
+def chain_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], chains: Sequence[Sequence[Sequence[int]]],
+                     method: str = "eagle3") -> dict[int, Acceptance]:
+    """Counterfactual steps of a drafter that proposes a chain of its whole budget at every step
+    (an EAGLE-3 head: eagle3.chains) on greedy unconstrained rows: `chains[r][t]` its drafts for a
+    step starting at output position t, draft j as it would propose it once drafts 0..j-1 matched
+    (exact)."""
+
+    def row_model(r: int, row: PlainRow, p: torch.Tensor | None) -> tuple:
+        assert p is None, "a sampled row needs the head's distribution, which this replay does not take"
+        out = list(row.output_ids)
+        return [agree(chain, out[t:]) for t, chain in enumerate(chains[r])], None
+
+    return _acceptance(method, rows, draft_lens, row_model, None)
 
 
 def _acceptance(method: str, rows: Sequence[PlainRow], draft_lens: Sequence[int], row_model: RowModel,

@@ -1,0 +1,468 @@
+"""The EAGLE-3 draft head: its module, its released format on disk, the target hidden states it
+reads, and its chain drafts. It knows the target model's modules (embeddings, decoder layers, LM
+head); it knows nothing about requests, the decode loop or calibration.
+
+What it mirrors (read at these commits; the names below are theirs):
+- SafeAILab/EAGLE @ cb7e0841fe0c206c6ed74a197ad5e2a1f13f5a2b
+  - eagle/model/cnets.py, `Model`: `fc` (3 x target hidden -> hidden, no bias) fuses the target's
+    low, middle and high hidden states; `midlayer` (`LlamaDecoderLayeremb`) is one Llama decoder
+    layer whose attention reads `cat(input_layernorm(embedding), hidden_norm(hidden))` (2 x hidden
+    into q/k/v) with the un-normed hidden as its residual; `norm` and `lm_head` (hidden ->
+    `draft_vocab_size`) give draft-vocabulary logits, and draft id i is target id i + `d2t[i]`
+    (`t2d[v]`: target id v is in the draft vocabulary). The embeddings are the target's, frozen.
+  - eagle/model/cnets.py, `Model.forward` / `topK_genrate`: the head at position j pairs the
+    target's hidden state after token j with the embedding of token j+1 (`input_ids[:, 1:]`) and
+    predicts token j+2; each further draft feeds the head's own output hidden state (before
+    `norm`) with the embedding of the token just drafted, one position later. The context's keys
+    always come from the target's hidden states: the drafts' keys are dropped after each step
+    (`stable_kv`).
+  - eagle/model/modeling_llama_kv.py, `LlamaModel.forward`: the three hidden states are the
+    inputs of decoder layers 2, L // 2 and L - 3 (`idx==2`, `len(self.layers)//2`,
+    `len(self.layers)-3`), concatenated in layer order (eagle/model/utils.py, `initialize_tree`).
+  - eagle/traineagle3/cnets.py, `Model.forward` and `LlamaAttention.forward` (`cache_hidden`): the
+    training-time test unrolls depths 0..6; at depth d the query at position i (rotary position
+    i + d) attends to the depth-0 keys at positions <= i and to the depth-1..d keys at position i
+    only. `Model.scandata`: the draft vocabulary is the most frequent target tokens, sorted;
+    `d2t[i] = used[i] - i`, `t2d[v] = v in used`.
+- sgl-project/SpecForge @ a6b6b0230009d15ec2a97a57384e6f53f0f96946
+  - specforge/modeling/draft/llama3_eagle.py, `LlamaForCausalLMEagle3`: the same module names
+    (`fc`, `midlayer.*`, `norm`, `lm_head`, buffers `t2d`, `d2t`), `target_hidden_size` when the
+    head's hidden size differs from the target's.
+  - specforge/export/to_sglang.py, `export_to_sglang` and `_REQUIRED_SERVING_KEYS`: a released
+    head is `save_pretrained` output, config.json (a LlamaConfig with `architectures`
+    ["LlamaForCausalLMEagle3"], `num_hidden_layers` 1, `draft_vocab_size`) and model.safetensors
+    with `fc.weight`, `norm.weight`, `lm_head.weight`, `t2d`, `d2t` and the `midlayer.*` weights;
+    the embeddings are dropped (the target's are used).
+- vllm-project/vllm @ 00bd1493b3e82d6c13c68ee8a0e1c5a96707e190,
+  vllm/model_executor/models/llama_eagle3.py, `Eagle3LlamaForCausalLM.load_weights`: reads those
+  key names (`midlayer.` as layer 0, `d2t` as `draft_id_to_target_id`, `t2d` skipped,
+  `embed_tokens.weight` taken when present, else the target's); `draft_vocab_size` defaults to
+  `vocab_size`. EAGLE's own released heads (yuhuili/EAGLE3-*) ship pytorch_model.bin with these
+  names (eagle/model/ea_model.py, `EaModel.from_pretrained`, loads either file).
+
+A chain draft of length k from a row whose committed tokens are s[0..n] runs depth 0 at position
+n-1 (the target's hidden after s[n-1], the embedding of s[n]) and depths 1..k-1 there, each fed
+its own previous output: `unroll` with `feed=None` does exactly this for every position of a
+sequence at once (the counterfactual's and training's pass, the target's true next tokens fed),
+and `Chain` for one growing row (the drafter's, keys of the context kept).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from batchspec.errors import ModelError, one_line
+
+CONFIG_FILE = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the released formats, in the order tried
+ARCHITECTURE = "LlamaForCausalLMEagle3"  # SpecForge's name, written into a saved head's config.json
+
+
+def aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """The target decoder layers whose inputs EAGLE-3 reads: low, middle, high."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+# -- the module -----------------------------------------------------------------------------------
+
+
+class Eagle3Attention(nn.Module):
+    """The midlayer's attention: q/k/v read 2 x hidden (embedding and hidden state side by side)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        bias = bool(getattr(config, "attention_bias", False))
+        width = 2 * config.hidden_size
+        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        """[B, T, heads * D] -> [B, heads, T, D]."""
+        return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
+
+    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated keys and values [B, kv_heads, T, D] of x [B, T, 2H]."""
+        k, v = self.split(self.k_proj(x), self.kv_heads), self.split(self.v_proj(x), self.kv_heads)
+        k = k * cos.unsqueeze(1) + _rotate_half(k) * sin.unsqueeze(1)
+        return k, v
+
+    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q = self.split(self.q_proj(x), self.heads)
+        return q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)
+
+    def attend(self, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, at: torch.Tensor,
+               own: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """EAGLE-3's attention at one depth: q [B, h, Q, D] at positions `at` [Q] attends to the
+        context keys k0/v0 [B, kv, T, D] at positions <= at and to `own`, the keys/values [B, kv,
+        Q, D] each deeper draft left at its own query's position. Out: [B, Q, H]."""
+        group = self.heads // self.kv_heads
+        k0, v0 = k0.repeat_interleave(group, 1), v0.repeat_interleave(group, 1)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        scores = [torch.matmul(q, k0.transpose(2, 3)) * scale]  # [B, h, Q, T]
+        later = torch.arange(k0.shape[2], device=q.device)[None, :] > at[:, None]  # [Q, T]
+        scores[0] = scores[0].masked_fill(later, float("-inf"))
+        own = [(k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)) for k, v in own]
+        scores += [(q * k).sum(-1, keepdim=True) * scale for k, _ in own]  # [B, h, Q, 1] each
+        weights = torch.softmax(torch.cat(scores, -1), dim=-1, dtype=torch.float32).to(q.dtype)
+        T = k0.shape[2]
+        out = torch.matmul(weights[..., :T], v0)
+        for i, (_, v) in enumerate(own):
+            out = out + weights[..., T + i : T + i + 1] * v
+        return self.o_proj(out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1))
+
+
+class Eagle3Midlayer(nn.Module):
+    """EAGLE-3's one decoder layer (`midlayer`)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = Eagle3Attention(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def mix(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The attention's input [.., 2H]: the token's embedding beside the hidden state, each normed."""
+        return torch.cat((self.input_layernorm(emb), self.hidden_norm(hidden)), dim=-1)
+
+    def finish(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Residual over the attention (the un-normed hidden state), then the MLP's."""
+        hidden = hidden + attended
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Head(nn.Module):
+    """The draft head. Its embeddings are the target's (read, never trained or saved) unless a
+    released head carried its own (`embed_tokens`); `layers` are the target layers it reads."""
+
+    def __init__(self, config: LlamaConfig, embed: nn.Embedding, layers: Sequence[int]) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = tuple(layers)
+        self.target_hidden = getattr(config, "target_hidden_size", None) or config.hidden_size
+        self.fc = nn.Linear(3 * self.target_hidden, config.hidden_size, bias=False)
+        self.midlayer = Eagle3Midlayer(config)
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
+        self.rotary = LlamaRotaryEmbedding(config)  # no persistent buffers: not in the state dict
+        self.embed_tokens: nn.Embedding | None = None
+        self._target_embed = (embed,)  # a tuple: not a submodule, so `.to()` never converts the target's
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        table = self.embed_tokens if self.embed_tokens is not None else self._target_embed[0]
+        return table(ids).detach()
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids to the target's."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of the head's output hidden states."""
+        return self.lm_head(self.norm(hidden))
+
+    def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [1, len(positions), D]."""
+        return self.rotary(like, positions[None])
+
+    def context(self, aux: torch.Tensor, next_ids: torch.Tensor, start: int = 0):
+        """Depth 0's inputs over context positions start..start+T-1: the fused hidden states
+        [B, T, H], the attention inputs [B, T, 2H] and their keys/values [B, kv, T, D].
+        `aux` [B, T, 3 x target hidden]: the target's hidden states there; `next_ids` [B, T]: the
+        token after each position (its embedding pairs with that position)."""
+        hidden = self.fc(aux)
+        x = self.midlayer.mix(self.embed(next_ids).to(hidden.dtype), hidden)
+        cos, sin = self.rope(torch.arange(start, start + aux.shape[1], device=aux.device), x)
+        k, v = self.midlayer.self_attn.keys(x, cos, sin)
+        return hidden, x, k, v
+
+    def deepen(self, k0: torch.Tensor, v0: torch.Tensor, hidden: torch.Tensor, x: torch.Tensor, at: torch.Tensor,
+               depth: int, next_ids: Callable[[int, torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+        """Depths 0..depth-1 at query positions `at` [Q]: `hidden` [B, Q, H] and `x` [B, Q, 2H] are
+        depth 0's inputs there; `next_ids(d, logits)` gives depth d's input tokens [B, Q] from
+        depth d-1's draft logits. Returns each depth's logits [B, Q, draft vocab]."""
+        attn = self.midlayer.self_attn
+        own: list[tuple[torch.Tensor, torch.Tensor]] = []
+        out: list[torch.Tensor] = []
+        for d in range(depth):
+            if d:
+                x = self.midlayer.mix(self.embed(next_ids(d, out[-1])).to(hidden.dtype), hidden)
+            cos, sin = self.rope(at + d, x)
+            if d:
+                own.append(attn.keys(x, cos, sin))
+            hidden = self.midlayer.finish(hidden, attn.attend(attn.queries(x, cos, sin), k0, v0, at, own))
+            out.append(self.logits(hidden))
+        return out
+
+    def unroll(self, aux: torch.Tensor, tokens: torch.Tensor, depth: int, at: torch.Tensor,
+               feed: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """EAGLE-3's training-time test over whole sequences: `tokens` [B, N], `aux` [B, N-1, 3H']
+        the target's hidden states after tokens 0..N-2. Position i (of `at`) at depth d reads
+        token i+1+d (`feed` None: the true token, 0 past the end; else `feed(d, logits)`) and
+        predicts token i+2+d. Returns each depth's logits [B, len(at), draft vocab]."""
+        hidden, x, k0, v0 = self.context(aux, tokens[:, 1:])
+        if feed is None:
+            padded = torch.nn.functional.pad(tokens, (0, depth))
+
+            def feed(d: int, logits: torch.Tensor) -> torch.Tensor:
+                return padded[:, at + 1 + d]
+
+        return self.deepen(k0, v0, hidden[:, at], x[:, at], at, depth, feed)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+
+# -- chain drafts over a growing row ---------------------------------------------------------------
+
+
+class Chain:
+    """One row's head state while it decodes: the context's keys (from the target's hidden
+    states, extended as tokens are committed) and greedy chain drafts from its last position."""
+
+    def __init__(self, head: Eagle3Head) -> None:
+        self.head = head
+        self.k0 = self.v0 = self.hidden = self.x = None
+        self.length = 0  # context positions with keys
+
+    @torch.inference_mode()
+    def extend(self, aux: torch.Tensor, next_ids: Sequence[int]) -> None:
+        """Add positions: `aux` [n, 3H'] the target's hidden states after the next n committed
+        tokens, `next_ids` the n tokens after them (the last one just committed)."""
+        ids = torch.tensor([list(next_ids)], dtype=torch.long, device=aux.device)
+        hidden, x, k, v = self.head.context(aux[None], ids, start=self.length)
+        grow = (lambda old, new: new if old is None else torch.cat((old, new), dim=2))
+        self.k0, self.v0 = grow(self.k0, k), grow(self.v0, v)
+        self.hidden, self.x = hidden[:, -1:], x[:, -1:]
+        self.length += aux.shape[0]
+
+    @torch.inference_mode()
+    def draft(self, k: int) -> list[int]:
+        """k greedy chain drafts (target ids) after the last committed token."""
+        head = self.head
+        at = torch.tensor([self.length - 1], device=self.k0.device)
+
+        def own(d: int, logits: torch.Tensor) -> torch.Tensor:
+            return head.to_target(logits.argmax(-1))
+
+        out = head.deepen(self.k0, self.v0, self.hidden, self.x, at, k, own)
+        return [int(head.to_target(logits.argmax(-1))[0, 0]) for logits in out]
+
+
+# -- the target's hidden states ----------------------------------------------------------------------
+
+
+class HiddenCapture:
+    """Forward pre-hooks on the target's decoder layers `layers`: after any forward of the target
+    (a prefill, a verify), `take()` gives the inputs of those layers concatenated [B, T, 3H] in
+    layer order, EAGLE-3's low, middle and high hidden states. Remove with `close()`."""
+
+    def __init__(self, model, layers: Sequence[int]) -> None:
+        self.layers = tuple(layers)
+        self.seen: dict[int, torch.Tensor] = {}
+        decoder = model.get_decoder().layers
+        self.handles = [decoder[i].register_forward_pre_hook(self._hook(i), with_kwargs=True) for i in sorted(set(self.layers))]
+
+    def _hook(self, index: int):
+        def hook(module, args, kwargs):
+            self.seen[index] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def take(self) -> torch.Tensor:
+        out = torch.cat([self.seen[i] for i in self.layers], dim=-1)
+        self.seen = {}
+        return out
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+@dataclass
+class Recorded:
+    """One row as the head needs it: its tokens (prompt, then output) and the target's hidden
+    states after tokens 0..N-2: `aux` [N-1, 3H] (the head's input) and `last` [N-1, H] (the
+    decoder's normed output, whose LM head gives the target's distributions; training's soft
+    targets)."""
+
+    tokens: torch.Tensor  # [N] long
+    prompt_len: int
+    aux: torch.Tensor
+    last: torch.Tensor | None = None
+
+    @property
+    def output_len(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+def record(model, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], layers: Sequence[int],
+           keep_last: bool = True, dtype: torch.dtype = torch.float32) -> list[Recorded]:
+    """For each (prompt ids, output ids): one teacher-forced forward of the target over prompt +
+    output[:-1] with the hidden states EAGLE-3 reads captured (the later decode loop takes the
+    same from its prefill and verify forwards instead)."""
+    device = next(model.parameters()).device
+    capture = HiddenCapture(model, layers)
+    out = []
+    try:
+        with torch.no_grad():  # not inference_mode: training reads these tensors under autograd
+            for prompt, output in sequences:
+                tokens = torch.tensor(list(prompt) + list(output), dtype=torch.long)
+                hidden = model.get_decoder()(input_ids=tokens[None, :-1].to(device)).last_hidden_state
+                aux = capture.take()[0].to("cpu", dtype)
+                out.append(Recorded(tokens, len(prompt), aux, hidden[0].to("cpu", dtype) if keep_last else None))
+    finally:
+        capture.close()
+    return out
+
+
+def chains(head: Eagle3Head, rows: Sequence[Recorded], k: int) -> list[list[list[int]]]:
+    """Per row, per output position t: the head's greedy chain of k drafts for a step starting at
+    t (index 0 empty: prefill commits the first output token), each draft j fed the true tokens
+    before it, as only a chain whose earlier drafts all matched matters (greedy: exact)."""
+    out = []
+    with torch.inference_mode():
+        for row in rows:
+            P, N = row.prompt_len, len(row.tokens)
+            at = torch.arange(P - 1, N - 2)  # a step at output t drafts from position P + t - 2
+            if len(at) == 0:
+                out.append([[]])
+                continue
+            logits = head.unroll(row.aux[None].to(head.fc.weight.dtype), row.tokens[None], k, at)
+            drafts = torch.stack([head.to_target(lg.argmax(-1))[0] for lg in logits], dim=1)  # [len(at), k]
+            out.append([[]] + drafts.tolist())
+    return out
+
+
+# -- the released format ---------------------------------------------------------------------------
+
+
+def head_config(target_config, draft_vocab_size: int, **overrides) -> LlamaConfig:
+    """A head's config for `target_config`: its shapes (one layer), `draft_vocab_size`."""
+    fields = dict(
+        hidden_size=target_config.hidden_size, intermediate_size=target_config.intermediate_size,
+        num_attention_heads=target_config.num_attention_heads,
+        num_key_value_heads=getattr(target_config, "num_key_value_heads", target_config.num_attention_heads),
+        head_dim=getattr(target_config, "head_dim", None), rms_norm_eps=target_config.rms_norm_eps,
+        hidden_act=target_config.hidden_act, max_position_embeddings=target_config.max_position_embeddings,
+        rope_parameters=getattr(target_config, "rope_parameters", None), vocab_size=target_config.vocab_size,
+        num_hidden_layers=1, tie_word_embeddings=False, architectures=[ARCHITECTURE],
+    )
+    fields = {k: v for k, v in fields.items() if v is not None}
+    config = LlamaConfig(**{**fields, **overrides})
+    config.draft_vocab_size = draft_vocab_size
+    return config
+
+
+def save_head(head: Eagle3Head, folder: str | Path) -> Path:
+    """Write `head` as a released EAGLE-3 head: config.json and model.safetensors."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = head.config.to_dict()
+    config["draft_vocab_size"] = head.config.draft_vocab_size
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    weights = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    save_file(weights, str(folder / WEIGHT_FILES[0]))
+    return folder
+
+
+def load_head(folder: str | Path, target, dtype: torch.dtype | None = None) -> Eagle3Head:
+    """Read a released EAGLE-3 head (config.json + model.safetensors or pytorch_model.bin) for
+    `target` (a causal LM whose embeddings, hidden size and vocabulary it must share). A mismatch
+    is one line naming the file and the field."""
+    folder = Path(folder)
+    config_path = folder / CONFIG_FILE
+    try:
+        raw = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"EAGLE-3 head {folder}: no {CONFIG_FILE}") from None
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{config_path}: cannot read: {one_line(exc)}") from None
+    raw.setdefault("draft_vocab_size", raw.get("vocab_size"))
+    for field in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "draft_vocab_size"):
+        if not isinstance(raw.get(field), int) or raw[field] <= 0:
+            raise ModelError(f"{config_path}: {field} is {raw.get(field)!r}, expected a positive integer")
+    target_hidden = target.config.hidden_size
+    if raw.get("target_hidden_size", raw["hidden_size"]) != target_hidden:
+        field = "target_hidden_size" if "target_hidden_size" in raw else "hidden_size"
+        raise ModelError(f"{config_path}: {field} {raw[field]} does not match the target's hidden size {target_hidden}")
+    vocab = target.config.vocab_size
+    if raw["vocab_size"] != vocab:
+        raise ModelError(f"{config_path}: vocab_size {raw['vocab_size']} does not match the target's vocabulary {vocab}")
+    if raw["draft_vocab_size"] > vocab:
+        raise ModelError(f"{config_path}: draft_vocab_size {raw['draft_vocab_size']} is larger than vocab_size {vocab}")
+    draft_vocab = raw.pop("draft_vocab_size")
+    try:
+        config = LlamaConfig(**raw)
+    except Exception as exc:  # transformers validates rope and shapes with its own error types
+        raise ModelError(f"{config_path}: not a Llama head config: {one_line(exc)}") from None
+    config.draft_vocab_size = draft_vocab
+    if getattr(config, "target_hidden_size", None) is None:
+        config.target_hidden_size = target_hidden
+    head = Eagle3Head(config, target.get_input_embeddings(), aux_layers(target.config.num_hidden_layers))
+    weights_path, weights = _read_weights(folder)
+    _fill(head, weights, weights_path)
+    return head.to(dtype) if dtype is not None else head
+
+
+def _read_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    for name in WEIGHT_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return path, load_file(str(path))
+            return path, torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:  # a truncated or foreign file: safetensors and pickle raise their own types
+            raise ModelError(f"{path}: cannot read weights: {one_line(exc)}") from None
+    raise ModelError(f"EAGLE-3 head {folder}: no {' or '.join(WEIGHT_FILES)}")
+
+
+def _fill(head: Eagle3Head, weights: dict[str, torch.Tensor], path: Path) -> None:
+    """Copy every released weight into `head`, each checked by name and shape."""
+    expected = head.state_dict()
+    optional = {"d2t", "t2d"} if head.config.draft_vocab_size == head.config.vocab_size else set()
+    weights = dict(weights)
+    embed = weights.pop("embed_tokens.weight", None)
+    for key in sorted(set(weights) - set(expected)):
+        raise ModelError(f"{path}: unexpected weight {key} (an EAGLE-3 head has fc, midlayer.*, norm, lm_head, d2t, t2d)")
+    for key in sorted(set(expected) - set(weights) - optional):
+        raise ModelError(f"{path}: missing weight {key}")
+    for key, value in weights.items():
+        if tuple(value.shape) != tuple(expected[key].shape):
+            raise ModelError(f"{path}: {key} has shape {list(value.shape)}, expected {list(expected[key].shape)} from config.json")
+    with torch.no_grad():
+        for key, value in weights.items():
+            expected[key].copy_(value.to(expected[key].dtype))
+    if embed is not None:
+        shape = list(head._target_embed[0].weight.shape)
+        if list(embed.shape) != shape:
+            raise ModelError(f"{path}: embed_tokens.weight has shape {list(embed.shape)}, expected {shape}")
+        head.embed_tokens = nn.Embedding.from_pretrained(embed.float(), freeze=True)
+    targets = head.to_target(torch.arange(head.config.draft_vocab_size))
+    if targets.min() < 0 or targets.max() >= head.config.vocab_size:
+        raise ModelError(f"{path}: d2t maps draft ids outside the target's vocabulary of {head.config.vocab_size}")
+

@@ -1,0 +1,258 @@
+"""EAGLE-3 head bench: a head trained on a key's own first rows against n-gram lookup and suffix
+drafting on that key's held-out rows, with the packaged SmolLM2-135M-Instruct on this CPU.
+
+Per workload (bench/common/workloads.py, chat template applied, greedy, float32):
+1. decode the key's first N rows plainly (batch 8; the head's training data) and the next rows
+   plainly at batch 1 (held out: plain goodput measured here);
+2. record the target's hidden states of every row by one teacher-forced forward (timed apart: the
+   decode loop will take them from its verify forwards instead);
+3. train a head on the N rows for each time budget (eagle3_train.train_head);
+4. on the held-out rows, the mean accepted length per draft length k of the head's chain drafts,
+   of n-gram lookup (the shipped arm's n-gram size) and of suffix drafting (its tree holding the
+   N training rows), all counterfactual from the plain rows (exact for greedy);
+5. time one target forward at batch 1 for 1..k+1 tokens (the engine's cost profile, at the
+   held-out rows' mean context) and the head's work per step (extending its context by the
+   committed tokens, k chained drafts), and estimate each arm's goodput at batch 1 from them.
+
+The goodput columns are ESTIMATES: counterfactual acceptance times measured step costs, not a run
+of the arm (the head is not an arm of the decode loop yet). N-gram and suffix lookups are counted
+as free (no draft time); the head's measured draft time is counted.
+
+    python bench/eagle3.py [--workloads prose,code] [--train-rows 64] [--test-rows 16]
+        [--max-tokens 128] [--budgets 60,240] [--ks 1,2,3,4,6] [--threads N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import peer_prompts, workloads  # noqa: E402
+from common.measure import choose_threads, command, load_engine, machine, machine_line, ngram_arm, write  # noqa: E402
+
+import torch  # noqa: E402
+
+from batchspec.engine.acceptance import Acceptance, PlainRow  # noqa: E402
+from batchspec.engine.base import NO_SPEC, Request, SamplingParams  # noqa: E402
+from batchspec.engine.torch.counterfactual import chain_acceptance, ngram_acceptance, suffix_acceptance  # noqa: E402
+from batchspec.engine.torch.eagle3 import Chain, aux_layers, chains, record  # noqa: E402
+from batchspec.engine.torch.eagle3_train import TrainSettings, train_head  # noqa: E402
+from batchspec.engine.torch.suffix_tree import SuffixTree  # noqa: E402
+
+MODEL = "smollm2-135m"
+KEY_ROWS = 2000  # the issue's key size: training is priced against this many rows' plain decode at batch 1
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default="prose", help="comma-separated, from " + ",".join(workloads.WORKLOADS))
+    parser.add_argument("--train-rows", type=int, default=64)
+    parser.add_argument("--test-rows", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--budgets", default="60,240", help="training seconds, comma-separated (one head each)")
+    parser.add_argument("--ks", default="1,2,3,4,6")
+    parser.add_argument("--depth", type=int, default=4, help="training-time test depth")
+    parser.add_argument("--draft-vocab", type=int, default=8192)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--hard", action="store_true", help="train on the target's tokens, not its distributions")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    threads = choose_threads(args.threads)
+    info = machine(threads, "float32")
+    engine = load_engine(MODEL, "float32")
+    ks = sorted(int(k) for k in args.ks.split(","))
+    budgets = [float(b) for b in args.budgets.split(",")]
+    data, text = {"machine": info, "command": command("bench/eagle3.py", argv), "workloads": {}}, []
+    for workload in args.workloads.split(","):
+        result, table = run_workload(engine, workload, args, ks, budgets)
+        data["workloads"][workload] = result
+        text.append(table)
+        print(table, flush=True)
+    info["load_avg_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
+    header = f"EAGLE-3 head bench, {MODEL} float32 on {machine_line(info)}\n{data['command']}\n"
+    write(args.out, "eagle3", data, header + "\n".join(text), header)
+
+
+def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float]) -> tuple[dict, str]:
+    target = engine.model
+    n_train = args.train_rows
+    requests, repeats = key_requests(engine.tokenizer, workload, n_train, args.test_rows, args.max_tokens, args.seed)
+    started = time.perf_counter()
+    train_result = engine.generate(requests[:n_train], NO_SPEC, 8)
+    train_decode_s = time.perf_counter() - started
+    n_test = len(requests) - n_train
+    test_result = engine.generate(requests[n_train:], NO_SPEC, 1)
+    plain_goodput = test_result.goodput
+    decode_s_per_row = test_result.timing.decode_s / n_test
+    pairs = [(list(engine.encode(r)), list(c.token_ids)) for r, c in zip(requests, train_result.completions + test_result.completions)]
+    plain = [PlainRow(p, o, args.max_tokens) for p, o in pairs]
+    started = time.perf_counter()
+    recorded = record(target, pairs, aux_layers(target.config.num_hidden_layers))
+    record_s = time.perf_counter() - started
+    train_rows, test_rows = recorded[:n_train], recorded[n_train:]
+    train_plain, test_plain = plain[:n_train], plain[n_train:]
+
+    context = int(statistics.mean(len(p) + len(o) / 2 for p, o in pairs[n_train:]))
+    step_s = monotone({c.tokens: c.seconds for c in engine.profile([(1, context, w) for w in range(1, max(ks) + 2)])})
+    arms: dict[str, dict[int, Acceptance]] = {
+        "ngram": ngram_acceptance(test_plain, ks, ngram_arm(1).ngram_size),
+        "suffix": suffix_acceptance(test_plain, ks, trained_tree(train_plain)),
+    }
+    draft_s: dict[str, dict[int, float]] = {"ngram": {k: 0.0 for k in ks}, "suffix": {k: 0.0 for k in ks}}
+    heads = {}
+    for budget in budgets:
+        settings = TrainSettings(budget_s=budget, depth=args.depth, draft_vocab_size=args.draft_vocab, lr=args.lr,
+                                 soft=not args.hard, seed=args.seed)
+        head, stats = train_head(target, train_rows, settings)
+        label = f"eagle3 {budget:.0f}s"
+        arms[label] = chain_acceptance(test_plain, ks, chains(head, test_rows, max(ks)))
+        seen = chain_acceptance(train_plain, ks, chains(head, train_rows, max(ks)))
+        costs = head_costs(head, test_rows, ks)
+        draft_s[label] = {k: costs["draft"][k] for k in ks}
+        heads[label] = {"budget_s": budget, "stats": vars(stats), "costs": costs,
+                        "train_rows_mean_accepted_len": {k: mean_len(seen[k]) for k in ks}}
+
+    rows = {}
+    for label, by_k in arms.items():
+        rows[label] = {k: {"mean_accepted_len": mean_len(by_k[k]),
+                           "est_goodput": estimated_goodput(by_k[k], step_s, draft_s[label][k], heads.get(label))} for k in ks}
+    result = {"workload": workload, "train_rows": n_train, "test_rows": n_test, "train_prompt_repeats": repeats, "max_tokens": args.max_tokens,
+              "train_decode_s_batch8": train_decode_s, "record_s": record_s, "plain_goodput_b1": plain_goodput,
+              "decode_s_per_row_b1": decode_s_per_row, "context": context, "target_step_s": step_s,
+              "arms": rows, "heads": heads}
+    return result, table(result, ks)
+
+
+def key_requests(tokenizer, workload: str, n_train: int, n_test: int, max_tokens: int, seed: int) -> tuple[list[Request], int]:
+    """A key's first `n_train` rows, then up to `n_test` held-out rows whose prompts none of those
+    rows (nor another held-out row) has: the templated workloads repeat prompts (prose: 36
+    distinct of 80), and a repeated prompt's greedy output is the same text. Also how many of the
+    training rows repeat an earlier one's prompt. `peer-<task>` takes held-out chat prompts of
+    installed packages' READMEs and the standard library (bench/common/peer_prompts.py;
+    peer-prose: summarize and rewrite), distinct by construction."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    if workload.startswith("peer-"):
+        task = workload.removeprefix("peer-")
+        tasks = ("summarize", "rewrite") if task == "prose" else (task,)
+        texts = [h.messages[0]["content"] for h in peer_prompts.held_out(tokenizer, n_train + n_test, seed, tasks=tasks)]
+    else:
+        pool = workloads.prompts(workload, 8 * (n_train + n_test), seed)
+        seen = set(pool[:n_train])
+        texts = list(pool[:n_train])
+        for text in pool[n_train:]:
+            if text not in seen and len(texts) < n_train + n_test:
+                texts.append(text)
+                seen.add(text)
+    repeats = n_train - len(set(texts[:n_train]))
+    return [Request(f"{workload}-{i:04d}", messages=({"role": "user", "content": t},), params=params)
+            for i, t in enumerate(texts)], repeats
+
+
+def monotone(step_s: dict[int, float]) -> dict[int, float]:
+    """Step seconds by tokens, made non-decreasing (a forward of fewer tokens taken as costing at
+    most a wider one's: on a loaded machine a single timing can come out above its neighbour's)."""
+    out, low = {}, float("inf")
+    for w in sorted(step_s, reverse=True):
+        low = min(low, step_s[w])
+        out[w] = low
+    return dict(sorted(out.items()))
+
+
+def trained_tree(rows: Sequence[PlainRow]) -> SuffixTree:
+    """The key's suffix tree as a worker holds it after decoding `rows`."""
+    tree = SuffixTree()
+    for i, row in enumerate(rows):
+        tree.add(f"train-{i}", row.output_ids, serial=i)
+    return tree
+
+
+def head_costs(head, rows, ks: list[int], reps: int = 15) -> dict:
+    """The head's seconds per step at batch 1 (fastest of `reps`), from a held-out row's middle:
+    `draft[k]` k chained drafts, `extend[n]` adding n committed positions to its context."""
+    row = max(rows, key=lambda r: len(r.tokens))
+    n = row.prompt_len + row.output_len // 2
+    chain = Chain(head)
+    chain.extend(row.aux[: n - 1], row.tokens[1:n].tolist())
+    draft = {k: min(_timed(lambda: chain.draft(k)) for _ in range(reps)) for k in ks}
+    extend = {}
+    for m in range(1, max(ks) + 2):
+        tries = []
+        for _ in range(reps):
+            trial = Chain(head)
+            trial.k0, trial.v0, trial.length = chain.k0, chain.v0, chain.length
+            tries.append(_timed(lambda: trial.extend(row.aux[n - 1 : n - 1 + m], row.tokens[n : n + m].tolist())))
+        extend[m] = min(tries)
+    return {"draft": draft, "extend": extend, "context": n}
+
+
+def _timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def mean_len(acceptance: Acceptance) -> float:
+    return 1 + acceptance.accepted_tokens / acceptance.target_steps if acceptance.target_steps else 1.0
+
+
+def estimated_goodput(acceptance: Acceptance, step_s: dict[int, float], draft_s: float, head: dict | None) -> float:
+    """Committed tokens per second at batch 1 if each counterfactual step cost one target forward
+    of its drafts + 1 tokens, plus the drafter's time (the head: its k drafts and the extension of
+    its context by the tokens the step committed)."""
+    extend = head["costs"]["extend"] if head else {}
+    seconds = tokens = 0.0
+    for accepted, proposed in zip(acceptance.steps, acceptance.proposed):
+        for a, p in zip(accepted, proposed):
+            seconds += step_s[p + 1] + (draft_s if p else 0.0) + extend.get(int(a) + 1, 0.0)
+            tokens += a + 1
+    return tokens / seconds if seconds else 0.0
+
+
+def table(result: dict, ks: list[int]) -> str:
+    plain = 1.0 / result["target_step_s"][1]
+    lines = [
+        f"\n## {result['workload']}: {result['train_rows']} training rows ({result['train_prompt_repeats']} repeat an earlier "
+        f"row's prompt), {result['test_rows']} held-out rows (no prompt of a training row), max_tokens {result['max_tokens']}",
+        f"plain at batch 1 (measured): {result['plain_goodput_b1']:.1f} tok/s goodput, "
+        f"{result['decode_s_per_row_b1']:.2f} s decode per row; a {KEY_ROWS}-row key: {KEY_ROWS * result['decode_s_per_row_b1']:.0f} s",
+        f"training rows decoded at batch 8 in {result['train_decode_s_batch8']:.0f} s; hidden states recorded by a separate "
+        f"forward of every row in {result['record_s']:.1f} s",
+        "target forward at batch 1, context " + str(result["context"]) + ": "
+        + ", ".join(f"{w} tok {s * 1e3:.1f} ms" for w, s in sorted(result["target_step_s"].items())),
+    ]
+    for label, head in result["heads"].items():
+        s, c = head["stats"], head["costs"]
+        per_token = {k: c["draft"][k] / k for k in ks}
+        lines.append(
+            f"{label}: {s['steps']} steps, {s['epochs']:.1f} passes over {s['positions']} positions, draft vocab "
+            f"{s['draft_vocab_size']} (covers {s['coverage']:.1%}), last-pass accuracy by depth "
+            + "/".join(f"{a:.2f}" for a in s["accuracy"])
+            + f"; training = {s['seconds'] / (KEY_ROWS * result['decode_s_per_row_b1']):.1%} of a {KEY_ROWS}-row key's decode"
+        )
+        lines.append(
+            f"  head forward per draft token: " + ", ".join(f"k={k} {per_token[k] * 1e3:.2f} ms ({per_token[k] / result['target_step_s'][1]:.2f}x a 1-token target step)" for k in ks)
+            + f"; extending its context by 1 token {c['extend'][1] * 1e3:.2f} ms"
+        )
+        lines.append("  mean accepted length on its training rows: "
+                     + ", ".join(f"k={k} {v:.2f}" for k, v in head["train_rows_mean_accepted_len"].items()))
+    lines.append("")
+    lines.append("| arm (held-out rows) | " + " | ".join(f"k={k} mean acc. len | est. speedup" for k in ks) + " |")
+    lines.append("|---|" + "---|---|" * len(ks))
+    for label, by_k in result["arms"].items():
+        cells = [f"{by_k[k]['mean_accepted_len']:.2f} | {by_k[k]['est_goodput'] / plain:.2f}x" for k in ks]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("(speedup: ESTIMATED goodput from counterfactual acceptance and measured step costs (made non-decreasing in tokens), over plain's "
+                 f"{plain:.1f} tok/s at the same context; n-gram and suffix lookups counted free)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
