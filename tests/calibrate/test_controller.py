@@ -11,9 +11,9 @@ import pytest
 
 from batchspec.calibrate import CalibrationSettings, WorkerState
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
-from batchspec.engine.regimes import regime
-from batchspec.engine.replay import Recorded, ReplayEngine
 from batchspec.shard import ShardInput, run_shard
+from batchspec.sim.regimes import regime
+from batchspec.sim.replay import Recorded, ReplayEngine
 from tests.data import word_rows
 
 NGRAM = [SpecConfig("ngram", k) for k in (2, 4, 8)]
@@ -207,3 +207,4 @@ def test_a_shard_whose_rows_share_their_output_switches_to_the_suffix_arm(tiny_e
     assert suffix.predicted_speedup > 3 and ran.stats.tree_hit_rate > 0.5
     plain = engine.generate(requests, NO_SPEC, 1)
     assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain.completions]
+
