@@ -58,7 +58,7 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         shard = replace(shard, requests=[replace(r, draft_scope=scope_of(shard.shard_key)) for r in shard.requests])
     if calibrate and spec_arms:
         control = Controller(engine, shard.requests, spec_arms, batch_size, settings, worker, shard.shard_key, prior,
-                             switch_s=engine.switch_s, horizon_rows=horizon_rows, prior_why=prior_why)
+                             horizon_rows=horizon_rows, prior_why=prior_why)
         if engine.in_flight_control:
             ran = engine.generate(shard.requests, control.start, batch_size, control=control)
         else:

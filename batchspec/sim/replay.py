@@ -6,8 +6,9 @@ run again without the model: `ReplayTarget` accepts a draft where it equals the 
 behind the torch engine's own decode loop (the same admission, batching, draining, drafters and
 in-flight switching; tests/sim/test_replay.py checks its steps against the engine's), while a
 cost regime prices every second (regimes.py), handed to the engine as its clock (clock.py).
-Where the regime's arms are builds, each build's seconds are charged to the decode time of the
-call that switched (the clock's `switch`), not recorded as `builds`. A shard that took minutes on a CPU replays in
+Where the regime's arms are builds, so are the replay's (`arms_are_builds`): calibration counts
+and caps them as over TensorRT-LLM, and each build's seconds are charged to the decode time of
+the call that switched (the clock's `switch`), not recorded as `builds`. A shard that took minutes on a CPU replays in
 a second of Python, and its figures are simulated, deterministic, and labelled so.
 
 A draft model's proposals are recorded too: the draft's greedy argmax at every output position
@@ -139,6 +140,7 @@ class ReplayEngine(TorchEngine):
     def __init__(self, base: TorchEngine, recorded: Mapping[str, Recorded], regime: Regime) -> None:
         super().__init__(base.model, base.tokenizer, base.model_name, str(base.device), clock=partial(RegimeClock, regime))
         self.regime = regime
+        self.arms_are_builds = regime.build_s > 0
         self.recorded = recorded
         self._ids: list[str] = []  # the current generate call's request ids, by index
         self._prompts: dict | None = None
@@ -147,7 +149,7 @@ class ReplayEngine(TorchEngine):
         """Each point the regime's price of its forward, timed `tries` times; where an arm is a
         build, nothing, as TensorRT-LLM's adapter: that engine times no forward apart, so the
         controller learns every price from the steps it runs."""
-        if self.regime.build_s:
+        if self.arms_are_builds:
             return Profile()
         points = self.regime.profile(self.model_name, target, drafts)
         return Profile(points, tries * sum(p.seconds for p in points))

@@ -115,7 +115,8 @@ AHEAD = 2
 STATS_NOW = 0.0  # get_stats timeout of a read between submissions: what has arrived, no wait
 POLL_S = 0.002  # between looks at the rows in flight: well under one decode iteration
 SLEEP = time.sleep  # how an engine waits, unless it is given `sleep` (a simulator hands it its own)
-# A build's seconds before the engine has timed one (`switch_s`): an 8B engine builds in 60-120 s.
+# A build's seconds before the engine has timed one (`switch_s`): an 8B engine builds in 60-120 s
+# (docs/calibration.md, "Constants"), so a switch is not taken for cheap before the first build.
 BUILD_S_UNTIMED = 60.0
 
 
