@@ -58,7 +58,7 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         shard = replace(shard, requests=[replace(r, draft_scope=scope_of(shard.shard_key)) for r in shard.requests])
     if calibrate and spec_arms:
         control = Controller(engine, shard.requests, spec_arms, batch_size, settings, worker, shard.shard_key, prior,
-                             switch_s=_switch_s(engine), horizon_rows=horizon_rows, prior_why=prior_why)
+                             horizon_rows=horizon_rows, prior_why=prior_why)
         if engine.in_flight_control:
             ran = engine.generate(shard.requests, control.start, batch_size, control=control)
         else:
@@ -82,21 +82,6 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         stats.speculation_unmeasured = (failed or "no speculative arm could be estimated or run (its acceptance cannot "
                                         "be computed, and the rows left did not repay running it)")[:500]
     return ShardResult(ran.completions, row_specs, stats, decision)
-
-
-def _switch_s(engine: Engine):
-    """What switching to an arm costs: a build where arms are builds (the last build of that arm on
-    this worker, else of any arm), on a cost regime its price, else nothing."""
-    if engine.regime is not None and engine.regime.build_s:
-        return lambda arm: engine.regime.switch_s(arm.method)
-    if not engine.arms_are_builds:
-        return lambda arm: 0.0
-
-    def build_s(arm: SpecConfig) -> float:
-        same = [b.seconds for b in engine.builds if b.label == arm.label] or [b.seconds for b in engine.builds]
-        return same[-1] if same else 60.0
-
-    return build_s
 
 
 def _stats(engine: Engine, shard: ShardInput, ran: GenerateResult, decision: Decision, batch_size: int, wall_s: float,
@@ -130,7 +115,7 @@ def _stats(engine: Engine, shard: ShardInput, ran: GenerateResult, decision: Dec
         calibration_overhead_s=decision.profile_s,
         decision_source=decision.source,
         decision_reason=decision.reason,
-        wall_s=wall_s if engine.regime is None else timing.prefill_s + timing.decode_s + decision.calibration_s,
+        wall_s=wall_s,
         engine=engine.name,
         model=engine.model_name,
         draft_model=spec.draft_model,

@@ -101,7 +101,7 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
     train_plain, test_plain = plain[:n_train], plain[n_train:]
 
     context = int(statistics.mean(len(p) + len(o) / 2 for p, o in pairs[n_train:]))
-    step_s = monotone({c.tokens: c.seconds for c in engine.profile([(1, context, w) for w in range(1, max(ks) + 2)])})
+    step_s = monotone({c.tokens: c.seconds for c in engine.profile([(1, context, w) for w in range(1, max(ks) + 2)]).points})
     arms: dict[str, dict[int, Acceptance]] = {
         "ngram": ngram_acceptance(test_plain, ks, ngram_arm(1).ngram_size),
         "suffix": suffix_acceptance(test_plain, ks, trained_tree(train_plain)),

@@ -1,8 +1,8 @@
 """The calibration simulator: per-shard decisions against the exact oracle, in virtual time.
 
 A model's plain greedy outputs over the input are recorded once (cached), then every shard is
-replayed on a cost regime (batchspec/engine/regimes.py) by the torch engine's own decode loop
-(batchspec/engine/replay.py): real tokens, real acceptance, batching, admission and draining,
+replayed on a cost regime (batchspec/sim/regimes.py) by the torch engine's own decode loop
+(batchspec/sim/replay.py): real tokens, real acceptance, batching, admission and draining,
 every second priced by the regime. So the oracle is exact (every arm run over the whole shard)
 and a decision's ratio to it is deterministic. Per shard it reports the arm the pipeline ran
 (`shard.run_shard`, the product's own path, one worker's calibration state across a run's
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import itertools
 import json
 import pickle
@@ -41,8 +42,8 @@ from common import results as recorded_results  # noqa: E402
 
 from batchspec.calibrate import CalibrationSettings, WorkerState  # noqa: E402
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig  # noqa: E402
-from batchspec.engine.regimes import REGIMES, regime as regime_named  # noqa: E402
-from batchspec.engine.replay import Recorded, ReplayEngine, record  # noqa: E402
+from batchspec.sim.regimes import REGIMES, regime as regime_named  # noqa: E402
+from batchspec.sim.replay import Recorded, ReplayEngine, record  # noqa: E402
 from batchspec.prior import WHY as PRIOR_WHY, best_arms  # noqa: E402
 from batchspec.shard import ShardInput, run_shard  # noqa: E402
 
@@ -96,7 +97,7 @@ def recordings(args, shards: Sequence[Shard]):
     path = CACHE / f"{hashlib.sha256(tag.encode()).hexdigest()[:16]}.pkl"
     engine = TorchEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device="cpu")
     if path.exists():
-        return engine, _repeated(pickle.loads(path.read_bytes()), shards)
+        return engine, _repeated(_Recordings(io.BytesIO(path.read_bytes())).load(), shards)
     by_text: dict = {}  # rows of one prompt have one greedy output: each prompt is decoded once
     for r in (r for s in shards for r in s.requests if "#" not in r.id or r.id.endswith("#0")):
         r = replace(r, id=r.id.split("#")[0])
@@ -111,6 +112,16 @@ def recordings(args, shards: Sequence[Shard]):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(recorded))
     return engine, _repeated(recorded, shards)
+
+
+class _Recordings(pickle.Unpickler):
+    """A cached recording, its `Recorded` rows where the simulator keeps them now (recordings cached
+    before the simulator had a package of its own name the engine's)."""
+
+    MOVED = {"batchspec.engine.replay": "batchspec.sim.replay"}
+
+    def find_class(self, module: str, name: str):
+        return super().find_class(self.MOVED.get(module, module), name)
 
 
 def _repeated(recorded: dict[str, Recorded], shards: Sequence[Shard]) -> dict[str, Recorded]:

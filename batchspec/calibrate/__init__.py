@@ -10,7 +10,8 @@ repay the measurement.
     settings        the `calibration:` section, and the `Decision` record of a shard
     counterfactual  every arm's acceptance on rows already decoded (`Tally` per row and arm)
     estimate        every arm's speedup and gain over the running arm, with its uncertainty
-    controller      the rule, after every decode step of a shard (`Controller`, engine.base.Control)
+    evidence        what a shard's rows say about every arm: the window the rule judges on, the shard's tallies
+    controller      the rule (`rule`), applied after every decode step of a shard (`Controller`, engine.base.Control)
     ledger          the steps a shard ran by arm, their cost table, and their price as plain decoding
     segments        the same controller on engines whose arms are builds (a segment of rows per arm)
     worker          what a worker learns over its life (`WorkerState`: cost table, keys' last arms)

@@ -36,8 +36,8 @@ class Ran:
 
 @dataclass(frozen=True)
 class Profiled:
-    """A profile the ledger timed: its seconds (the regime's under a simulated clock), its wall
-    seconds and how many forwards it timed."""
+    """A profile the ledger had the engine time: its seconds as the engine counts them, its wall
+    seconds (the controller's own time leaves them out) and how many forwards it timed."""
 
     seconds: float
     wall_s: float
@@ -75,14 +75,13 @@ class Ledger:
         drafts = sorted({a.draft_model for a in self.arms if a.method == "draft_target" and a.draft_model})
         target, draft = profile_grid(self.batch_size, max(context, 8), widths, drafts)
         began = time.perf_counter()
-        points = self.engine.profile(target, draft, tries=PROFILE_TRIES)
+        profile = self.engine.profile(target, draft, tries=PROFILE_TRIES)
         wall = time.perf_counter() - began
-        self.costs.seed(points, self.batch_size)
-        if not points:
+        self.costs.seed(profile.points, self.batch_size)
+        if not profile.points:
             return None
-        seconds = PROFILE_TRIES * sum(p.seconds for p in points) if self.engine.regime is not None else wall
-        self.profile_s += seconds
-        return Profiled(seconds, wall, len(points))
+        self.profile_s += profile.seconds
+        return Profiled(profile.seconds, wall, len(profile.points))
 
     def plain(self) -> tuple[float | None, float | None]:
         """(speedup, baseline tokens/s): the steps run against plain decoding's price for the same

@@ -1,6 +1,6 @@
 """The controller on an engine that cannot switch arms between decode steps (TensorRT-LLM, where an
 arm is an engine build): the shard runs in segments, one per arm, and a switch costs a build (the
-controller's `switch_s`).
+engine's `switch_s`).
 
 The engine streams a segment's rows (base.Engine.generate with `control`: TensorRT-LLM's adapter
 keeps two batches submitted ahead of the rows finished) and calls the controller after every

@@ -203,6 +203,14 @@ class StepCost:
     seconds: float  # the fastest try's
 
 
+@dataclass(frozen=True)
+class Profile:
+    """A cost profile (`Engine.profile`): its points, and the seconds timing them took."""
+
+    points: list[StepCost] = field(default_factory=list)
+    seconds: float = 0.0
+
+
 @dataclass
 class Timing:
     """Where one generate call spent its time, in seconds. Merges with `+`."""
@@ -250,8 +258,8 @@ class Step:
     """One decode step as the engine ran it: `rows` in flight, their cache's length before the
     step (`context`, holes included, as attention reads it), `tokens` per row (1 + the widest
     draft), the tokens it `committed` in all (accepted drafts plus a bonus token per row), its
-    `seconds` (drafting, the verify forward and the step's bookkeeping: wall or simulated, as the
-    engine's clock says) and the `method` it drafted with. Calibration learns step costs from them."""
+    `seconds` (drafting, the verify forward and the step's bookkeeping, as the engine's clock
+    counts them) and the `method` it drafted with. Calibration learns step costs from them."""
 
     rows: int
     context: int
@@ -333,13 +341,16 @@ class Engine(Protocol):
     arms_are_builds: bool  # an arm switch builds a new engine; `builds` records each (label, seconds)
     counterfactual: bool  # `acceptance` answers for every arm it runs (else some are measured by running them)
     end_token_in_output: bool  # a row that ends on an end token has it among its output ids (torch; not TensorRT-LLM)
-    regime: Any  # the engines.regimes.Regime pricing every second (a simulated run), or None (the wall clock)
 
     def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
-                tries: int = 2) -> list[StepCost]:
+                tries: int = 2) -> "Profile":
         """Time one forward per (batch, context, tokens per row) of the target and (draft model,
-        batch, context, tokens) of a draft, the fastest of at least `tries` ([] where forwards
+        batch, context, tokens) of a draft, the fastest of at least `tries` (no point where forwards
         cannot be timed apart from generate)."""
+
+    def switch_s(self, arm: SpecConfig) -> float:
+        """What switching the rows to `arm` is expected to cost, in seconds: 0 where arms switch
+        between decode steps; where arms are builds, a build's (as this engine's builds took)."""
 
     def acceptance(self, rows: Sequence[Any], arms: Sequence[SpecConfig], requests: Sequence[Request] = (),
                    tree: Any = None, batch_size: int = 1, grow: bool = False) -> tuple[dict[str, Any], bool]:

@@ -6,14 +6,15 @@ ended; on the real tiny engine no row is lost or changed."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from batchspec.calibrate import CalibrationSettings, WorkerState
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
-from batchspec.engine.regimes import regime
-from batchspec.engine.replay import Recorded, ReplayEngine
 from batchspec.shard import ShardInput, run_shard
+from batchspec.sim.regimes import regime
+from batchspec.sim.replay import Recorded, ReplayEngine
 from tests.data import word_rows
 
 NGRAM = [SpecConfig("ngram", k) for k in (2, 4, 8)]
@@ -207,3 +208,23 @@ def test_a_shard_whose_rows_share_their_output_switches_to_the_suffix_arm(tiny_e
     assert suffix.predicted_speedup > 3 and ran.stats.tree_hit_rate > 0.5
     plain = engine.generate(requests, NO_SPEC, 1)
     assert [c.token_ids for c in ran.completions] == [c.token_ids for c in plain.completions]
+
+
+def test_measurements_build_at_most_the_workers_cap_where_arms_are_builds(tiny_engine):
+    """Under the `trtllm` regime an arm switch is a build, so the worker's measurements may cause
+    at most `max_builds_per_worker` builds, whichever arm they measure and why. Builds are cheap
+    here (10 ms) so that measuring repays, and many arms are unsure: uncapped, the worker's two
+    shards measure four times; capped at two, twice."""
+    requests, recorded = _partly_copied(256, 0.3, seed=0)
+    arms = [SpecConfig("ngram", k) for k in range(1, 9)] + [SpecConfig("suffix", 8)]
+    measured = {}
+    for cap in (2, 100):
+        engine, worker = ReplayEngine(tiny_engine, recorded, replace(regime("trtllm"), build_s=0.01)), WorkerState()
+        assert engine.arms_are_builds
+        measured[cap] = [e.arm for shard, key in ((requests[:128], "a"), (requests[128:], "b"))
+                         for e in run_shard(engine, ShardInput(key, key, shard), arms, True, 4,
+                                            CalibrationSettings(max_builds_per_worker=cap), worker=worker,
+                                            horizon_rows=64).stats.events if e.kind == "measure"]
+        assert worker.measure_builds == len(measured[cap])
+    assert len(measured[100]) > 2, measured  # the case this test is about: the cap is what stops the worker
+    assert len(measured[2]) == 2 and measured[2] == measured[100][:2]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from batchspec.engine.base import Step, StepCost
-from batchspec.engine.regimes import REGIMES
 from batchspec.predict.costs import BORROWED_U, NOISE_FLOOR, PRIOR_U, WINDOW_STEPS, CostTable, Price, profile_grid
+from batchspec.sim.regimes import REGIMES
 
 
 def _table(name: str = "cpu", batch: int = 8, context: int = 200) -> CostTable:

@@ -1,12 +1,13 @@
 """The decode loop of the torch engine: continuous batching over prepared rows, one step at a time.
 
 Up to `batch_size` rows decode together; a finished row leaves at once and a queued row is
-prefilled and joins. Each step:
+prefilled and joins. Each step is three calls, timed around them by the call's clock (clock.py):
 
-    drafts  = drafter.propose(rows)                 # n-gram lookup or draft model, 0..k per row
-    logits  = target([pending token] + drafts)      # one forward verifies every row's drafts
-    n, next = accept_reject(drafts, q, p, uniforms) # sampling.py; greedy is its T=0 limit
-    commit n drafts + next per row; finish on eos, stop string or max_tokens
+    proposal = propose(rows)                  # the drafter: 0..k drafts per row
+    verdict  = target.verify(rows, proposal)  # one forward over [pending token] + drafts per row,
+                                              # then the accept rule (sampling.py; greedy its T=0 limit)
+    accept(rows, proposal, verdict)           # commit n drafts + next per row; finish on eos,
+                                              # stop string or max_tokens
 
 When every row is greedy the rule runs on argmaxes (`greedy_accept`), with no probabilities at
 all: the same tokens, without a softmax over the vocabulary per position.
@@ -18,23 +19,20 @@ rule picks, accepts and samples among allowed tokens only: greedy speculative ou
 constrained output, sampled output follows the constrained distribution), and the matcher,
 advanced over the drafts to mask them, is rolled back to the committed tokens after the rule.
 
-The loop knows rows, a drafter and a tokenizer (for stop strings only); the target behind it is a
-`ModelTarget` (the model's forward and the accept rule) or, for the simulator, a target that
-replays recorded greedy outputs (engine/replay.py): the same schedule either way. Its `Clock`
-measures the wall clock, or with a cost regime prices every step instead (engine/regimes.py).
-It does not know requests, chat templates or how models are loaded (engine.py).
+The loop knows rows, a drafter, a tokenizer (for stop strings only) and a target: any object with
+`new_batch`, `prefill` and `verify` as `ModelTarget` has them (the model's forward and the accept
+rule). It does not know requests, chat templates or how models are loaded (engine.py), nor where
+its seconds come from (its clock's).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-from batchspec.engine.base import SamplingParams, SpecConfig, Step, Timing, admission_order
-from batchspec.engine.regimes import Regime
+from batchspec.engine.base import SamplingParams, SpecConfig, Step, admission_order
 from batchspec.engine.sampling import (
     accept_reject,
     argmax,
@@ -42,6 +40,8 @@ from batchspec.engine.sampling import (
     probs_from_logits,
     sample_from,
 )
+from batchspec.engine.torch.clock import Clock
+from batchspec.engine.torch.drafters import Drafts
 from batchspec.engine.torch.grammar import Grammar
 from batchspec.engine.torch.kv import Batch, prefill, prefill_waste, survivors
 
@@ -80,26 +80,24 @@ class Row:
 
 
 @dataclass
-class Clock:
-    """Where a generate call's time goes. Without a `regime` every part is measured on the wall
-    clock (`add`); with one, wall time is ignored and each prefill, step and arm switch is priced
-    by the regime instead (`priced`): a simulated run, deterministic whatever the machine's load."""
+class Proposal:
+    """A step's drafts: per row its draft tokens (0..k, the tokens its grammar forced first), those
+    forced tokens, and the drafter's `Drafts` (their probabilities; None where no row had a budget)."""
 
-    regime: Regime | None = None
-    timing: Timing = field(default_factory=Timing)
-    steps: list[Step] = field(default_factory=list)  # every decode step, as it ran
+    tokens: list[list[int]]
+    forced: list[list[int]]
+    drafts: Drafts | None
 
-    def add(self, part: str, since: float) -> float:
-        """Charge the wall seconds since `since` to `part` (measured clocks only); return now."""
-        now = time.perf_counter()
-        if self.regime is None:
-            setattr(self.timing, part, getattr(self.timing, part) + now - since)
-        return now
 
-    def priced(self, part: str, seconds: float) -> None:
-        """Charge `seconds` of the regime's to `part` (simulated clocks only)."""
-        if self.regime is not None:
-            setattr(self.timing, part, getattr(self.timing, part) + seconds)
+@dataclass
+class Verdict:
+    """The target's verify of a step's drafts: per row the drafts accepted ([B]), the next token
+    ([B]: the recovered token on a rejection, the bonus token when every draft passed), and how
+    many drafts the row's grammar consumed to mask them (rolled back before the commit)."""
+
+    accepted: torch.Tensor
+    next_token: torch.Tensor
+    held: list[int]
 
 
 class ModelTarget:
@@ -123,11 +121,10 @@ class ModelTarget:
         probs = probs_from_logits(last, *sampling_tensors(rows, self.device))
         return batch, sample_from(probs, torch.stack([r.uniform() for r in rows]).to(self.device)).tolist()
 
-    def verify(self, rows: list[Row], batch: Batch, draft_lists: list[list[int]], drafts
-               ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def verify(self, rows: list[Row], batch: Batch, proposal: Proposal) -> Verdict:
         """One forward over each row's pending token and drafts, each row's grammar masking its
-        logits; (num_accepted [B], next_token [B], drafts each row's grammar consumed to mask them).
-        The cache keeps the pending token and the accepted drafts."""
+        logits, and the accept rule on them. The cache keeps the pending token and the accepted drafts."""
+        draft_lists = proposal.tokens
         logits = batch.forward(self.model, [[r.context[-1]] + d for r, d in zip(rows, draft_lists)], self.pad_id)
         if self.device.type == "cuda":  # the forward runs on after its launch returns: without this its time
             torch.cuda.synchronize(self.device)  # lands in the accept rule's (its .tolist() waits for it)
@@ -139,9 +136,9 @@ class ModelTarget:
         if all(r.params.greedy for r in rows):
             num_accepted, next_token = greedy_accept(draft_tokens, num_drafts, logits)
         else:
-            num_accepted, next_token = self.sampled_accept(rows, logits, drafts, draft_tokens, num_drafts)
+            num_accepted, next_token = self.sampled_accept(rows, logits, proposal.drafts, draft_tokens, num_drafts)
         batch.keep(num_accepted + 1)  # the pending token plus the accepted drafts
-        return num_accepted, next_token, held
+        return Verdict(num_accepted, next_token, held)
 
     @staticmethod
     def mask(rows: list[Row], drafts: list[list[int]], logits: torch.Tensor) -> list[int]:
@@ -194,41 +191,44 @@ class Decoder:
         have been yielded, may return another setting: a fresh drafter admits the rows in flight
         from their contexts (a draft model prefills them; its time is draft time) and they, and
         the rows queued, go on under it. The target's cache is untouched, so a switch changes
-        no greedy token."""
+        no greedy token. `clock` times every part (clock.py)."""
         order = admission_order([r.prompt_len for r in queue], batch_size)
         queue = [queue[i] for i in order]
         active: list[Row] = []
-        batch = self.target.new_batch()
-        drafter = self.new_drafter(spec)
+        batch, drafter = self.target.new_batch(), self.new_drafter(spec)
         while queue or active:
             if queue and len(active) < batch_size:
                 fresh, queue = queue[: batch_size - len(active)], queue[batch_size - len(active) :]
-                fresh_batch = self.prefill(fresh, clock)
-                t = time.perf_counter()
-                drafter.admit(fresh, self.device)
-                t = clock.add("draft_s", t)
-                batch.extend(fresh_batch)  # joining the batch is part of admitting a row, as its prefill is
-                clock.add("prefill_s", t)
+                self.admit(fresh, batch, drafter, clock)
                 active += fresh
                 active, batch, drafter = yield from self.retire(active, batch, drafter, spec)
                 continue
-            began = time.perf_counter()
-            shape = self.step(active, batch, drafter, spec, clock)
-            t = time.perf_counter()
-            active, batch, drafter = yield from self.retire(active, batch, drafter, spec)
-            batch.compact()
-            drafter.compact()
-            end = clock.add("other_s", t)
-            clock.steps.append(self.priced(shape, end - began, spec, clock))
+            with clock.step(spec) as stepping:
+                stepping.step = self.step(active, batch, drafter, spec, clock)
+                with clock.part("other_s"):
+                    active, batch, drafter = yield from self.retire(active, batch, drafter, spec)
+                    batch.compact()
+                    drafter.compact()
             new = control(active, len(queue)) if control is not None else None
             if new is not None and new != spec:
-                t = time.perf_counter()
-                spec, drafter = new, self.new_drafter(new)
-                if active:
-                    drafter.admit(active, self.device)
-                clock.add("draft_s", t)
-                if clock.regime is not None:
-                    clock.priced("draft_s", clock.regime.switch_s(new.method))
+                with clock.switch(new):
+                    spec, drafter = new, self.new_drafter(new)
+                    if active:
+                        drafter.admit(active, self.device)
+
+    def admit(self, rows: list[Row], batch, drafter, clock: Clock) -> None:
+        """Prefill rows into the batch, and admit them to the drafter."""
+        with clock.prefill([r.prompt_len for r in rows]):
+            batch.extend(self.prefill(rows))  # joining the batch is part of admitting a row, as its prefill is
+        with clock.part("draft_s"):
+            drafter.admit(rows, self.device)
+
+    def prefill(self, rows: list[Row]):
+        """The rows' cache, each row's first token committed."""
+        fresh, first = self.target.prefill(rows)
+        for row, token in zip(rows, first):
+            self.commit(row, [token])
+        return fresh
 
     def retire(self, active: list[Row], batch, drafter, spec: SpecConfig):
         done = [r for r in active if r.finish]
@@ -243,49 +243,35 @@ class Decoder:
         drafter.select(keep)
         return [active[i] for i in keep], batch, drafter
 
-    def prefill(self, rows: list[Row], clock: Clock):
-        t = time.perf_counter()
-        batch, first = self.target.prefill(rows)
-        for row, token in zip(rows, first):
-            self.commit(row, [token])
-        clock.add("prefill_s", t)
-        if clock.regime is not None:
-            clock.priced("prefill_s", sum(clock.regime.prefill_s(r.prompt_len) for r in rows))
-        return batch
+    def step(self, rows: list[Row], batch, drafter, spec: SpecConfig, clock: Clock) -> Step:
+        """One decode step of every row in flight: propose, verify, accept. Returns the step as it
+        ran (its rows, their cache's length before it, tokens per row, tokens committed), the
+        clock adding its seconds."""
+        context = batch.slots
+        with clock.part("draft_s"):
+            proposal = self.propose(rows, drafter, spec)
+        with clock.part("verify_s"):
+            verdict = self.target.verify(rows, batch, proposal)
+        with clock.part("other_s"):
+            committed = self.accept(rows, drafter, proposal, verdict)
+        return Step(len(rows), context, 1 + max(map(len, proposal.tokens), default=0), committed, method=spec.method)
 
-    def priced(self, shape: tuple[int, int, int, int], wall_s: float, spec: SpecConfig, clock: Clock) -> Step:
-        """The step as it ran: its wall seconds, or the regime's price of its shape."""
-        rows, context, tokens, committed = shape
-        if clock.regime is None:
-            return Step(rows, context, tokens, committed, wall_s, spec.method)
-        if clock.regime.pads_drafts and spec.method != "none":  # as TensorRT-LLM's steps are, and report
-            tokens = 1 + spec.draft_len
-        cost = clock.regime.step(rows, tokens, context, spec.method)
-        clock.priced("draft_s", cost.draft_s)
-        clock.priced("verify_s", cost.verify_s)
-        clock.priced("other_s", cost.other_s)
-        return Step(rows, context, tokens, committed, cost.total, spec.method)
-
-    def step(self, rows: list[Row], batch, drafter, spec: SpecConfig, clock: Clock) -> tuple[int, int, int, int]:
-        """One decode step of every row in flight; returns its shape (rows, context, tokens per
-        row, tokens committed)."""
-        t = time.perf_counter()
+    def propose(self, rows: list[Row], drafter, spec: SpecConfig) -> Proposal:
+        """Each row's drafts within its budget (the arm's k, less than the tokens it has left),
+        led by the tokens its grammar forces."""
         budgets = [max(0, min(spec.draft_len, r.params.max_tokens - len(r.output) - 1)) for r in rows]
         forced = [r.grammar.forced()[:k] if r.grammar is not None and k else [] for r, k in zip(rows, budgets)]
         drafts = drafter.propose(rows, budgets, self.vocab, forced) if max(budgets, default=0) > 0 else None
-        t = clock.add("draft_s", t)
+        return Proposal(drafts.tokens if drafts else [[] for _ in rows], forced, drafts)
 
-        draft_lists = drafts.tokens if drafts else [[] for _ in rows]
-        context = batch.slots
-        width = 1 + max((len(d) for d in draft_lists), default=0)
-        num_accepted, next_token, held = self.target.verify(rows, batch, draft_lists, drafts)
-        t = clock.add("verify_s", t)
-
-        accepted, nexts = num_accepted.tolist(), next_token.tolist()
-        if drafts is not None:
-            drafter.commit(num_accepted, drafts, nexts)
+    def accept(self, rows: list[Row], drafter, proposal: Proposal, verdict: Verdict) -> int:
+        """Commit each row's accepted drafts and its next token, the drafter following; count
+        them on the row. Returns the tokens committed."""
+        accepted, nexts = verdict.accepted.tolist(), verdict.next_token.tolist()
+        if proposal.drafts is not None:
+            drafter.commit(verdict.accepted, proposal.drafts, nexts)
         committed = 0
-        for row, d, n, nxt, h, f in zip(rows, draft_lists, accepted, nexts, held, forced):
+        for row, d, n, nxt, h, f in zip(rows, proposal.tokens, accepted, nexts, verdict.held, proposal.forced):
             if h:
                 row.grammar.rollback(h)  # back to the committed tokens; commit advances it over the kept ones
             # drafts accepted past the row's end (eos, a stop string) are not output: not counted
@@ -297,8 +283,7 @@ class Decoder:
             row.draft_tokens += len(d)
             row.accepted_tokens += n
             row.accepted_steps.append(n)
-        clock.add("other_s", t)
-        return len(rows), context, width, committed
+        return committed
 
     def commit(self, row: Row, tokens: list[int]) -> int:
         """Append committed tokens (`append`) and advance the row's grammar over them; return how

@@ -15,7 +15,7 @@ from __future__ import annotations
 import array
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -25,17 +25,17 @@ from batchspec.engine.base import (
     Completion,
     Control,
     GenerateResult,
+    Profile,
     Progress,
     Request,
     SpecConfig,
-    StepCost,
     Timing,
 )
 from batchspec.engine.acceptance import Acceptance, PlainRow
 from batchspec.engine.torch import counterfactual, measure
-from batchspec.engine.regimes import Regime
 from batchspec.engine.sampling import argmax
-from batchspec.engine.torch.decode import Clock, Decoder, ModelTarget, Row
+from batchspec.engine.torch.clock import Clock, WallClock
+from batchspec.engine.torch.decode import Decoder, ModelTarget, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.torch.grammar import Grammar, GrammarError, Grammars
 from batchspec.engine.torch.kv import Batch
@@ -59,7 +59,8 @@ class TorchEngine:
     builds: tuple = ()
 
     def __init__(self, model, tokenizer, model_name: str = "model", device: str | None = None,
-                 draft_loader=None, regime: Regime | None = None, suffix_tree_mb: float = SUFFIX_TREE_MB_DEFAULT) -> None:
+                 draft_loader=None, clock: Callable[[], Clock] = WallClock,
+                 suffix_tree_mb: float = SUFFIX_TREE_MB_DEFAULT) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -73,7 +74,7 @@ class TorchEngine:
         self._encoded: dict[int, tuple[weakref.ref, array.array]] = {}  # id(request) -> (the request, its prompt's ids): `encode`
         self.probe_seeds: dict[str, Batch] = {}  # model -> the one short row its cost probes fork from (measure.profile)
         self.warmed = False  # the target has decoded rows: a cost profile needs no warm-up forward (measure.profile)
-        self.regime = regime  # a cost regime: every second this engine reports is simulated (engine/regimes.py)
+        self.clock = clock  # makes each generate call's clock (clock.py): where every second it reports comes from
         # Finished rows' outputs by draft scope, for the suffix arm: every row with a scope joins its
         # scope's tree when it finishes, under any arm, so the tree is warm when calibration turns
         # the arm on; capped per worker (the pipeline's worker.suffix_tree_mb).
@@ -111,8 +112,7 @@ class TorchEngine:
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int,
                  control: Control | None = None) -> GenerateResult:
         self.check(spec)
-        clock = Clock(self.regime)
-        start = time.perf_counter()
+        clock = self.clock()
         completions: list[Completion | None] = [None] * len(requests)
         rows: list[Row] = []
         for i, request in enumerate(requests):
@@ -146,10 +146,9 @@ class TorchEngine:
                 done.append(row.index)
                 if scopes[row.index] is not None:
                     self.trees.add(scopes[row.index], requests[row.index].id, row.output)
-        clock.timing.wall_s = time.perf_counter() - start if self.regime is None else \
-            clock.timing.prefill_s + clock.timing.decode_s
+        timing = clock.close()
         assert all(c is not None for c in completions)
-        return GenerateResult(completions, clock.timing, steps=clock.steps)  # type: ignore[arg-type]
+        return GenerateResult(completions, timing, steps=clock.steps)  # type: ignore[arg-type]
 
     def gpu_memory_per_gpu(self) -> int | None:
         """The most device memory torch allocated on this engine's GPU (None on a CPU)."""
@@ -240,15 +239,17 @@ class TorchEngine:
     # -- what calibration needs besides generate ---------------------------------------------------
 
     def profile(self, target: Sequence[tuple[int, int, int]], drafts: Sequence[tuple[str, int, int, int]] = (),
-                tries: int = 2, temperature: float = 0.0, reps: int = measure.REPS) -> list[StepCost]:
+                tries: int = 2, temperature: float = 0.0, reps: int = measure.REPS) -> Profile:
         """Time one target forward for each (batch, context, tokens per row) in `target` and one draft
         forward for each (draft model, batch, context, tokens per row) in `drafts`, the fastest of
-        at least `tries` (see measure.profile). Under a cost regime each point is the
-        regime's price of that forward, and nothing runs."""
-        if self.regime is not None:
-            return [StepCost("target", self.model_name, b, c, w, self.regime.forward_s(b, w, c)) for b, c, w in target] + \
-                   [StepCost("draft", d, b, c, w, self.regime.draft_fraction * self.regime.forward_s(b, w, c)) for d, b, c, w in drafts]
-        return measure.profile(self, target, drafts, temperature, max(reps, tries), least=tries)
+        at least `tries` (see measure.profile); the profile's seconds are its wall time."""
+        began = time.perf_counter()
+        points = measure.profile(self, target, drafts, temperature, max(reps, tries), least=tries)
+        return Profile(points, time.perf_counter() - began)
+
+    def switch_s(self, arm: SpecConfig) -> float:
+        """Nothing: the engine switches drafters between decode steps (their time is draft time)."""
+        return 0.0
 
     def acceptance(self, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], requests: Sequence[Request] = (),
                    tree: SuffixTree | None = None, batch_size: int = 1, grow: bool = False) -> tuple[dict[str, Acceptance], bool]:

@@ -61,6 +61,7 @@ from batchspec.engine.base import (
     ENGINE_METHODS,
     Completion,
     GenerateResult,
+    Profile,
     Progress,
     Request,
     SpecConfig,
@@ -114,6 +115,9 @@ AHEAD = 2
 STATS_NOW = 0.0  # get_stats timeout of a read between submissions: what has arrived, no wait
 POLL_S = 0.002  # between looks at the rows in flight: well under one decode iteration
 SLEEP = time.sleep  # how an engine waits, unless it is given `sleep` (a simulator hands it its own)
+# A build's seconds before the engine has timed one (`switch_s`): an 8B engine builds in 60-120 s
+# (docs/calibration.md, "Constants"), so a switch is not taken for cheap before the first build.
+BUILD_S_UNTIMED = 60.0
 
 
 def response_ready(future: Any) -> bool:
@@ -213,7 +217,6 @@ class TrtllmEngine:
     counterfactual = False  # no teacher-forced logits: a model drafter's acceptance is measured by running it
     end_token_in_output = False  # the adapter leaves the end token out of a row's output ids (its counts include it)
     seeded_sampling = False  # 1.2's PyTorch sampler ignores a request's seed: sampled rows say so (caveats["sampled"])
-    regime = None
 
     def __init__(self, model: str, llm_options: dict[str, Any] | None = None, *, dtype: str | None = None,
                  clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] | None = None,
@@ -441,14 +444,16 @@ class TrtllmEngine:
             return {}, False
         return pool_acceptance(rows, arms, batch_size)
 
-    def profile(self, target, drafts=(), tries: int = 2) -> list:
+    def profile(self, target, drafts=(), tries: int = 2) -> Profile:
         """Nothing: TensorRT-LLM times no forward apart from generate; the controller learns step
         costs from the iteration statistics of the chunks it runs."""
-        return []
+        return Profile()
 
-    def build_seconds(self, spec: SpecConfig) -> float:
-        """Seconds spent building the LLM(s) for `spec`'s label (calibration counts them as cost)."""
-        return sum(b.seconds for b in self.builds if b.label == spec.label)
+    def switch_s(self, arm: SpecConfig) -> float:
+        """A build's seconds: the last build of `arm` on this engine, else its last build of any
+        arm, else BUILD_S_UNTIMED."""
+        same = [b.seconds for b in self.builds if b.label == arm.label] or [b.seconds for b in self.builds]
+        return same[-1] if same else BUILD_S_UNTIMED
 
     def close(self) -> None:
         self._shutdown_live()

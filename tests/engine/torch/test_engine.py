@@ -366,11 +366,12 @@ def test_load_by_path_and_unknown_model(tiny_model_dir, tiny_draft_dir):
 def test_profile_times_every_point_asked_and_nothing_else(tiny_engine):
     target = [(1, 6, 1), (4, 6, 1), (4, 6, 5), (4, 12, 1), (4, 20, 1)]
     drafts = [("close", 4, 12, 1), ("close", 4, 12, 2), ("close", 1, 20, 1)]
-    points = tiny_engine.profile(target, drafts, reps=2)
-    got = sorted((p.kind, p.batch, p.context, p.tokens) for p in points)
+    profile = tiny_engine.profile(target, drafts, reps=2)
+    got = sorted((p.kind, p.batch, p.context, p.tokens) for p in profile.points)
     want = sorted([("target", b, c, w) for b, c, w in target] + [("draft", b, c, w) for _, b, c, w in drafts])
     assert got == want  # every point the cost table prices (predict/costs.py), and no other
-    assert all(p.seconds > 0 for p in points)
+    assert all(p.seconds > 0 for p in profile.points)
+    assert profile.seconds > sum(p.seconds for p in profile.points)  # its wall: every try, a prefill and a warm-up
 
 
 def test_a_greedy_profile_times_the_argmax_the_greedy_engine_takes_not_probabilities(tiny_engine, monkeypatch):

@@ -191,7 +191,7 @@ def test_a_shard_streams_its_rows_and_drains_its_batch_only_where_its_arm_change
     candidates = [ngram.with_draft_len(2), ngram.with_draft_len(4)]
     engine = TrtllmEngine(TARGET, run_llm_options({}, candidates), clock=st.clock)
     requests = shard(0, "code", 64).requests
-    control = Controller(engine, requests, candidates, 4, CalibrationSettings(), WorkerState(), "code", switch_s=lambda arm: 3600.0)
+    control = Controller(engine, requests, candidates, 4, CalibrationSettings(), WorkerState(), "code")
     result = run_segments(engine, requests, control, 4)
     engine.close()
     assert [c.id for c in result.completions] == [r.id for r in requests] and st.builds == 1

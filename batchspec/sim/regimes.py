@@ -1,8 +1,8 @@
 """Cost regimes: what a decode step, a prefill and an arm switch cost on one kind of machine.
 
-A regime prices the simulated clock (engine/torch/decode.Clock with a regime): the engine decodes
-real tokens (real acceptance, batching, admission and draining) while every second it reports
-comes from the regime instead of the wall clock. In virtual time every run is deterministic, so a
+A regime prices the simulated clock (clock.py, the clock the replay engine hands the torch engine):
+the engine decodes real tokens (real acceptance, batching, admission and draining) while every
+second it reports comes from the regime instead of the wall clock. In virtual time every run is deterministic, so a
 decision's ratio to the oracle (every arm run over the whole shard) is exact. Figures made on a
 regime are simulated, never measurements; docs/calibration.md gives each regime's constants and
 the measurements or datasheets behind them.
@@ -17,6 +17,7 @@ One formula serves every regime (a roofline with a floor):
          + rows * bookkeeping(method, k)                       the engine's own work per row
     prefill(tokens) = forward(1, tokens, 0)
     switch(method)  = build_s                                  an arm change that rebuilds (TensorRT-LLM)
+    profile point   = forward(rows, width, context)            a draft model's: draft_fraction x forward
 Where drafts are padded (TensorRT-LLM's CUDA graphs), a speculative step is as wide as its arm's
 draft whether or not its rows proposed.
 
@@ -27,7 +28,9 @@ A launch-bound engine (the torch engine on a GPU) has a large `launch`; a CPU is
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
+from batchspec.engine.base import StepCost
 from batchspec.errors import ConfigError
 
 
@@ -85,6 +88,12 @@ class Regime:
     def switch_s(self, method: str) -> float:
         """An arm switch: a rebuild where arms are builds, else nothing (a drafter admits the rows)."""
         return self.build_s
+
+    def profile(self, model: str, target: Sequence[tuple[int, int, int]],
+                drafts: Sequence[tuple[str, int, int, int]] = ()) -> list[StepCost]:
+        """A cost profile's points (`Engine.profile`), each the price of its forward."""
+        return [StepCost("target", model, b, c, w, self.forward_s(b, w, c)) for b, c, w in target] + \
+               [StepCost("draft", d, b, c, w, self.draft_fraction * self.forward_s(b, w, c)) for d, b, c, w in drafts]
 
 
 # The torch engine's own work per row and step (the accept rule, commit, n-gram lookup): measured

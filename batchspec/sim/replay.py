@@ -4,8 +4,11 @@ Greedy speculative decoding commits exactly plain decoding's tokens; only how ma
 commits differs. So once a model's plain greedy outputs are recorded (`record`), every arm can be
 run again without the model: `ReplayTarget` accepts a draft where it equals the recorded token,
 behind the torch engine's own decode loop (the same admission, batching, draining, drafters and
-in-flight switching; tests/engine/test_replay.py checks its steps against the engine's), while a
-cost regime prices every second (engine/regimes.py). A shard that took minutes on a CPU replays in
+in-flight switching; tests/sim/test_replay.py checks its steps against the engine's), while a
+cost regime prices every second (regimes.py), handed to the engine as its clock (clock.py).
+Where the regime's arms are builds, so are the replay's (`arms_are_builds`): calibration counts
+and caps them as over TensorRT-LLM, and each build's seconds are charged to the decode time of
+the call that switched (the clock's `switch`), not recorded as `builds`. A shard that took minutes on a CPU replays in
 a second of Python, and its figures are simulated, deterministic, and labelled so.
 
 A draft model's proposals are recorded too: the draft's greedy argmax at every output position
@@ -17,16 +20,18 @@ accepted, so the replay accepts what the engine would.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Mapping, Sequence
 
 import torch
 
-from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Request, SpecConfig
-from batchspec.engine.regimes import Regime
-from batchspec.engine.torch.decode import Decoder, Row
+from batchspec.engine.base import NO_SPEC, Completion, GenerateResult, Profile, Request, SpecConfig
+from batchspec.engine.torch.decode import Decoder, Proposal, Row, Verdict
 from batchspec.engine.torch.drafters import Drafts
 from batchspec.engine.torch.engine import TorchEngine
 from batchspec.errors import ConfigError
+from batchspec.sim.clock import RegimeClock
+from batchspec.sim.regimes import Regime
 
 
 @dataclass(frozen=True)
@@ -86,10 +91,9 @@ class ReplayTarget:
     def prefill(self, rows: list[Row]) -> tuple[ReplayBatch, list[int]]:
         return ReplayBatch(list(rows)), [self.outputs[r.index][0] for r in rows]
 
-    def verify(self, rows: list[Row], batch: ReplayBatch, draft_lists: list[list[int]], drafts
-               ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def verify(self, rows: list[Row], batch: ReplayBatch, proposal: Proposal) -> Verdict:
         accepted, nexts = [], []
-        for row, draft in zip(rows, draft_lists):
+        for row, draft in zip(rows, proposal.tokens):
             truth, t = self.outputs[row.index], len(row.output)
             if t >= len(truth):
                 raise RuntimeError(f"row {row.index} ran past its recording ({len(truth)} tokens)")
@@ -99,7 +103,7 @@ class ReplayTarget:
             accepted.append(n)
             # drafts that matched through the row's last token (its eos) end it there: what follows is never committed
             nexts.append(truth[t + n] if t + n < len(truth) else truth[-1])
-        return torch.tensor(accepted), torch.tensor(nexts), [0] * len(rows)  # no mask: no grammar consumed drafts
+        return Verdict(torch.tensor(accepted), torch.tensor(nexts), [0] * len(rows))  # no mask: no grammar consumed drafts
 
 
 class RecordedDrafter:
@@ -134,15 +138,24 @@ class ReplayEngine(TorchEngine):
     takes requests whose ids were recorded (prompt_token_ids set), greedy only."""
 
     def __init__(self, base: TorchEngine, recorded: Mapping[str, Recorded], regime: Regime) -> None:
-        super().__init__(base.model, base.tokenizer, base.model_name, str(base.device), regime=regime)
+        super().__init__(base.model, base.tokenizer, base.model_name, str(base.device), clock=partial(RegimeClock, regime))
+        self.regime = regime
+        self.arms_are_builds = regime.build_s > 0
         self.recorded = recorded
         self._ids: list[str] = []  # the current generate call's request ids, by index
         self._prompts: dict | None = None
 
-    def profile(self, target, drafts=(), tries: int = 2, **kwargs) -> list:
-        """Where an arm is a build, nothing, as TensorRT-LLM's adapter: that engine times no forward
-        apart, so the controller learns every price from the steps it runs."""
-        return [] if self.regime.build_s else super().profile(target, drafts, tries, **kwargs)
+    def profile(self, target, drafts=(), tries: int = 2, **kwargs) -> Profile:
+        """Each point the regime's price of its forward, timed `tries` times; where an arm is a
+        build, nothing, as TensorRT-LLM's adapter: that engine times no forward apart, so the
+        controller learns every price from the steps it runs."""
+        if self.arms_are_builds:
+            return Profile()
+        points = self.regime.profile(self.model_name, target, drafts)
+        return Profile(points, tries * sum(p.seconds for p in points))
+
+    def switch_s(self, arm: SpecConfig) -> float:
+        return self.regime.switch_s(arm.method)
 
     def check(self, spec: SpecConfig) -> None:
         if spec.method not in ("none", "ngram", "draft_target", "suffix"):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
-from batchspec.engine.regimes import REGIMES, regime
-from batchspec.engine.replay import Recorded, ReplayEngine, record
 from batchspec.errors import ConfigError
+from batchspec.sim.regimes import REGIMES, regime
+from batchspec.sim.replay import Recorded, ReplayEngine, record
 
 
 def _requests(n: int = 10, max_tokens: int = 24) -> list[Request]:
@@ -132,5 +132,5 @@ def test_under_trtllm_every_speculative_step_verifies_the_arms_full_draft_and_no
     assert [c.token_ids for c in padded.completions] == [c.token_ids for c in loose.completions]
     assert [(s.rows, s.committed) for s in padded.steps] == [(s.rows, s.committed) for s in loose.steps]
     assert {s.tokens for s in trt_engine.generate(requests, NO_SPEC, 4).steps} == {1}
-    assert trt_engine.profile([(4, 16, 1), (4, 16, 6)]) == []
-    assert len(ReplayEngine(tiny_engine, recording, regime("gpu-roofline")).profile([(4, 16, 1), (4, 16, 6)])) == 2
+    assert trt_engine.profile([(4, 16, 1), (4, 16, 6)]).points == []
+    assert len(ReplayEngine(tiny_engine, recording, regime("gpu-roofline")).profile([(4, 16, 1), (4, 16, 6)]).points) == 2
