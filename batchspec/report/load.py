@@ -127,14 +127,14 @@ def load_report(url: str, environ: dict[str, str] | None = None) -> RunReport:
     plan_text = out.read_text("_plan.json")
     manifest = json.loads(out.read_text("_manifest.json") or "{}")
     complete = out.read_text("_SUCCESS") is not None
-    stats_files = _parquet_files(out, "stats")
+    stats_files = parquet_files(out, "stats")
     if not stats_files:
         if plan_text is None:
             raise OutputError(f"OUTPUT {url}: not a batchspec run (no _plan.json and no stats/*.parquet)")
         raise OutputError(f"OUTPUT {url}: planned, but no shard is committed yet (stats/ is empty)")
     planned = len(json.loads(plan_text).get("shards", [])) if plan_text else None
-    stats = _read(out, stats_files, pl_opts, None).sort("shard_id")
-    output_files = _parquet_files(out, "outputs")
+    stats = read_frame(out, stats_files, pl_opts, None).sort("shard_id")
+    output_files = parquet_files(out, "outputs")
     per_shard, reasons = _output_aggregates(out, output_files, pl_opts) if output_files else (None, {})
     shards = tuple(_shard(row, per_shard) for row in stats.to_dicts())
     warnings = _warnings(url, shards, planned, complete, per_shard)
@@ -151,7 +151,8 @@ def _shown(shard: ShardReport) -> ShardReport:
     return replace(shard, **{name: redact_text(getattr(shard, name)) for name in ("model", "draft_model", "note") if getattr(shard, name)})
 
 
-def _parquet_files(out, folder: str) -> list[str]:
+def parquet_files(out, folder: str) -> list[str]:
+    """The Parquet objects of OUTPUT/<folder>, sorted (hidden names, a writer's temporaries, left out)."""
     fs = out.fs
     try:
         names = fs.ls(out.path(folder), detail=False)
@@ -163,7 +164,8 @@ def _parquet_files(out, folder: str) -> list[str]:
     return sorted(fs.unstrip_protocol(n) if "://" in out.url else n for n in keep)
 
 
-def _read(out, files: list[str], pl_opts: dict | None, columns: list[str] | None) -> pl.DataFrame:
+def read_frame(out, files: list[str], pl_opts: dict | None, columns: list[str] | None) -> pl.DataFrame:
+    """`files` as one frame (`columns` only, or all), through polars' own readers where it has them."""
     try:
         if fsspec.utils.get_protocol(out.url) in POLARS_PROTOCOLS:
             frame = pl.scan_parquet(files, storage_options=pl_opts, glob=False)  # listed files: a "[" in a path is not a pattern
@@ -178,7 +180,7 @@ def _read(out, files: list[str], pl_opts: dict | None, columns: list[str] | None
 
 
 def _output_aggregates(out, files: list[str], pl_opts: dict | None) -> tuple[dict[str, dict], dict[str, int]]:
-    frame = _read(out, files, pl_opts, list(OUTPUT_COLUMNS))
+    frame = read_frame(out, files, pl_opts, list(OUTPUT_COLUMNS))
     per_shard = frame.group_by("shard_id").agg(
         pl.len().alias("rows"),
         (pl.col("finish_reason") == "error").sum().alias("errors"),
