@@ -17,6 +17,7 @@ Definitions (per shard, from its stats row; totals over every committed shard):
                        (the decode loop's own bookkeeping, tokenizing, writing)
     acceptance (total) sum(accepted_tokens) / sum(draft_tokens) over the output rows of shards that drafted
     mean accepted len  (total) 1 + sum(accepted_tokens) / sum(target_steps), over the same rows
+    GPU-hours          used and saved against plain decoding, per shard key and for the run (savings.py)
 
 Storage: local paths and the object stores polars reads natively (s3, gs, az) are scanned lazily
 by polars, so only the columns the report needs are fetched; any other fsspec URL (memory://, ...)
@@ -36,6 +37,7 @@ import polars as pl
 
 from batchspec.errors import OutputError, one_line
 from batchspec.redact import redact_strings, redact_text
+from batchspec.report.savings import Savings, savings
 from batchspec.stats import ShardStats, speedup_total, to_columns
 
 POLARS_PROTOCOLS = ("file", "local", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
@@ -88,6 +90,7 @@ class RunReport:
     shards: tuple[ShardReport, ...]
     totals: Totals
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    savings: Savings | None = None  # GPU-hours (CPU-hours) used and saved, per key and for the run
 
     def to_doc(self) -> dict:
         """The report as JSON-ready values: each shard's stats columns (arm labels included), the
@@ -117,8 +120,9 @@ def storage_options(url: str, environ: dict[str, str] | None = None) -> tuple[di
     return fs_opts, pl_opts
 
 
-def load_report(url: str, environ: dict[str, str] | None = None) -> RunReport:
-    """Read OUTPUT's plan, manifest, stats and outputs into a RunReport (OutputError if not a run)."""
+def load_report(url: str, environ: dict[str, str] | None = None, gpu_hour_price: float | None = None) -> RunReport:
+    """Read OUTPUT's plan, manifest, stats and outputs into a RunReport (OutputError if not a run);
+    `gpu_hour_price` prices its device-hours (savings.py)."""
     from batchspec.write import Output
 
     url = url.rstrip("/")
@@ -144,7 +148,7 @@ def load_report(url: str, environ: dict[str, str] | None = None) -> RunReport:
     # What the report shows never carries a URL's secrets, whatever wrote the files (batchspec.redact).
     return RunReport(redact_text(url), complete, engine, redact_strings(model), redact_strings(manifest.get("input")),
                      tuple(_shown(s) for s in shards), _totals(shards, planned, per_shard, reasons),
-                     tuple(redact_text(w) for w in warnings))
+                     tuple(redact_text(w) for w in warnings), savings(shards, gpu_hour_price))
 
 
 def _shown(shard: ShardReport) -> ShardReport:
