@@ -170,3 +170,17 @@ def test_the_plan_of_a_request_file_shards_by_endpoint_in_input_order(tmp_path):
     plan = make_plan(open_input(str(tmp_path / "r.jsonl"), shard_by="url"), "url", 2, local=True)
     assert [(s.shard_key, s.rows) for s in plan.shards] == [("/v1/chat/completions", 2), ("/v1/chat/completions", 1), ("/v1/completions", 2)]
     assert plan.rows == len(custom_ids)
+
+
+def test_request_files_on_s3_are_read_by_row_groups_through_fsspec(s3, monkeypatch):
+    url, options, _ = s3
+    monkeypatch.setattr(read, "REQUEST_GROUP_BYTES", 300)
+    lines = [chat(f"s{i}") if i % 4 else completion(f"s{i}") for i in range(12)]
+    fs = fsspec.filesystem("s3", **options)
+    fs.pipe_file(f"{url}/in/requests.jsonl".removeprefix("s3://"), "".join(json.dumps(x) + "\n" for x in lines).encode())
+    source = open_input(f"{url}/in/*.jsonl", options)
+    assert len(source.files[0].row_groups) > 2
+    table, ids = rows_of(source)
+    assert ids == [x["custom_id"] for x in lines] and table.column("input_row").to_pylist() == list(range(12))
+    parsed = parse_rows(table, ids, DEFAULTS)
+    assert all(p.error is None for p in parsed) and parsed[0].request.prompt.startswith("def add")
