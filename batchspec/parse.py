@@ -19,6 +19,16 @@ Prompt format: under "chat" (the default) a text `prompt` becomes one user messa
 renders it through the model's chat template, as a chat endpoint of the batch APIs (or Ray Data
 LLM's chat-template stage) would; under "raw" it stays text, tokenized as is (base models).
 `messages` always go through the template.
+
+Batch API request lines (read.py reads a `.jsonl` INPUT into the `batch_request` column, one line's
+JSON text per row, or `batch_error` where the line is not a request) map to the same columns, the
+body's fields by name: `messages` (the chat endpoint) or `prompt` (the completions endpoint),
+`max_tokens` or `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`,
+`response_format`. The endpoint says how a prompt is presented, whatever the run's prompt format:
+a completions prompt is text tokenized as is, chat messages go through the template. What batchspec
+cannot honour is the row's error, never ignored: another `method` or `url`, a body field it does not
+read (`n` 1 and `stream` false change nothing and pass), a `body.model` other than the run's. A
+field the line leaves out takes the run's default (the pipeline file), not the hosted API's.
 """
 
 from __future__ import annotations
@@ -37,8 +47,11 @@ from batchspec.errors import one_line
 
 PROMPT_COLUMNS = ("prompt", "messages")
 SAMPLING_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop", "response_format")
-PARSED_COLUMNS = (*PROMPT_COLUMNS, *SAMPLING_COLUMNS)  # what a request is made of (the id comes apart)
-CONSUMED_COLUMNS = (*PROMPT_COLUMNS, "id", *SAMPLING_COLUMNS)
+BATCH_REQUEST = "batch_request"  # a Batch API request line's JSON text (read.py, from a .jsonl INPUT)
+BATCH_ERROR = "batch_error"  # why that line is not a request (not JSON, no custom_id), naming its file and line
+BATCH_COLUMNS = (BATCH_REQUEST, BATCH_ERROR)
+PARSED_COLUMNS = (*PROMPT_COLUMNS, *SAMPLING_COLUMNS, *BATCH_COLUMNS)  # what a request is made of (the id comes apart)
+CONSUMED_COLUMNS = (*PROMPT_COLUMNS, "id", *SAMPLING_COLUMNS, *BATCH_COLUMNS)
 CHAT_ROLES = ("system", "user", "assistant", "tool")  # what chat templates render
 SEED_LIMIT = 2**64  # seeds are unsigned 64-bit integers (torch.Generator.manual_seed, TensorRT-LLM)
 
@@ -55,6 +68,7 @@ class RowDefaults:
     seed: int | None
     prompt_format: str = "chat"
     response_format: ResponseFormat | None = None  # rows whose response_format is null get it
+    model: str | None = None  # the run's model as configured: a Batch API line naming another fails
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,9 @@ def _parse_row(row: dict, row_id: str, defaults: RowDefaults) -> ParsedRow:
         bad = next((f"{name} {value.why}" for name, value in row.items() if isinstance(value, Unreadable)), None)
         if bad:
             raise ValueError(bad)
+        as_text = False  # a Batch API completions prompt: tokenized as is, whatever the prompt format
+        if any(name in row for name in BATCH_COLUMNS):
+            row, as_text = _batch_request(row, defaults.model)
         params = _sampling(row, row_id, defaults)
         prompt, messages = _prompt(row)
         response_format = _response_format(row.get("response_format"), defaults)
@@ -111,9 +128,62 @@ def _parse_row(row: dict, row_id: str, defaults: RowDefaults) -> ParsedRow:
         return ParsedRow(Request(row_id), str(exc))
     except Exception as exc:  # anything else a cell can provoke fails its row alone, never the shard
         return ParsedRow(Request(row_id), one_line(f"row cannot be parsed: {type(exc).__name__}: {one_line(exc)}"))
-    if prompt is not None and defaults.prompt_format == "chat":
+    if prompt is not None and defaults.prompt_format == "chat" and not as_text:
         prompt, messages = None, ({"role": "user", "content": prompt},)
     return ParsedRow(Request(row_id, prompt=prompt, messages=messages, params=params, response_format=response_format))
+
+
+# ---- Batch API request lines -------------------------------------------------------------------
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+LINE_FIELDS = ("custom_id", "method", "url", "body")
+SHARED_BODY = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "response_format")
+BODY_FIELDS = {CHAT: ("messages", *SHARED_BODY, "max_completion_tokens"), COMPLETIONS: ("prompt", *SHARED_BODY)}
+NEUTRAL_BODY = {"n": 1, "stream": False}  # fields whose value here is what batchspec does anyway
+
+
+def _batch_request(row: dict, model: str | None) -> tuple[dict, bool]:
+    """A Batch API request line's columns (module docstring), and whether its prompt is text to
+    tokenize as is (the completions endpoint). ValueError names what the line asks that batchspec
+    cannot honour."""
+    if row.get(BATCH_ERROR) is not None:
+        raise ValueError(row[BATCH_ERROR])
+    line = json.loads(row[BATCH_REQUEST])  # read.py kept only lines that are JSON objects
+    _known("request field", line, LINE_FIELDS, "a line holds")
+    if line.get("method") != "POST":
+        raise ValueError(f"method must be POST, got {_short(line.get('method'))}")
+    url, body = line.get("url"), line.get("body")
+    if url not in BODY_FIELDS:
+        raise ValueError(f"url must be {CHAT} or {COMPLETIONS}, got {_short(url)}")
+    if not isinstance(body, dict):
+        raise ValueError(f"body must be an object, got {type(body).__name__}")
+    for name, value in NEUTRAL_BODY.items():
+        if name in body and (type(body[name]) is not type(value) or body[name] != value):
+            raise ValueError(f"body.{name} must be {json.dumps(value)} (batchspec writes one whole choice per line), got {_short(body[name])}")
+    _known("body field", [k for k in body if k not in NEUTRAL_BODY], BODY_FIELDS[url], f"{url} reads")
+    if body.get("model") is not None and model is not None and body["model"] != model:
+        raise ValueError(f"body.model {_short(body['model'])} is not this run's model {model!r}")
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise ValueError("body.max_tokens and body.max_completion_tokens are both set; give one")
+    out = {name: body[name] for name in (*PROMPT_COLUMNS, *SAMPLING_COLUMNS) if body.get(name) is not None}
+    if body.get("max_completion_tokens") is not None:
+        out["max_tokens"] = body["max_completion_tokens"]
+    if "response_format" in out:  # as JSON text: a mapping would lose its null values (engine.response_format)
+        out["response_format"] = json.dumps(out["response_format"])
+    return out, url == COMPLETIONS
+
+
+def _known(what: str, given, known: tuple[str, ...], reads: str) -> None:
+    unknown = [k for k in given if k not in known]
+    if unknown:
+        names = ", ".join(_short(k) for k in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise ValueError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {names}: batchspec cannot honour "
+                         f"{'them' if len(unknown) > 1 else 'it'} ({reads} {', '.join(known)})")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _response_format(raw, defaults: RowDefaults) -> ResponseFormat | None:

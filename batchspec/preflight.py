@@ -87,9 +87,10 @@ def check_prompt_format(config: RunConfig) -> None:
 
 def row_defaults(config: RunConfig) -> RowDefaults:
     """How the run's rows become requests unless a row says otherwise (batchspec.parse): the sampling
-    values, the prompt format and the default response_format (its file read and checked here)."""
+    values, the prompt format, the default response_format (its file read and checked here) and the
+    model a Batch API request line may name."""
     return RowDefaults(config.max_tokens, config.temperature, config.top_p, config.seed, config.prompt_format,
-                       default_response_format(config))
+                       default_response_format(config), config.model)
 
 
 def run_llm_options(config: RunConfig, arms) -> dict:

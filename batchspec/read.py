@@ -1,8 +1,9 @@
-"""Step 1, read: find the input Parquet files behind any fsspec URL and read them by chunks.
+"""Step 1, read: find the input files behind any fsspec URL and read them by chunks.
 
 What this module owns:
 - resolving INPUT (a file, a folder, a glob; local, file://, s3://, memory://, ...) to an ordered
-  list of Parquet files, checking each footer and schema once, before any worker starts;
+  list of Parquet files, checking each footer and schema once, before any worker starts; or to
+  Batch API request files (JSON lines, `.jsonl`), each read through once to find its lines;
 - listing INPUT without reading it (`list_input`: paths and sizes, all a plan fingerprint needs);
 - row identity and chunked reads for plan and group (Ray Data tasks, or in-process for small
   inputs): a `Chunk` is a run of row groups of one file, read with only the columns wanted and
@@ -17,10 +18,21 @@ INPUT>#<row index>`, stable across runs; duplicate ids are refused by the plan. 
 are text: bytes in them that are not UTF-8 (Parquet readers do not check) are read as U+FFFD
 (`valid_strings`), so no cell can stop the plan. Every column
 except prompt, messages, id and the sampling columns passes through untouched.
+
+A Batch API request file is read as a table of one row per request line (`REQUEST_SCHEMA`; blank
+lines are not requests, as vLLM's run-batch skips them): `id` is the line's `custom_id`, `custom_id`
+and `url` pass through to the output (what `batchspec export` writes the result lines from),
+`input_row` is the line's place among INPUT's requests (the order export writes), `batch_request`
+is the line's JSON text, which batchspec.parse maps to a request, and `batch_error` says why a line
+is not a request (not UTF-8, not JSON, not an object, no string custom_id), with its file and line
+number: such a line is still one row, an error row. Its "row groups" are runs of consecutive lines
+of about REQUEST_GROUP_BYTES, found when the file is opened, so plan and group read a request file
+by chunks as they read Parquet.
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
 from dataclasses import dataclass
 from typing import Iterator
@@ -32,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.errors import InputError, one_line
-from batchspec.parse import CONSUMED_COLUMNS, PROMPT_COLUMNS
+from batchspec.parse import BATCH_ERROR, BATCH_REQUEST, CONSUMED_COLUMNS, PROMPT_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,12 @@ class InputFile:
     size: int
     rows: int
     row_groups: tuple[tuple[int, int], ...] = ()  # (rows, uncompressed bytes) per row group
+    line_groups: tuple[tuple[int, int], ...] = ()  # a request file: (byte offset, line number) of each row group's first line
+    first_row: int = 0  # INPUT's rows in the files before this one
+
+    @property
+    def is_requests(self) -> bool:
+        return is_request_file(self.path)
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,7 @@ def filesystem(url: str, storage_options: dict | None = None) -> fsspec.Abstract
 
 
 def list_input(url: str, storage_options: dict | None = None) -> InputListing:
-    """INPUT's Parquet files and their sizes, from a listing (no file is opened)."""
+    """INPUT's files (Parquet, or Batch API request files) and their sizes, from a listing (no file is opened)."""
     opts = storage_options or {}
     try:
         fs, root = fsspec.core.url_to_fs(url, **opts)
@@ -101,15 +119,23 @@ def list_input(url: str, storage_options: dict | None = None) -> InputListing:
     except Exception as exc:  # the backend's own error: unreachable bucket, bad credentials, ...
         raise InputError(f"cannot list input {url}: {one_line(exc)}") from exc
     if not paths:
-        raise InputError(f"no Parquet files found at input {url}")
+        raise InputError(f"no input files (Parquet, or Batch API requests .jsonl) found at input {url}")
     return InputListing(url, tuple(zip(paths, sizes)), base)
 
 
 def open_input(url: str | InputListing, storage_options: dict | None = None, shard_by: str | None = None) -> InputSource:
-    """Resolve INPUT to its Parquet files and check their footers and columns (InputError if not)."""
+    """Resolve INPUT to its Parquet files and check their footers and columns, or to its Batch API
+    request files and their lines (InputError if not)."""
     opts = storage_options or {}
     listing = url if isinstance(url, InputListing) else list_input(url, opts)
     fs = filesystem(listing.url, opts)
+    kinds = {is_request_file(p) for p, _ in listing.files}
+    if len(kinds) > 1:
+        raise InputError(f"input {listing.url} holds both Batch API request files (.jsonl) and Parquet files; give one kind")
+    if kinds == {True}:
+        files = _open_requests(fs, listing)
+        _check_columns(REQUEST_SCHEMA, listing.url, shard_by)
+        return InputSource(listing.url, files, REQUEST_SCHEMA, tuple(sorted(opts.items())))
     files, schemas = [], []
     for path, size in listing.files:
         meta = _footer(fs, path)
@@ -170,7 +196,7 @@ def _unify(schemas: list[pa.Schema], urls: list[str]) -> pa.Schema:
 
 def _check_columns(schema: pa.Schema, url: str, shard_by: str | None) -> None:
     names = schema.names
-    if not any(c in names for c in PROMPT_COLUMNS):
+    if not any(c in names for c in (*PROMPT_COLUMNS, BATCH_REQUEST)):
         raise InputError(f"input {url} needs a 'prompt' (string) or 'messages' (list of {{role, content}}) column; found {names}")
     if shard_by and shard_by not in names:
         raise InputError(f"--shard-by column {shard_by!r} is not in input {url}; found {names}")
@@ -231,6 +257,9 @@ def read_chunk(source: InputSource, chunk: Chunk, columns: list[str] | None) -> 
     f = source.files[chunk.file_index]
     fs = source.fs
     wanted = columns if columns is not None else source.schema.names
+    if f.is_requests:
+        table = pa.concat_tables([_read_request_group(source, f, g) for g in chunk.groups])
+        return _typed(source, table, wanted)
     try:
         with fs.open(f.path, "rb") as fh:
             pf = pq.ParquetFile(fh, pre_buffer=False)  # through a Python file, pre-buffering re-reads ranges
@@ -250,6 +279,13 @@ def read_pieces(source: InputSource, chunk: Chunk, target_bytes: int) -> Iterato
     (dictionary-encoded repeats are small there and large decoded)."""
     f = source.files[chunk.file_index]
     fs = source.fs
+    if f.is_requests:  # a request file's row group is already small: a piece each
+        first = chunk.first_row
+        for g in chunk.groups:
+            table = _read_request_group(source, f, g)
+            yield Chunk(chunk.file_index, chunk.groups, first, table.num_rows, f.row_groups[g][1]), table
+            first += table.num_rows
+        return
     first, pending, size = chunk.first_row, [], 0
     try:
         with fs.open(f.path, "rb") as fh:
@@ -320,3 +356,97 @@ def valid_strings(col: pa.Array) -> pa.Array:
     except pa.ArrowInvalid:
         raw = col.cast(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
         return pa.array([None if v is None else v.decode("utf-8", "replace") for v in raw.to_pylist()], col.type)
+
+
+# ---- Batch API request files (JSON lines) -----------------------------------------------------
+
+REQUEST_SUFFIX = ".jsonl"
+REQUEST_GROUP_BYTES = 1 << 20  # a request file's row group: consecutive lines of about this many bytes
+REQUEST_SCHEMA = pa.schema([
+    ("id", pa.string()),  # the line's custom_id (null where it has none: `<file>#<row>`)
+    ("custom_id", pa.string()),  # the same, passed through to the output for `batchspec export`
+    ("url", pa.string()),  # the line's endpoint, passed through: export writes its response object
+    ("input_row", pa.int64()),  # the line's place among INPUT's requests, from 0: export's order
+    (BATCH_REQUEST, pa.string()),  # the line's JSON text (batchspec.parse maps it to a request)
+    (BATCH_ERROR, pa.string()),  # why the line is not a request, naming file and line (null: it is one)
+])
+
+
+def is_request_file(path: str) -> bool:
+    return path.split("?", 1)[0].lower().endswith(REQUEST_SUFFIX)
+
+
+def _open_requests(fs: fsspec.AbstractFileSystem, listing: InputListing) -> tuple[InputFile, ...]:
+    """Each request file read through once: its request lines cut into row groups."""
+    files, first_row = [], 0
+    for path, size in listing.files:
+        groups, starts = [], []
+        try:
+            with fs.open(path, "rb") as fh:
+                for offset, number, line in _lines(fh):
+                    if not groups or groups[-1][1] >= REQUEST_GROUP_BYTES:
+                        groups.append([0, 0])
+                        starts.append((offset, number))
+                    groups[-1][0] += 1
+                    groups[-1][1] += len(line)
+        except Exception as exc:
+            raise InputError(f"input file {fs.unstrip_protocol(path)} cannot be read: {one_line(exc)}") from exc
+        rows = sum(n for n, _ in groups)
+        files.append(InputFile(path, _relative(path, listing.base), size, rows, tuple(map(tuple, groups)), tuple(starts), first_row))
+        first_row += rows
+    return tuple(files)
+
+
+def _lines(fh, offset: int = 0, number: int = 1) -> Iterator[tuple[int, int, bytes]]:
+    """(byte offset, line number, line) of each request line from `offset`, which is line `number`:
+    blank lines are skipped, not requests."""
+    for line in fh:
+        if line.strip():
+            yield offset, number, line
+        offset += len(line)
+        number += 1
+
+
+def _read_request_group(source: InputSource, f: InputFile, group: int) -> pa.Table:
+    """One row group of a request file: a row per request line (`REQUEST_SCHEMA`)."""
+    rows, _ = f.row_groups[group]
+    offset, number = f.line_groups[group]
+    first = f.first_row + sum(n for n, _ in f.row_groups[:group])
+    fs = source.fs
+    try:
+        with fs.open(f.path, "rb") as fh:
+            fh.seek(offset)
+            lines = []
+            for item in _lines(fh, offset, number):
+                lines.append(item)
+                if len(lines) == rows:
+                    break
+    except Exception as exc:
+        raise InputError(f"input file {fs.unstrip_protocol(f.path)} cannot be read: {one_line(exc)}") from exc
+    if len(lines) != rows:
+        raise InputError(f"input file {fs.unstrip_protocol(f.path)} changed: {len(lines)} request lines from line {number}, {rows} when it was opened")
+    columns = [_request_columns(f.rel, n, line) for _, n, line in lines]
+    table = pa.Table.from_pylist(columns, schema=REQUEST_SCHEMA)
+    return table.set_column(3, "input_row", pa.array(np.arange(first, first + rows, dtype=np.int64)))
+
+
+def _request_columns(rel: str, number: int, line: bytes) -> dict:
+    """One request line's columns; a line that is not a request keeps only its error."""
+    where = f"{rel} line {number}"
+    try:
+        text = line.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return {BATCH_ERROR: f"{where} is not valid UTF-8"}
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return {BATCH_ERROR: f"{where} is not valid JSON: {exc.msg} at column {exc.colno}"}
+    except RecursionError:
+        return {BATCH_ERROR: f"{where} is nested too deeply"}
+    if not isinstance(doc, dict):
+        return {BATCH_ERROR: f"{where} is not a JSON object: a request line is {{custom_id, method, url, body}}"}
+    custom_id, url = doc.get("custom_id"), doc.get("url")
+    if not isinstance(custom_id, str):
+        return {BATCH_ERROR: f"{where}: custom_id must be a string, got {type(custom_id).__name__}"
+                             if "custom_id" in doc else f"{where} has no custom_id", "url": url if isinstance(url, str) else None}
+    return {"id": custom_id, "custom_id": custom_id, "url": url if isinstance(url, str) else None, BATCH_REQUEST: text}

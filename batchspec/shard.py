@@ -19,7 +19,7 @@ from typing import Sequence
 
 from batchspec.calibrate import CalibrationSettings, Controller, Decision, WorkerState, fixed_decision, run_segments
 from batchspec.calibrate.counterfactual import scope_of
-from batchspec.calibrate.ledger import price_fixed
+from batchspec.calibrate.ledger import plain_price, price_fixed
 from batchspec.calibrate.worker import LAST_SHARD
 from batchspec.engine.base import NO_SPEC, Completion, Engine, GenerateResult, Request, SpecConfig
 from batchspec.stats import ShardStats, suffix_columns
@@ -73,6 +73,8 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         row_specs = [chosen] * len(shard.requests)
     builds = engine.builds[builds_before:] if engine.arms_are_builds else []
     stats = _stats(engine, shard, ran, decision, batch_size, time.perf_counter() - start, builds)
+    plain = plain_price(worker.costs, ran.steps, ran.timing.decode_s, decision.speedup)
+    stats.plain_decode_s, stats.plain_decode_u = (plain.seconds, plain.u) if plain else (None, None)
     if decision.profile_s:
         stats.cost_profile = list(worker.costs.points)
     if suffix:

@@ -257,6 +257,15 @@ class ShardStats:
     tree_rows: int | None = None  # rows in that tree
     tree_hit_rate: float | None = None  # share of the suffix drafter's lookups in the shard that other rows' outputs answered
     events: list[Event] = field(default_factory=list)  # what calibration decided and what happened, in order (docs/schema.md, "events")
+    plain_decode_s: float | None = None  # what plain decoding would have taken for the shard's decode: decode_s x speedup (the
+    # worker's cost table's price), decode_s itself where plain decoding ran every step (null: the table cannot price it)
+    plain_decode_u: float | None = None  # plain_decode_s's relative uncertainty: its prices' `u`, weighted by price (0: plain decoding ran)
+    device: str | None = None  # what gpu_s counts: gpu (the worker's GPUs) | cpu (a CPU worker's torch threads: CPU-seconds)
+    devices: float | None = None  # how many: worker.num_gpus, or on a CPU worker its torch threads
+    gpu_s: float | None = None  # device-seconds the shard used: (prefill_s + decode_s + calibration_s) x devices (null: not measured)
+    plain_gpu_s: float | None = None  # the same rows as plain decoding: (prefill_s + plain_decode_s) x devices, no calibration
+    plain_gpu_s_err: float | None = None  # plain_gpu_s's uncertainty, device-seconds: plain_decode_s x plain_decode_u x devices
+    plain_estimated: bool | None = None  # plain_gpu_s is the cost table's price (plain decoding did not run every step), not a measurement
 
     @property
     def chosen(self) -> ArmResult | None:
@@ -278,6 +287,21 @@ def suffix_columns(completions: Iterable[Completion], usage: tuple[int, int] | N
     hits = sum(c.tree_drafts for c in completions)
     tree_bytes, tree_rows = usage if usage is not None else (None, None)
     return {"tree_bytes": tree_bytes, "tree_rows": tree_rows, "tree_hit_rate": hits / lookups if lookups else None}
+
+
+def device_seconds(stats: ShardStats, gpus: float, cpus: float) -> dict[str, Any]:
+    """ShardStats' device columns for a worker of `gpus` GPUs (0: a CPU worker of `cpus` threads):
+    the seconds it measured and plain decoding's price of the same rows, each times the devices."""
+    device, devices = ("gpu", gpus) if gpus > 0 else ("cpu", cpus)
+    out: dict[str, Any] = {"device": device, "devices": devices}
+    if stats.decode_s is None or stats.prefill_s is None:
+        return out
+    out["gpu_s"] = (stats.prefill_s + stats.decode_s + (stats.calibration_s or 0.0)) * devices
+    if stats.plain_decode_s is not None:
+        u = stats.plain_decode_u or 0.0
+        out.update(plain_gpu_s=(stats.prefill_s + stats.plain_decode_s) * devices,
+                   plain_gpu_s_err=stats.plain_decode_s * u * devices, plain_estimated=u > 0)
+    return out
 
 
 STATS_FIELDS = arrow_fields(ShardStats)

@@ -52,7 +52,7 @@ from batchspec.prior import WHY as PRIOR_WHY
 from batchspec.redact import redact_text
 from batchspec.group import INTERNAL, read_shard_input, shard_ids
 from batchspec.parse import ParsedRow, RowDefaults, parse_rows
-from batchspec.stats import ShardStats
+from batchspec.stats import ShardStats, device_seconds
 from batchspec.worker_pool import WorkerPool, check_gpus_fit, start_actor, stop_actors
 from batchspec.write import Output, output_table, stats_table
 
@@ -151,12 +151,18 @@ def commit(job: WorkerJob, plan: ShardPlan, rows: ShardRows, completions: list[C
     empty = sum(c.finish_reason != "error" and not c.text for c in completions)
     stats = replace(stats, shard_id=plan.shard_id, shard_key=plan.shard_key, rows=len(completions), error_rows=errors,
                     output_tokens=tokens, empty_rows=empty, gpus=job.worker.num_gpus, **_redacted(stats))
+    stats = replace(stats, **device_seconds(stats, job.worker.num_gpus, torch_threads(job.worker)))
     passthrough = rows.table.select([n for n in job.passthrough.names if n in rows.table.column_names])
     if job.lease is not None:
         job.lease.check()
     job.output.commit_shard(plan.shard_id, output_table(plan.shard_id, completions, specs, passthrough, job.out_schema), stats_table(stats),
                             failed=failed, was_failed=was_failed)
     return ShardOutcome(plan.shard_id, plan.shard_key, len(completions), errors, tokens, stats)
+
+
+def torch_threads(w: WorkerConfig) -> int:
+    """The threads a worker's torch engine computes on: what a CPU worker's CPU-seconds count."""
+    return w.torch_threads or max(1, math.ceil(w.num_cpus))
 
 
 def _redacted(stats: ShardStats) -> dict[str, str | None]:
@@ -200,7 +206,7 @@ class ShardWorker:
         from batchspec.models import loading, local_folder, require_chat_template, resolve_model
 
         w = self.job.worker
-        torch.set_num_threads(w.torch_threads or max(1, math.ceil(w.num_cpus)))
+        torch.set_num_threads(torch_threads(w))
         opts = dict(self.job.storage_options)
         model = str(resolve_model(self.job.model, storage_options=opts)) if self.job.engine == "torch" else self.job.model
         if self.job.defaults.prompt_format == "chat":  # a URL's model is here only now (pipeline.check_prompt_format)

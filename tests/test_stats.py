@@ -161,3 +161,24 @@ def test_the_suffix_tree_columns_come_from_completions_and_the_keys_tree():
     assert suffix_columns(done, (4096, 12)) == {"tree_bytes": 4096, "tree_rows": 12, "tree_hit_rate": 0.25}
     assert suffix_columns([Completion("c", "z")], None) == {"tree_bytes": None, "tree_rows": None, "tree_hit_rate": None}
     assert {"tree_bytes", "tree_rows", "tree_hit_rate"} <= set(STATS_SCHEMA.names)
+
+
+def _timed(**more) -> ShardStats:
+    return ShardStats(shard_id="00000-a", shard_key="a", rows=4, error_rows=0, engine="torch", model="m", batch_size=4,
+                      prefill_s=2.0, decode_s=10.0, calibration_s=1.5, **more)
+
+
+def test_device_seconds_count_gpus_or_a_cpu_workers_threads_and_price_plain_decoding_without_calibration():
+    from batchspec.stats import device_seconds
+
+    estimated = device_seconds(_timed(speedup=1.5, plain_decode_s=15.0, plain_decode_u=0.04), gpus=2.0, cpus=8)
+    assert estimated == {"device": "gpu", "devices": 2.0, "gpu_s": (2.0 + 10.0 + 1.5) * 2, "plain_gpu_s": (2.0 + 15.0) * 2,
+                         "plain_gpu_s_err": 15.0 * 0.04 * 2, "plain_estimated": True}
+    ran_plain = device_seconds(_timed(plain_decode_s=10.0, plain_decode_u=0.0), gpus=0.0, cpus=3)
+    assert ran_plain == {"device": "cpu", "devices": 3, "gpu_s": 13.5 * 3, "plain_gpu_s": 12.0 * 3, "plain_gpu_s_err": 0.0,
+                         "plain_estimated": False}
+    assert ran_plain["plain_gpu_s"] - ran_plain["gpu_s"] == -1.5 * 3  # plain decoding throughout: saved minus calibration
+    unpriced = device_seconds(_timed(), gpus=1.0, cpus=1)
+    assert unpriced == {"device": "gpu", "devices": 1.0, "gpu_s": 13.5}  # the table could not price plain decoding
+    unrun = ShardStats(shard_id="00001-a", shard_key="a", rows=2, error_rows=2, engine="torch", model="m", batch_size=4)
+    assert device_seconds(unrun, gpus=1.0, cpus=1) == {"device": "gpu", "devices": 1.0}  # nothing measured: no seconds claimed

@@ -110,3 +110,30 @@ def price_fixed(engine: Engine, costs: CostTable, spec: SpecConfig, batch_size: 
     if not ledger.prices_plain():
         return None, None, ledger.profile_s
     return (*ledger.plain(), ledger.profile_s)
+
+
+# ---- plain decoding's price of a shard's decode, with its interval (the stats' plain_gpu_s) ----
+
+
+@dataclass(frozen=True)
+class PlainPrice:
+    """What plain decoding would have taken for the decode a shard ran: `seconds`, within a
+    relative `u`. Where plain decoding ran every step, its own seconds (u 0); else the shard's
+    decode seconds times its speedup (the price `Ledger.plain` and `price_fixed` set), `u` the
+    cost table's uncertainty of those prices weighted by price: one table prices every step, so
+    their errors are taken as one (summed, not added in quadrature)."""
+
+    seconds: float
+    u: float
+
+
+def plain_price(costs: CostTable, steps: Sequence[Step], decode_s: float, speedup: float | None) -> PlainPrice | None:
+    """`PlainPrice` of a shard whose decode took `decode_s` over `steps` at `speedup` (its
+    Decision's); None where the table priced no plain decoding (speedup None)."""
+    if all(s.method == "none" for s in steps):
+        return PlainPrice(decode_s, 0.0)
+    if not speedup:
+        return None
+    prices = [(s.committed / s.rows * p.seconds, p.u) for s in steps for p in [costs.price("none", s.rows, 1, s.context)]]
+    total = sum(x for x, _ in prices)
+    return PlainPrice(decode_s * speedup, sum(x * u for x, u in prices) / total if total else 0.0)

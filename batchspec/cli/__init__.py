@@ -20,6 +20,7 @@ COMMANDS = {
     "run": "run",
     "calibrate": "calibrate",
     "report": "report",
+    "export": "export",
     "submit": "submit",
     "validate": "validate",
     "models": "models",
@@ -94,6 +95,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
       batchspec run examples/prompts.parquet out
       batchspec calibrate examples/prompts.parquet --shard-by task
       batchspec report out --html report.html
+      batchspec run requests.jsonl out && batchspec export out results.jsonl
       batchspec models list
     """
     ctx.obj = {"debug": debug}

@@ -29,7 +29,8 @@ def command(input: str, output: str, pipeline: str | None, run_date: str | None,
 
     INPUT is a Parquet file, folder or glob with a `prompt` or `messages` column; a prompt goes to
     the model as one user message through its chat template (--prompt-format raw: as is, for base
-    models). OUTPUT receives outputs/*.parquet (one row per input row), stats/*.parquet (one row
+    models). INPUT may instead be Batch API request files (.jsonl: custom_id, method, url, body),
+    one row per request line; `batchspec export` writes the run back as a Batch API result file. OUTPUT receives outputs/*.parquet (one row per input row), stats/*.parquet (one row
     per shard), _plan.json, _manifest.json and _SUCCESS. Options override the pipeline file. Exit
     code 0 means every input row has exactly one output row.
 
@@ -40,6 +41,7 @@ def command(input: str, output: str, pipeline: str | None, run_date: str | None,
       batchspec run prompts.parquet out --spec none --max-tokens 32
       batchspec run completions.parquet out --model ./my-base-model --prompt-format raw
       batchspec run s3://bucket/prompts/ s3://bucket/run1 --shard-by task --plan-only
+      batchspec run requests.jsonl out --shard-by url
 
     With --plan-only the run stops after the plan: a scheduler can size the job from the shard
     table and the rows that will fail, and a later run of the same INPUT and OUTPUT without the

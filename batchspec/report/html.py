@@ -6,7 +6,8 @@ from __future__ import annotations
 import html
 
 from batchspec.report.load import RunReport, _num, _pct, _x
-from batchspec.report.plots import _fig_arms, _fig_rates, _fig_time
+from batchspec.report.plots import _fig_arms, _fig_rates, _fig_saved, _fig_time
+from batchspec.report.savings import header, notes, row, sig
 
 
 def render_html(report: RunReport) -> str:
@@ -19,6 +20,7 @@ def render_html(report: RunReport) -> str:
             ("Acceptance and speedup per shard", _fig_rates(report)),
             ("Calibrated arms per shard (predicted speedup over plain decoding; the chosen arm is highlighted)", _fig_arms(report)),
             ("Where the time went", _fig_time(report)),
+            (f"{report.savings.unit}-hours saved per shard key" if report.savings else "", _fig_saved(report)),
         ]
     t = report.totals
     cards = [
@@ -30,6 +32,11 @@ def render_html(report: RunReport) -> str:
         ("decode tokens/s", _num(t.tokens_per_s), f"{t.output_tokens:,} output tokens"),
         ("calibration share", _pct(t.calibration_share), f"of {t.wall_s:.1f} shard-seconds; cost {_pct(t.calibration_cost)} (not kept as output)"),
     ]
+    saved = report.savings
+    if saved is not None and saved.run.shards:
+        cards.append((f"{saved.unit}-hours saved", sig(saved.run.saved_h, 3) + ("" if saved.run.saved_err_h is None else f" ± {sig(saved.run.saved_err_h, 2)}"),
+                      f"of {sig(saved.run.used_h, 3)} used; {sig(saved.run.tokens_per_h, 3)} out tok/{saved.unit}-h"
+                      + (f"; {sig(saved.run.cost_per_mtok, 3)} per M tok" if saved.price is not None else "")))
     card_html = "".join(f'<div class="card"><div class="k">{html.escape(k)}</div><div class="v">{html.escape(v)}</div>'
                         f'<div class="s">{html.escape(s)}</div></div>' for k, v, s in cards)
     fig_html = "".join(f'<section><h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,{png}"></section>'
@@ -41,7 +48,7 @@ def render_html(report: RunReport) -> str:
 <style>
 body{{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1180px;color:#1f2933;padding:0 16px}}
 h1{{font-size:22px;margin:0}} h2{{font-size:16px;margin:28px 0 8px}} .sub{{color:#52606d;margin:4px 0 16px}}
-.cards{{display:grid;grid-template-columns:repeat(6,1fr);gap:10px}}
+.cards{{display:grid;grid-template-columns:repeat(auto-fit,minmax(150px,1fr));gap:10px}}
 .card{{background:#f5f7fa;border-radius:8px;padding:10px 12px}} .k{{color:#52606d;font-size:12px}}
 .v{{font-size:22px;font-weight:600}} .s{{color:#7b8794;font-size:12px}}
 img{{max-width:100%;border:1px solid #e4e7eb;border-radius:6px}}
@@ -53,6 +60,7 @@ th:first-child,td:first-child,th:nth-child(2),td:nth-child(2){{text-align:left}}
 {warn_html}<div class="cards">{card_html}</div>
 {fig_html}
 <section><h2>Per shard</h2>{_html_table(report)}</section>
+{_savings_table(report)}
 {_events_table(report)}
 </body></html>
 """
@@ -90,6 +98,17 @@ def _events_table(report: RunReport) -> str:
     header = ["shard", "row", "event", "arm", "predicted", "measured", "why"]
     return (f"<section><h2>Calibration events</h2><table><thead>{cell('th', header)}</thead>"
             f"<tbody>{''.join(cell('td', r) for r in rows)}</tbody></table></section>")
+
+
+def _savings_table(report: RunReport) -> str:
+    s = report.savings
+    if s is None or not s.run.shards:
+        return ""
+    cell = lambda tag, xs: "<tr>" + "".join(f"<{tag}>{html.escape(x)}</{tag}>" for x in xs) + "</tr>"  # noqa: E731
+    body = "".join(cell("td", row(h, s)) for h in s.keys)
+    foot = "".join(f'<p class="s">{html.escape(line)}</p>' for line in notes(s))
+    return (f"<section><h2>What speculation saved, in {s.unit}-hours</h2><table><thead>{cell('th', header(s))}</thead>"
+            f"<tbody>{body}</tbody><tfoot>{cell('td', row(s.run, s))}</tfoot></table>{foot}</section>")
 
 
 def _html_table(report: RunReport) -> str:

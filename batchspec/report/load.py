@@ -17,6 +17,7 @@ Definitions (per shard, from its stats row; totals over every committed shard):
                        (the decode loop's own bookkeeping, tokenizing, writing)
     acceptance (total) sum(accepted_tokens) / sum(draft_tokens) over the output rows of shards that drafted
     mean accepted len  (total) 1 + sum(accepted_tokens) / sum(target_steps), over the same rows
+    GPU-hours          used and saved against plain decoding, per shard key and for the run (savings.py)
 
 Storage: local paths and the object stores polars reads natively (s3, gs, az) are scanned lazily
 by polars, so only the columns the report needs are fetched; any other fsspec URL (memory://, ...)
@@ -36,6 +37,7 @@ import polars as pl
 
 from batchspec.errors import OutputError, one_line
 from batchspec.redact import redact_strings, redact_text
+from batchspec.report.savings import Savings, savings
 from batchspec.stats import ShardStats, speedup_total, to_columns
 
 POLARS_PROTOCOLS = ("file", "local", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
@@ -88,6 +90,7 @@ class RunReport:
     shards: tuple[ShardReport, ...]
     totals: Totals
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    savings: Savings | None = None  # GPU-hours (CPU-hours) used and saved, per key and for the run
 
     def to_doc(self) -> dict:
         """The report as JSON-ready values: each shard's stats columns (arm labels included), the
@@ -117,8 +120,9 @@ def storage_options(url: str, environ: dict[str, str] | None = None) -> tuple[di
     return fs_opts, pl_opts
 
 
-def load_report(url: str, environ: dict[str, str] | None = None) -> RunReport:
-    """Read OUTPUT's plan, manifest, stats and outputs into a RunReport (OutputError if not a run)."""
+def load_report(url: str, environ: dict[str, str] | None = None, gpu_hour_price: float | None = None) -> RunReport:
+    """Read OUTPUT's plan, manifest, stats and outputs into a RunReport (OutputError if not a run);
+    `gpu_hour_price` prices its device-hours (savings.py)."""
     from batchspec.write import Output
 
     url = url.rstrip("/")
@@ -127,14 +131,14 @@ def load_report(url: str, environ: dict[str, str] | None = None) -> RunReport:
     plan_text = out.read_text("_plan.json")
     manifest = json.loads(out.read_text("_manifest.json") or "{}")
     complete = out.read_text("_SUCCESS") is not None
-    stats_files = _parquet_files(out, "stats")
+    stats_files = parquet_files(out, "stats")
     if not stats_files:
         if plan_text is None:
             raise OutputError(f"OUTPUT {url}: not a batchspec run (no _plan.json and no stats/*.parquet)")
         raise OutputError(f"OUTPUT {url}: planned, but no shard is committed yet (stats/ is empty)")
     planned = len(json.loads(plan_text).get("shards", [])) if plan_text else None
-    stats = _read(out, stats_files, pl_opts, None).sort("shard_id")
-    output_files = _parquet_files(out, "outputs")
+    stats = read_frame(out, stats_files, pl_opts, None).sort("shard_id")
+    output_files = parquet_files(out, "outputs")
     per_shard, reasons = _output_aggregates(out, output_files, pl_opts) if output_files else (None, {})
     shards = tuple(_shard(row, per_shard) for row in stats.to_dicts())
     warnings = _warnings(url, shards, planned, complete, per_shard)
@@ -144,14 +148,15 @@ def load_report(url: str, environ: dict[str, str] | None = None) -> RunReport:
     # What the report shows never carries a URL's secrets, whatever wrote the files (batchspec.redact).
     return RunReport(redact_text(url), complete, engine, redact_strings(model), redact_strings(manifest.get("input")),
                      tuple(_shown(s) for s in shards), _totals(shards, planned, per_shard, reasons),
-                     tuple(redact_text(w) for w in warnings))
+                     tuple(redact_text(w) for w in warnings), savings(shards, gpu_hour_price))
 
 
 def _shown(shard: ShardReport) -> ShardReport:
     return replace(shard, **{name: redact_text(getattr(shard, name)) for name in ("model", "draft_model", "note") if getattr(shard, name)})
 
 
-def _parquet_files(out, folder: str) -> list[str]:
+def parquet_files(out, folder: str) -> list[str]:
+    """The Parquet objects of OUTPUT/<folder>, sorted (hidden names, a writer's temporaries, left out)."""
     fs = out.fs
     try:
         names = fs.ls(out.path(folder), detail=False)
@@ -163,7 +168,8 @@ def _parquet_files(out, folder: str) -> list[str]:
     return sorted(fs.unstrip_protocol(n) if "://" in out.url else n for n in keep)
 
 
-def _read(out, files: list[str], pl_opts: dict | None, columns: list[str] | None) -> pl.DataFrame:
+def read_frame(out, files: list[str], pl_opts: dict | None, columns: list[str] | None) -> pl.DataFrame:
+    """`files` as one frame (`columns` only, or all), through polars' own readers where it has them."""
     try:
         if fsspec.utils.get_protocol(out.url) in POLARS_PROTOCOLS:
             frame = pl.scan_parquet(files, storage_options=pl_opts, glob=False)  # listed files: a "[" in a path is not a pattern
@@ -178,7 +184,7 @@ def _read(out, files: list[str], pl_opts: dict | None, columns: list[str] | None
 
 
 def _output_aggregates(out, files: list[str], pl_opts: dict | None) -> tuple[dict[str, dict], dict[str, int]]:
-    frame = _read(out, files, pl_opts, list(OUTPUT_COLUMNS))
+    frame = read_frame(out, files, pl_opts, list(OUTPUT_COLUMNS))
     per_shard = frame.group_by("shard_id").agg(
         pl.len().alias("rows"),
         (pl.col("finish_reason") == "error").sum().alias("errors"),

@@ -6,6 +6,7 @@ import base64
 import io
 
 from batchspec.report.load import MAX_ARM_PANELS, MAX_PLOTTED, TIME_PARTS, RunReport
+from batchspec.report.savings import sig
 from batchspec.stats import ArmResult
 
 
@@ -146,5 +147,32 @@ def _fig_time(report: RunReport) -> str:
                autopct=lambda pct: f"{pct:.0f}%" if pct >= 4 else "", textprops={"fontsize": 8})
         a2.legend([f"{p} {v:.3g} s" for p, v in nonzero], fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     a2.set_title(f"all shards ({report.totals.wall_s:.1f} s)", fontsize=10)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _fig_saved(report: RunReport) -> str | None:
+    """Saved device-hours per shard key (the MAX_PLOTTED keys that saved or lost most), with their
+    uncertainty as error bars; None where no shard has plain decoding's price."""
+    import matplotlib.pyplot as plt
+
+    s = report.savings
+    keys = [h for h in (s.keys if s is not None else ()) if h.saved_h is not None]
+    if not keys:
+        return None
+    keys = sorted(keys, key=lambda h: -abs(h.saved_h))[:MAX_PLOTTED]
+    names = [str(h.key) if h.key is not None else "(no key)" for h in keys]
+    saved = [h.saved_h for h in keys]
+    fig, ax = plt.subplots(figsize=(9, 0.9 + 0.32 * max(len(keys), 3)))
+    ax.barh(names, saved, xerr=[h.saved_err_h or 0.0 for h in keys], capsize=3,
+            color=["#3e8e41" if v > 0 else "#c62828" for v in saved], error_kw={"ecolor": "#1f2933", "elinewidth": 1})
+    for y, h in enumerate(keys):
+        ax.text(h.saved_h, y, f" {sig(h.saved_h, 3)} of {sig(h.plain_h, 3)}" + (" (estimate)" if h.estimated else ""),
+                va="center", fontsize=8)
+    ax.axvline(0.0, color="#52606d", linewidth=0.8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"{s.unit}-hours saved against plain decoding (bars: the cost tables' uncertainty)")
+    more = f", the {len(keys)} that moved most of {len(s.keys)}" if len(s.keys) > len(keys) else ""
+    ax.set_title(f"{s.unit}-hours saved per shard key{more} (run: {sig(s.run.saved_h, 3)} of {sig(s.run.plain_h, 3)})", fontsize=10)
     fig.tight_layout()
     return _png(fig)

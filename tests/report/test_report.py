@@ -111,6 +111,48 @@ def test_report_of_a_real_run_agrees_with_its_files(real_run):
     assert sum(bool(s.cost_profile) for s in report.shards) == 1  # one worker, one batch size: one profile
 
 
+def test_each_shard_counts_its_cpu_seconds_and_plain_decodings_price_of_the_same_rows(real_run):
+    for s in load_report(str(real_run)).shards:
+        assert (s.device, s.devices) == ("cpu", 1)  # a CPU worker of one torch thread: CPU-seconds
+        assert s.gpu_s == (s.prefill_s + s.decode_s + s.calibration_s) * s.devices
+        ran_plain = not s.plain_estimated
+        assert s.plain_decode_s == (s.decode_s if ran_plain else s.decode_s * s.speedup)
+        assert s.plain_gpu_s == (s.prefill_s + s.plain_decode_s) * s.devices
+        assert s.plain_gpu_s_err == s.plain_decode_s * s.plain_decode_u * s.devices
+        assert (s.plain_decode_u == 0) == ran_plain and s.plain_decode_u < 0.5
+
+
+def _savings_rows(output: str) -> dict[str, list[str]]:
+    """The printed savings table's rows by their first cell."""
+    table = output[output.index("what speculation saved"):]
+    rows = [[c.strip() for c in line.strip("│┃ ").split("│")] for line in table.splitlines() if line.startswith("│")]
+    return {r[0]: r for r in rows}
+
+
+def test_report_prints_cpu_hours_used_and_saved_per_key_and_for_the_run_as_the_stats_sum_them(real_run):
+    """What `batchspec report` prints is the stats' own sums, to the last digit it prints."""
+    from batchspec.report.savings import sig
+
+    result = CliRunner().invoke(cli, ["report", str(real_run), "--gpu-hour-price", "2.5"])
+    assert result.exit_code == 0, result.output
+    assert "what speculation saved, in CPU-hours" in result.output and "CPU-h used" in result.output
+    printed = _savings_rows(result.output)
+    stats = pl.read_parquet(real_run / "stats" / "*.parquet")
+    groups = [(key, stats.filter(pl.col("shard_key") == key)) for key in ("code", "prose")] + [("run", stats)]
+    for name, g in groups:
+        used, plain = g["gpu_s"].sum() / 3600, g["plain_gpu_s"].sum() / 3600
+        err, tokens = g["plain_gpu_s_err"].sum() / 3600, g["output_tokens"].sum()
+        mark = "*" if g["plain_estimated"].any() else ""
+        expected = [name, str(g.height), sig(used), sig(plain), sig(plain - used) + mark, sig(err), sig(tokens / used),
+                    sig(2.5 * used / (tokens / 1e6)), f"{sig(2.5 * (plain - used))} +- {sig(2.5 * err)}"]
+        assert printed[name] == expected, (printed, expected)
+    doc = json.loads(CliRunner().invoke(cli, ["report", str(real_run), "--json"]).output)["savings"]
+    assert doc["unit"] == "CPU" and doc["run"]["used_h"] == pytest.approx(stats["gpu_s"].sum() / 3600, rel=1e-12)
+    assert [k["key"] for k in doc["keys"]] == ["code", "prose"]
+    plain_only = CliRunner().invoke(cli, ["report", str(real_run)]).output
+    assert "cost / M out tok" not in plain_only and "CPU-h saved" in plain_only  # the money columns need a price
+
+
 def test_report_reads_s3_with_endpoint_and_credentials_from_the_environment(real_run, monkeypatch):
     from moto.server import ThreadedMotoServer
 
@@ -172,10 +214,10 @@ def test_not_a_run_and_a_plan_without_shards_are_one_line_errors(tmp_path):
         load_report(str(tmp_path / "planned"))
 
 
-def test_html_page_is_self_contained_with_three_plots(real_run):
+def test_html_page_is_self_contained_with_four_plots(real_run):
     page = render_html(load_report(str(real_run)))
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    assert len(images) == 3
+    assert len(images) == 4  # rates, arms, time, CPU-hours saved per key
     assert all(base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n" for img in images)
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing fetched from anywhere
     assert "00000-code" in page and "00001-prose" in page
@@ -237,4 +279,4 @@ def test_shard_keys_and_paths_are_shown_as_text_never_as_markup_or_math(real_run
     assert result.exit_code == 0, result.output
     assert "[/]" in result.output and "[bold]x[/bold]" in result.output and f"batchspec report: {out}" in result.output
     assert "&lt;" not in result.output and r"$\frac{$" in result.output
-    assert len(re.findall(r'src="data:image/png;base64,', page.read_text())) == 3
+    assert len(re.findall(r'src="data:image/png;base64,', page.read_text())) == 4

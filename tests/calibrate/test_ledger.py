@@ -1,0 +1,38 @@
+"""calibrate.ledger's price of a shard's decode as plain decoding, with its interval (the stats'
+plain_decode_s and plain_decode_u, from which plain_gpu_s is made)."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchspec.calibrate.ledger import PlainPrice, plain_price
+from batchspec.engine.base import Step, StepCost
+from batchspec.predict.costs import CostTable
+
+
+def _table() -> CostTable:
+    """A profile of plain forwards (2 ms a row-token) and plain steps observed at 4 rows, not at 2."""
+    table = CostTable()
+    table.seed([StepCost("target", "m", 4, 100, w, 0.002 * 4 * w) for w in (1, 5)], 4)
+    for seconds in (0.008, 0.0088, 0.0072, 0.008):
+        table.observe(Step(4, 100, 1, 4, seconds, "none"))
+    return table
+
+
+def test_a_shard_that_ran_plain_decoding_throughout_is_its_own_price_with_no_uncertainty():
+    steps = [Step(4, 100, 1, 4, 0.01, "none"), Step(2, 120, 1, 2, 0.005, "none")]
+    assert plain_price(_table(), steps, decode_s=0.02, speedup=0.97) == PlainPrice(0.02, 0.0)
+    assert plain_price(CostTable(), [], decode_s=0.0, speedup=None) == PlainPrice(0.0, 0.0)
+
+
+def test_speculative_steps_are_priced_at_the_decisions_speedup_within_the_tables_weighted_uncertainty():
+    table = _table()
+    steps = [Step(4, 100, 5, 12, 0.03, "ngram"), Step(4, 110, 5, 8, 0.03, "ngram"), Step(2, 130, 5, 6, 0.02, "ngram")]
+    price = plain_price(table, steps, decode_s=0.09, speedup=1.4)
+    assert price.seconds == pytest.approx(0.09 * 1.4)
+    prices = [(s.committed / s.rows * table.price("none", s.rows, 1, s.context).seconds, table.price("none", s.rows, 1, s.context).u)
+              for s in steps]
+    assert price.u == pytest.approx(sum(x * u for x, u in prices) / sum(x for x, _ in prices))
+    observed, borrowed = table.price("none", 4, 1, 100).u, table.price("none", 2, 1, 130).u
+    assert observed < price.u < borrowed  # the rows never run plain at 2 rows borrow a price, and widen the interval
+    assert plain_price(table, steps, decode_s=0.09, speedup=None) is None  # the table priced no plain decoding
