@@ -37,6 +37,7 @@ from batchspec.engine.sampling import argmax
 from batchspec.engine.torch.clock import Clock, WallClock
 from batchspec.engine.torch.decode import Decoder, ModelTarget, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
+from batchspec.engine.eagle3_format import is_head
 from batchspec.engine.torch.eagle3 import Eagle3Head, HiddenCapture, aux_layers, load_head
 from batchspec.engine.torch.eagle3_drafter import Eagle3Drafter
 from batchspec.engine.torch.grammar import Grammar, GrammarError, Grammars
@@ -88,7 +89,8 @@ class TorchEngine:
     @classmethod
     def load(cls, model: str, draft_model: str | None = None, dtype: str = "float32",
              device: str | None = None, suffix_tree_mb: float = SUFFIX_TREE_MB_DEFAULT) -> "TorchEngine":
-        """Load the target (registry name, local folder or fsspec URL) and preload a draft model."""
+        """Load the target (registry name, local folder or fsspec URL) and preload a draft model
+        (or an EAGLE-3 head)."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
 
         def loader(name: str):
@@ -96,8 +98,8 @@ class TorchEngine:
 
         target, tokenizer = loader(model)
         engine = cls(target, tokenizer, model_name=model, device=device, draft_loader=loader, suffix_tree_mb=suffix_tree_mb)
-        if draft_model:
-            engine.check(SpecConfig("draft_target", 1, draft_model=draft_model))
+        if draft_model:  # a draft model, or an EAGLE-3 head in the released format
+            engine.check(SpecConfig("eagle3" if is_head(draft_model) else "draft_target", 1, draft_model=draft_model))
         return engine
 
     # -- the protocol ---------------------------------------------------------------------------

@@ -205,3 +205,14 @@ def test_a_profile_times_the_heads_draft_step_and_the_cost_table_prices_the_arm_
     table = CostTable()
     table.seed(profile.points, 2)
     assert table.base_s("eagle3", 2, 4, 16, head) == pytest.approx(table.base_s("none", 2, 4, 16) + 3 * draft.seconds)
+
+
+def test_an_engine_loaded_with_a_head_as_its_draft_model_runs_the_arm(tiny_pair, tiny_model_dir, tmp_path):
+    """`--draft-model` naming a head folder reaches the engine as its draft: it is loaded as a head
+    (not as a causal LM), and the arm runs with it."""
+    config, weights = released(tiny_pair[0], draft_vocab=2048)
+    folder = str(write(tmp_path / "head", config, weights))
+    engine = TorchEngine.load(str(tiny_model_dir), draft_model=folder)
+    assert folder in engine._heads
+    [c] = engine.generate([Request("a", "Hello", params=SamplingParams(max_tokens=6))], SpecConfig("eagle3", 2, draft_model=folder), 1).completions
+    assert c.finish_reason in ("stop", "length") and c.draft_tokens > 0
