@@ -203,9 +203,21 @@ class ModelTarget:
         target_probs = probs_from_logits(
             logits.reshape(-1, logits.shape[-1]), temps.repeat_interleave(K + 1), top_ps.repeat_interleave(K + 1)
         ).view(len(rows), K + 1, -1)
-        u = torch.stack([r.uniforms(K + 1) for r in rows]).to(self.device)
+        u_accept, u_sample = row_uniforms(rows, num_drafts.tolist(), K)
         draft_probs = drafts.probs[:, :K] if drafts is not None and drafts.probs is not None else None
-        return accept_reject(draft_tokens, draft_probs, num_drafts, target_probs, u[:, :K], u[:, K])
+        return accept_reject(draft_tokens, draft_probs, num_drafts, target_probs, u_accept.to(self.device), u_sample.to(self.device))
+
+
+def row_uniforms(rows: list[Row], drafts: list[int], K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The accept rule's uniforms: per row one for each of its own drafts and one to sample with,
+    from its own generator ([B, K] padded with zeros, [B]). A row draws as many as it drafted,
+    never the batch's widest: its draws, and so its output, do not depend on the rows beside it."""
+    u_accept = torch.zeros(len(rows), K)
+    u_sample = torch.zeros(len(rows))
+    for b, (row, n) in enumerate(zip(rows, drafts)):
+        u = row.uniforms(n + 1)
+        u_accept[b, :n], u_sample[b] = u[:n], u[n]
+    return u_accept, u_sample
 
 
 def reading(capture: HiddenCapture | None):

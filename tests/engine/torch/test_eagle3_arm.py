@@ -163,6 +163,15 @@ def test_sampled_eagle3_follows_the_target_distribution(tmp_path, monkeypatch, r
         assert pvalue < 1e-6
 
 
+def test_each_sampled_row_draws_from_its_own_generator_under_the_arm(engine, heads):
+    """A sampled row's drafts and output don't depend on which rows share its batch."""
+    reqs = word_requests(5, temperature=0.8, top_p=0.9, seed=7)
+    spec = SpecConfig("eagle3", 3, draft_model=heads["trained"])
+    a, b = engine.generate(reqs, spec, 5), engine.generate(reqs, spec, 2)
+    assert [c.token_ids for c in a.completions] == [c.token_ids for c in b.completions]
+    assert a.draft_tokens > 0
+
+
 # -- calibration's counterfactual of the arm ----------------------------------------------------------
 
 
