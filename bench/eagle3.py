@@ -14,12 +14,16 @@ Per workload (bench/common/workloads.py, chat template applied, greedy, float32)
    held-out rows' mean context) and the head's work per step (extending its context by the
    committed tokens, k chained drafts), and estimate each arm's goodput at batch 1 from them.
 
-The goodput columns are ESTIMATES: counterfactual acceptance times measured step costs, not a run
-of the arm (the head is not an arm of the decode loop yet). N-gram and suffix lookups are counted
-as free (no draft time); the head's measured draft time is counted.
+The goodput columns of step 4 are ESTIMATES: counterfactual acceptance times measured step costs.
+N-gram and suffix lookups are counted as free (no draft time); the head's measured draft time is
+counted. With `--run B1,B2`, each head is then written in the released format and the held-out
+rows are decoded for real at each batch size under plain decoding, n-gram lookup and the head's
+eagle3 arm (`--run-ks`), one after another in this process: MEASURED goodput (decode tokens per
+decode second), and how many rows equal plain decoding's output token for token.
 
     python bench/eagle3.py [--workloads prose,code] [--train-rows 64] [--test-rows 16]
-        [--max-tokens 128] [--budgets 60,240] [--ks 1,2,3,4,6] [--threads N] [--out DIR]
+        [--max-tokens 128] [--budgets 60,240] [--ks 1,2,3,4,6] [--run 1,8] [--run-ks 2,4]
+        [--threads N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -39,9 +44,9 @@ from common.measure import choose_threads, command, load_engine, machine, machin
 import torch  # noqa: E402
 
 from batchspec.engine.acceptance import Acceptance, PlainRow  # noqa: E402
-from batchspec.engine.base import NO_SPEC, Request, SamplingParams  # noqa: E402
+from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig  # noqa: E402
 from batchspec.engine.torch.counterfactual import chain_acceptance, ngram_acceptance, suffix_acceptance  # noqa: E402
-from batchspec.engine.torch.eagle3 import Chain, aux_layers, chains, record  # noqa: E402
+from batchspec.engine.torch.eagle3 import Chain, aux_layers, chains, record, save_head  # noqa: E402
 from batchspec.engine.torch.eagle3_train import TrainSettings, train_head  # noqa: E402
 from batchspec.engine.torch.suffix_tree import SuffixTree  # noqa: E402
 
@@ -62,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--hard", action="store_true", help="train on the target's tokens, not its distributions")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run", default="", help="batch sizes at which to run the arms for real (comma-separated); none: estimates only")
+    parser.add_argument("--run-ks", default="2,4", help="draft lengths of the arms run for real")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -107,7 +114,7 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
         "suffix": suffix_acceptance(test_plain, ks, trained_tree(train_plain)),
     }
     draft_s: dict[str, dict[int, float]] = {"ngram": {k: 0.0 for k in ks}, "suffix": {k: 0.0 for k in ks}}
-    heads = {}
+    heads, heads_saved = {}, {}
     for budget in budgets:
         settings = TrainSettings(budget_s=budget, depth=args.depth, draft_vocab_size=args.draft_vocab, lr=args.lr,
                                  soft=not args.hard, seed=args.seed)
@@ -117,6 +124,7 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
         seen = chain_acceptance(train_plain, ks, chains(head, train_rows, max(ks)))
         costs = head_costs(head, test_rows, ks)
         draft_s[label] = {k: costs["draft"][k] for k in ks}
+        heads_saved[label] = str(save_head(head, Path(tempfile.mkdtemp(prefix="bench-eagle3-head-"))))
         heads[label] = {"budget_s": budget, "stats": vars(stats), "costs": costs,
                         "train_rows_mean_accepted_len": {k: mean_len(seen[k]) for k in ks}}
 
@@ -124,11 +132,32 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
     for label, by_k in arms.items():
         rows[label] = {k: {"mean_accepted_len": mean_len(by_k[k]),
                            "est_goodput": estimated_goodput(by_k[k], step_s, draft_s[label][k], heads.get(label))} for k in ks}
-    result = {"workload": workload, "train_rows": n_train, "test_rows": n_test, "train_prompt_repeats": repeats, "max_tokens": args.max_tokens,
+    measured = run_arms(engine, requests[n_train:], heads_saved, args) if args.run else {}
+    result = {"workload": workload, "measured": measured, "train_rows": n_train, "test_rows": n_test, "train_prompt_repeats": repeats, "max_tokens": args.max_tokens,
               "train_decode_s_batch8": train_decode_s, "record_s": record_s, "plain_goodput_b1": plain_goodput,
               "decode_s_per_row_b1": decode_s_per_row, "context": context, "target_step_s": step_s,
               "arms": rows, "heads": heads}
     return result, table(result, ks)
+
+
+def run_arms(engine, requests: list[Request], heads: dict[str, str], args) -> dict:
+    """Decode the held-out rows for real at each batch size of `--run`: plain, n-gram lookup and
+    each head's eagle3 arm at each draft length of `--run-ks`. Per (batch, arm): measured goodput,
+    mean accepted length, and the rows whose output equals plain decoding's at that batch size."""
+    out: dict = {}
+    for b in (int(x) for x in args.run.split(",")):
+        plain = engine.generate(requests, NO_SPEC, b)
+        runs = {"plain": plain}
+        for k in (int(x) for x in args.run_ks.split(",")):
+            runs[f"ngram k={k}"] = engine.generate(requests, ngram_arm(k), b)
+            for label, folder in heads.items():
+                runs[f"{label} k={k}"] = engine.generate(requests, SpecConfig("eagle3", k, draft_model=folder), b)
+        out[b] = {label: {"goodput": r.goodput, "decode_s": r.timing.decode_s, "draft_s": r.timing.draft_s,
+                          "mean_accepted_len": 1 + r.accepted_tokens / r.target_steps if r.target_steps else 1.0,
+                          "rows_equal_plain": sum(c.token_ids == p.token_ids for c, p in zip(r.completions, plain.completions)),
+                          "rows": len(requests)}
+                  for label, r in runs.items()}
+    return out
 
 
 def key_requests(tokenizer, workload: str, n_train: int, n_test: int, max_tokens: int, seed: int) -> tuple[list[Request], int]:
@@ -251,6 +280,14 @@ def table(result: dict, ks: list[int]) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("(speedup: ESTIMATED goodput from counterfactual acceptance and measured step costs (made non-decreasing in tokens), over plain's "
                  f"{plain:.1f} tok/s at the same context; n-gram and suffix lookups counted free)")
+    for b, by_arm in result["measured"].items():
+        plain_b = by_arm["plain"]["goodput"]
+        lines.append(f"\nMEASURED at batch {b} on the held-out rows (each arm decoded once, one after another):")
+        lines.append("| arm | goodput tok/s | vs plain | mean acc. len | draft s / decode s | rows = plain |")
+        lines.append("|---|---|---|---|---|---|")
+        for label, m in by_arm.items():
+            lines.append(f"| {label} | {m['goodput']:.1f} | {m['goodput'] / plain_b:.2f}x | {m['mean_accepted_len']:.2f} | "
+                         f"{m['draft_s']:.1f} / {m['decode_s']:.1f} | {m['rows_equal_plain']}/{m['rows']} |")
     return "\n".join(lines)
 
 

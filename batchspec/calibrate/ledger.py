@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from batchspec.engine.base import Engine, GenerateResult, SpecConfig, Step
+from batchspec.engine.base import DRAFTED_METHODS, Engine, GenerateResult, SpecConfig, Step
 from batchspec.predict.costs import CostTable, profile_grid
 
 PROFILE_TRIES = 1  # the profile times each point once: the steps the worker runs correct its prices
@@ -72,7 +72,7 @@ class Ledger:
         """Time the worker's profile at this batch size (`profile_grid`: every arm's verify width);
         None where the engine times no forward apart (its steps alone teach the table)."""
         widths = [1 + a.draft_len for a in self.arms]
-        drafts = sorted({a.draft_model for a in self.arms if a.method == "draft_target" and a.draft_model})
+        drafts = sorted({a.draft_model for a in self.arms if a.method in DRAFTED_METHODS and a.draft_model})
         target, draft = profile_grid(self.batch_size, max(context, 8), widths, drafts)
         began = time.perf_counter()
         profile = self.engine.profile(target, draft, tries=PROFILE_TRIES)

@@ -3,7 +3,8 @@
 option files stay valid for trtllm-serve, which takes one `max_draft_len`); "none" is never listed:
 calibration adds it. `resolve_spec_arg` turns `--spec auto|none|FILE` (with `--candidates` and
 `--draft-model`) into a `SpecChoice`: under `auto` and a candidates FILE a Draft_Target arm with no
-draft anywhere is dropped and the reason recorded; an arm the engine cannot run is an error naming
+draft anywhere is dropped and the reason recorded, and a `--draft-model` that is an EAGLE-3 head
+(a folder in the released format) makes its Draft_Target arms Eagle3 arms of that head; an arm the engine cannot run is an error naming
 the engine to use instead."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Annotated, Any, Union
 from pydantic import Field, conint, field_validator
 
 from batchspec.config.kit import Expect, Section, check, describe, expected, read_yaml, relative_to, said, text
-from batchspec.config.spec import _parse_options_file, is_candidates_file, load_spec_file
+from batchspec.config.spec import _parse_options_file, is_candidates_file, load_spec_file, with_draft_model
 from batchspec.data import CANDIDATES_DIR
 from batchspec.engine.base import ENGINE_METHODS, SpecConfig
 from batchspec.engine.trtllm.translate import METHOD_TO_DECODING_TYPE, SPEC_PREFIX, TRTLLM_REFUSED_METHODS
@@ -166,7 +167,7 @@ def _calibrated_choice(source: str, engine_name: str, draft_model: str | None) -
         check_engine_supports(arm, engine_name)
         if arm.method == "draft_target":
             if draft_model is not None:
-                arm = dataclasses.replace(arm, draft_model=draft_model)
+                arm = with_draft_model(arm, draft_model)
             elif arm.draft_model is None:
                 dropped.append(f"{arm.label}: no draft model configured ({arm.source} has no speculative_model_dir and no --draft-model was given)")
                 continue

@@ -23,6 +23,7 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_v
 
 from batchspec.config.kit import Expect, Section, check, describe, expected, flag, integer, nullable, number, read_yaml, said, text
 from batchspec.engine.base import NGRAM_SIZE_DEFAULT, SpecConfig, freeze
+from batchspec.engine.eagle3_format import is_head
 from batchspec.engine.trtllm.guided import GUIDED_BACKENDS
 from batchspec.engine.trtllm.translate import (DECODING_TYPES, LLM_ARGS, LLM_ARGS_REFUSED, PARALLEL_SIZES, RESPELLED, SPEC_KEYS,
                                                SPEC_PREFIX, TRTLLM_RELEASE, check_draft_len_schedule, check_max_concurrency,
@@ -280,8 +281,15 @@ def load_spec_file(path: str | os.PathLike, *, draft_model: str | None = None) -
     path = str(path)
     loaded = _parse_options_file(path, read_yaml(path), require_draft=draft_model is None)
     if draft_model is not None and loaded.spec.method == "draft_target":
-        loaded = dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, draft_model=draft_model))
+        loaded = dataclasses.replace(loaded, spec=with_draft_model(loaded.spec, draft_model))
     return loaded
+
+
+def with_draft_model(spec: SpecConfig, draft_model: str) -> SpecConfig:
+    """A Draft_Target arm drafting with `draft_model` (`--draft-model`): a folder holding an EAGLE-3
+    head in the released format makes it an Eagle3 arm of that head, at the same draft length."""
+    method = "eagle3" if is_head(draft_model) else spec.method
+    return dataclasses.replace(spec, method=method, draft_model=draft_model)
 
 
 def is_candidates_file(data: Any) -> bool:

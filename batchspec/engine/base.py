@@ -27,9 +27,12 @@ SPEC_METHODS = ("none", "ngram", "draft_target", "eagle3", "mtp", "suffix")
 FINISH_REASONS = ("stop", "length", "error")
 # Which speculative methods each engine runs ("none" always); factory.py builds them by these names.
 ENGINE_METHODS: dict[str, tuple[str, ...]] = {
-    "torch": ("none", "ngram", "draft_target", "suffix"),
+    "torch": ("none", "ngram", "draft_target", "eagle3", "suffix"),
     "trtllm": ("none", "ngram", "draft_target", "eagle3", "mtp"),  # suffix: not in TensorRT-LLM 1.2 (docs/suffix.md)
 }
+# Methods whose drafter is a model of its own (`SpecConfig.draft_model`): a cost profile times its
+# draft step beside the target's forwards (batchspec.predict.costs).
+DRAFTED_METHODS = ("draft_target", "eagle3")
 # Weight dtypes a run may ask for, by torch name (engine/torch/load.py maps them to torch dtypes).
 DTYPES = ("float32", "bfloat16", "float16")
 # How an input row's text `prompt` reaches the model (batchspec.parse): "chat" as one user message

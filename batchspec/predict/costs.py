@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from batchspec.engine.base import Step, StepCost
+from batchspec.engine.base import DRAFTED_METHODS, Step, StepCost
 
 WINDOW_STEPS = 64  # a cell's ratio averages its last this many steps (an exponential window)
 NOISE_FLOOR = 0.02  # the least relative uncertainty of any price
@@ -134,12 +134,12 @@ class CostTable:
     # -- learning from steps ---------------------------------------------------------------------
 
     def base_s(self, method: str, rows: int, width: int, context: int, draft_model: str | None = None) -> float:
-        """The profile's price of a step: the verify forward, and a draft model's k draft forwards;
+        """The profile's price of a step: the verify forward, and k draft steps of a draft model or head;
         1 without a profile (an engine that times no forwards apart: the ratio is the seconds)."""
         if not self.points:
             return 1.0
         base = self.forward_s(rows, width, context)
-        if method == "draft_target" and width > 1:
+        if method in DRAFTED_METHODS and width > 1:
             base += (width - 1) * self.forward_s(rows, 1, context, "draft", draft_model)
         return base
 

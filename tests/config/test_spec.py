@@ -289,20 +289,28 @@ def test_cli_draft_model_overrides_the_candidates_draft():
     assert {a.draft_model for a in choice.arms if a.method == "draft_target"} == {"smollm2-135m"}
 
 
-def test_eagle3_offered_to_the_torch_engine_fails_clearly():
+def test_eagle3_runs_on_both_engines_and_mtp_on_trtllm_only(tmp_path):
     path = str(ROOT / "trt_configs" / "eagle3.yaml")
-    message = error_of(resolve_spec_arg, path, None, "torch", None)
-    assert message == (f"{path}: decoding_type Eagle3 is not supported by the torch engine "
-                       "(supported: NGram, Draft_Target, Suffix); use --engine trtllm")
+    assert resolve_spec_arg(path, None, "torch", None).fixed.method == "eagle3"
     assert resolve_spec_arg(path, None, "trtllm", None).fixed.method == "eagle3"
-
-
-def test_mtp_and_eagle_candidates_for_the_torch_engine_fail(tmp_path):
     write(tmp_path, "mtp.yaml", "speculative_config:\n  decoding_type: MTP\n  max_draft_len: 1\n")
     path = candidates_tree(tmp_path, "  - config: ../mtp.yaml\n")
-    assert "decoding_type MTP is not supported by the torch engine" in error_of(resolve_spec_arg, "auto", path, "torch", None)
-    trtllm_default = default_candidates_path("trtllm")
-    assert "decoding_type Eagle3" in error_of(resolve_spec_arg, "auto", trtllm_default, "torch", None)
+    assert error_of(resolve_spec_arg, "auto", path, "torch", None) == (
+        f"{tmp_path / 'mtp.yaml'}: decoding_type MTP is not supported by the torch engine "
+        "(supported: NGram, Draft_Target, Eagle3, Suffix); use --engine trtllm")
+
+
+def test_a_draft_model_that_is_an_eagle3_head_makes_the_draft_target_arms_eagle3(tmp_path):
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000}')
+    arms = resolve_spec_arg("auto", None, "torch", str(head)).arms
+    assert [a.label for a in arms if a.draft_model == str(head)] == ["eagle3:k=2", "eagle3:k=4", "eagle3:k=6"]
+    assert not any(a.method == "draft_target" for a in arms)
+    fixed = resolve_spec_arg(str(ROOT / "trt_configs" / "draft_target.yaml"), None, "torch", str(head)).fixed
+    assert (fixed.method, fixed.draft_model) == ("eagle3", str(head))
+    plain_model = resolve_spec_arg("auto", None, "torch", str(tmp_path)).arms  # a folder without an EAGLE-3 config
+    assert {a.method for a in plain_model if a.draft_model == str(tmp_path)} == {"draft_target"}
 
 
 def test_unknown_engine(tmp_path):

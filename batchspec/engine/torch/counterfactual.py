@@ -20,11 +20,13 @@ the tokens a row's grammar forces there (F, structured output; none on an uncons
   Exact for greedy rows at batch 1; at batch > 1 rows in flight together finish in another order
   under the arm, and a row is let see every row plain decoding finished before it from its first
   step (an estimate that leans optimistic).
-- EAGLE-3 head (eagle3.py; `chain_acceptance`): its chain at a step starting at t drafts from the
+- EAGLE-3 head (eagle3.py; `head_acceptance`): its chain at a step starting at t drafts from the
   target's hidden states up to t and feeds its own output on; draft j only matters if drafts
   0..j-1 matched, so one unrolled pass of the head over prompt + output with the true tokens fed
-  (eagle3.chains) gives every chain it would draft; run[t] = how far the chain at t agrees with
-  output[t:]. Exact for greedy rows; sampled rows are not replayed.
+  (eagle3.depth_logits) gives every chain it would draft; run[t] = how far the chain at t agrees
+  with output[t:]. The hidden states come from one teacher-forced target forward over each row
+  (eagle3.record): the plain run's own are not kept. Exact for greedy unconstrained rows; on a
+  constrained row the unmasked chain is a lower bound (an estimate).
 Sampled rows (temperature > 0): the target's (and a draft model's) distributions along the sampled
 path, masked by the grammar there, give each draft's chance to pass (`expected_walk`): an
 estimate. Greedy constrained output is what every arm commits (the engine is lossless under the
@@ -43,6 +45,7 @@ from batchspec.engine.acceptance import Acceptance, PlainRow, accept_probs, agre
 from batchspec.engine.base import MIN_TOKEN_PROB_DEFAULT, SPEC_FACTOR_DEFAULT, Request, SpecConfig
 from batchspec.engine.sampling import argmax, probs_from_logits
 from batchspec.engine.torch.drafters import NgramIndex
+from batchspec.engine.torch.eagle3 import Eagle3Head, Recorded, depth_logits, record
 from batchspec.engine.torch.suffix_tree import Draft, SuffixTree, own_draft
 
 
@@ -65,7 +68,7 @@ def acceptance(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], req
 
     groups: dict[tuple, list[SpecConfig]] = defaultdict(list)
     for arm in arms:
-        param = {"ngram": arm.ngram_size, "draft_target": arm.draft_model,
+        param = {"ngram": arm.ngram_size, "draft_target": arm.draft_model, "eagle3": arm.draft_model,
                  "suffix": (arm.spec_factor, arm.min_token_prob)}.get(arm.method)
         if param is not None:
             groups[(arm.method, param)].append(arm)
@@ -76,6 +79,11 @@ def acceptance(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], req
             by_k = suffix_acceptance(rows, ks, tree, *param, batch_size=batch_size, target_logits=target_logits, grow=grow)
         elif method == "ngram":
             by_k = ngram_acceptance(rows, ks, param, target_logits, grammars())
+        elif method == "eagle3":
+            head = engine.head(param)
+            recorded = record(engine.model, [(r.prompt_ids, r.output_ids) for r in rows], head.layers,
+                              keep_last=False, dtype=head.fc.weight.dtype)
+            by_k = head_acceptance(rows, ks, head, recorded, target_logits, constrained)
         elif sampled or constrained:
             draft_logits = engine.teacher_forced_logits([(r.prompt_ids, r.output_ids) for r in rows], draft_model=param)
             by_k = draft_acceptance(rows, ks, draft_logits, target_logits, grammars())
@@ -176,6 +184,38 @@ def chain_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], chains
         return [agree(chain, out[t:]) for t, chain in enumerate(chains[r])], None
 
     return _acceptance(method, rows, draft_lens, row_model, None)
+
+
+def head_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], head: Eagle3Head, recorded: Sequence[Recorded],
+                    target_logits: Sequence[torch.Tensor] | None = None, constrained: bool = False) -> dict[int, Acceptance]:
+    """Counterfactual steps of an EAGLE-3 head at every draft length, from its unrolled pass over
+    each row's recorded hidden states (eagle3.depth_logits): a greedy row's runs are its chains'
+    (`chain_acceptance`: exact); a sampled row's draft j of a step at t passes with
+    sum_v min(p_{t+j}(v), q_{t,j}(v)), q the head's distribution there at the row's temperature
+    and top_p. On a constrained row (`constrained`) the head's unmasked chain stands for its
+    masked one behind the grammar's forced tokens: a greedy draft the output agrees with is allowed,
+    so the masked chain agrees at least as far; the arm is marked an estimate."""
+    k_max = max(draft_lens)
+    targets = head.to_target(torch.arange(head.config.draft_vocab_size, device=head.d2t.device)).cpu()
+
+    def row_model(r: int, row: PlainRow, p: torch.Tensor | None) -> tuple:
+        logits = [lg.float().cpu() for lg in depth_logits(head, recorded[r], k_max)]
+        out = list(row.output_ids)
+        if p is None:
+            drafts = torch.stack([targets[argmax(lg)] for lg in logits], dim=1).tolist() if len(out) > 1 else []
+            return [0] + [agree(chain, out[t:]) for t, chain in enumerate(drafts, 1)], None
+        n = len(out)
+        accept = np.zeros((max(n, 1), k_max))
+        for j, lg in enumerate(logits):  # lg[t - 1]: draft j of a step at t, at output position t + j
+            q = _probs(lg, row)
+            for t in range(1, n - j):
+                accept[t, j] = float(torch.minimum(p[t + j, targets], q[t - 1]).sum())
+        return accept, None
+
+    by_k = _acceptance("eagle3", rows, draft_lens, row_model, target_logits)
+    for acceptance in by_k.values():
+        acceptance.exact = acceptance.exact and not constrained
+    return by_k
 
 
 def _acceptance(method: str, rows: Sequence[PlainRow], draft_lens: Sequence[int], row_model: RowModel,

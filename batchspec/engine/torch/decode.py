@@ -19,6 +19,10 @@ rule picks, accepts and samples among allowed tokens only: greedy speculative ou
 constrained output, sampled output follows the constrained distribution), and the matcher,
 advanced over the drafts to mask them, is rolled back to the committed tokens after the rule.
 
+A drafter that reads the target's hidden states (EAGLE-3's: eagle3_drafter.py) carries a
+`capture`; the loop hands it to the target's prefill and verify, which leave each row the hidden
+states of the slots it kept (`Row.hidden`): the drafter needs no forward of the target of its own.
+
 The loop knows rows, a drafter, a tokenizer (for stop strings only) and a target: any object with
 `new_batch`, `prefill` and `verify` as `ModelTarget` has them (the model's forward and the accept
 rule). It does not know requests, chat templates or how models are loaded (engine.py), nor where
@@ -28,6 +32,7 @@ its seconds come from (its clock's).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -42,8 +47,23 @@ from batchspec.engine.sampling import (
 )
 from batchspec.engine.torch.clock import Clock
 from batchspec.engine.torch.drafters import Drafts
+from batchspec.engine.torch.eagle3 import HiddenCapture
 from batchspec.engine.torch.grammar import Grammar
 from batchspec.engine.torch.kv import Batch, prefill, prefill_waste, survivors
+
+
+@dataclass
+class TargetHidden:
+    """The target's hidden states (EAGLE-3's [n, 3H]) after a row's tokens start..start+n-1."""
+
+    start: int
+    states: torch.Tensor
+
+    def then(self, start: int, states: torch.Tensor) -> "TargetHidden":
+        """These states followed by `states` from `start` (replacing them unless they end there)."""
+        if start != self.start + len(self.states):
+            return TargetHidden(start, states)
+        return TargetHidden(self.start, torch.cat((self.states, states)))
 
 
 @dataclass
@@ -64,6 +84,7 @@ class Row:
     grammar: Grammar | None = None  # the row's structured output, at its committed tokens
     forced_tokens: int = 0  # see Completion
     error: str | None = None  # why a row finished with "error"
+    hidden: TargetHidden | None = None  # the target's hidden states its drafter has not read (EAGLE-3)
 
     @property
     def output(self) -> list[int]:
@@ -82,11 +103,14 @@ class Row:
 @dataclass
 class Proposal:
     """A step's drafts: per row its draft tokens (0..k, the tokens its grammar forced first), those
-    forced tokens, and the drafter's `Drafts` (their probabilities; None where no row had a budget)."""
+    forced tokens, and the drafter's `Drafts` (their probabilities; None where no row had a budget);
+    and the capture through which the drafter reads the hidden states of the forward that
+    verifies them (EAGLE-3's; None for every other drafter)."""
 
     tokens: list[list[int]]
     forced: list[list[int]]
     drafts: Drafts | None
+    capture: HiddenCapture | None = None  # the drafter's: the verify leaves rows the hidden states it takes
 
 
 @dataclass
@@ -102,7 +126,9 @@ class Verdict:
 
 class ModelTarget:
     """The target model behind the decode loop: prefill rows, and verify drafts with one forward
-    and the accept rule (sampling.py). Greedy rows run the rule on argmaxes (`greedy_accept`)."""
+    and the accept rule (sampling.py). Greedy rows run the rule on argmaxes (`greedy_accept`).
+    Given a drafter's `capture`, it leaves each row the hidden states the capture took from
+    those forwards for the slots the row kept (Row.hidden; the EAGLE-3 drafter reads them)."""
 
     def __init__(self, model, pad_id: int, device: torch.device) -> None:
         self.model, self.pad_id, self.device = model, pad_id, device
@@ -110,9 +136,14 @@ class ModelTarget:
     def new_batch(self) -> Batch:
         return Batch(self.device)
 
-    def prefill(self, rows: list[Row]) -> tuple[Batch, list[int]]:
+    def prefill(self, rows: list[Row], capture: HiddenCapture | None = None) -> tuple[Batch, list[int]]:
         """The rows' cache, and each row's first output token."""
-        batch, last = prefill(self.model, [r.context for r in rows], self.pad_id, self.device, prefill_waste(self.device))
+        with reading(capture):
+            batch, last = prefill(self.model, [r.context for r in rows], self.pad_id, self.device, prefill_waste(self.device))
+        if capture is not None:  # one forward per group of rows (kv.prefill), rows in order, each right-padded
+            states = [part for forward in capture.forwards() for part in forward]
+            for row, part in zip(rows, states, strict=True):
+                row.hidden = TargetHidden(0, part[: len(row.context)])
         for i, row in enumerate(rows):
             if row.grammar is not None:
                 last[i].masked_fill_(~row.grammar.mask().to(last.device), float("-inf"))
@@ -125,7 +156,8 @@ class ModelTarget:
         """One forward over each row's pending token and drafts, each row's grammar masking its
         logits, and the accept rule on them. The cache keeps the pending token and the accepted drafts."""
         draft_lists = proposal.tokens
-        logits = batch.forward(self.model, [[r.context[-1]] + d for r, d in zip(rows, draft_lists)], self.pad_id)
+        with reading(proposal.capture):
+            logits = batch.forward(self.model, [[r.context[-1]] + d for r, d in zip(rows, draft_lists)], self.pad_id)
         if self.device.type == "cuda":  # the forward runs on after its launch returns: without this its time
             torch.cuda.synchronize(self.device)  # lands in the accept rule's (its .tolist() waits for it)
         held = self.mask(rows, draft_lists, logits)
@@ -138,7 +170,19 @@ class ModelTarget:
         else:
             num_accepted, next_token = self.sampled_accept(rows, logits, proposal.drafts, draft_tokens, num_drafts)
         batch.keep(num_accepted + 1)  # the pending token plus the accepted drafts
+        if proposal.capture is not None:
+            self.leave_hidden(rows, proposal.capture, num_accepted + 1)
         return Verdict(num_accepted, next_token, held)
+
+    @staticmethod
+    def leave_hidden(rows: list[Row], capture: HiddenCapture, kept: torch.Tensor) -> None:
+        """Give each row the verify's hidden states of the slots it kept (the pending token's
+        and the accepted drafts')."""
+        [states] = capture.forwards()
+        for row, part, n in zip(rows, states, kept.tolist()):
+            start = len(row.context) - 1  # the pending token's position
+            new = part[:n]
+            row.hidden = TargetHidden(start, new) if row.hidden is None else row.hidden.then(start, new)
 
     @staticmethod
     def mask(rows: list[Row], drafts: list[list[int]], logits: torch.Tensor) -> list[int]:
@@ -159,9 +203,31 @@ class ModelTarget:
         target_probs = probs_from_logits(
             logits.reshape(-1, logits.shape[-1]), temps.repeat_interleave(K + 1), top_ps.repeat_interleave(K + 1)
         ).view(len(rows), K + 1, -1)
-        u = torch.stack([r.uniforms(K + 1) for r in rows]).to(self.device)
+        u_accept, u_sample = row_uniforms(rows, num_drafts.tolist(), K)
         draft_probs = drafts.probs[:, :K] if drafts is not None and drafts.probs is not None else None
-        return accept_reject(draft_tokens, draft_probs, num_drafts, target_probs, u[:, :K], u[:, K])
+        return accept_reject(draft_tokens, draft_probs, num_drafts, target_probs, u_accept.to(self.device), u_sample.to(self.device))
+
+
+def row_uniforms(rows: list[Row], drafts: list[int], K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The accept rule's uniforms: per row one for each of its own drafts and one to sample with,
+    from its own generator ([B, K] padded with zeros, [B]). A row draws as many as it drafted,
+    never the batch's widest: its draws, and so its output, do not depend on the rows beside it."""
+    u_accept = torch.zeros(len(rows), K)
+    u_sample = torch.zeros(len(rows))
+    for b, (row, n) in enumerate(zip(rows, drafts)):
+        u = row.uniforms(n + 1)
+        u_accept[b, :n], u_sample[b] = u[:n], u[n]
+    return u_accept, u_sample
+
+
+def reading(capture: HiddenCapture | None):
+    """`capture.reading()`, or nothing without one."""
+    return nullcontext() if capture is None else capture.reading()
+
+
+def hidden_capture(drafter) -> HiddenCapture | None:
+    """The capture through which `drafter` reads the target's hidden states (EAGLE-3's), if any."""
+    return getattr(drafter, "capture", None)
 
 
 def sampling_tensors(rows: list[Row], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,13 +285,13 @@ class Decoder:
     def admit(self, rows: list[Row], batch, drafter, clock: Clock) -> None:
         """Prefill rows into the batch, and admit them to the drafter."""
         with clock.prefill([r.prompt_len for r in rows]):
-            batch.extend(self.prefill(rows))  # joining the batch is part of admitting a row, as its prefill is
+            batch.extend(self.prefill(rows, hidden_capture(drafter)))  # joining the batch is part of admitting a row, as its prefill is
         with clock.part("draft_s"):
             drafter.admit(rows, self.device)
 
-    def prefill(self, rows: list[Row]):
-        """The rows' cache, each row's first token committed."""
-        fresh, first = self.target.prefill(rows)
+    def prefill(self, rows: list[Row], capture: HiddenCapture | None = None):
+        """The rows' cache, each row's first token committed (its hidden states kept, with a capture)."""
+        fresh, first = self.target.prefill(rows) if capture is None else self.target.prefill(rows, capture)
         for row, token in zip(rows, first):
             self.commit(row, [token])
         return fresh
@@ -262,7 +328,7 @@ class Decoder:
         budgets = [max(0, min(spec.draft_len, r.params.max_tokens - len(r.output) - 1)) for r in rows]
         forced = [r.grammar.forced()[:k] if r.grammar is not None and k else [] for r, k in zip(rows, budgets)]
         drafts = drafter.propose(rows, budgets, self.vocab, forced) if max(budgets, default=0) > 0 else None
-        return Proposal(drafts.tokens if drafts else [[] for _ in rows], forced, drafts)
+        return Proposal(drafts.tokens if drafts else [[] for _ in rows], forced, drafts, hidden_capture(drafter))
 
     def accept(self, rows: list[Row], drafter, proposal: Proposal, verdict: Verdict) -> int:
         """Commit each row's accepted drafts and its next token, the drafter following; count

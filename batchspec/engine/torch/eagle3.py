@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,11 +61,10 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from batchspec.engine.eagle3_format import ARCHITECTURE, CONFIG_FILE, is_head  # noqa: F401 (is_head: the format's test, here too)
 from batchspec.errors import ModelError, one_line
 
-CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the released formats, in the order tried
-ARCHITECTURE = "LlamaForCausalLMEagle3"  # SpecForge's name, written into a saved head's config.json
 
 
 def aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -196,13 +196,16 @@ class Eagle3Head(nn.Module):
                depth: int, next_ids: Callable[[int, torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
         """Depths 0..depth-1 at query positions `at` [Q]: `hidden` [B, Q, H] and `x` [B, Q, 2H] are
         depth 0's inputs there; `next_ids(d, logits)` gives depth d's input tokens [B, Q] from
-        depth d-1's draft logits. Returns each depth's logits [B, Q, draft vocab]."""
+        depth d-1's draft logits (None: stop there). Returns each depth's logits [B, Q, draft vocab]."""
         attn = self.midlayer.self_attn
         own: list[tuple[torch.Tensor, torch.Tensor]] = []
         out: list[torch.Tensor] = []
         for d in range(depth):
             if d:
-                x = self.midlayer.mix(self.embed(next_ids(d, out[-1])).to(hidden.dtype), hidden)
+                ids = next_ids(d, out[-1])
+                if ids is None:  # the caller stops the chain here
+                    break
+                x = self.midlayer.mix(self.embed(ids).to(hidden.dtype), hidden)
             cos, sin = self.rope(at + d, x)
             if d:
                 own.append(attn.keys(x, cos, sin))
@@ -256,41 +259,72 @@ class Chain:
         self.length += aux.shape[0]
 
     @torch.inference_mode()
-    def draft(self, k: int) -> list[int]:
-        """k greedy chain drafts (target ids) after the last committed token."""
+    def draft(self, k: int, pick: Callable[[int, torch.Tensor], int | None] | None = None) -> list[int]:
+        """Up to k chain drafts (target ids) after the last committed token. `pick(i, logits)`
+        chooses draft i from the head's draft-vocabulary logits [draft vocab] (a target id; None
+        ends the chain there); by default the greedy one."""
         head = self.head
         at = torch.tensor([self.length - 1], device=self.k0.device)
+        pick = pick or (lambda i, logits: int(head.to_target(logits.argmax(-1))))
+        drafts: list[int] = []
 
-        def own(d: int, logits: torch.Tensor) -> torch.Tensor:
-            return head.to_target(logits.argmax(-1))
+        def chosen(logits: torch.Tensor) -> int | None:
+            token = pick(len(drafts), logits[0, 0])
+            if token is not None:
+                drafts.append(token)
+            return token
+
+        def own(d: int, logits: torch.Tensor) -> torch.Tensor | None:
+            token = chosen(logits)
+            return None if token is None else torch.tensor([[token]], device=at.device)
 
         out = head.deepen(self.k0, self.v0, self.hidden, self.x, at, k, own)
-        return [int(head.to_target(logits.argmax(-1))[0, 0]) for logits in out]
+        if len(out) == k:  # the last depth's draft (the others were picked as the next depth's input)
+            chosen(out[-1])
+        return drafts
 
 
 # -- the target's hidden states ----------------------------------------------------------------------
 
 
 class HiddenCapture:
-    """Forward pre-hooks on the target's decoder layers `layers`: after any forward of the target
-    (a prefill, a verify), `take()` gives the inputs of those layers concatenated [B, T, 3H] in
-    layer order, EAGLE-3's low, middle and high hidden states. Remove with `close()`."""
+    """Forward pre-hooks on the target's decoder layers `layers`: after forwards of the target
+    (a prefill's, a verify's), `forwards()` gives for each the inputs of those layers concatenated
+    [B, T, 3H] in layer order, EAGLE-3's low, middle and high hidden states; `take()` the last
+    one's. Built `on=False` (the engine's, installed once), it keeps nothing outside `reading()`.
+    Remove with `close()`."""
 
-    def __init__(self, model, layers: Sequence[int]) -> None:
+    def __init__(self, model, layers: Sequence[int], on: bool = True) -> None:
         self.layers = tuple(layers)
-        self.seen: dict[int, torch.Tensor] = {}
+        self.on = on
+        self.seen: dict[int, list[torch.Tensor]] = {}
         decoder = model.get_decoder().layers
         self.handles = [decoder[i].register_forward_pre_hook(self._hook(i), with_kwargs=True) for i in sorted(set(self.layers))]
 
     def _hook(self, index: int):
         def hook(module, args, kwargs):
-            self.seen[index] = args[0] if args else kwargs["hidden_states"]
+            if self.on:
+                self.seen.setdefault(index, []).append(args[0] if args else kwargs["hidden_states"])
         return hook
 
-    def take(self) -> torch.Tensor:
-        out = torch.cat([self.seen[i] for i in self.layers], dim=-1)
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Keep the hidden states of the forwards run inside (for `forwards`)."""
+        was, self.on, self.seen = self.on, True, {}
+        try:
+            yield
+        finally:
+            self.on = was
+
+    def forwards(self) -> list[torch.Tensor]:
+        """Each forward's [B, T, 3H] since the last call, in order."""
+        count = len(self.seen.get(self.layers[0], ()))
+        out = [torch.cat([self.seen[i][f] for i in self.layers], dim=-1) for f in range(count)]
         self.seen = {}
         return out
+
+    def take(self) -> torch.Tensor:
+        return self.forwards()[-1]
 
     def close(self) -> None:
         for handle in self.handles:
@@ -334,21 +368,27 @@ def record(model, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], laye
     return out
 
 
+def depth_logits(head: Eagle3Head, row: Recorded, k: int) -> list[torch.Tensor]:
+    """Per depth j < k: the head's draft-vocabulary logits [n-1, draft vocab] for draft j of a
+    step starting at each output position t = 1..n-1 (the true tokens fed before it: `chains`)."""
+    P, N = row.prompt_len, len(row.tokens)
+    at = torch.arange(P - 1, N - 2, device=head.fc.weight.device)  # a step at output t drafts from position P + t - 2
+    if len(at) == 0:
+        return [torch.zeros(0, head.config.draft_vocab_size) for _ in range(k)]
+    aux = row.aux[None].to(head.fc.weight.device, head.fc.weight.dtype)
+    with torch.inference_mode():
+        return [lg[0] for lg in head.unroll(aux, row.tokens[None].to(at.device), k, at)]
+
+
 def chains(head: Eagle3Head, rows: Sequence[Recorded], k: int) -> list[list[list[int]]]:
     """Per row, per output position t: the head's greedy chain of k drafts for a step starting at
     t (index 0 empty: prefill commits the first output token), each draft j fed the true tokens
     before it, as only a chain whose earlier drafts all matched matters (greedy: exact)."""
     out = []
-    with torch.inference_mode():
-        for row in rows:
-            P, N = row.prompt_len, len(row.tokens)
-            at = torch.arange(P - 1, N - 2)  # a step at output t drafts from position P + t - 2
-            if len(at) == 0:
-                out.append([[]])
-                continue
-            logits = head.unroll(row.aux[None].to(head.fc.weight.dtype), row.tokens[None], k, at)
-            drafts = torch.stack([head.to_target(lg.argmax(-1))[0] for lg in logits], dim=1)  # [len(at), k]
-            out.append([[]] + drafts.tolist())
+    for row in rows:
+        logits = depth_logits(head, row, k)
+        drafts = torch.stack([head.to_target(lg.argmax(-1)) for lg in logits], dim=1)  # [n-1, k]
+        out.append([[]] + drafts.tolist())
     return out
 
 

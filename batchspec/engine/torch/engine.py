@@ -37,6 +37,9 @@ from batchspec.engine.sampling import argmax
 from batchspec.engine.torch.clock import Clock, WallClock
 from batchspec.engine.torch.decode import Decoder, ModelTarget, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
+from batchspec.engine.eagle3_format import is_head
+from batchspec.engine.torch.eagle3 import Eagle3Head, HiddenCapture, aux_layers, load_head
+from batchspec.engine.torch.eagle3_drafter import Eagle3Drafter
 from batchspec.engine.torch.grammar import Grammar, GrammarError, Grammars
 from batchspec.engine.torch.kv import Batch
 from batchspec.engine.torch.load import check_same_tokenizer, load_pretrained
@@ -71,6 +74,8 @@ class TorchEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids, default=0)
         self._draft_loader = draft_loader  # name -> (model, tokenizer)
         self._drafts: dict[str, object] = {}
+        self._heads: dict[str, Eagle3Head] = {}  # EAGLE-3 heads by folder (`head`)
+        self._capture: HiddenCapture | None = None  # hooks on the target for every head, idle outside a read
         self._encoded: dict[int, tuple[weakref.ref, array.array]] = {}  # id(request) -> (the request, its prompt's ids): `encode`
         self.probe_seeds: dict[str, Batch] = {}  # model -> the one short row its cost probes fork from (measure.profile)
         self.warmed = False  # the target has decoded rows: a cost profile needs no warm-up forward (measure.profile)
@@ -84,7 +89,8 @@ class TorchEngine:
     @classmethod
     def load(cls, model: str, draft_model: str | None = None, dtype: str = "float32",
              device: str | None = None, suffix_tree_mb: float = SUFFIX_TREE_MB_DEFAULT) -> "TorchEngine":
-        """Load the target (registry name, local folder or fsspec URL) and preload a draft model."""
+        """Load the target (registry name, local folder or fsspec URL) and preload a draft model
+        (or an EAGLE-3 head)."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
 
         def loader(name: str):
@@ -92,8 +98,8 @@ class TorchEngine:
 
         target, tokenizer = loader(model)
         engine = cls(target, tokenizer, model_name=model, device=device, draft_loader=loader, suffix_tree_mb=suffix_tree_mb)
-        if draft_model:
-            engine.check(SpecConfig("draft_target", 1, draft_model=draft_model))
+        if draft_model:  # a draft model, or an EAGLE-3 head in the released format
+            engine.check(SpecConfig("eagle3" if is_head(draft_model) else "draft_target", 1, draft_model=draft_model))
         return engine
 
     # -- the protocol ---------------------------------------------------------------------------
@@ -102,12 +108,17 @@ class TorchEngine:
         if spec.method not in SUPPORTED:
             raise ConfigError(
                 f"{spec.source or 'spec'}: decoding_type {spec.method} is not supported by the torch engine "
-                "(supported: NGram, Draft_Target, Suffix); use --engine trtllm"
+                "(supported: NGram, Draft_Target, Eagle3, Suffix); use --engine trtllm"
             )
         if spec.method == "draft_target":
             if not spec.draft_model:
                 raise ConfigError(f"{spec.source or 'spec'}: Draft_Target needs a draft model (speculative_model_dir or --draft-model)")
             self._draft(spec.draft_model)
+        if spec.method == "eagle3":
+            if not spec.draft_model:
+                raise ConfigError(f"{spec.source or 'spec'}: Eagle3 needs a head (speculative_model_dir or --draft-model: "
+                                  "a folder in the released EAGLE-3 format)")
+            self.head(spec.draft_model)
 
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int,
                  control: Control | None = None) -> GenerateResult:
@@ -280,7 +291,19 @@ class TorchEngine:
             return SuffixDrafter(self.trees, scopes, lookups, spec.spec_factor, spec.min_token_prob)
         if spec.method == "draft_target":
             return ModelDrafter(self._draft(spec.draft_model), self.pad_id)
+        if spec.method == "eagle3":
+            return Eagle3Drafter(self.head(spec.draft_model), self.model, self._capture)
         return NgramDrafter(0)  # "none": never called, budgets are 0
+
+    def head(self, folder: str) -> Eagle3Head:
+        """Load (once) the EAGLE-3 head in `folder` (the released format: eagle3.load_head) in
+        the target's dtype, and hook the target's layers it reads (once for every head)."""
+        if folder not in self._heads:
+            dtype = next(self.model.parameters()).dtype
+            self._heads[folder] = load_head(folder, self.model, dtype).to(self.device).eval()
+            if self._capture is None:
+                self._capture = HiddenCapture(self.model, aux_layers(self.model.config.num_hidden_layers), on=False)
+        return self._heads[folder]
 
     def _draft(self, name: str):
         """Load (once) a draft model and check it shares the target's tokenizer."""

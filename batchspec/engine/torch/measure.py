@@ -1,5 +1,6 @@
 """What calibration needs from the torch engine besides generate (counterfactual.py replays the
-drafters; batchspec.predict prices steps): a cost profile of target and draft forwards, and teacher-forced logits.
+drafters; batchspec.predict prices steps): a cost profile of target and draft forwards (an
+EAGLE-3 head's draft step among them), and teacher-forced logits.
 
 It knows models and the KV cache; it does not know requests, rows or the accept rule's bookkeeping.
 """
@@ -15,6 +16,8 @@ import torch
 from batchspec.engine.base import StepCost
 from batchspec.engine.sampling import argmax, greedy_accept, probs_from_logits
 from batchspec.engine.torch.drafters import fit_vocab
+from batchspec.engine.eagle3_format import is_head
+from batchspec.engine.torch.eagle3 import Chain
 from batchspec.engine.torch.kv import Batch
 
 
@@ -50,6 +53,9 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
     with torch.inference_mode():
         for (kind, name), per_model in itertools.groupby(plan, key=lambda p: p[:2]):
             per_model = list(per_model)
+            if kind == "draft" and is_head(name):
+                points += head_points(engine, name, per_model, reps, agree, least)
+                continue
             model = engine.model if kind == "target" else engine._draft(name)
             widest = max(c for *_, c, _ in per_model)
             filler = [(17 + 31 * i) % engine.vocab for i in range(widest)]
@@ -81,6 +87,30 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
                     for w in widths:
                         tries[w].append(time_forward(batch, model, kind, filler[:w], b, temperature, engine.pad_id))
                 points += [StepCost(kind, name, b, c, w, min(tries[w])) for w in widths]
+    return points
+
+
+def head_points(engine, name: str, per_model: Sequence[tuple], reps: int, agree: float, least: int) -> list[StepCost]:
+    """An EAGLE-3 head's draft step at each (batch b, context c) as its drafter runs one
+    (eagle3_drafter.Eagle3Drafter): one depth of a row's chain over c positions of context, for
+    b rows one after another. The chain's context is filler (its cost depends on shapes only)."""
+    head = engine.head(name)
+    points = []
+    for *_, b, c, w in per_model:
+        chain = Chain(head)
+        weight = head.fc.weight
+        chain.extend(torch.zeros(c, 3 * head.target_hidden, device=weight.device, dtype=weight.dtype),
+                     [(17 + 31 * i) % engine.vocab for i in range(c)])
+        chain.draft(1)  # warm
+        tries: dict[int, list[float]] = {w: []}
+        for _ in range(reps):
+            if settled(tries, agree, least):
+                break
+            began = time.perf_counter()
+            for _ in range(b):
+                chain.draft(1)
+            tries[w].append(time.perf_counter() - began)
+        points.append(StepCost("draft", name, b, c, w, min(tries[w])))
     return points
 
 

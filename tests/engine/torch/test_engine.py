@@ -343,7 +343,7 @@ def test_a_draft_with_another_tokenizer_is_refused(smol_engine):
     smol_engine.check(SpecConfig("draft_target", 2, draft_model="tiny-draft"))  # same tokenizer: fine
 
 
-@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+@pytest.mark.parametrize("method", ["mtp"])
 def test_methods_the_torch_engine_cannot_run_are_refused(smol_engine, method):
     with pytest.raises(ConfigError, match="not supported by the torch engine"):
         smol_engine.generate([Request("a", "Hi")], SpecConfig(method, 2, source="trt_configs/x.yaml"), 1)

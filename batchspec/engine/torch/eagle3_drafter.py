@@ -1,0 +1,123 @@
+"""The EAGLE-3 arm's drafter: a head (eagle3.py) chain-drafting for each row of the decode loop.
+
+The head reads the target's hidden states after every committed token. They come from the
+target's own forwards: the decode loop hands the drafter's `capture` to its target, whose prefill
+and verify leave each row the states of the slots it kept (decode.Row.hidden:
+the prompt's after a prefill, the pending token's and the accepted drafts' after a verify). At
+its next proposal the drafter extends the row's `Chain` (the head's keys over the context) by
+them, so no second target pass runs while a row decodes under the arm. A row the drafter meets
+without them (rows in flight when calibration switches to the arm) is read once by a target
+forward over its context (draft time, as a draft model's prefill of such rows is).
+
+Drafts are chains of up to k tokens from the row's last position. A greedy row takes the head's
+argmax; in a batch with sampled rows each draft is drawn from the head's distribution over its
+draft vocabulary (the row's temperature and top_p, its own generator), and that distribution,
+placed on the target ids the draft vocabulary maps to, is the q the accept rule reads
+(sampling.accept_reject): output follows the target's distribution whatever the head proposes.
+A row with a grammar drafts after the tokens it forces (q one-hot on them), under its mask, as
+the draft model does (drafters.ModelDrafter); its matcher is rolled back after.
+
+Like every drafter it follows the rows through admit / propose / commit / select / compact; its
+state is keyed by row (as drafters.NgramDrafter's), so only `propose` does anything.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batchspec.engine.sampling import argmax, probs_from_logits, sample_from
+from batchspec.engine.torch.drafters import Drafts
+from batchspec.engine.torch.eagle3 import Chain, Eagle3Head, HiddenCapture
+
+
+class Eagle3Drafter:
+    def __init__(self, head: Eagle3Head, model, capture: HiddenCapture) -> None:
+        self.head, self.model, self.capture = head, model, capture
+        self.chains: dict[int, tuple[object, Chain]] = {}  # id(row) -> (the row, its chain)
+        self.targets = head.to_target(torch.arange(head.config.draft_vocab_size, device=head.d2t.device))
+
+    def admit(self, rows: list, device: torch.device) -> None:
+        pass  # a row's chain is built at its first proposal, from the states its prefill left it
+
+    def propose(self, rows: list, budgets: list[int], vocab: int, ahead: list[list[int]] | None = None) -> Drafts:
+        held, self.chains = self.chains, {}
+        sampled = not all(r.params.greedy for r in rows)
+        probs = torch.zeros(len(rows), max(budgets), vocab, device=self.targets.device) if sampled else None
+        out = []
+        for b, (row, k) in enumerate(zip(rows, budgets)):
+            chain = self.follow(row, held.get(id(row)))
+            self.chains[id(row)] = (row, chain)
+            forced = ahead[b] if ahead else []
+            out.append(self.draft(row, chain, k, forced, probs[b] if sampled else None))
+        return Drafts(out, probs)
+
+    def follow(self, row, held: tuple[object, Chain] | None) -> Chain:
+        """The row's chain, extended to every committed token but the last (whose hidden state
+        the next verify computes): by the states the target left the row, else by a target
+        forward over its context."""
+        n = len(row.context) - 1
+        chain = held[1] if held is not None and held[0] is row and held[1].length <= n else Chain(self.head)
+        seen, start = row.hidden, chain.length
+        if seen is None or not seen.start <= start or seen.start + len(seen.states) < n:
+            chain, start, states = Chain(self.head), 0, self.read(row.context[:n])
+        else:
+            states = seen.states[start - seen.start : n - seen.start]
+        row.hidden = None
+        if n > start:
+            chain.extend(states, row.context[start + 1 : n + 1])
+        return chain
+
+    def read(self, tokens: list[int]) -> torch.Tensor:
+        """The target's hidden states after each of `tokens` [len, 3H], from one forward."""
+        ids = torch.tensor([tokens], device=self.targets.device)
+        with self.capture.reading():
+            self.model.get_decoder()(input_ids=ids)
+        return self.capture.take()[0]
+
+    def draft(self, row, chain: Chain, k: int, forced: list[int], q: torch.Tensor | None) -> list[int]:
+        """Up to k drafts for the row, `forced` first; q [K, V] (sampled batches) gets each
+        draft's distribution over the target's vocabulary."""
+        if k <= 0:
+            return []
+        grammar, moved = row.grammar, 0
+        temperature = torch.tensor([row.params.temperature], device=self.targets.device)
+        top_p = torch.tensor([row.params.top_p], device=self.targets.device)
+
+        def pick(i: int, logits: torch.Tensor) -> int | None:
+            nonlocal grammar, moved
+            if i < len(forced):
+                token = forced[i]
+                if q is not None:
+                    q[i, token] = 1.0
+            else:
+                if grammar is not None:
+                    allowed = grammar.mask().to(logits.device)[self.targets]
+                    if not bool(allowed.any()):  # nothing the head knows is allowed here
+                        return None
+                    logits = logits.masked_fill(~allowed, float("-inf"))
+                if q is None:
+                    token = int(self.targets[argmax(logits)])
+                else:
+                    p = probs_from_logits(logits[None], temperature, top_p)
+                    token = int(self.targets[sample_from(p, row.uniform()[None].to(p.device))[0]])
+                    q[i, self.targets] = p[0]
+            if grammar is not None:
+                if grammar.advance(token):
+                    moved += 1
+                else:  # past the output's end: the rest drafts unmasked (never output)
+                    grammar = None
+            return token
+
+        drafts = chain.draft(k, pick)
+        if moved:
+            row.grammar.rollback(moved)
+        return drafts
+
+    def commit(self, num_accepted: torch.Tensor, drafts: Drafts, next_tokens: list[int]) -> None:
+        pass  # the target left each row the states of what it kept: `follow` reads them
+
+    def select(self, keep: list[int]) -> None:
+        pass
+
+    def compact(self) -> None:
+        pass
