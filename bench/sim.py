@@ -95,15 +95,22 @@ def load_requests(path: str, shard_by: str, rows: int, max_tokens: int, prompt_f
 
 
 def recordings(args, shards: Sequence[Shard]):
-    """The model's plain greedy outputs for every row (recorded once per input and settings)."""
+    """The model's plain greedy outputs for every row (recorded once per input and settings: a run
+    over some of an input's rows reads what an earlier run over them recorded)."""
     from batchspec.engine.torch.engine import TorchEngine
 
     ids = sorted({r.id.split("#")[0] for s in shards for r in s.requests})
-    tag = json.dumps([args.input, args.model, args.draft_model, args.max_tokens, args.prompt_format, args.dtype, ids])
-    path = CACHE / f"{hashlib.sha256(tag.encode()).hexdigest()[:16]}.pkl"
+    settings = [args.input, args.model, args.draft_model, args.max_tokens, args.prompt_format, args.dtype]
+    path = CACHE / f"{hashlib.sha256(json.dumps([*settings, ids]).encode()).hexdigest()[:16]}.pkl"
+    every = CACHE / f"{hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]}-rows.pkl"  # every row recorded
+    known = _Recordings(io.BytesIO(every.read_bytes())).load() if every.exists() else {}
     engine = TorchEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device="cpu")
-    if path.exists():
-        return engine, _repeated(_Recordings(io.BytesIO(path.read_bytes())).load(), shards)
+    if path.exists() or all(i in known for i in ids):
+        recorded = _Recordings(io.BytesIO(path.read_bytes())).load() if path.exists() else known
+        if not all(i in known for i in recorded):
+            every.parent.mkdir(parents=True, exist_ok=True)
+            every.write_bytes(pickle.dumps({**known, **recorded}))
+        return engine, _repeated(recorded, shards)
     by_text: dict = {}  # rows of one prompt have one greedy output: each prompt is decoded once
     for r in (r for s in shards for r in s.requests if "#" not in r.id or r.id.endswith("#0")):
         r = replace(r, id=r.id.split("#")[0])
@@ -117,6 +124,7 @@ def recordings(args, shards: Sequence[Shard]):
           file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(recorded))
+    every.write_bytes(pickle.dumps({**known, **recorded}))
     return engine, _repeated(recorded, shards)
 
 
