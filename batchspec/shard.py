@@ -69,7 +69,7 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
         ran = engine.generate(shard.requests, chosen, batch_size)
         speedup, baseline, profile_s = price_fixed(engine, worker.costs, chosen, batch_size, ran)
         decision = replace(fixed_decision(chosen, "speculation off (--spec none)" if chosen is NO_SPEC else f"fixed by config: {chosen.label}"),
-                           speedup=speedup, baseline_tokens_per_s=baseline, calibration_s=profile_s, profile_s=profile_s)
+                           speedup=speedup, baseline_tokens_per_s=baseline, profile_s=profile_s)
         row_specs = [chosen] * len(shard.requests)
     builds = engine.builds[builds_before:] if engine.arms_are_builds else []
     stats = _stats(engine, shard, ran, decision, batch_size, time.perf_counter() - start, builds)
@@ -114,7 +114,7 @@ def _stats(engine: Engine, shard: ShardInput, ran: GenerateResult, decision: Dec
         baseline_tokens_per_s=decision.baseline_tokens_per_s,
         speedup=decision.speedup,
         calibration_s=decision.calibration_s + sum(b.seconds for b in builds if b.label != spec.label),
-        calibration_overhead_s=decision.profile_s,
+        calibration_overhead_s=0.0,  # the worker's cost profile is the worker's (profile_s), no shard's calibration
         decision_source=decision.source,
         decision_reason=decision.reason,
         wall_s=wall_s,

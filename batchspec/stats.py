@@ -221,7 +221,7 @@ class ShardStats:
     verify_s: float | None = None  # the target's verify forwards and the accept rule (null: not measured, see caveats)
     tokens_per_s: float | None = None  # goodput: tokens committed by decode steps per decode second
     baseline_tokens_per_s: float | None = None  # plain decoding's goodput for the same tokens, priced by the worker's cost table
-    calibration_s: float | None = None  # seconds calibration added: the cost profile, the controller's own work, builds of arms the shard did not end on
+    calibration_s: float | None = None  # seconds calibration added: the controller's own work, builds of arms the shard did not end on (the worker's cost profile is profile_s)
     wall_s: float | None = None  # the shard's wall time, calibration included
     engine: str  # torch | trtllm
     model: str  # the target model as configured
@@ -234,7 +234,7 @@ class ShardStats:
     other_s: float | None = None  # the decode loop's own work between forwards (committing tokens, stop strings, cache upkeep)
     speedup: float | None = None  # the shard's decode steps against plain decoding's price for the same tokens
     # (the worker's cost table); plain decoding fixed: 1.0; null where the table cannot price plain decoding
-    calibration_overhead_s: float | None = None  # of calibration_s, the cost profile's forwards (as profile_s)
+    calibration_overhead_s: float | None = None  # of calibration_s, the calibration work not kept as output (0: the worker's cost profile is profile_s, the worker's)
     decision_source: str | None = None  # calibrated | fixed
     decision_reason: str | None = None  # one short line; the whole story is `events`
     attempts: int = 1  # tries the shard took (a worker death or an exception is retried)
@@ -244,7 +244,7 @@ class ShardStats:
     speculation_unmeasured: str | None = None  # why no speculative arm could be priced or run, where none could
     caveats: str | None = None  # figures that are estimates or were not measured, and why
     predicted_speedup: float | None = None  # the chosen arm's, over the shard's rows (its candidates entry)
-    profile_s: float = 0.0  # seconds the shard spent timing the worker's cost profile (0: the worker had one)
+    profile_s: float = 0.0  # the worker's cost profile, timed once per worker and batch size while this shard ran (0: the worker had one); the worker's seconds, in none of the shard's calibration figures
     cost_profile: list[StepCost] = field(default_factory=list)  # that profile's forwards, where this shard timed it
     node_id: str | None = None  # the Ray node whose worker ran the shard (null: written by the driver)
     gpus: float = 0.0  # GPUs the shard's worker held (worker.num_gpus; TensorRT-LLM: one LLM spans them all)
@@ -262,7 +262,7 @@ class ShardStats:
     plain_decode_u: float | None = None  # plain_decode_s's relative uncertainty: its prices' `u`, weighted by price (0: plain decoding ran)
     device: str | None = None  # what gpu_s counts: gpu (the worker's GPUs) | cpu (a CPU worker's torch threads: CPU-seconds)
     devices: float | None = None  # how many: worker.num_gpus, or on a CPU worker its torch threads
-    gpu_s: float | None = None  # device-seconds the shard used: (prefill_s + decode_s + calibration_s) x devices (null: not measured)
+    gpu_s: float | None = None  # device-seconds the shard used: (prefill_s + decode_s + calibration_s + profile_s) x devices, the worker's profile counted once (null: not measured)
     plain_gpu_s: float | None = None  # the same rows as plain decoding: (prefill_s + plain_decode_s) x devices, no calibration
     plain_gpu_s_err: float | None = None  # plain_gpu_s's uncertainty, device-seconds: plain_decode_s x plain_decode_u x devices
     plain_estimated: bool | None = None  # plain_gpu_s is the cost table's price (plain decoding did not run every step), not a measurement
@@ -296,7 +296,7 @@ def device_seconds(stats: ShardStats, gpus: float, cpus: float) -> dict[str, Any
     out: dict[str, Any] = {"device": device, "devices": devices}
     if stats.decode_s is None or stats.prefill_s is None:
         return out
-    out["gpu_s"] = (stats.prefill_s + stats.decode_s + (stats.calibration_s or 0.0)) * devices
+    out["gpu_s"] = (stats.prefill_s + stats.decode_s + (stats.calibration_s or 0.0) + stats.profile_s) * devices
     if stats.plain_decode_s is not None:
         u = stats.plain_decode_u or 0.0
         out.update(plain_gpu_s=(stats.prefill_s + stats.plain_decode_s) * devices,

@@ -6,8 +6,10 @@ replayed on a cost regime (batchspec/sim/regimes.py) by the torch engine's own d
 every second priced by the regime. So the oracle is exact (every arm run over the whole shard)
 and a decision's ratio to it is deterministic. Per shard it reports the arm the pipeline ran
 (`shard.run_shard`, the product's own path, one worker's calibration state across a run's
-shards), the oracle's arm, both goodputs and their ratio, plain decoding's, the predicted speedup
-and calibration's overhead in virtual time; per run, the best single static arm for the whole job
+shards), the oracle's arm, both goodputs and their ratio, plain decoding's, the predicted speedup,
+calibration's overhead in virtual time, and what the changes of arm in its drain cost it
+(`drain_loss`: the shard run again holding the arm its drain began under); per run, the worker's
+cost profile (paid once by the job, by no shard), the best single static arm for the whole job
 (one option file) and the best batch-size schedule written by hand (one draft length per number of
 rows in flight, the same for every key), and what share of the oracle's gain over each the
 calibration captured. All figures are SIMULATED, never measurements.
@@ -15,8 +17,10 @@ calibration captured. All figures are SIMULATED, never measurements.
     python bench/sim.py --input examples/prompts.parquet --shard-by task --regime gpu-roofline \\
         --batch-size 8 [--rows 256] [--model smollm2-135m] [--max-tokens 128] --json OUT.json
 
-The grid docs/calibration.md shows runs on `python examples/make_prompts.py --rows-per-task 256
---out grid.parquet` (its command is in docs/performance.md).
+The tuning grid docs/calibration.md shows runs on `python examples/make_prompts.py --rows-per-task
+256 --out grid.parquet` (its command is in docs/performance.md); the held-out protocol on
+`python bench/heldout.py --out heldout.parquet`, workloads the rule was not tuned on
+(`make bench-sim-heldout`).
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def load_requests(path: str, shard_by: str, rows: int, max_tokens: int, prompt_f
     params = SamplingParams(max_tokens=max_tokens)
     by_key: dict[str, list[Request]] = {}
     for i, row in enumerate(frame.iter_rows(named=True)):
+        if row[shard_by] in (None, ""):  # a row of another table in the same file (bench/heldout.py)
+            continue
         key = str(row[shard_by])
         rid = str(row.get("id", i))
         if row.get("messages"):
@@ -89,15 +95,22 @@ def load_requests(path: str, shard_by: str, rows: int, max_tokens: int, prompt_f
 
 
 def recordings(args, shards: Sequence[Shard]):
-    """The model's plain greedy outputs for every row (recorded once per input and settings)."""
+    """The model's plain greedy outputs for every row (recorded once per input and settings: a run
+    over some of an input's rows reads what an earlier run over them recorded)."""
     from batchspec.engine.torch.engine import TorchEngine
 
     ids = sorted({r.id.split("#")[0] for s in shards for r in s.requests})
-    tag = json.dumps([args.input, args.model, args.draft_model, args.max_tokens, args.prompt_format, args.dtype, ids])
-    path = CACHE / f"{hashlib.sha256(tag.encode()).hexdigest()[:16]}.pkl"
+    settings = [args.input, args.model, args.draft_model, args.max_tokens, args.prompt_format, args.dtype]
+    path = CACHE / f"{hashlib.sha256(json.dumps([*settings, ids]).encode()).hexdigest()[:16]}.pkl"
+    every = CACHE / f"{hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]}-rows.pkl"  # every row recorded
+    known = _Recordings(io.BytesIO(every.read_bytes())).load() if every.exists() else {}
     engine = TorchEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device="cpu")
-    if path.exists():
-        return engine, _repeated(_Recordings(io.BytesIO(path.read_bytes())).load(), shards)
+    if path.exists() or all(i in known for i in ids):
+        recorded = _Recordings(io.BytesIO(path.read_bytes())).load() if path.exists() else known
+        if not all(i in known for i in recorded):
+            every.parent.mkdir(parents=True, exist_ok=True)
+            every.write_bytes(pickle.dumps({**known, **recorded}))
+        return engine, _repeated(recorded, shards)
     by_text: dict = {}  # rows of one prompt have one greedy output: each prompt is decoded once
     for r in (r for s in shards for r in s.requests if "#" not in r.id or r.id.endswith("#0")):
         r = replace(r, id=r.id.split("#")[0])
@@ -111,6 +124,7 @@ def recordings(args, shards: Sequence[Shard]):
           file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(recorded))
+    every.write_bytes(pickle.dumps({**known, **recorded}))
     return engine, _repeated(recorded, shards)
 
 
@@ -160,7 +174,7 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
     """One pass of the job on one fresh worker; `seeds`: each key's starting arm from a prior pass
     (batchspec.prior, as `--prior-run` gives the driver). The shards' stats come back under
     "_stats" (not JSON: the caller takes them out)."""
-    replay = ReplayEngine(engine, recorded, regime_named(regime_name))
+    replay = Traced(engine, recorded, regime_named(regime_name))
     # a schedule drafts by the rows in flight within one engine: its changes of arm build nothing
     one_engine = ReplayEngine(engine, recorded, replace(replay.regime, build_s=0.0))
     arms = arms_of(args)
@@ -176,6 +190,7 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
             ran = run_shard(replay, ShardInput(f"{shard.key}-{part}", shard.key, rows), arms, True, batch_size,
                             settings, (seeds or {}).get(shard.key), worker=worker, horizon_rows=horizon, prior_why=PRIOR_WHY)
             stats_of.append(ran.stats)
+            drain = drain_loss(replay, rows, by_label[ran.stats.events[0].arm], batch_size, ran.stats.decode_s)
             # every arm over the same shard, one generate call as the pipeline runs it: the job's static
             # arms and schedules run shard by shard too (each drains its batch at the shard's end)
             whole = {a.label: run_arm(replay, rows, a, batch_size) for a in [NO_SPEC, *arms]}
@@ -183,7 +198,8 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
             shard_requests.append(rows)
             oracle = {label: goodput(**_tokens_s(r)) for label, r in whole.items()}
             best = max(oracle, key=oracle.get)
-            stats, overhead_s = ran.stats, ran.stats.profile_s + ran.stats.build_s
+            # the worker's cost profile is the worker's (stats.profile_s): the job pays it once, no shard does
+            stats, overhead_s = ran.stats, ran.stats.build_s
             tokens = decode_tokens(ran.completions)
             got = goodput(tokens, stats.decode_s + overhead_s)
             out.append({
@@ -195,14 +211,62 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
                 "overhead": overhead_s / (stats.decode_s + stats.prefill_s + overhead_s),
                 "tokens": tokens, "seconds": stats.decode_s + overhead_s,
                 "arm_s": {label: r["decode_s"] for label, r in whole.items()},
+                "drain_loss": drain,
                 "switches": sum(e.kind in ("switch", "measure") or (e.kind == "measured" and "back to" in e.reason)
                                 for e in stats.events),
                 "events": [f"{e.row}:{e.kind}:{e.arm}" for e in stats.events if e.kind != "profile"],
             })
     return {"regime": regime_name, "batch_size": batch_size, "shards": out, "_stats": stats_of,
-            "job": job_summary(out, runs, arms, batch_size, replay.regime.build_s,
-                               lambda schedule: sum(scheduled_s(one_engine, requests, {n: by_label[a] for n, a in schedule.items()},
+            "job": job_summary(out, runs, arms, batch_size, replay.regime.build_s, worker.profile_s,
+                               None if args.no_schedule else lambda schedule: sum(scheduled_s(one_engine, requests, {n: by_label[a] for n, a in schedule.items()},
                                                                 batch_size) for requests in shard_requests))}
+
+
+class Traced(ReplayEngine):
+    """The replay engine, keeping what its last generate call's control returned at each call
+    (`calls`: whether the batch was full or rows queued then, and the arm returned), so the call can
+    be run again holding the arm its drain began under (`drain_loss`)."""
+
+    def generate(self, requests, spec, batch_size, control=None):
+        self.calls: list[tuple[bool, SpecConfig | None]] = []
+        if control is None:
+            return super().generate(requests, spec, batch_size)
+        calls = self.calls
+
+        def traced(progress):
+            arm = control(progress)
+            calls.append((bool(progress.queued) or len(progress.in_flight) >= batch_size, arm))
+            return arm
+
+        return super().generate(requests, spec, batch_size, control=traced)
+
+
+@dataclass
+class Following:
+    """A control that returns what a traced call's control returned, call by call, until call
+    `cut` (the drain's first change of arm), and holds the arm from there on."""
+
+    calls: list
+    cut: int
+    at: int = 0
+
+    def __call__(self, progress) -> SpecConfig | None:
+        self.at += 1
+        return self.calls[self.at - 1][1] if self.at - 1 < self.cut else None
+
+
+def drain_loss(engine: "Traced", requests: list[Request], start: SpecConfig, batch_size: int, decode_s: float) -> float:
+    """What the changes of arm a shard's drain made (switches and measurements once no row is
+    queued and the batch is no longer full) cost it: its decode seconds over those of the same call
+    holding the arm the drain began under, less 1 (negative: they paid). 0 where the drain changed
+    nothing, or the shard never filled its batch (it is all drain)."""
+    calls = engine.calls
+    full = [i for i, (steady, _) in enumerate(calls) if steady]
+    cut = next((i for i, (steady, arm) in enumerate(calls) if not steady and arm is not None and full and i > full[-1]), None)
+    if cut is None:
+        return 0.0
+    held = ReplayEngine.generate(engine, requests, start, batch_size, control=Following(calls, cut))
+    return decode_s / held.timing.decode_s - 1
 
 
 def scheduled_s(engine: ReplayEngine, requests: list[Request], schedule: dict[int, SpecConfig], batch_size: int) -> float:
@@ -264,11 +328,11 @@ def build_oracle_s(shards: Sequence[dict], build_s: float) -> float:
 
 
 def job_summary(shards: list[dict], runs: list[dict], arms: Sequence[SpecConfig], batch_size: int,
-                build_s: float, replayed_s) -> dict:
+                build_s: float, profile_s: float, replayed_s) -> dict:
     """The job against what a user configures by hand: one static arm for every shard, and a
     batch-size schedule (rows in flight -> arm, the same for every key), each the best of its kind
     in hindsight; where an arm is a build, also against the job's oracle that pays its builds
-    (`build_oracle_s`). `runs` holds every arm's run over each shard (label -> tokens and decode
+    (`build_oracle_s`). Without `replayed_s` (--no-schedule) no schedule is searched. The calibrated job pays the worker's cost profile (`profile_s`) once. `runs` holds every arm's run over each shard (label -> tokens and decode
     seconds), shard by shard as the pipeline runs them; `replayed_s(schedule)` is the job's decode
     seconds under a schedule, replayed shard by shard (`Scheduled`). The schedule is searched from the best static arm one bucket at a time,
     smallest first: every arm at the bucket replayed, the fastest kept. (Pricing each arm at each
@@ -280,11 +344,11 @@ def job_summary(shards: list[dict], runs: list[dict], arms: Sequence[SpecConfig]
     static = {a: goodput(tokens, sum(r[a]["decode_s"] for r in runs)) for a in labels}
     best_static = max(static, key=static.get)
     oracle = goodput(tokens, sum(min(r[a]["decode_s"] for a in labels) for r in runs))
-    calibrated = goodput(sum(s["tokens"] for s in shards), sum(s["seconds"] for s in shards))
+    calibrated = goodput(sum(s["tokens"] for s in shards), sum(s["seconds"] for s in shards) + profile_s)
     buckets = sorted({1, max(1, batch_size // 4), max(1, batch_size // 2), batch_size})
     schedules = {(a,) * len(buckets): g for a, g in static.items()}  # one arm everywhere: its own run
     best = (best_static,) * len(buckets)
-    for i in range(len(buckets)):
+    for i in range(len(buckets) if replayed_s else 0):
         for label in labels:
             choice = best[:i] + (label,) + best[i + 1:]
             if choice not in schedules:
@@ -295,7 +359,7 @@ def job_summary(shards: list[dict], runs: list[dict], arms: Sequence[SpecConfig]
     return {
         "static_best": best_static, "static_goodput": static[best_static], "oracle_goodput": oracle,
         "schedule_best": dict(zip(buckets, best_schedule)), "schedule_goodput": schedules[best_schedule],
-        "calibrated_goodput": calibrated, "vs_oracle": calibrated / oracle,
+        "calibrated_goodput": calibrated, "vs_oracle": calibrated / oracle, "worker_profile_s": profile_s,
         "captured_of_oracle_gain_over_static": (calibrated - static[best_static]) / gain if gain > 0 else None,
         "vs_static": calibrated / static[best_static], "vs_schedule": calibrated / schedules[best_schedule],
         **({"vs_oracle_with_builds": calibrated / goodput(tokens, build_oracle_s(shards, build_s)),
@@ -304,14 +368,14 @@ def job_summary(shards: list[dict], runs: list[dict], arms: Sequence[SpecConfig]
 
 
 def table(results: Sequence[dict]) -> str:
-    lines = ["| regime | batch | shard | ran (rows) | oracle | vs oracle | vs plain | predicted | overhead | events |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| regime | batch | shard | ran (rows) | oracle | vs oracle | vs plain | predicted | overhead | drain loss | events |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for s in (x for x in r["shards"] if x["benched"]):
             ran = ", ".join(f"{a} {n}" for a, n in s["ran"].items())
             pred = f"{s['predicted_speedup']:.2f}x" if s["predicted_speedup"] else "-"
             lines.append(f"| {r['regime']} | {r['batch_size']} | {s['shard']} | {ran} | {s['oracle']} | "
-                         f"{s['vs_oracle']:.3f} | {s['vs_plain']:.3f} | {pred} | {s['overhead']:.1%} | "
+                         f"{s['vs_oracle']:.3f} | {s['vs_plain']:.3f} | {pred} | {s['overhead']:.1%} | {s['drain_loss']:+.1%} | "
                          f"{' '.join(s['events'][:6])} |")
     return "\n".join(lines)
 
@@ -339,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--prior-pass", action="store_true",
                    help="run each job again on a fresh worker, each key's first shard starting where the first pass "
                         "predicted best (as --prior-run does); reported as regime NAME+prior")
+    p.add_argument("--no-schedule", action="store_true", help="search no batch-size schedule (its replays take most of a "
+                   "large job's time): vs_schedule is then the best static arm's")
     p.add_argument("--json", default=None, help="write the results here")
     recorded_results.add_options(p)
     args = p.parse_args(argv)
@@ -368,6 +434,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         metrics = {"simulated": True, "min_vs_oracle": round(min(s["vs_oracle"] for s in shards), 3),
                    "mean_vs_oracle": round(sum(s["vs_oracle"] for s in shards) / len(shards), 3),
                    "max_overhead": round(max(s["overhead"] for s in shards), 4),
+                   "max_drain_loss": round(max(s["drain_loss"] for s in shards), 4),
+                   # the held-out target's: shards of two batches or more (a smaller shard is all drain)
+                   "min_vs_oracle_2_batches": min((round(s["vs_oracle"], 3) for s in shards if s["rows"] >= 2 * r["batch_size"]),
+                                                  default=None),
                    "predictions_judged": judged, "predictions_within_5pct": within,
                    **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r["job"].items() if k != "schedule_best"}}
         one = argparse.Namespace(**{**vars(args), "regime": r["regime"], "batch_size": r["batch_size"]})

@@ -44,6 +44,7 @@ from batchspec.stats import ArmResult, Event
 PAYBACK = 10  # a measurement runs only where the steps left are this many times its own
 RECENT_STEPS = 8  # the last steps whose mean seconds price a step left, where a switch's build is weighed
 REASON_CHARS = 200  # an event's reason is one short line: a failed build's is cut there
+DRAIN_SHARE = 0.5  # no measurement once no row is queued and fewer than this share of a batch is in flight
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Moment:
 
     running: SpecConfig  # R, the arm the estimates are against (at the shard's end: the one before the drain)
     left: bool  # rows in flight or queued (else the shard's end: the rule decides where the key's next shard starts)
+    drain: bool  # no row queued and fewer than DRAIN_SHARE of a batch in flight: the batch shrinks every step
     trial: Trial | None  # a trial whose steps have run, judged against R, the arm before it
     untried: tuple[SpecConfig, ...]  # arms a measurement may run: not measured in this shard (none past the build cap)
     builds: bool  # an arm switch is a build (Engine.arms_are_builds)
@@ -109,9 +111,9 @@ def rule(est: Mapping[str, Estimate], at: Moment) -> Choice:
     the best arm by gain (the shorter draft among equals): a trial whose steps have run stays only
     where it beats R by the margin at its lower bound, or where going back is a build the rows left
     do not repay; else switch to the best arm where its lower bound beats R by the margin and the
-    rows left repay the switch; else, while rows are left, measure the best arm where its price is
-    what is unsure, or an arm with no estimate (the longest draft of a method first: its run
-    estimates the shorter ones); else stay."""
+    rows left repay the switch; else, while rows are left and not draining (DRAIN_SHARE), measure the
+    best arm where its price is what is unsure, or an arm with no estimate (the longest draft of a
+    method first: its run estimates the shorter ones); else stay."""
     margin = 1 + at.settings.margin
     if at.trial is not None:
         trial = est.get(at.trial.arm.label)
@@ -127,7 +129,7 @@ def rule(est: Mapping[str, Estimate], at: Moment) -> Choice:
     if other and best.low > margin and at.repays(best.arm, 1 - 1 / best.low):
         return Choice("switch", best.arm, best.speedup, why=f"{best.gain:.2f}x the running {at.running.label} "
                       f"(at least {best.low:.2f}x)" + ("" if at.left else "; for the key's next shard"))
-    if not at.left:
+    if not at.left or at.drain:  # a measurement in a drain learns the price of a batch that is gone
         return STAY
     untried = {a.label for a in at.untried}
     if other and best.high > margin and best.cost_u > best.accept_u and best.arm.label in untried \
@@ -205,9 +207,11 @@ class Controller:
     def _learn(self, progress: Progress) -> None:
         new, profiled = self.ledger.learn(progress.steps, progress.spec)
         if profiled is not None:
-            self.control_s -= profiled.wall_s  # counted as profile, not as the controller's own time
+            self.control_s -= profiled.wall_s  # the worker's, not the controller's own time
+            self.worker.profile_s += profiled.seconds
             self.events.append(Event(self.evidence.finished, "profile", "none", None, profiled.seconds,
-                                     f"{profiled.points} forwards timed"))
+                                     f"the worker's cost profile: {profiled.points} forwards timed, once per worker "
+                                     "and batch size (not this shard's)"))
         trial = self.course.trial
         if trial is not None and trial.arm.label == progress.spec.label:  # not the rows still draining before it
             trial.steps += new
@@ -278,7 +282,8 @@ class Controller:
         capped = self.builds and self.worker.measure_builds >= self.settings.max_builds_per_worker
         untried = () if capped else tuple(a for a in [NO_SPEC, *self.arms] if a.label not in self.course.tried)
         recent = progress.steps[-RECENT_STEPS:]
-        return Moment(running, left, trial, untried, self.builds, self.settings, self.engine.switch_s,
+        drain = left and not progress.queued and len(progress.in_flight) < DRAIN_SHARE * self.batch_size
+        return Moment(running, left, drain, trial, untried, self.builds, self.settings, self.engine.switch_s,
                       self._steps_left(progress), len(progress.steps), self.course.trial_steps,
                       sum(s.seconds for s in recent) / len(recent) if recent else 0.0)
 
@@ -335,7 +340,7 @@ class Controller:
             chosen=chosen, ended=ended, arms=arms, events=list(self.events), reason=reason, shard_id=shard_id,
             predicted_speedup=speedup.get(chosen.label),
             speedup=speedup_run, baseline_tokens_per_s=baseline,
-            calibration_s=self.ledger.profile_s + self.control_s, profile_s=self.ledger.profile_s,
+            calibration_s=self.control_s, profile_s=self.ledger.profile_s,
             exact=evidence.exact,
         )
         return decision, specs

@@ -39,8 +39,8 @@ class Decision:
     predicted_speedup: float | None = None  # the chosen arm's, over the shard's rows
     speedup: float | None = None  # the shard's goodput over plain decoding's price for its tokens
     baseline_tokens_per_s: float | None = None  # that plain price as a goodput
-    calibration_s: float = 0.0  # the cost profile's forwards and the controller's own time
-    profile_s: float = 0.0  # of which the profile: the one calibration work not kept as output
+    calibration_s: float = 0.0  # the controller's own time (the worker's cost profile is not the shard's)
+    profile_s: float = 0.0  # the worker's cost profile, where the worker timed it while this shard ran
     exact: bool = True  # every row's counterfactual acceptance exact (greedy)
 
 

@@ -20,14 +20,16 @@ class WorkerState:
     last: dict[str, SpecConfig] = field(default_factory=dict)
     history: dict[str, list] = field(default_factory=dict)  # key -> its last window of rows' tallies
     measure_builds: int = 0  # engine builds measurements caused (capped by max_builds_per_worker)
+    profile_s: float = 0.0  # the worker's cost profiles' seconds (once per batch size): the worker's, no shard's
 
     def start(self, key: str | None, prior: SpecConfig | None, arms: list[SpecConfig],
               builds: bool = False, prior_why: str = LAST_SHARD) -> tuple[SpecConfig, str]:
         """The arm a shard of `key` starts under, and why: the key's last on this worker, else the
         driver's `prior` (another worker's last shard of the key, or what a prior run predicted
-        best for it: `prior_why` says which), else the arm the worker's last shard ended under (of
-        another key: where the engine stands, which for an engine whose arms are builds is the one
-        live), else plain decoding. Only an arm still among `arms`.
+        best for it: `prior_why` says which), else the arm the worker's other keys chose (`chosen`:
+        the arm their last shards ended under, each weighted by the rows it judged on; where arms
+        are builds, the live engine's, the arm the worker's last shard ended under), else plain
+        decoding. Only an arm still among `arms`.
 
         Where a switch costs a build (`builds`) the driver's prior applies only to a worker with no
         engine yet (a live one is not rebuilt before the rule has priced the build), and a worker's
@@ -40,6 +42,8 @@ class WorkerState:
         order = [(self.last.get(str(key)), "the key's last shard on this worker")]
         if not builds or latest is None:
             order.append((prior, prior_why))
+        if not builds:
+            order.append((self.chosen(labels), "the arm the worker's other keys chose"))
         order.append((latest, "the worker's last shard, of another key"))
         for arm, why in order:
             if arm is not None and (arm.method == "none" or arm.label in labels):
@@ -48,6 +52,17 @@ class WorkerState:
         if builds and ngram:
             return max(ngram, key=lambda a: a.draft_len), "the worker's first build: the longest n-gram draft"
         return NO_SPEC, "the worker's first shard"
+
+    def chosen(self, labels: set[str]) -> SpecConfig | None:
+        """The arm most of the worker's keys' rows ended under (each key's last shard, weighted by
+        the rows it judged on; the latest among equals), of plain decoding and `labels`."""
+        weight: dict[str, float] = {}
+        by_label: dict[str, SpecConfig] = {}
+        for n, (key, arm) in enumerate(self.last.items()):  # oldest first: a later key wins a tie
+            if arm.method == "none" or arm.label in labels:
+                weight[arm.label] = weight.get(arm.label, 0.0) + max(1, len(self.history.get(key, ()))) + n * 1e-9
+                by_label[arm.label] = arm
+        return by_label[max(weight, key=weight.get)] if weight else None
 
     def remember(self, key: str | None, arm: SpecConfig, window: list) -> None:
         for kept, value in ((self.last, arm), (self.history, list(window))):

@@ -48,8 +48,8 @@ def _goodput(result) -> float:
 
 
 def _calibrated(stats) -> float:
-    """A calibrated shard's goodput, its profile's virtual seconds counted."""
-    return (stats.output_tokens - stats.rows + stats.error_rows) / (stats.decode_s + stats.calibration_overhead_s)
+    """A calibrated shard's goodput, the worker's profile's virtual seconds counted (a fresh worker's)."""
+    return (stats.output_tokens - stats.rows + stats.error_rows) / (stats.decode_s + stats.profile_s)
 
 
 @pytest.mark.parametrize("name", ["gpu-roofline", "h200-torch", "cpu"])
@@ -95,6 +95,25 @@ def test_a_keys_next_shard_starts_under_the_arm_its_last_ended_under(tiny_engine
     assert second.stats.profile_s == 0 and first.stats.profile_s > 0  # one profile per worker and batch size
     other = run_shard(engine, ShardInput("s2", "other", requests[32:]), NGRAM, True, 4, worker=worker, prior=NGRAM[0])
     assert other.stats.events[0].arm == NGRAM[0].label  # a key new to this worker starts where the driver says
+
+
+def test_the_workers_profile_is_the_workers_not_its_first_shards(tiny_engine):
+    """The cost profile is timed once per worker and batch size, while whichever shard came first
+    runs: its seconds are the worker's, shown as such, in none of that shard's calibration figures
+    (calibration_s, calibration_overhead_s), and counted once in its device-seconds."""
+    from batchspec.stats import device_seconds
+
+    requests, recorded = _shard("c" * 32)
+    engine = ReplayEngine(tiny_engine, recorded, regime("cpu"))
+    worker = WorkerState()
+    first = run_shard(engine, ShardInput("s0", "copy", requests), NGRAM, True, 4, worker=worker)
+    assert worker.profile_s == first.stats.profile_s > 0
+    assert first.stats.calibration_overhead_s == 0  # the shard's calibration cost leaves the worker's profile out
+    profile = [e for e in first.stats.events if e.kind == "profile"]
+    assert len(profile) == 1 and "the worker's" in profile[0].reason
+    s = first.stats
+    used = device_seconds(s, 0, 2)["gpu_s"]
+    assert used == pytest.approx((s.prefill_s + s.decode_s + s.calibration_s + s.profile_s) * 2)
 
 
 def _partly_copied(n: int, share: float, seed: int = 5, length: int = 48) -> tuple[list[Request], dict[str, Recorded]]:
@@ -228,3 +247,26 @@ def test_measurements_build_at_most_the_workers_cap_where_arms_are_builds(tiny_e
         assert worker.measure_builds == len(measured[cap])
     assert len(measured[100]) > 2, measured  # the case this test is about: the cap is what stops the worker
     assert len(measured[2]) == 2 and measured[2] == measured[100][:2]
+
+
+def test_a_drain_measures_nothing_but_still_switches_where_the_lower_bound_beats_the_margin():
+    """Once no row is queued and fewer than half a batch is in flight, a measurement would learn the
+    price of a batch that is gone (a 40-row shard at batch 32 lost 11% to two of them): the rule
+    measures nothing there, while a switch whose lower bound beats the margin is still taken."""
+    from batchspec.calibrate.controller import Moment, rule
+    from batchspec.calibrate.estimate import Estimate
+
+    arm = SpecConfig("ngram", 4)
+
+    def at(drain: bool) -> Moment:
+        return Moment(NO_SPEC, True, drain, None, (arm,), False, CalibrationSettings(), lambda a: 0.0, 400.0, 20, 0, 0.01)
+
+    def est(gain: float, cost_u: float) -> dict:
+        return {"none": Estimate(NO_SPEC, 1.0, 1.0, 0.0, 0.0, 1.0, None, 40),
+                arm.label: Estimate(arm, gain, gain, cost_u, 0.02, 2.0, 0.5, 40)}
+
+    unsure = est(1.08, 0.10)  # its interval straddles the margin, its price what is unsure
+    assert rule(unsure, at(drain=False)).kind == "measure"
+    assert rule(unsure, at(drain=True)).kind == "stay"
+    sure = est(1.30, 0.03)
+    assert rule(sure, at(drain=True)).kind == rule(sure, at(drain=False)).kind == "switch"
