@@ -259,6 +259,10 @@ def test_results_report_keeps_the_latest_line_per_figure_and_rewrites_only_its_b
               "command": "python bench/peer.py", "prepare": "python make.py --out in.parquet"}]
     assert [(x["bench"], x["metrics"]) for x in results.latest(lines)] == [
         ("engine", {"plain_b8_vs_b1": 3.0}), ("engine", {"plain_b8_vs_b1": 5.0}), ("peer", {"ratio": 1.5, "source": "README"})]
+    # an option added later, left off, does not split a figure from the lines recorded before it
+    newer = {**line("2026-12-03T00:00:00+00:00", 6.0), "args": {"quick": False, "threads": 1, "no_schedule": False, "tag": None}}
+    assert [x["metrics"] for x in results.latest([*lines, newer]) if x["bench"] == "engine"] == [
+        {"plain_b8_vs_b1": 3.0}, {"plain_b8_vs_b1": 6.0}]
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     doc = tmp_path / "performance.md"
     doc.write_text(f"# Performance\n\nprose\n\n{results.BEGIN}\nold table\n{results.END}\n\nmore prose\n")
@@ -266,7 +270,9 @@ def test_results_report_keeps_the_latest_line_per_figure_and_rewrites_only_its_b
     text = doc.read_text()
     assert text.startswith("# Performance\n\nprose\n\n") and text.endswith(f"{results.END}\n\nmore prose\n")
     # a figure is told apart from its bench's others by what changes it (threads does not), with its commit and machine
-    assert "old table" not in text and "| engine | quick False | plain_b8_vs_b1 5 | abc1234, m | `python bench/engine.py` |" in text
+    # an option left off reads "off", as a line recorded before the option existed does
+    assert "old table" not in text and "| engine | quick off | plain_b8_vs_b1 5 | abc1234, m | `python bench/engine.py` |" in text
+    assert "| engine | quick True | plain_b8_vs_b1 3 |" in text
     assert "| peer | - | ratio 1.5 (from the README) | abc1234, m | `python make.py --out in.parquet && python bench/peer.py` |" in text
     doc.write_text("no markers\n")
     with pytest.raises(SystemExit, match="expected one"):

@@ -172,8 +172,9 @@ def read(path: Path | str = RESULTS) -> list[dict]:
 
 
 def identifying(line: dict) -> dict:
-    """The args that can change the line's figure, and how its input was made."""
-    args = {k: v for k, v in line["args"].items() if k not in NOT_IDENTIFYING}
+    """The args that can change the line's figure, and how its input was made. An option left off
+    (False or None) identifies nothing: a line recorded before the option existed ran without it."""
+    args = {k: v for k, v in line["args"].items() if k not in NOT_IDENTIFYING and v is not None and v is not False}
     return {**args, **({"prepare": line["prepare"]} if "prepare" in line else {})}
 
 
@@ -204,10 +205,14 @@ def where(line: dict) -> str:
 
 def _varying(lines: Sequence[dict]) -> dict[str, set[str]]:
     """Per bench, the identifying args whose values differ between its lines: what tells them apart."""
+    keys: dict[str, set[str]] = {}
+    for line in lines:
+        keys.setdefault(line["bench"], set()).update(identifying(line))
     values: dict[str, dict[str, set[str]]] = {}
     for line in lines:
-        for k, v in identifying(line).items():
-            values.setdefault(line["bench"], {}).setdefault(k, set()).add(json.dumps(v, default=str))
+        args = identifying(line)
+        for k in keys[line["bench"]]:
+            values.setdefault(line["bench"], {}).setdefault(k, set()).add(json.dumps(args.get(k), default=str))
     return {b: {k for k, vs in args.items() if len(vs) > 1 and k != "prepare"} for b, args in values.items()}
 
 
@@ -220,7 +225,7 @@ def table(lines: Sequence[dict]) -> str:
         seeded = metrics.pop("source", None) == "README"
         figures = "; ".join(f"{k} {_number(v)}" for k, v in metrics.items()) + (" (from the README)" if seeded else "")
         args = identifying(line)
-        which = ", ".join(f"{k} {_number(args[k])}" for k in sorted(varying.get(line["bench"], ())) if k in args) or "-"
+        which = ", ".join(f"{k} {_number(args[k]) if k in args else 'off'}" for k in sorted(varying.get(line["bench"], ()))) or "-"
         cells = [line["bench"], which, figures, where(line), f"`{reproduce(line)}`"]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
