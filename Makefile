@@ -114,16 +114,16 @@ bench-sim: setup
 # The held-out protocol (docs/calibration.md, "Held-out"): workloads nobody tuned the rule on, in
 # shards of 40, 256 and 2,048 rows, and a job of 50 keys of 40-200 rows; no schedule searched.
 # The whole of it takes hours on a 2-core CPU: HELDOUT_ROWS, HELDOUT_REGIMES, HELDOUT_BATCHES pick a part.
-HELDOUT_MAKE = python bench/heldout.py --seed 7 --out heldout.parquet
+SIM_HELDOUT_MAKE = python bench/heldout.py --seed 7 --out heldout.parquet
 HELDOUT_ROWS ?= 40 256 2048
 HELDOUT_REGIMES ?= cpu,h200-torch,gpu-roofline,trtllm
 HELDOUT_BATCHES ?= 1,8,32,128
 bench-sim-heldout: setup
-	test -f heldout.parquet || $(VENV)/bin/$(HELDOUT_MAKE)
-	for rows in $(HELDOUT_ROWS); do $(PY) bench/sim.py --input heldout.parquet --input-made-by "$(HELDOUT_MAKE)" \
+	test -f heldout.parquet || $(VENV)/bin/$(SIM_HELDOUT_MAKE)
+	for rows in $(HELDOUT_ROWS); do $(PY) bench/sim.py --input heldout.parquet --input-made-by "$(SIM_HELDOUT_MAKE)" \
 		--shard-by workload --rows $$rows --switch '' --no-schedule --regime $(HELDOUT_REGIMES) \
 		--batch-size $(HELDOUT_BATCHES) $(BENCH_ARGS) || exit 1; done
-	$(PY) bench/sim.py --input heldout.parquet --input-made-by "$(HELDOUT_MAKE)" --shard-by key --rows 200 --switch '' \
+	$(PY) bench/sim.py --input heldout.parquet --input-made-by "$(SIM_HELDOUT_MAKE)" --shard-by key --rows 200 --switch '' \
 		--no-schedule --regime $(HELDOUT_REGIMES) --batch-size $(HELDOUT_BATCHES) $(BENCH_ARGS)
 
 bench-report:

@@ -197,3 +197,12 @@ def test_each_link_rule_catches_its_offence(entry: tuple[str, str], what: str) -
 
 def test_a_link_inside_the_repository_passes() -> None:
     assert link_offences([("pipelines", "batchspec/data/pipelines")]) == []
+
+
+def test_no_make_variable_is_assigned_twice() -> None:
+    """make expands a recipe's variables when it runs, with the file's last assignment: a second
+    `NAME = ...` further down silently changes every recipe above it that reads NAME."""
+    assigned = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*(?:\?|:|::)?=")
+    names = [m.group(1) for line in (ROOT / "Makefile").read_text(encoding="utf-8").splitlines() if (m := assigned.match(line))]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    assert not twice, f"assigned more than once in the Makefile: {twice}"
