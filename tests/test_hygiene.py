@@ -206,3 +206,36 @@ def test_no_make_variable_is_assigned_twice() -> None:
     names = [m.group(1) for line in (ROOT / "Makefile").read_text(encoding="utf-8").splitlines() if (m := assigned.match(line))]
     twice = sorted({n for n in names if names.count(n) > 1})
     assert not twice, f"assigned more than once in the Makefile: {twice}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but hyphens and underscores dropped, spaces to hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def test_every_link_between_the_docs_reaches_a_file_and_a_heading() -> None:
+    """A page renamed or a heading reworded leaves links that go nowhere; nothing else notices."""
+    link = re.compile(r"\]\(([^)\s]+)\)")
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in link.findall(page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md":
+                headings = {_slug(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(encoding="utf-8"), re.MULTILINE)}
+                if anchor not in headings:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "links that go nowhere:\n" + "\n".join(broken)
+
+
+def test_calibration_page_stays_a_design_of_at_most_300_lines() -> None:
+    """docs/calibration.md is the concepts, the rule, its constants and the grids' summary; the
+    simulator's detail is docs/simulator.md's, the history git's."""
+    lines = (DOCS / "calibration.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 300, f"docs/calibration.md has {lines} lines (at most 300)"

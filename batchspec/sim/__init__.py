@@ -3,7 +3,7 @@
 A client of the product, never a mode of it: it hands the torch engine a clock of its own and
 replays a model's recorded greedy outputs behind the engine's own decode loop, so every figure it
 makes is simulated. Nothing in batchspec outside this package imports it or names a regime
-(tests/sim/test_apart.py); the simulation bench and the tests use it (docs/calibration.md, "Regimes").
+(tests/sim/test_apart.py); the simulation bench and the tests use it (docs/simulator.md, "Regimes").
 
     regimes   what a prefill, a decode step, an arm switch and a profile point cost on one kind of machine
     clock     a regime's prices, handed to the torch engine as its clock

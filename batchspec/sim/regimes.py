@@ -4,7 +4,7 @@ A regime prices the simulated clock (clock.py, the clock the replay engine hands
 the engine decodes real tokens (real acceptance, batching, admission and draining) while every
 second it reports comes from the regime instead of the wall clock. In virtual time every run is deterministic, so a
 decision's ratio to the oracle (every arm run over the whole shard) is exact. Figures made on a
-regime are simulated, never measurements; docs/calibration.md gives each regime's constants and
+regime are simulated, never measurements; docs/simulator.md gives each regime's constants and
 the measurements or datasheets behind them.
 
 One formula serves every regime (a roofline with a floor):
@@ -97,7 +97,7 @@ class Regime:
 
 
 # The torch engine's own work per row and step (the accept rule, commit, n-gram lookup): measured
-# on a CPU host; the same Python runs on a GPU machine's host (docs/calibration.md, "Regimes").
+# on a CPU host; the same Python runs on a GPU machine's host (docs/simulator.md, "Regimes").
 TORCH_ROW_S = 85e-6
 TORCH_DRAFTERS = {"ngram": (176e-6, 41e-6), "draft_target": (40e-6, 10e-6), "suffix": (200e-6, 41e-6)}
 

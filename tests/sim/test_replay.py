@@ -93,7 +93,7 @@ def test_the_replay_refuses_what_it_cannot_replay(tiny_engine, recorded):
 
 
 def test_regimes_price_a_verify_as_their_machines_do():
-    """The shapes each regime stands for (docs/calibration.md): a CPU pays for every token it
+    """The shapes each regime stands for (docs/simulator.md): a CPU pays for every token it
     computes, a launch-bound GPU engine hardly notices the width, and an 8B target on an H100 is
     memory-bound, a verify of 9 tokens within 1.0-1.3 plain steps up to batch 32."""
     cpu, h200, roof = REGIMES["cpu"], REGIMES["h200-torch"], REGIMES["gpu-roofline"]
