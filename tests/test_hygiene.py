@@ -100,24 +100,23 @@ def test_legitimate_text_passes(line: str) -> None:
 # bench/results.jsonl (and the other tables written from it).
 DOCS = PACKAGE.parent / "docs"
 DOC_RULES = ("a date", "a commit hash")
+FULL_COMMIT = re.compile(r"\b[0-9a-f]{40}\b")  # upstream is cited by commit in the code and SOURCES.md, not in docs/
 GENERATED = [("<!-- bench-report:begin -->", "<!-- bench-report:end -->")]
-# Pages another engineer owns, with what they still hold: to be emptied, then removed from here.
-DOC_EXCEPTIONS = {"engines/trtllm.md": "citations of TensorRT-LLM's source: its commits, release and pull-request dates"}
 
 
 def doc_offences(text: str, name: str) -> list[str]:
     for begin, end in GENERATED:
         if begin in text and end in text:
             text = text[: text.index(begin)] + text[text.index(end):]
-    return [o for o in offences(text, name) if any(f": {what}: " in o for what in DOC_RULES)]
+    found = [o for o in offences(text, name) if any(f": {what}: " in o for what in DOC_RULES)]
+    return found + [f"{name}:{text.count(chr(10), 0, m.start()) + 1}: a full commit hash: {m.group()}"
+                    for m in FULL_COMMIT.finditer(text)]
 
 
 def test_docs_carry_no_date_or_commit_outside_the_generated_tables() -> None:
     found = []
     for path in sorted(DOCS.rglob("*.md")):
-        name = path.relative_to(DOCS).as_posix()
-        if name not in DOC_EXCEPTIONS:
-            found += doc_offences(path.read_text(encoding="utf-8"), f"docs/{name}")
+        found += doc_offences(path.read_text(encoding="utf-8"), f"docs/{path.relative_to(DOCS).as_posix()}")
     assert not found, "history lives in git; figures' commits in docs/performance.md's table:\n" + "\n".join(found)
 
 
@@ -125,6 +124,7 @@ def test_the_docs_rule_catches_a_date_and_a_commit_but_not_the_generated_table()
     text = ("Measured at 3bf54a7 on 2026-12-06.\n<!-- bench-report:begin -->\n| x | 3bf54a7 | 2026-12-06 |\n"
             "<!-- bench-report:end -->\n")
     assert len(doc_offences(text, "x.md")) == 2 and not doc_offences(text.split("\n", 1)[1], "x.md")
+    assert doc_offences("read at " + "0052bed36509c7a5a2d8e48265334e40cf2f5a0e" + ".\n", "x.md")
 
 
 def test_no_help_text_or_bench_names_an_issue_number() -> None:
