@@ -239,3 +239,9 @@ def test_calibration_page_stays_a_design_of_at_most_300_lines() -> None:
     simulator's detail is docs/simulator.md's, the history git's."""
     lines = (DOCS / "calibration.md").read_text(encoding="utf-8").count("\n")
     assert lines <= 300, f"docs/calibration.md has {lines} lines (at most 300)"
+
+
+def test_readme_stays_for_users_at_most_250_lines() -> None:
+    """The README is for users: what to run and what comes back; engineering detail is docs/'s."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 250, f"README.md has {lines} lines (at most 250): move engineering detail to docs/"
