@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from batchspec.engine.torch.eagle3 import Eagle3Head, Recorded, aux_layers, head_config
+from batchspec.engine.torch.eagle3 import Eagle3Head, Recorded, aux_layers
+from batchspec.engine.torch.eagle3_release import head_config
 
 LOSS_DECAY = 0.8  # depth d's loss weight is LOSS_DECAY ** d (EAGLE-3's `ploss_weight`)
 WARMUP = 0.05  # share of the run over which the learning rate warms up

@@ -38,7 +38,8 @@ from batchspec.engine.torch.clock import Clock, WallClock
 from batchspec.engine.torch.decode import Decoder, ModelTarget, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.eagle3_format import is_head
-from batchspec.engine.torch.eagle3 import Eagle3Head, HiddenCapture, aux_layers, load_head
+from batchspec.engine.torch.eagle3 import Eagle3Head, HiddenCapture, aux_layers
+from batchspec.engine.torch.eagle3_release import load_head
 from batchspec.engine.torch.eagle3_drafter import Eagle3Drafter
 from batchspec.engine.torch.grammar import Grammar, GrammarError, Grammars
 from batchspec.engine.torch.kv import Batch
@@ -296,7 +297,7 @@ class TorchEngine:
         return NgramDrafter(0)  # "none": never called, budgets are 0
 
     def head(self, folder: str) -> Eagle3Head:
-        """Load (once) the EAGLE-3 head in `folder` (the released format: eagle3.load_head) in
+        """Load (once) the EAGLE-3 head in `folder` (the released format: eagle3_release.load_head) in
         the target's dtype, and hook the target's layers it reads (once for every head)."""
         if folder not in self._heads:
             dtype = next(self.model.parameters()).dtype
