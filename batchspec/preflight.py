@@ -73,7 +73,7 @@ def prepare(config: RunConfig, where: str = "run") -> Prepared:
 def check_engine(engine: str) -> None:
     """Stop before any work when the engine cannot run here (one line from the adapter)."""
     if engine == "trtllm":
-        from batchspec.engine.trtllm.adapter import require_trtllm_installed
+        from batchspec.engine.trtllm.install import require_trtllm_installed
 
         require_trtllm_installed()
 

@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     try:
         from batchspec.config.spec import load_spec_file, run_llm_options
-        from batchspec.engine.trtllm.adapter import TrtllmEngine, import_trtllm
+        from batchspec.engine.trtllm.adapter import TrtllmEngine
+        from batchspec.engine.trtllm.install import import_trtllm
 
         trtllm = import_trtllm()
         report["tensorrt_llm"] = {"version": getattr(trtllm, "__version__", None), "import_s": round(time.perf_counter() - began, 2)}

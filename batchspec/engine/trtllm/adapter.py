@@ -12,8 +12,8 @@ whose stand-in tests this module):
   worker's GPUs show the memory back, then plans and builds the next with nothing else resident.
   Every build's seconds, that wait included, are recorded (calibration counts them as cost;
   `arms_are_builds`).
-- Nothing of TensorRT-LLM on the driver: `require_trtllm_installed` finds the package without
-  importing it (the import loads CUDA bindings a head node may not have); workers import it.
+- Nothing of TensorRT-LLM on the driver: `install.require_trtllm_installed` finds the package
+  without importing it (the import loads CUDA bindings a head node may not have); workers import it.
 - Like for like: every arm is built with the run's non-speculative options (`run_options`, merged
   once from the run's option files by config/spec.py); an arm whose file disagrees is refused.
 - Iteration stats: `get_stats(timeout)` waits until none has come for `timeout` seconds, then
@@ -49,9 +49,6 @@ Nothing here has run against real TensorRT-LLM; `python jobs/gpu_check.py` on a 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -67,6 +64,7 @@ from batchspec.engine.base import (
     SpecConfig,
     Timing,
 )
+from batchspec.engine.trtllm.install import import_trtllm, locate_model
 from batchspec.engine.trtllm.guided import guided_kwargs, split_unguided, with_guided_backend
 from batchspec.engine.trtllm.memory import (
     DEFAULT_FREE_GPU_MEMORY_FRACTION,
@@ -128,47 +126,6 @@ def response_ready(future: Any) -> bool:
     that queue is waited on in submission order."""
     queue = getattr(future, "queue", None)
     return queue is None or not queue.empty()
-
-INSTALL_HINT = (
-    "pip install tensorrt_llm==1.2.* --extra-index-url https://pypi.nvidia.com "
-    "(or use NVIDIA's TensorRT-LLM release container)"
-)
-
-
-def check_environment(environ=os.environ) -> None:
-    """Refuse what makes TensorRT-LLM run other than batchspec places it: TLLM_DISABLE_MPI=1 turns
-    every LLM over to TensorRT-LLM's Ray orchestrator (BaseLLM.__init__: `mpi_disabled()` sets
-    orchestrator_type "ray"), whose GPU actors would wait for GPUs the worker's bundle holds."""
-    if environ.get("TLLM_DISABLE_MPI") == "1":
-        raise ConfigError("TLLM_DISABLE_MPI=1: TensorRT-LLM would run each LLM under its own Ray orchestrator, whose GPU "
-                          "actors wait for GPUs batchspec's worker already holds; unset it (batchspec places LLMs itself)")
-
-
-def require_trtllm_installed() -> None:
-    """On the driver: stop before any work when tensorrt_llm is not installed, without importing it
-    (importing loads its CUDA bindings, which a head node without a GPU does not have; the workers
-    import it). One line saying how to get it."""
-    check_environment()
-    try:
-        found = importlib.util.find_spec("tensorrt_llm") is not None
-    except (ImportError, ValueError):  # a broken entry in sys.modules: let the workers say why
-        found = True
-    if not found:
-        raise EngineUnavailable(f"engine trtllm needs tensorrt_llm (TensorRT-LLM 1.2) on the GPU nodes: {INSTALL_HINT}; "
-                                "not installed here")
-
-
-def import_trtllm():
-    """In a worker: import tensorrt_llm, or raise EngineUnavailable with one line saying why."""
-    check_environment()
-    try:
-        return importlib.import_module("tensorrt_llm")
-    except Exception as exc:  # ImportError, or CUDA/driver errors raised while it imports
-        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
-        raise EngineUnavailable(
-            f"engine trtllm needs tensorrt_llm (TensorRT-LLM 1.2) on a GPU node: {INSTALL_HINT}; "
-            f"not importable here: {reason}"
-        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -571,13 +528,3 @@ class TrtllmEngine:
             return completion_from_output(request, output, draft_len, cut, end_id), cut
         except Exception as exc:  # refused as the worker built it (RequestError), or failed running
             return Completion.failed(request.id, one_line(exc)), 0
-
-
-def locate_model(name: str) -> str:
-    """A model location TensorRT-LLM can load: registry names and fsspec URLs become local
-    folders through batchspec.models; local folders and Hugging Face ids pass unchanged."""
-    from batchspec.models import REGISTRY, resolve_model
-
-    if name in REGISTRY or "://" in name:
-        return str(resolve_model(name))
-    return name

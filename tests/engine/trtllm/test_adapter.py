@@ -28,7 +28,8 @@ import pytest
 
 from batchspec.config.spec import load_spec_file, run_llm_options
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams
-from batchspec.engine.trtllm.adapter import TrtllmEngine, import_trtllm
+from batchspec.engine.trtllm.adapter import TrtllmEngine
+from batchspec.engine.trtllm.install import import_trtllm
 from batchspec.engine.trtllm.memory import ModelSize, model_size, plan_draft_memory
 from batchspec.engine.trtllm.iterstats import IterationSpecStats, parse_entries, stats_from_iterations
 from batchspec.engine.trtllm.translate import (
