@@ -48,11 +48,11 @@ import json
 from dataclasses import dataclass
 
 from batchspec.errors import OutputError
+from batchspec.parse import CHAT, COMPLETIONS  # the endpoints a request line may name
 from batchspec.report.load import parquet_files, read_frame, storage_options
 from batchspec.write import Output
 
 FORMATS = ("batch-api",)
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"  # the endpoints batchspec.parse reads
 COLUMNS = ("id", "text", "prompt_tokens", "output_tokens", "finish_reason", "error", "custom_id", "url", "input_row")
 REQUEST_COLUMNS = ("custom_id", "url", "input_row")  # what a run of Batch API request files passes through
 
