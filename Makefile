@@ -127,7 +127,7 @@ bench-sim-heldout: setup
 		--no-schedule --regime $(HELDOUT_REGIMES) --batch-size $(HELDOUT_BATCHES) $(BENCH_ARGS)
 
 bench-report:
-	$(PYTHON) bench/common/results.py
+	$(PYTHON) bench/common/report.py
 
 # What a reader consults, written from the code and the records (tests/test_docs.py and
 # tests/test_bench.py fail while a file is stale): the column tables of the README and

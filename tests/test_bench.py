@@ -247,7 +247,7 @@ def test_scale_bench_plans_groups_and_reads_back_every_shard(tmp_path):
 
 
 def test_results_report_keeps_the_latest_line_per_figure_and_rewrites_only_its_block(tmp_path):
-    from common import results
+    from common import report, results
 
     def line(utc, value, **args):
         return {"utc": utc, "commit": "abc1234", "machine": "m", "bench": "engine", "args": {"quick": False, "threads": 1, **args},
@@ -266,7 +266,7 @@ def test_results_report_keeps_the_latest_line_per_figure_and_rewrites_only_its_b
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     doc = tmp_path / "performance.md"
     doc.write_text(f"# Performance\n\nprose\n\n{results.BEGIN}\nold table\n{results.END}\n\nmore prose\n")
-    results.main(["--results", str(tmp_path / "r.jsonl"), "--doc", str(doc), "--readme", "", "--grid", ""])
+    report.main(["--results", str(tmp_path / "r.jsonl"), "--doc", str(doc), "--readme", "", "--grid", ""])
     text = doc.read_text()
     assert text.startswith("# Performance\n\nprose\n\n") and text.endswith(f"{results.END}\n\nmore prose\n")
     # a figure is told apart from its bench's others by what changes it (threads does not), with its commit and machine
@@ -276,7 +276,7 @@ def test_results_report_keeps_the_latest_line_per_figure_and_rewrites_only_its_b
     assert "| peer | - | ratio 1.5 (from the README) | abc1234, m | `python make.py --out in.parquet && python bench/peer.py` |" in text
     doc.write_text("no markers\n")
     with pytest.raises(SystemExit, match="expected one"):
-        results.update_doc(doc, tmp_path / "r.jsonl")
+        report.update_doc(doc, tmp_path / "r.jsonl")
 
 
 def test_only_committed_reproducible_runs_go_into_the_projects_record():

@@ -20,10 +20,10 @@ where no option names a path of this machine (an input outside the repository is
 relative path, with `--input-made-by`, the documented command that makes it). `check` says what
 breaks these rules; tests/test_bench.py holds every line to it.
 
-`python bench/common/results.py` (`make bench-report`) rewrites the tables between the
-`bench-report` markers of docs/performance.md (the latest line per figure: per bench and
-identifying args, all but NOT_IDENTIFYING, with its commit and machine), and, from the same lines,
-the README's "Where it stands" and docs/calibration.md's simulated grid (bench/common/stands.py). Lines whose metrics say
+`table` is docs/performance.md's table (the latest line per figure: per bench and identifying
+args, all but NOT_IDENTIFYING, with its commit and machine); `make bench-report`
+(bench/common/report.py) writes it, and from the same lines the README's "Where it stands" and
+docs/calibration.md's simulated grid (bench/common/stands.py). Lines whose metrics say
 `"source": "README"` were carried over from the README's figures when the per-run result files
 were retired, with the machine and commit the README gave them.
 """
@@ -247,41 +247,3 @@ def rewrite(text: str, made: str, where_: str, begin: str = BEGIN, end: str = EN
 def block(text: str, begin: str = BEGIN, end: str = END) -> str:
     """What stands between a file's markers."""
     return text.split(begin)[1].split(end)[0].strip()
-
-
-def update_doc(doc: Path | str = DOC, results: Path | str = RESULTS, readme: Path | str | None = None,
-               grid: Path | str | None = None) -> str:
-    """Rewrite the table between the markers of `doc` (and of `readme`: STANDS; of `grid`: the
-    simulated grid) from `results`; return the first."""
-    lines = read(results)
-    made = table(lines)
-    doc = Path(doc)
-    doc.write_text(rewrite(doc.read_text(encoding="utf-8"), made, str(doc)), encoding="utf-8")
-    if readme is not None or grid is not None:
-        if str(ROOT / "bench") not in sys.path:  # run as a script: bench/common is first on the path
-            sys.path.insert(0, str(ROOT / "bench"))
-        from common import stands  # the tables of figures a reader weighs first, made from these lines
-    if readme is not None:
-        readme = Path(readme)
-        readme.write_text(rewrite(readme.read_text(encoding="utf-8"), stands.stands_table(lines), str(readme)), encoding="utf-8")
-    if grid is not None:
-        grid = Path(grid)
-        grid.write_text(rewrite(grid.read_text(encoding="utf-8"), stands.grid_table(lines), str(grid), stands.GRID_BEGIN,
-                                stands.GRID_END), encoding="utf-8")
-    return made
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Regenerate docs/performance.md's and the README's tables from bench/results.jsonl.")
-    parser.add_argument("--results", default=str(RESULTS))
-    parser.add_argument("--doc", default=str(DOC))
-    parser.add_argument("--readme", default=str(README), help="whose 'Where it stands' table to rewrite ('' for none)")
-    parser.add_argument("--grid", default=str(ROOT / "docs" / "calibration.md"), help="whose simulated grid table to rewrite ('' for none)")
-    args = parser.parse_args(argv)
-    made = update_doc(args.doc, args.results, args.readme or None, args.grid or None)
-    print(f"{args.doc}: {made.count(chr(10)) - 1} figures from {args.results}"
-          + (f"; {args.readme}" if args.readme else "") + (f"; {args.grid}" if args.grid else ""))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,5 +1,5 @@
 """The tables of figures a reader weighs first, written from bench/results.jsonl by `make
-bench-report` (bench/common/results.py): the README's "Where it stands" (STANDS: each row a
+bench-report` (bench/common/report.py): the README's "Where it stands" (STANDS: each row a
 claim, the records it rests on and how their metrics read) and docs/calibration.md's simulated
 grid. A row names the commit and machine of its records and the commands that give them again;
 a claim whose record is missing stops the report with one line.
