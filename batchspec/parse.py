@@ -216,12 +216,31 @@ def _prompt(row: dict) -> tuple[str | None, tuple[dict[str, str], ...] | None]:
         raise ValueError("messages must be a non-empty list of {role, content}")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError("messages must be a list of {role: string, content: string}")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
+            raise ValueError("messages must be a list of {role: string, content: string or text parts}")
         if m["role"] not in CHAT_ROLES:
             raise ValueError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got {m['role']!r}"[:300])
-        out.append({"role": m["role"], "content": m["content"]})
+        out.append({"role": m["role"], "content": _text_of(m["content"], i)})
     return None, tuple(out)
+
+
+def _text_of(content: str | list, i: int) -> str:
+    """A message's content as text: a string as is; a list of parts (the chat API's
+    `[{"type": "text", "text": ...}]`) joined with newlines, as vLLM presents parts to a text-only
+    model (vllm/entrypoints/chat_utils.py, `_parse_chat_message_content_parts`, "\n".join of the
+    texts, at commit bd5ec6d50b83652c21a570b81c1fb5219a6ebf76). Any other part is the row's error."""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            what = f"type {kind!r}" if isinstance(kind, str) else "not a {type: text, text: string} part"
+            raise ValueError(f"messages[{i}].content[{j}]: {what} (this engine reads text parts only)"[:300])
+        texts.append(part["text"])
+    if not texts:
+        raise ValueError(f"messages[{i}].content is an empty list of parts")
+    return "\n".join(texts)
 
 
 def _sampling(row: dict, row_id: str, d: RowDefaults) -> SamplingParams:

@@ -434,7 +434,7 @@ def _request_columns(rel: str, number: int, line: bytes) -> dict:
     """One request line's columns; a line that is not a request keeps only its error."""
     where = f"{rel} line {number}"
     try:
-        text = line.decode("utf-8").strip()
+        text = line.decode("utf-8-sig" if number == 1 else "utf-8").strip()  # a BOM opens a file, if any
     except UnicodeDecodeError:
         return {BATCH_ERROR: f"{where} is not valid UTF-8"}
     try:

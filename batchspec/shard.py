@@ -114,7 +114,6 @@ def _stats(engine: Engine, shard: ShardInput, ran: GenerateResult, decision: Dec
         baseline_tokens_per_s=decision.baseline_tokens_per_s,
         speedup=decision.speedup,
         calibration_s=decision.calibration_s + sum(b.seconds for b in builds if b.label != spec.label),
-        calibration_overhead_s=0.0,  # the worker's cost profile is the worker's (profile_s), no shard's calibration
         decision_source=decision.source,
         decision_reason=decision.reason,
         wall_s=wall_s,

@@ -234,7 +234,6 @@ class ShardStats:
     other_s: float | None = None  # the decode loop's own work between forwards (committing tokens, stop strings, cache upkeep)
     speedup: float | None = None  # the shard's decode steps against plain decoding's price for the same tokens
     # (the worker's cost table); plain decoding fixed: 1.0; null where the table cannot price plain decoding
-    calibration_overhead_s: float | None = None  # of calibration_s, the calibration work not kept as output (0: the worker's cost profile is profile_s, the worker's)
     decision_source: str | None = None  # calibrated | fixed
     decision_reason: str | None = None  # one short line; the whole story is `events`
     attempts: int = 1  # tries the shard took (a worker death or an exception is retried)

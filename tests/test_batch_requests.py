@@ -56,6 +56,9 @@ LINES = [
     (chat("typed", max_tokens="12"), r"max_tokens must be an integer, got '12'"),
     ("[1, 2, 3]", r"requests\.jsonl line 16 is not a JSON object"),
     (chat("neutral", n=1, stream=False), None),
+    ({**chat("parts"), "body": {"messages": [{"role": "user", "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": "hi."}]}]}}, None),
+    ({**chat("image"), "body": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}},
+     r"messages\[0\]\.content\[0\]: type 'image_url' \(this engine reads text parts only\)"),
 ]
 
 
@@ -106,8 +109,17 @@ def test_each_line_parses_to_its_request_or_a_one_line_error_naming_what_is_wron
     j = by_id["json-1"]  # max_completion_tokens is max_tokens; the schema keeps its null default
     assert j.params.max_tokens == 12 and j.response_format.name == "person"
     assert j.response_format.schema_dict["properties"]["nickname"] == {"type": ["string", "null"], "default": None}
+    assert by_id["parts"].messages == ({"role": "user", "content": "Say\nhi."},)  # text parts joined as vLLM joins them
     n = by_id["neutral"]  # n 1 and stream false change nothing; what the line leaves out is the run's default
     assert (n.params.max_tokens, n.params.temperature) == (DEFAULTS.max_tokens, DEFAULTS.temperature)
+
+
+def test_a_byte_order_mark_opening_a_file_is_no_error(tmp_path):
+    """Windows tools write UTF-8 with a BOM: the first line is a request all the same."""
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(chat("first")).encode() + b"\n" + json.dumps(chat("second")).encode() + b"\n")
+    table, ids = rows_of(open_input(str(tmp_path / "bom.jsonl")))
+    assert ids == ["first", "second"]
+    assert [p.error for p in parse_rows(table, ids, DEFAULTS)] == [None, None]
 
 
 def test_a_request_file_is_read_by_row_groups_and_pieces_that_agree(tmp_path, monkeypatch):

@@ -30,7 +30,7 @@ def render_html(report: RunReport) -> str:
          + (f"; {_pct(t.speedup_predicted_share)} of decode time predicted, not measured" if t.speedup_predicted_share else "")),
         ("acceptance rate", _pct(t.acceptance_rate), f"mean accepted len {_num(t.mean_accepted_len, 2)}"),
         ("decode tokens/s", _num(t.tokens_per_s), f"{t.output_tokens:,} output tokens"),
-        ("calibration share", _pct(t.calibration_share), f"of {t.wall_s:.1f} shard-seconds; cost {_pct(t.calibration_cost)} (not kept as output)"),
+        ("calibration share", _pct(t.calibration_share), f"of {t.wall_s:.1f} shard-seconds, none of it output"),
     ]
     saved = report.savings
     if saved is not None and saved.run.shards:
@@ -68,14 +68,14 @@ th:first-child,td:first-child,th:nth-child(2),td:nth-child(2){{text-align:left}}
 
 def table_rows(report: RunReport) -> tuple[list[str], list[list[str]], list[str]]:
     """Header, one row per shard, and the totals row: shared by the terminal and the HTML table."""
-    header = ["shard", "key", "rows", "errors", "method", "k", "decision", "accept", "mean acc len", "tok/s", "baseline tok/s", "speedup", "calib share", "calib cost"]
+    header = ["shard", "key", "rows", "errors", "method", "k", "decision", "accept", "mean acc len", "tok/s", "baseline tok/s", "speedup", "calib share"]
     rows = [[s.shard_id, s.shard_key or "-", str(s.rows), str(s.error_rows), s.spec_method, str(s.draft_len) if s.spec_method != "none" else "-",
              (s.decision_source or "-") + _switches(s),
              _pct(s.acceptance_rate), _num(s.mean_accepted_len, 2), _num(s.tokens_per_s), _num(s.baseline_tokens_per_s), _x(s.speedup),
-             _pct(s.calibration_share), _pct(s.calibration_cost)] for s in report.shards]
+             _pct(s.calibration_share)] for s in report.shards]
     t = report.totals
     total = ["total", f"{t.shards} shards", str(t.rows), str(t.error_rows), "", "", "", _pct(t.acceptance_rate), _num(t.mean_accepted_len, 2),
-             _num(t.tokens_per_s), _num(t.baseline_tokens_per_s), _x(t.speedup), _pct(t.calibration_share), _pct(t.calibration_cost)]
+             _num(t.tokens_per_s), _num(t.baseline_tokens_per_s), _x(t.speedup), _pct(t.calibration_share)]
     return header, rows, total
 
 

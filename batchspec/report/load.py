@@ -11,8 +11,9 @@ Definitions (per shard, from its stats row; totals over every committed shard):
     speedup            the stats' speedup: the shard's goodput over plain decoding's price for the same
                        tokens (the worker's cost table); totals: sum(decode_s x speedup) / sum(decode_s),
                        as `batchspec run` prints it (one function for both: batchspec.stats.speedup_total)
-    calibration share  calibration_s / wall_s (all calibration time, rows it kept as outputs included)
-    calibration cost   calibration_overhead_s / wall_s (the calibration work not kept as output)
+    calibration share  calibration_s / wall_s: the controller's own seconds (counterfactual acceptance,
+                       decisions) and the builds it caused, none of it output; the rows it measured arms
+                       on are output, timed in decode
     time split         prefill_s, draft_s, verify_s, calibration_s, and other = the rest of wall_s
                        (the decode loop's own bookkeeping, tokenizing, writing)
     acceptance (total) sum(accepted_tokens) / sum(draft_tokens) over the output rows of shards that drafted
@@ -55,7 +56,6 @@ class ShardReport(ShardStats):
 
     output_rows: int | None = None  # rows found in outputs/ (None when outputs were not read)
     calibration_share: float | None = None
-    calibration_cost: float | None = None
     time_split: dict[str, float] = field(default_factory=dict)  # TIME_PARTS -> seconds, summing to wall_s
 
 
@@ -74,7 +74,6 @@ class Totals:
     speedup: float | None
     speedup_predicted_share: float  # share of the decode time behind `speedup` priced by prediction
     calibration_share: float | None
-    calibration_cost: float | None
     wall_s: float  # summed over shards (workers run in parallel)
     time_split: dict[str, float]
     finish_reasons: dict[str, int]
@@ -217,15 +216,8 @@ def _shard(row: dict, per_shard: dict[str, dict] | None) -> ShardReport:
         **{f.name: getattr(stats, f.name) for f in fields(ShardStats)},
         output_rows=None if per_shard is None else (found["rows"] if found else 0),
         calibration_share=parts["calibration"] / wall if wall > 0 else None,
-        calibration_cost=_cost(stats) / wall if wall > 0 else None,
         time_split={p: parts[p] for p in TIME_PARTS},
     )
-
-
-def _cost(stats: ShardStats) -> float:
-    """Calibration time not kept as output; stats written before that column count it all."""
-    overhead = stats.calibration_overhead_s
-    return (stats.calibration_s or 0.0) if overhead is None else overhead
 
 
 def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dict | None, reasons: dict) -> Totals:
@@ -251,7 +243,6 @@ def _totals(shards: tuple[ShardReport, ...], planned: int | None, per_shard: dic
         speedup=total.speedup,
         speedup_predicted_share=total.predicted_share,
         calibration_share=split["calibration"] / wall if wall else None,
-        calibration_cost=sum((s.calibration_cost or 0.0) * (s.wall_s or 0.0) for s in shards) / wall if wall else None,
         wall_s=wall, time_split=split,
         finish_reasons=reasons,
     )

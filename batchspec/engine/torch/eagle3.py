@@ -89,14 +89,16 @@ class Eagle3Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, at: torch.Tensor,
                own: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """EAGLE-3's attention at one depth: q [B, h, Q, D] at positions `at` [Q] attends to the
-        context keys k0/v0 [B, kv, T, D] at positions <= at and to `own`, the keys/values [B, kv,
-        Q, D] each deeper draft left at its own query's position. Out: [B, Q, H]."""
+        """EAGLE-3's attention at one depth: q [B, h, Q, D] at positions `at` ([Q], or [B, Q] where
+        each row has its own: rows of different lengths, their keys padded) attends to the context
+        keys k0/v0 [B, kv, T, D] at positions <= at and to `own`, the keys/values [B, kv, Q, D]
+        each deeper draft left at its own query's position. Out: [B, Q, H]."""
         group = self.heads // self.kv_heads
         k0, v0 = k0.repeat_interleave(group, 1), v0.repeat_interleave(group, 1)
         scale = 1.0 / math.sqrt(self.head_dim)
         scores = [torch.matmul(q, k0.transpose(2, 3)) * scale]  # [B, h, Q, T]
-        later = torch.arange(k0.shape[2], device=q.device)[None, :] > at[:, None]  # [Q, T]
+        later = torch.arange(k0.shape[2], device=q.device) > at[..., None]  # [Q, T] or [B, Q, T]
+        later = later[:, None] if later.dim() == 3 else later
         scores[0] = scores[0].masked_fill(later, float("-inf"))
         own = [(k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)) for k, v in own]
         scores += [(q * k).sum(-1, keepdim=True) * scale for k, _ in own]  # [B, h, Q, 1] each
@@ -161,8 +163,8 @@ class Eagle3Head(nn.Module):
         return self.lm_head(self.norm(hidden))
 
     def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [1, len(positions), D]."""
-        return self.rotary(like, positions[None])
+        """cos, sin [1, Q, D] of positions [Q]; [B, Q, D] of positions [B, Q]."""
+        return self.rotary(like, positions if positions.dim() == 2 else positions[None])
 
     def context(self, aux: torch.Tensor, next_ids: torch.Tensor, start: int = 0):
         """Depth 0's inputs over context positions start..start+T-1: the fused hidden states
@@ -177,7 +179,7 @@ class Eagle3Head(nn.Module):
 
     def deepen(self, k0: torch.Tensor, v0: torch.Tensor, hidden: torch.Tensor, x: torch.Tensor, at: torch.Tensor,
                depth: int, next_ids: Callable[[int, torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
-        """Depths 0..depth-1 at query positions `at` [Q]: `hidden` [B, Q, H] and `x` [B, Q, 2H] are
+        """Depths 0..depth-1 at query positions `at` ([Q] or [B, Q]): `hidden` [B, Q, H] and `x` [B, Q, 2H] are
         depth 0's inputs there; `next_ids(d, logits)` gives depth d's input tokens [B, Q] from
         depth d-1's draft logits (None: stop there). Returns each depth's logits [B, Q, draft vocab]."""
         attn = self.midlayer.self_attn
@@ -265,6 +267,53 @@ class Chain:
         if len(out) == k:  # the last depth's draft (the others were picked as the next depth's input)
             chosen(out[-1])
         return drafts
+
+
+@torch.inference_mode()
+def draft_rows(chains: Sequence[Chain], ks: Sequence[int], pick: Callable[[int, int, torch.Tensor], int | None]) -> list[list[int]]:
+    """Chain drafts of several rows at once, one forward of the head per depth: row b drafts up to
+    ks[b] tokens after its last committed one, `pick(b, i, logits)` choosing its draft i from the
+    head's draft-vocabulary logits [draft vocab] (a target id; None ends row b's chain). The rows'
+    context keys are padded to the longest and masked past each row's own last position, so each
+    row's logits are its own chain's (`Chain.draft`), up to float rounding."""
+    out: list[list[int]] = [[] for _ in ks]
+    live = [b for b, k in enumerate(ks) if k > 0]
+    if not live:
+        return out
+    head = chains[live[0]].head
+    longest = max(chains[b].length for b in live)
+
+    def stack(name: str) -> torch.Tensor:
+        parts = [getattr(chains[b], name) for b in live]
+        if name in ("k0", "v0"):
+            parts = [torch.nn.functional.pad(t, (0, 0, 0, longest - t.shape[2])) for t in parts]
+        return torch.cat(parts)
+
+    at = torch.tensor([[chains[b].length - 1] for b in live], device=chains[live[0]].k0.device)
+    going = [True] * len(live)
+
+    def chosen(logits: torch.Tensor) -> list[int]:
+        ids = []
+        for i, b in enumerate(live):
+            token = None
+            if going[i] and len(out[b]) < ks[b]:
+                token = pick(b, len(out[b]), logits[i, 0])
+            if token is None:
+                going[i] = False
+            else:
+                out[b].append(token)
+            ids.append(0 if token is None else token)  # a row that stopped feeds a filler, never read
+        return ids
+
+    def own(d: int, logits: torch.Tensor) -> torch.Tensor | None:
+        ids = chosen(logits)
+        return torch.tensor(ids, device=at.device)[:, None] if any(going) else None
+
+    depth = max(ks[b] for b in live)
+    logits = head.deepen(stack("k0"), stack("v0"), stack("hidden"), stack("x"), at, depth, own)
+    if len(logits) == depth:  # the last depth's drafts (the others were picked as the next depth's input)
+        chosen(logits[-1])
+    return out
 
 
 # -- the target's hidden states ----------------------------------------------------------------------

@@ -9,7 +9,8 @@ them, so no second target pass runs while a row decodes under the arm. A row the
 without them (rows in flight when calibration switches to the arm) is read once by a target
 forward over its context (draft time, as a draft model's prefill of such rows is).
 
-Drafts are chains of up to k tokens from the row's last position. A greedy row takes the head's
+Drafts are chains of up to k tokens from the row's last position, drafted for the batch's rows
+at once (eagle3.draft_rows: one head forward per depth, contexts padded). A greedy row takes the head's
 argmax; in a batch with sampled rows each draft is drawn from the head's distribution over its
 draft vocabulary (the row's temperature and top_p, its own generator), and that distribution,
 placed on the target ids the draft vocabulary maps to, is the q the accept rule reads
@@ -27,7 +28,7 @@ import torch
 
 from batchspec.engine.sampling import argmax, probs_from_logits, sample_from
 from batchspec.engine.torch.drafters import Drafts
-from batchspec.engine.torch.eagle3 import Chain, Eagle3Head, HiddenCapture
+from batchspec.engine.torch.eagle3 import Chain, Eagle3Head, HiddenCapture, draft_rows
 
 
 class Eagle3Drafter:
@@ -43,12 +44,14 @@ class Eagle3Drafter:
         held, self.chains = self.chains, {}
         sampled = not all(r.params.greedy for r in rows)
         probs = torch.zeros(len(rows), max(budgets), vocab, device=self.targets.device) if sampled else None
-        out = []
-        for b, (row, k) in enumerate(zip(rows, budgets)):
-            chain = self.follow(row, held.get(id(row)))
-            self.chains[id(row)] = (row, chain)
-            forced = ahead[b] if ahead else []
-            out.append(self.draft(row, chain, k, forced, probs[b] if sampled else None))
+        chains, pickers = [], []
+        for b, row in enumerate(rows):
+            chains.append(self.follow(row, held.get(id(row))))
+            self.chains[id(row)] = (row, chains[-1])
+            pickers.append(Picker(self, row, ahead[b] if ahead else [], probs[b] if sampled else None))
+        out = draft_rows(chains, budgets, lambda b, i, logits: pickers[b].pick(i, logits))
+        for picker in pickers:
+            picker.done()
         return Drafts(out, probs)
 
     def follow(self, row, held: tuple[object, Chain] | None) -> Chain:
@@ -74,45 +77,6 @@ class Eagle3Drafter:
             self.model.get_decoder()(input_ids=ids)
         return self.capture.take()[0]
 
-    def draft(self, row, chain: Chain, k: int, forced: list[int], q: torch.Tensor | None) -> list[int]:
-        """Up to k drafts for the row, `forced` first; q [K, V] (sampled batches) gets each
-        draft's distribution over the target's vocabulary."""
-        if k <= 0:
-            return []
-        grammar, moved = row.grammar, 0
-        temperature = torch.tensor([row.params.temperature], device=self.targets.device)
-        top_p = torch.tensor([row.params.top_p], device=self.targets.device)
-
-        def pick(i: int, logits: torch.Tensor) -> int | None:
-            nonlocal grammar, moved
-            if i < len(forced):
-                token = forced[i]
-                if q is not None:
-                    q[i, token] = 1.0
-            else:
-                if grammar is not None:
-                    allowed = grammar.mask().to(logits.device)[self.targets]
-                    if not bool(allowed.any()):  # nothing the head knows is allowed here
-                        return None
-                    logits = logits.masked_fill(~allowed, float("-inf"))
-                if q is None:
-                    token = int(self.targets[argmax(logits)])
-                else:
-                    p = probs_from_logits(logits[None], temperature, top_p)
-                    token = int(self.targets[sample_from(p, row.uniform()[None].to(p.device))[0]])
-                    q[i, self.targets] = p[0]
-            if grammar is not None:
-                if grammar.advance(token):
-                    moved += 1
-                else:  # past the output's end: the rest drafts unmasked (never output)
-                    grammar = None
-            return token
-
-        drafts = chain.draft(k, pick)
-        if moved:
-            row.grammar.rollback(moved)
-        return drafts
-
     def commit(self, num_accepted: torch.Tensor, drafts: Drafts, next_tokens: list[int]) -> None:
         pass  # the target left each row the states of what it kept: `follow` reads them
 
@@ -121,3 +85,45 @@ class Eagle3Drafter:
 
     def compact(self) -> None:
         pass
+
+
+class Picker:
+    """One row's choice of its drafts from the head's logits: `forced` first (q one-hot on them),
+    then under the row's grammar mask; the argmax for a greedy row, else a draw from the head's
+    distribution (the row's temperature, top_p and generator), written into q [K, V] (sampled
+    batches) over the target ids the draft vocabulary maps to. `done` rolls the grammar back."""
+
+    def __init__(self, drafter: Eagle3Drafter, row, forced: list[int], q: torch.Tensor | None) -> None:
+        self.targets, self.row, self.forced, self.q = drafter.targets, row, forced, q
+        self.grammar, self.moved = row.grammar, 0
+        self.temperature = torch.tensor([row.params.temperature], device=self.targets.device)
+        self.top_p = torch.tensor([row.params.top_p], device=self.targets.device)
+
+    def pick(self, i: int, logits: torch.Tensor) -> int | None:
+        q = self.q
+        if i < len(self.forced):
+            token = self.forced[i]
+            if q is not None:
+                q[i, token] = 1.0
+        else:
+            if self.grammar is not None:
+                allowed = self.grammar.mask().to(logits.device)[self.targets]
+                if not bool(allowed.any()):  # nothing the head knows is allowed here
+                    return None
+                logits = logits.masked_fill(~allowed, float("-inf"))
+            if q is None:
+                token = int(self.targets[argmax(logits)])
+            else:
+                p = probs_from_logits(logits[None], self.temperature, self.top_p)
+                token = int(self.targets[sample_from(p, self.row.uniform()[None].to(p.device))[0]])
+                q[i, self.targets] = p[0]
+        if self.grammar is not None:
+            if self.grammar.advance(token):
+                self.moved += 1
+            else:  # past the output's end: the rest drafts unmasked (never output)
+                self.grammar = None
+        return token
+
+    def done(self) -> None:
+        if self.moved:
+            self.row.grammar.rollback(self.moved)

@@ -17,7 +17,7 @@ from batchspec.engine.base import StepCost
 from batchspec.engine.sampling import argmax, greedy_accept, probs_from_logits
 from batchspec.engine.torch.drafters import fit_vocab
 from batchspec.engine.eagle3_format import is_head
-from batchspec.engine.torch.eagle3 import Chain
+from batchspec.engine.torch.eagle3 import Chain, draft_rows
 from batchspec.engine.torch.kv import Batch
 
 
@@ -92,8 +92,9 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
 
 def head_points(engine, name: str, per_model: Sequence[tuple], reps: int, agree: float, least: int) -> list[StepCost]:
     """An EAGLE-3 head's draft step at each (batch b, context c) as its drafter runs one
-    (eagle3_drafter.Eagle3Drafter): one depth of a row's chain over c positions of context, for
-    b rows one after another. The chain's context is filler (its cost depends on shapes only)."""
+    (eagle3_drafter.Eagle3Drafter): one depth of b rows' chains over c positions of context each,
+    drafted together (eagle3.draft_rows). The chains' context is filler (its cost depends on
+    shapes only)."""
     head = engine.head(name)
     points = []
     for *_, b, c, w in per_model:
@@ -101,14 +102,14 @@ def head_points(engine, name: str, per_model: Sequence[tuple], reps: int, agree:
         weight = head.fc.weight
         chain.extend(torch.zeros(c, 3 * head.target_hidden, device=weight.device, dtype=weight.dtype),
                      [(17 + 31 * i) % engine.vocab for i in range(c)])
-        chain.draft(1)  # warm
+        rows, greedy = [chain] * b, (lambda _b, _i, logits: int(head.to_target(logits.argmax(-1))))
+        draft_rows(rows, [1] * b, greedy)  # warm
         tries: dict[int, list[float]] = {w: []}
         for _ in range(reps):
             if settled(tries, agree, least):
                 break
             began = time.perf_counter()
-            for _ in range(b):
-                chain.draft(1)
+            draft_rows(rows, [1] * b, greedy)
             tries[w].append(time.perf_counter() - began)
         points.append(StepCost("draft", name, b, c, w, min(tries[w])))
     return points

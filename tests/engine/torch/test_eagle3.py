@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from batchspec.engine.torch.counterfactual import chain_acceptance
-from batchspec.engine.torch.eagle3 import Chain, HiddenCapture, aux_layers, chains
+from batchspec.engine.torch.eagle3 import Chain, HiddenCapture, aux_layers, chains, draft_rows
 from batchspec.engine.torch.eagle3_release import load_head, save_head
 from batchspec.engine.torch.eagle3_train import draft_vocabulary, new_head
 from batchspec.errors import ModelError
@@ -208,3 +208,24 @@ def test_the_heads_attention_is_eagle3s_chain_written_plainly(trained):
                 chain = Chain(head)
                 chain.extend(row.aux[: n - 1], row.tokens[1:n].tolist())
                 assert chain.draft(4) == naive_chain(head, row.aux[: n - 1], row.tokens[:n].tolist(), 4)
+
+
+def test_rows_drafted_together_draft_what_each_rows_chain_drafts_alone(trained):
+    """eagle3.draft_rows (the drafter's: one head forward per depth over the batch, contexts
+    padded to the longest) against each row's `Chain.draft`: rows of different lengths and
+    budgets (0 among them), and a row whose pick ends its chain early."""
+    _, _, rows, head, _ = trained
+    with torch.no_grad():
+        chains_, alone = [], []
+        for i, row in enumerate(rows[:5]):
+            n = row.prompt_len + 2 * i  # committed tokens: every row a different length
+            chain = Chain(head)
+            chain.extend(row.aux[: n - 1], row.tokens[1:n].tolist())
+            chains_.append(chain)
+        ks = [4, 0, 2, 5, 3]
+        alone = [chain.draft(k) if k else [] for chain, k in zip(chains_, ks)]
+        greedy = (lambda b, i, logits: int(head.to_target(logits.argmax(-1))))
+        assert draft_rows(chains_, ks, greedy) == alone
+        assert len({c.length for c in chains_}) == 5 and any(len(d) == 5 for d in alone)
+        stop_row_3_after_1 = (lambda b, i, logits: None if (b, i) == (3, 1) else greedy(b, i, logits))
+        assert draft_rows(chains_, ks, stop_row_3_after_1) == [*alone[:3], alone[3][:1], alone[4]]
