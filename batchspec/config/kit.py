@@ -21,8 +21,9 @@ from pydantic_core import PydanticCustomError, core_schema
 from batchspec.errors import ConfigError
 
 
-def read_yaml(path: str) -> Any:
-    """Parse one YAML file through fsspec; bad YAML is one line with the file and the line."""
+def read_yaml(path: str, *, documents: bool = False) -> Any:
+    """Parse one YAML file (with `documents`, the list of its documents) through fsspec; bad YAML
+    is one line with the file and the line."""
     try:
         with fsspec.open(path, "r", encoding="utf-8") as f:
             text = f.read()
@@ -31,7 +32,7 @@ def read_yaml(path: str) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = list(yaml.safe_load_all(text)) if documents else yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f":{mark.line + 1}" if mark is not None else ""

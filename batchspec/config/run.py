@@ -1,14 +1,6 @@
 """The run configuration: built-in defaults < pipeline YAML < command-line options, validated once.
-
-A pipeline file (pipelines/*.yaml) is a flat mapping of the RunConfig fields below (each described
-where it is declared; `batchspec validate --schema pipeline` writes them as a JSON Schema) with the
-sections `worker:`, `calibration:` (batchspec.calibrate.CalibrationSettings), `storage_options:`
-and `llm_options:`. Every key is checked for type and range at load by its field's type, and every
-error names the file (or the option), the key, the value and what was expected, in one line. A
-pipeline file may be a path or an fsspec URL (`s3://bucket/conf/pipeline.yaml`, read with the
-ambient fsspec/AWS configuration, since its own storage_options cannot be read before it).
-Relative paths inside it (candidates, spec, a model folder) are taken relative to the file's folder,
-on the same filesystem, when something is there.
+A pipeline file is the flat mapping of RunConfig's described fields; its keys, its precedence and
+how the paths inside it resolve are docs/spec-settings.md's ("Pipeline files", "Precedence").
 """
 
 from __future__ import annotations
