@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
-from pydantic import AfterValidator, BeforeValidator, Field, conint
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from batchspec.config.kit import Expect, Section, check, describe, integer, read_yaml, relative_to, said, text
 from batchspec.config.spec import _parse_options_file, is_candidates_file, load_spec_file, with_draft_model
@@ -17,8 +17,8 @@ from batchspec.engine.base import ENGINE_METHODS, SpecConfig
 from batchspec.engine.trtllm.translate import METHOD_TO_DECODING_TYPE, SPEC_PREFIX, TRTLLM_REFUSED_METHODS
 from batchspec.errors import ConfigError
 
-Length = conint(strict=True, ge=1)
-Lengths = Annotated[list[integer(ge=1)], Field(min_length=1), AfterValidator(lambda v: list(dict.fromkeys(v))),
+Length = integer(ge=1)
+Lengths = Annotated[list[Length], Field(min_length=1), AfterValidator(lambda v: list(dict.fromkeys(v))),
                     BeforeValidator(lambda v: v if isinstance(v, list) else [v],
                                     json_schema_input_type=Union[Length, Annotated[list[Length], Field(min_length=1)]]),
                     Expect("an integer >= 1 or a non-empty list of them")]
@@ -106,9 +106,7 @@ def _entry_arms(path: str, where: str, entry: Candidate) -> list[SpecConfig]:
 
 def check_engine_supports(spec: SpecConfig, engine_name: str) -> None:
     """Raise ConfigError when `engine_name` cannot run `spec`'s method."""
-    supported = ENGINE_METHODS.get(engine_name)
-    if supported is None:
-        raise ConfigError(f"--engine: expected one of {', '.join(ENGINE_METHODS)}, got {engine_name!r}")
+    supported = ENGINE_METHODS[engine_name]  # a known engine: resolve_spec_arg checked it
     if spec.method in supported:
         return
     if engine_name == "trtllm" and spec.method in TRTLLM_REFUSED_METHODS:
