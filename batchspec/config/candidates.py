@@ -1,11 +1,5 @@
-"""Candidates files and `--spec`: which arms a run calibrates over, or the one arm it runs
-(docs/spec-settings.md). A candidates file lists option files and the draft lengths to try (the
-option files stay valid for trtllm-serve, which takes one `max_draft_len`); "none" is never listed:
-calibration adds it. `resolve_spec_arg` turns `--spec auto|none|FILE` (with `--candidates` and
-`--draft-model`) into a `SpecChoice`: under `auto` and a candidates FILE a Draft_Target arm with no
-draft anywhere is dropped and the reason recorded, and a `--draft-model` that is an EAGLE-3 head
-(a folder in the released format) makes its Draft_Target arms Eagle3 arms of that head; an arm the engine cannot run is an error naming
-the engine to use instead."""
+"""Candidates files and `--spec`: which arms a run calibrates over, or the one arm it runs; the
+rules are docs/spec-settings.md's ("Candidates files", "`--spec auto | none | FILE`")."""
 
 from __future__ import annotations
 
@@ -14,16 +8,20 @@ import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
-from pydantic import Field, conint, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field
 
-from batchspec.config.kit import Expect, Section, check, describe, expected, read_yaml, relative_to, said, text
+from batchspec.config.kit import Expect, Section, check, describe, integer, read_yaml, relative_to, said, text
 from batchspec.config.spec import _parse_options_file, is_candidates_file, load_spec_file, with_draft_model
 from batchspec.data import CANDIDATES_DIR
 from batchspec.engine.base import ENGINE_METHODS, SpecConfig
 from batchspec.engine.trtllm.translate import METHOD_TO_DECODING_TYPE, SPEC_PREFIX, TRTLLM_REFUSED_METHODS
 from batchspec.errors import ConfigError
 
-Length = conint(strict=True, ge=1)
+Length = integer(ge=1)
+Lengths = Annotated[list[Length], Field(min_length=1), AfterValidator(lambda v: list(dict.fromkeys(v))),
+                    BeforeValidator(lambda v: v if isinstance(v, list) else [v],
+                                    json_schema_input_type=Union[Length, Annotated[list[Length], Field(min_length=1)]]),
+                    Expect("an integer >= 1 or a non-empty list of them")]
 
 
 class Candidate(Section):
@@ -32,24 +30,13 @@ class Candidate(Section):
     missing = "nothing"
 
     config: text("the path of a TensorRT-LLM option file") = Field(description="A TensorRT-LLM option file with a speculative_config, relative to this file.")
-    max_draft_len: Union[Length, Annotated[list[Length], Field(min_length=1)]] = Field(None, description="Draft lengths to try, one arm each; default: the file's own.")
+    max_draft_len: Lengths = Field(None, description="Draft lengths to try, one arm each; default: the file's own.")
     speculative_model_dir: text("a non-empty string (a model location)") = Field(None, description="Replaces the file's draft model (Draft_Target, Eagle3).")
     speculative_model: text("a non-empty string (a model location)") = Field(None, description="The same as speculative_model_dir.")
 
     @classmethod
     def unknown(cls, key: Any) -> Any:
         return said(f"unknown key (valid: {', '.join(cls.keys())})", key)
-
-    @field_validator("max_draft_len", mode="before")
-    @classmethod
-    def _lengths(cls, value: Any) -> list[int]:
-        values = value if isinstance(value, list) else [value]
-        if not values:
-            raise expected("an integer >= 1 or a non-empty list of them")
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise said(f"expected an integer >= 1, got {describe(v)}")
-        return sorted(set(values), key=values.index)
 
 
 class CandidatesFile(Section):
@@ -119,9 +106,7 @@ def _entry_arms(path: str, where: str, entry: Candidate) -> list[SpecConfig]:
 
 def check_engine_supports(spec: SpecConfig, engine_name: str) -> None:
     """Raise ConfigError when `engine_name` cannot run `spec`'s method."""
-    supported = ENGINE_METHODS.get(engine_name)
-    if supported is None:
-        raise ConfigError(f"--engine: expected one of {', '.join(ENGINE_METHODS)}, got {engine_name!r}")
+    supported = ENGINE_METHODS[engine_name]  # a known engine: resolve_spec_arg checked it
     if spec.method in supported:
         return
     if engine_name == "trtllm" and spec.method in TRTLLM_REFUSED_METHODS:

@@ -129,12 +129,6 @@ def load_job(path: str | os.PathLike) -> JobSpec:
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with kind: {JOB_KIND}, got {type(data).__name__}")
-    return parse_job(path, data)
-
-
-def parse_job(path: str, data: dict) -> JobSpec:
-    if data.get("kind") != JOB_KIND:
-        raise ConfigError(f"{path}: kind: expected {JOB_KIND!r}, got {data.get('kind')!r}")
     unknown = next((k for k in data if k not in JobFile.model_fields), None)
     if unknown is not None:
         raise ConfigError(f"{path}: unknown key {unknown!r}; expected one of {', '.join(JobFile.model_fields)}")

@@ -1,12 +1,5 @@
 """The one YAML reader, the field types every config model is built from, and the one line a bad
-value becomes.
-
-Every file batchspec reads (pipelines, TensorRT-LLM option files, candidates files, job files) goes
-through `read_yaml`, over fsspec, so any of them may live at a URL (`s3://bucket/pipeline.yaml`).
-Each kind is a pydantic model (run.py, spec.py, candidates.py, job.py). A field's type says in words
-what it expects (`integer`, `number`, `flag`, `text`, `one_of`, or an `Expect` of its own), so
-`check` turns pydantic's first error into one line, "FILE: KEY: expected ..., got ...", KEY being
-the key's path in the YAML (`speculative_config.max_draft_len`, `candidates[0].config`).
+value becomes: "FILE: KEY: expected ..., got VALUE" (docs/spec-settings.md, "Validation at the edge").
 """
 
 from __future__ import annotations
@@ -28,8 +21,9 @@ from pydantic_core import PydanticCustomError, core_schema
 from batchspec.errors import ConfigError
 
 
-def read_yaml(path: str) -> Any:
-    """Parse one YAML file through fsspec; bad YAML is one line with the file and the line."""
+def read_yaml(path: str, *, documents: bool = False) -> Any:
+    """Parse one YAML file (with `documents`, the list of its documents) through fsspec; bad YAML
+    is one line with the file and the line."""
     try:
         with fsspec.open(path, "r", encoding="utf-8") as f:
             text = f.read()
@@ -38,7 +32,7 @@ def read_yaml(path: str) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = list(yaml.safe_load_all(text)) if documents else yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -217,7 +211,7 @@ def _key_path(loc: tuple, data: Any) -> str:
         if isinstance(part, int) and isinstance(node, (list, tuple)):
             out += f"[{part}]"
             node = node[part] if part < len(node) else None
-        elif (isinstance(node, dict) and part in node) or i == len(loc) - 1:
+        elif (isinstance(node, dict) and part in node) or (i == len(loc) - 1 and not isinstance(part, int)):
             out += f"{'.' if out else ''}{part}"
             node = node.get(part) if isinstance(node, dict) else None
     return out
@@ -227,10 +221,15 @@ def _key_path(loc: tuple, data: Any) -> str:
 # Dataclasses declared outside config (calibration's settings): a field's type hint and its
 # `metadata` (min / max inclusive, above exclusive, choices, expected, description) are its rule.
 
-def field_rules(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """name -> the type a field of the dataclass `cls` is checked by."""
+@functools.cache
+def model_of(cls: type) -> type[Section]:
+    """A Section of the dataclass `cls`'s fields, each with its rule, default and description."""
     hints = typing.get_type_hints(cls)
-    return {f.name: _rule(hints[f.name], f.metadata) for f in dataclasses.fields(cls) if f.name not in skip}
+    rules = {f.name: (_rule(hints[f.name], f.metadata), Field(f.default, description=f.metadata.get("description")))
+             for f in dataclasses.fields(cls)}
+    model = create_model(cls.__name__, __base__=Section, __doc__=(cls.__doc__ or "").split(". ")[0], **rules)
+    model.what = None
+    return model
 
 
 def _rule(hint: Any, meta: typing.Mapping[str, Any]) -> Any:
@@ -247,24 +246,6 @@ def _rule(hint: Any, meta: typing.Mapping[str, Any]) -> Any:
         return integer(meta.get("min"), meta.get("max"), null=null)
     assert base is float, f"{hint}: a dataclass field checked by its metadata is a bool, int, float or str"
     return number(meta.get("min"), meta.get("above"), meta.get("max"), null=null)
-
-
-@functools.cache
-def model_of(cls: type) -> type[Section]:
-    """A Section of the dataclass `cls`'s fields, each with its default and description."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    rules = {n: (t, Field(fields[n].default, description=fields[n].metadata.get("description"))) for n, t in field_rules(cls).items()}
-    model = create_model(cls.__name__, __base__=Section, __doc__=(cls.__doc__ or "").split(". ")[0], **rules)
-    model.what = None
-    return model
-
-
-def check_fields(where: str, key: str, cls: type, value: Any) -> dict[str, Any]:
-    """A mapping of `cls` fields, each checked and converted (`key` prefixes the error keys)."""
-    if value is None:
-        return {}
-    section = check(model_of(cls), value, where, key=key)
-    return {name: getattr(section, name) for name in value}
 
 
 def relative_to(base: str, target: str) -> str:

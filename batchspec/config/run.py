@@ -1,14 +1,6 @@
 """The run configuration: built-in defaults < pipeline YAML < command-line options, validated once.
-
-A pipeline file (pipelines/*.yaml) is a flat mapping of the RunConfig fields below (each described
-where it is declared; `batchspec validate --schema pipeline` writes them as a JSON Schema) with the
-sections `worker:`, `calibration:` (batchspec.calibrate.CalibrationSettings), `storage_options:`
-and `llm_options:`. Every key is checked for type and range at load by its field's type, and every
-error names the file (or the option), the key, the value and what was expected, in one line. A
-pipeline file may be a path or an fsspec URL (`s3://bucket/conf/pipeline.yaml`, read with the
-ambient fsspec/AWS configuration, since its own storage_options cannot be read before it).
-Relative paths inside it (candidates, spec, a model folder) are taken relative to the file's folder,
-on the same filesystem, when something is there.
+A pipeline file is the flat mapping of RunConfig's described fields; its keys, its precedence and
+how the paths inside it resolve are docs/spec-settings.md's ("Pipeline files", "Precedence").
 """
 
 from __future__ import annotations
@@ -29,7 +21,8 @@ from pydantic.json_schema import SkipJsonSchema
 from batchspec.calibrate import CalibrationSettings
 from batchspec.config.kit import (Expect, check, exists, expected, flag, integer, known_keys, model_of, number, one_of, read_yaml,
                                   relative_to, said, text)
-from batchspec.config.spec import LlmOptions
+from batchspec.config.candidates import resolve_spec_arg
+from batchspec.config.spec import LlmOptions, check_llm_options, check_world, run_llm_options
 from batchspec.data import DEFAULT_PIPELINE, PIPELINES_DIR  # noqa: F401  (PIPELINES_DIR re-exported for the CLI)
 from batchspec.engine.base import DTYPES, PROMPT_FORMATS, SUFFIX_TREE_MB_DEFAULT
 from batchspec.engine.factory import ENGINES
@@ -255,10 +248,7 @@ def check_engine_options(config: RunConfig, source: str) -> None:
         return
     if config.device not in (None, "cuda"):
         raise ConfigError(f"{source}: device: the trtllm engine runs on the worker's GPU; expected null or cuda, got {config.device!r}")
-    if config.llm_options:
-        from batchspec.config.spec import check_llm_options
-
-        check_llm_options(f"{source}: llm_options", dict(config.llm_options))
+    check_llm_options(f"{source}: llm_options", dict(config.llm_options))
 
 
 def validate_pipeline_file(path: str | os.PathLike) -> str:
@@ -269,12 +259,8 @@ def validate_pipeline_file(path: str | os.PathLike) -> str:
     default_response_format(config, f"{path}: response_format")
     if config.engine == "trtllm" and config.worker.num_gpus < 1:
         raise ConfigError(f"{path}: worker.num_gpus: expected >= 1 for the trtllm engine, got {config.worker.num_gpus}")
-    from batchspec.config.candidates import resolve_spec_arg
-
     choice = resolve_spec_arg(config.spec, config.candidates, config.engine, config.draft_model)  # the files it names
     if config.engine == "trtllm":  # every arm must be buildable with one set of LLM options, on the worker's GPUs
-        from batchspec.config.spec import check_world, run_llm_options
-
         merged = run_llm_options(dict(config.llm_options), choice.arms, where=f"{path}: llm_options")
         check_world(f"{path}: llm_options", merged, config.worker.num_gpus)
     return f"{path}: pipeline, engine {config.engine}, model {config.model}, spec {config.spec}, {config.workers} worker(s)"

@@ -1,14 +1,7 @@
-"""TensorRT-LLM LLM-API option files (`trt_configs/*.yaml`): one speculative arm in TensorRT-LLM's
-own format, read once at the edge and turned into an engine-neutral `SpecConfig`.
-
-An option file is exactly the YAML `trtllm-serve --config` (`--extra_llm_api_options`) and
-`trtllm-bench` read: top-level LLM arguments (`LlmOptions`) and a `speculative_config` block, the
-arm, whose class is picked by its `decoding_type` tag as TensorRT-LLM 1.2's union does
-(tensorrt_llm/llmapi/llm_args.py: SpeculativeConfig; the classes below carry its names and tags,
-and `Suffix`, batchspec's own, for the torch engine). A file without `speculative_config` is no
-speculation. The keys each class checks are its fields; every other key 1.2 has (translate.py
-SPEC_KEYS, LLM_ARGS) passes through untouched, to be checked by TensorRT-LLM itself, and any
-other is refused naming the valid ones. Candidates files and `--spec` live in candidates.py.
+"""TensorRT-LLM LLM-API option files (`trt_configs/*.yaml`): one speculative arm in TensorRT-LLM
+1.2's own format, read once at the edge and turned into an engine-neutral `SpecConfig`. The classes
+carry 1.2's names and `decoding_type` tags (tensorrt_llm/llmapi/llm_args.py: SpeculativeConfig),
+plus `Suffix`, batchspec's own; the rules are docs/spec-settings.md's ("Option files").
 """
 
 from __future__ import annotations

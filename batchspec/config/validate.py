@@ -1,16 +1,6 @@
-"""`batchspec validate`: recognise a YAML file by its content and check it with its own validator.
-
-Kinds, in the order they are recognised:
-
-    batchspec job        `kind: batchspec-job`                    -> batchspec.config.job.load_job
-    Kubernetes manifest  `apiVersion` and `kind` (any documents)  -> a structural check here
-    candidates file      `candidates:` holding a list              -> validate_spec_file
-    pipeline file        keys of a pipeline (engine, spec, ...)    -> batchspec.config.run
-    TensorRT-LLM options anything else that is a mapping           -> validate_spec_file
-
-Kubernetes manifests are checked for structure only, in batchspec/config/kube.py. `json_schema`
-writes the JSON Schema of the four batchspec kinds (shipped in batchspec/data/schemas/, which the
-shipped YAML files name in their `# yaml-language-server: $schema=...` line, so editors check them).
+"""`batchspec validate`: recognise a YAML file by its content (a batchspec job, Kubernetes
+manifests, a candidates file, a pipeline, else a TensorRT-LLM option file) and check it with its own
+validator; `json_schema` writes a kind's JSON Schema (docs/spec-settings.md, "Validation at the edge").
 """
 
 from __future__ import annotations
@@ -19,7 +9,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from pydantic import TypeAdapter
 
 from batchspec.config.candidates import CandidatesFile, load_candidates
@@ -73,7 +62,7 @@ def validate_files(paths: list[str]) -> list[Checked]:
 def validate_one(path: str) -> str:
     """Validate one file; return its one-line summary or raise ConfigError."""
     docs = _read_docs(path)
-    if len(docs) == 1 and _is_job(docs[0]):
+    if len(docs) == 1 and is_job_doc(docs[0]):
         return load_job(path).summary()
     if docs and all(isinstance(d, dict) and "apiVersion" in d for d in docs):
         return check_manifests(path, docs)
@@ -106,25 +95,8 @@ def validate_spec_file(path: str | os.PathLike) -> str:
     return f"{path}: TensorRT-LLM option file, {METHOD_TO_DECODING_TYPE[spec.method]} max_draft_len={spec.draft_len}{draft}"
 
 
-def _is_job(doc: Any) -> bool:
-    return is_job_doc(doc)
-
-
 def _read_docs(path: str) -> list[Any]:
-    """The file's YAML documents; missing files and bad YAML are reported by config.kit.read_yaml."""
-    try:
-        docs = [read_yaml(path)]
-    except ConfigError as exc:
-        if "single document" not in str(exc):
-            raise
-        import fsspec  # several documents: Kubernetes manifests
-
-        try:
-            with fsspec.open(path, "r", encoding="utf-8") as f:
-                docs = list(yaml.safe_load_all(f))
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: invalid YAML: {' '.join(str(err).split())}") from None
-    docs = [d for d in docs if d is not None]
+    docs = [d for d in read_yaml(path, documents=True) if d is not None]
     if not docs:
         raise ConfigError(f"{path}: empty file; expected a pipeline, trt_configs, candidates or batchspec job file, or Kubernetes manifests")
     return docs

@@ -14,11 +14,17 @@ from click.testing import CliRunner
 
 from batchspec.calibrate import CalibrationSettings
 from batchspec.cli import cli
-from batchspec.config.kit import check_fields, field_rules
+from batchspec.config.kit import check, model_of
 from batchspec.config.run import FIELDS, WORKER_FIELDS, RunConfig, WorkerConfig, build_config, load_pipeline
 from batchspec.config.validate import validate_one
 from batchspec.errors import ConfigError
 from tests.data import prompts_table
+
+
+def check_fields(where: str, key: str, cls: type, value: dict) -> dict:
+    """The keys of `value` checked by the model of the dataclass `cls`, as a pipeline's section is."""
+    section = check(model_of(cls), value, where, key=key)
+    return {name: getattr(section, name) for name in value}
 
 
 def _pipeline(tmp_path: Path, doc: dict) -> Path:
@@ -58,7 +64,7 @@ def test_good_calibration_values_are_converted_and_reach_the_settings(tmp_path):
 
 def test_every_calibration_field_is_checked_at_its_declared_bounds():
     """Driven by the dataclass: a field added to CalibrationSettings is covered by declaring it."""
-    rules = field_rules(CalibrationSettings)
+    rules = model_of(CalibrationSettings).model_fields
     assert list(rules) == [f.name for f in dataclasses.fields(CalibrationSettings)]
     for f in dataclasses.fields(CalibrationSettings):
         fields = {f.name: f.default}
