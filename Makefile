@@ -45,7 +45,7 @@ run: setup
 	$(VENV)/bin/batchspec run $(INPUT) $(OUTPUT) --pipeline pipelines/local.yaml $(if $(SHARD_BY),--shard-by $(SHARD_BY))
 
 test: setup $(FLOOR_STAMP)
-	$(PY) -m pytest -q -ra $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-floor
 
 # The engine drives transformers' model forward and cache API, which moves within the 5.x that

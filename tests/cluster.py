@@ -101,7 +101,7 @@ def _temp_dir() -> str:
     return _TEMP_DIRS[-1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # torn down after the module: its four Ray processes stay up no longer
 def two_node_cluster():
     import ray
     from ray.cluster_utils import Cluster

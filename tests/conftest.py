@@ -159,6 +159,25 @@ def folder(tmp_path):
     return tmp_path / "in"
 
 
+# ---- the order files run in ------------------------------------------------------------------------
+
+# The files that take longest, longest first (pytest --durations, summed per file). `make test`
+# hands whole files to two processes (pytest-xdist, --dist loadfile, --no-loadscope-reorder): a
+# long file started last keeps one process busy while the other idles, and xdist's own order (most
+# tests first) put the real-Ray files, few tests each, last. Order only: no test depends on it.
+LONGEST_FIRST = (
+    "tests/engine/torch/test_eagle3_arm.py", "tests/cli/test_run.py", "tests/engine/torch/test_engine.py",
+    "tests/test_pipeline.py", "tests/test_submit.py", "tests/test_bench.py", "tests/test_multinode.py",
+    "tests/engine/torch/test_structured.py", "tests/test_ray_data.py", "tests/test_install.py",
+    "tests/test_group.py", "tests/cli/test_export.py", "tests/test_lease.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest as collected
+
+
 # ---- one local Ray for the whole session, and a real S3 endpoint on loopback (moto's server) ----
 
 S3_KEY, S3_SECRET = "testing", "testing"
@@ -209,4 +228,4 @@ def s3(s3_endpoint, request):
     return f"s3://{bucket}", options, polars_options
 
 
-from tests.cluster import two_node_cluster  # noqa: F401,E402  (session-scoped: one two-node Ray cluster for every test that needs it)
+from tests.cluster import two_node_cluster  # noqa: F401,E402  (one two-node Ray cluster per module that needs it)

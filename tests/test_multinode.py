@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def two_nodes(two_node_cluster):
-    """The session's two-node cluster with this process's driver connected to it (and the local Ray
+    """The module's two-node cluster with this process's driver connected to it (and the local Ray
     it had, if any, given back afterwards)."""
     import ray
 
