@@ -202,7 +202,8 @@ class ModelTarget:
             num_accepted, next_token = self.sampled_accept(rows, logits, proposal.drafts, draft_tokens, num_drafts)
         batch.keep(num_accepted + 1)  # the pending token plus the accepted drafts
         if taking is not None:
-            self.leave_hidden(rows, taking.forwards()[0], num_accepted + 1, proposal.capture is not None)
+            [states] = taking.forwards()  # the verify's one forward
+            self.leave_hidden(rows, states, num_accepted + 1, proposal.capture is not None)
         return Verdict(num_accepted, next_token, held)
 
     @staticmethod
