@@ -139,7 +139,7 @@ def run(config: RunConfig, *, progress: RunProgress | None = None, worker_cls: t
             progress.planned(len(plan.shards), plan.rows, skipped)
 
         ensure_ray(config)
-        work = job.worker_job(output, passthrough, output_schema(passthrough), lease)  # 3. shard workers: calibrate -> generate -> write
+        work = job.worker_job(output, passthrough, output_schema(passthrough), lease, prior.url)  # 3. shard workers: calibrate -> generate -> write
         work_started = time.perf_counter()
         report = run_pool(work, todo, config.workers, _on_done(progress), worker_cls, pool, prior.seeds, failed) if todo else None
         work_s = time.perf_counter() - work_started

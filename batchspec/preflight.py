@@ -48,14 +48,16 @@ class Prepared:
         return prior_of(self.config, self.arms, self.calibrate)
 
     def worker_job(self, output=None, passthrough: pa.Schema = pa.schema([]), out_schema: pa.Schema = pa.schema([]),
-                   lease=None) -> WorkerJob:
-        """The job every worker holds; without `output` (the Ray Data stage) workers write nothing."""
+                   lease=None, heads_from: str | None = None) -> WorkerJob:
+        """The job every worker holds; without `output` (the Ray Data stage) workers write nothing
+        (and train no head). `heads_from`: the prior run's OUTPUT, whose heads train_head reuses."""
         c = self.config
         return WorkerJob(
             output=output, passthrough=passthrough, out_schema=out_schema, engine=c.engine, model=c.model,
             draft_model=c.draft_model, dtype=c.dtype, device=c.device, arms=self.arms, calibrate=self.calibrate,
             batch_size=c.batch_size, calibration=c.calibration, defaults=self.defaults, worker=c.worker,
             llm_options=tuple(self.llm_options.items()), storage_options=tuple(c.storage_options), lease=lease,
+            train_head=c.train_head, train_head_budget=c.train_head_budget, heads_from=heads_from,
         )
 
 

@@ -43,6 +43,7 @@ class Prior:
 
     seeds: dict[str | None, SpecConfig] = field(default_factory=dict)
     note: str | None = None
+    url: str | None = None  # the run read (its trained heads are this run's too: batchspec.heads)
 
 
 def prior_of(config: "RunConfig", arms: Sequence[SpecConfig], calibrate: bool) -> Prior:
@@ -54,7 +55,7 @@ def prior_of(config: "RunConfig", arms: Sequence[SpecConfig], calibrate: bool) -
     url = find_prior(config.prior_run, options, config.date())
     if url is None:
         return Prior(note=f"none: no run of {config.prior_run} in the {LOOKBACK_DAYS} days before this one (a cold start)")
-    return Prior(prior_seeds(url, options, config.engine, config.model, config.batch_size, arms), url)
+    return Prior(prior_seeds(url, options, config.engine, config.model, config.batch_size, arms), url, url)
 
 
 def find_prior(prior_run: str, storage_options: dict, run_date: dt.date) -> str | None:

@@ -261,10 +261,12 @@ class ShardStats:
     plain_decode_u: float | None = None  # plain_decode_s's relative uncertainty: its prices' `u`, weighted by price (0: plain decoding ran)
     device: str | None = None  # what gpu_s counts: gpu (the worker's GPUs) | cpu (a CPU worker's torch threads: CPU-seconds)
     devices: float | None = None  # how many: worker.num_gpus, or on a CPU worker its torch threads
-    gpu_s: float | None = None  # device-seconds the shard used: (prefill_s + decode_s + calibration_s + profile_s) x devices, the worker's profile counted once (null: not measured)
+    gpu_s: float | None = None  # device-seconds the shard used: (prefill_s + decode_s + calibration_s + profile_s + head_train_s) x devices, the worker's profile counted once (null: not measured)
     plain_gpu_s: float | None = None  # the same rows as plain decoding: (prefill_s + plain_decode_s) x devices, no calibration
     plain_gpu_s_err: float | None = None  # plain_gpu_s's uncertainty, device-seconds: plain_decode_s x plain_decode_u x devices
     plain_estimated: bool | None = None  # plain_gpu_s is the cost table's price (plain decoding did not run every step), not a measurement
+    head: str | None = None  # train_head: the key's trained EAGLE-3 head among the shard's arms (heads/<name>, or the prior run's), or the one it trained
+    head_train_s: float | None = None  # train_head: seconds the shard spent training its key's head on its rows (null: it trained none)
 
     @property
     def chosen(self) -> ArmResult | None:
@@ -295,7 +297,7 @@ def device_seconds(stats: ShardStats, gpus: float, cpus: float) -> dict[str, Any
     out: dict[str, Any] = {"device": device, "devices": devices}
     if stats.decode_s is None or stats.prefill_s is None:
         return out
-    out["gpu_s"] = (stats.prefill_s + stats.decode_s + (stats.calibration_s or 0.0) + stats.profile_s) * devices
+    out["gpu_s"] = (stats.prefill_s + stats.decode_s + (stats.calibration_s or 0.0) + stats.profile_s + (stats.head_train_s or 0.0)) * devices
     if stats.plain_decode_s is not None:
         u = stats.plain_decode_u or 0.0
         out.update(plain_gpu_s=(stats.prefill_s + stats.plain_decode_s) * devices,

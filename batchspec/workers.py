@@ -78,6 +78,9 @@ class WorkerJob:
     llm_options: tuple[tuple[str, Any], ...] = ()  # trtllm: what every arm is built with
     storage_options: tuple[tuple[str, Any], ...] = ()  # fsspec options for a model given as a URL
     lease: Lease | None = None  # the run's hold on OUTPUT, checked before every commit (batchspec.lease)
+    train_head: bool = False  # train an EAGLE-3 head per shard key on its first rows (batchspec.heads)
+    train_head_budget: float = 0.05  # its training seconds, as a share of the key's expected decode seconds
+    heads_from: str | None = None  # the prior run's OUTPUT, whose heads a key without one of its own reuses
 
     def load_key(self) -> str:
         """What an actor loads and holds for its life: two jobs with the same key can share actors.
@@ -96,6 +99,8 @@ class ShardTask:
     failures: tuple[str, ...] = ()  # why earlier attempts failed (recorded in the stats' note)
     horizon_rows: int = 0  # the key's rows after this shard, per worker: what an engine build can be repaid over
     was_failed: bool = False  # an earlier run committed it as error rows after every attempt failed
+    key_rows: int = 0  # the key's rows in the shards this run has to do, this one included
+    trains_head: bool = False  # train_head: the key's first shard of the run, the one that trains its head where none is found
 
 
 @dataclass
@@ -196,6 +201,7 @@ class ShardWorker:
         self.job = job
         self.engine = None
         self.calibration = None  # batchspec.calibrate.WorkerState: the cost table and keys' last arms, for the actor's life
+        self.found: dict[str, str] = {}  # train_head: shard key -> the local folder of its committed head, once found
 
     def start(self) -> str:
         """Load the engine (a ModelError here stops the run with one line)."""
@@ -224,6 +230,7 @@ class ShardWorker:
         kept: it belongs to the engine. The keys' last arms belong to the run (its arms and rows)."""
         assert self.engine is not None and job.load_key() == self.job.load_key(), "a pool hands an actor only a job of its own engine"
         self.job = job
+        self.found = {}  # heads belong to the run's OUTPUT
         if self.calibration is not None:
             from batchspec.calibrate import WorkerState
 
@@ -236,7 +243,7 @@ class ShardWorker:
         job, plan = self.job, task.plan
         rows = load_shard(job, plan)
         done = self.generate(plan.shard_id, plan.shard_key, rows.parsed, task.prior, task.attempt, task.horizon_rows,
-                             task.prior_why)
+                             task.prior_why, trains_head=task.trains_head, key_rows=task.key_rows)
         node = ray.get_runtime_context().get_node_id()
         note = "; ".join(f"attempt {i} failed: {why}" for i, why in enumerate(task.failures, 1)) or None
         outcome = commit(job, plan, rows, done.completions, done.specs, replace(done.stats, node_id=node, note=note),
@@ -247,9 +254,16 @@ class ShardWorker:
         return outcome
 
     def generate(self, shard_id: str, shard_key: str | None, parsed: list[ParsedRow], prior: SpecConfig | None = None,
-                 attempt: int = 1, horizon_rows: int = 0, prior_why: str = LAST_SHARD) -> ShardRun:
-        """Calibrate and generate one shard's rows on this engine; error rows stay in place."""
+                 attempt: int = 1, horizon_rows: int = 0, prior_why: str = LAST_SHARD, trains_head: bool = False,
+                 key_rows: int = 0) -> ShardRun:
+        """Calibrate and generate one shard's rows on this engine; error rows stay in place. With
+        `train_head`, the key's head joins its arms where one is committed (this run's or the prior
+        run's); else the shard that `trains_head` records its rows' hidden states as they decode
+        and trains one after them (`_train_head`), for the key's later shards."""
+        from contextlib import nullcontext
+
         from batchspec.calibrate import CalibrationSettings, WorkerState
+        from batchspec.heads import RECORD_POSITIONS, with_head
         from batchspec.shard import ShardInput, run_shard
 
         job = self.job
@@ -258,17 +272,85 @@ class ShardWorker:
         result = None
         if good:
             arms = list(job.arms) if job.calibrate else [job.arms[0] if job.arms else NO_SPEC]
+            head = self.key_head(shard_key)
+            if head is not None:
+                arms = with_head(arms, head)
+            recording = head is None and trains_head and self.heads is not None
             settings = CalibrationSettings(**dict(job.calibration))
             self.calibration = self.calibration or WorkerState()
-            result = run_shard(self.engine, ShardInput(shard_id, shard_key, good), arms, job.calibrate,
-                               job.batch_size, settings, prior, worker=self.calibration, horizon_rows=horizon_rows,
-                               prior_why=prior_why)
+            with self.engine.recording(RECORD_POSITIONS) if recording else nullcontext() as recorded:
+                result = run_shard(self.engine, ShardInput(shard_id, shard_key, good), arms, job.calibrate,
+                                   job.batch_size, settings, prior, worker=self.calibration, horizon_rows=horizon_rows,
+                                   prior_why=prior_why)
             stats = replace(result.stats, model=job.model, prompt_format=job.defaults.prompt_format,  # the model as configured,
                             attempts=attempt, gpu_memory_per_gpu=self.engine.gpu_memory_per_gpu())  # not its resolved path
+            if recording:
+                stats = self._train_head(shard_id, shard_key, recorded, stats, max(key_rows, len(good)), len(good))
+            elif head is not None:
+                stats = replace(stats, head=self._shown(head))
         else:
             stats = _unrun_stats(job, shard_id, shard_key, attempts=attempt, wall_s=time.perf_counter() - started)
         completions, specs = _merge(parsed, result)
         return ShardRun(completions, specs, stats, result.decision.ended if result is not None else prior)
+
+    @property
+    def heads(self):
+        """The run's trained heads (batchspec.heads.HeadStore), None without `train_head` or OUTPUT."""
+        job = self.job
+        if not job.train_head or job.output is None:
+            return None
+        from batchspec.heads import HeadStore
+        from batchspec.write import Output
+
+        prior = Output(job.heads_from, job.storage_options) if job.heads_from else None
+        return HeadStore(job.output, prior)
+
+    def key_head(self, key: str | None) -> str | None:
+        """The local folder of `key`'s committed head (kept once found: a key's later shards on this
+        worker read nothing), None without one or without `train_head`."""
+        store = self.heads
+        if store is None:
+            return None
+        if str(key) not in self.found:
+            found = store.find(key)
+            if found is None:
+                return None
+            self.found[str(key)] = found
+        return self.found[str(key)]
+
+    def _train_head(self, shard_id: str, key: str | None, recorded: list, stats: ShardStats, key_rows: int,
+                    rows: int) -> ShardStats:
+        """Train `key`'s head on the shard's recorded rows within the budget (a share of the key's
+        expected decode seconds: this shard's per row, times the key's rows) and commit it."""
+        import shutil
+        import tempfile
+
+        from batchspec.heads import DRAFT_LENS, training_doc
+
+        if not recorded:
+            return stats
+        expected = (stats.decode_s or 0.0) / rows * key_rows
+        budget = self.job.train_head_budget * expected
+        began = time.perf_counter()
+        folder = tempfile.mkdtemp(prefix="batchspec-head-")
+        trained = self.engine.train_head(recorded, budget, DRAFT_LENS, folder)
+        if trained is None:
+            return replace(stats, head_train_s=time.perf_counter() - began)
+        if self.job.lease is not None:
+            self.job.lease.check()
+        doc = training_doc(key, shard_id, self.job.train_head_budget, expected, trained)
+        committed = self.heads.commit(key, folder, doc)
+        if committed != folder:  # read from OUTPUT itself from now on
+            shutil.rmtree(folder, ignore_errors=True)
+        self.found[str(key)] = committed
+        spent = time.perf_counter() - began
+        return replace(stats, head=self._shown(committed), head_train_s=spent, wall_s=(stats.wall_s or 0.0) + spent)
+
+    def _shown(self, folder: str) -> str:
+        """A head's folder as the stats show it: heads/<name> when it is this run's."""
+        from batchspec.heads import relative
+
+        return relative(self.job.output, folder)
 
     def close(self) -> None:
         if self.engine is not None:
@@ -329,7 +411,13 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
         starting[actor.start.remote()] = actor
 
     idle: list[Any] = []
-    queue = collections.deque(ShardTask(p, horizon_rows=h, was_failed=p.shard_id in failed) for p, h in zip(plans, horizons(plans, workers)))
+    key_rows = collections.Counter()
+    for p in plans:
+        key_rows[p.shard_key] += p.rows
+    first = {p.shard_key: p.shard_id for p in reversed(plans)}  # each key's first shard: the one that trains its head (train_head)
+    queue = collections.deque(ShardTask(p, horizon_rows=h, was_failed=p.shard_id in failed, key_rows=key_rows[p.shard_key],
+                                        trains_head=job.train_head and first[p.shard_key] == p.shard_id)
+                              for p, h in zip(plans, horizons(plans, workers)))
     decisions: dict[str | None, Any] = {}
     in_flight: dict[Any, tuple[Any, ShardTask]] = {}
     report = PoolReport([], 0, [])

@@ -9,6 +9,7 @@ Layout (docs/architecture.md "Output layout", the contract with data teams):
     OUTPUT/_shards/<shard_id>.parquet  each shard's input rows, written once by batchspec.group
     OUTPUT/_failed/<shard_id>           a shard whose every attempt failed (its rows are error rows)
     OUTPUT/_lease/<n>.json              the lease of the run writing OUTPUT (batchspec.lease)
+    OUTPUT/heads/<key>/                 train_head: each shard key's EAGLE-3 head, its training.json last (batchspec.heads)
 
 Atomicity: every object is written whole in one call. Local files go to a temporary name in the
 same folder and are renamed into place; object stores (s3://, gs://, memory://) get a single PUT,
@@ -254,7 +255,7 @@ class Output:
 
     def clear(self) -> None:
         """Remove a previous run's files (for --no-resume); other files under OUTPUT are left alone."""
-        self._remove("_SUCCESS", "_manifest.json", "_plan.json", "outputs", "stats", "_shards", "_failed")
+        self._remove("_SUCCESS", "_manifest.json", "_plan.json", "outputs", "stats", "_shards", "_failed", "heads")
 
     def clear_shard_inputs(self) -> None:
         """Remove _shards/: a grouping that stopped before its _plan.json was written, or a complete run

@@ -4,8 +4,10 @@ drafting on that key's held-out rows, with the packaged SmolLM2-135M-Instruct on
 Per workload (bench/common/workloads.py, chat template applied, greedy, float32):
 1. decode the key's first N rows plainly (batch 8; the head's training data) and the next rows
    plainly at batch 1 (held out: plain goodput measured here);
-2. record the target's hidden states of every row by one teacher-forced forward (timed apart: the
-   decode loop will take them from its verify forwards instead);
+2. record the target's hidden states of every row by one teacher-forced forward (timed apart);
+   with `--recorded`, the training rows' states are instead those their batch-8 decode left
+   (TorchEngine.recording, what `train_head` does in a run: no forward of their own) and the
+   head trains on the target's tokens (hard targets, as `train_head` does);
 3. train a head on the N rows for each time budget (eagle3_train.train_head);
 4. on the held-out rows, the mean accepted length per draft length k of the head's chain drafts,
    of n-gram lookup (the shipped arm's n-gram size) and of suffix drafting (its tree holding the
@@ -19,11 +21,13 @@ N-gram and suffix lookups are counted as free (no draft time); the head's measur
 counted. With `--run B1,B2`, each head is then written in the released format and the held-out
 rows are decoded for real at each batch size under plain decoding, n-gram lookup and the head's
 eagle3 arm (`--run-ks`), one after another in this process: MEASURED goodput (decode tokens per
-decode second), and how many rows equal plain decoding's output token for token.
+decode second), how many rows equal plain decoding's output token for token, and the decode
+seconds a head's measured goodput would save on a 2,000-row key at that batch size beside the
+seconds its training took.
 
     python bench/eagle3.py [--workloads prose,code] [--train-rows 64] [--test-rows 16]
         [--max-tokens 128] [--budgets 60,240] [--ks 1,2,3,4,6] [--run 1,8] [--run-ks 2,4]
-        [--threads N] [--out DIR]
+        [--recorded] [--threads N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import torch  # noqa: E402
 from batchspec.engine.acceptance import Acceptance, PlainRow  # noqa: E402
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig  # noqa: E402
 from batchspec.engine.torch.counterfactual import chain_acceptance, ngram_acceptance, suffix_acceptance  # noqa: E402
-from batchspec.engine.torch.eagle3 import Chain, aux_layers, chains, record  # noqa: E402
+from batchspec.engine.torch.eagle3 import Chain, Recorded, aux_layers, chains, record  # noqa: E402
 from batchspec.engine.torch.eagle3_release import save_head  # noqa: E402
 from batchspec.engine.torch.eagle3_train import TrainSettings, train_head  # noqa: E402
 from batchspec.engine.torch.suffix_tree import SuffixTree  # noqa: E402
@@ -67,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--draft-vocab", type=int, default=8192)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--hard", action="store_true", help="train on the target's tokens, not its distributions")
+    parser.add_argument("--recorded", action="store_true", help="train on the states the training rows' decode left (train_head's path; hard targets)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run", default="", help="batch sizes at which to run the arms for real (comma-separated); none: estimates only")
     parser.add_argument("--run-ks", default="2,4", help="draft lengths of the arms run for real")
@@ -94,7 +99,11 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
     n_train = args.train_rows
     requests, repeats = key_requests(engine.tokenizer, workload, n_train, args.test_rows, args.max_tokens, args.seed)
     started = time.perf_counter()
-    train_result = engine.generate(requests[:n_train], NO_SPEC, 8)
+    if args.recorded:
+        with engine.recording(10**9) as decoded:
+            train_result = engine.generate(requests[:n_train], NO_SPEC, 8)
+    else:
+        train_result = engine.generate(requests[:n_train], NO_SPEC, 8)
     train_decode_s = time.perf_counter() - started
     n_test = len(requests) - n_train
     test_result = engine.generate(requests[n_train:], NO_SPEC, 1)
@@ -103,8 +112,13 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
     pairs = [(list(engine.encode(r)), list(c.token_ids)) for r, c in zip(requests, train_result.completions + test_result.completions)]
     plain = [PlainRow(p, o, args.max_tokens) for p, o in pairs]
     started = time.perf_counter()
-    recorded = record(target, pairs, aux_layers(target.config.num_hidden_layers))
+    recorded = record(target, pairs[n_train:] if args.recorded else pairs, aux_layers(target.config.num_hidden_layers))
     record_s = time.perf_counter() - started
+    if args.recorded:  # the rows in request order, as the plain rows are (a row the recording left out: recorded apart)
+        by_tokens = {tuple(r.tokens.tolist()): Recorded(r.tokens.clone(), r.prompt_len, r.aux.clone()) for r in decoded}
+        missing = [p for p in pairs[:n_train] if tuple(list(p[0]) + list(p[1])) not in by_tokens]
+        extra = {tuple(list(p) + list(o)): r for (p, o), r in zip(missing, record(target, missing, aux_layers(target.config.num_hidden_layers)))}
+        recorded = [by_tokens.get(t) or extra[t] for t in (tuple(list(p) + list(o)) for p, o in pairs[:n_train])] + recorded
     train_rows, test_rows = recorded[:n_train], recorded[n_train:]
     train_plain, test_plain = plain[:n_train], plain[n_train:]
 
@@ -118,7 +132,7 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
     heads, heads_saved = {}, {}
     for budget in budgets:
         settings = TrainSettings(budget_s=budget, depth=args.depth, draft_vocab_size=args.draft_vocab, lr=args.lr,
-                                 soft=not args.hard, seed=args.seed)
+                                 soft=not (args.hard or args.recorded), seed=args.seed)
         head, stats = train_head(target, train_rows, settings)
         label = f"eagle3 {budget:.0f}s"
         arms[label] = chain_acceptance(test_plain, ks, chains(head, test_rows, max(ks)))
@@ -135,7 +149,7 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
                            "est_goodput": estimated_goodput(by_k[k], step_s, draft_s[label][k], heads.get(label))} for k in ks}
     measured = run_arms(engine, requests[n_train:], heads_saved, args) if args.run else {}
     result = {"workload": workload, "measured": measured, "train_rows": n_train, "test_rows": n_test, "train_prompt_repeats": repeats, "max_tokens": args.max_tokens,
-              "train_decode_s_batch8": train_decode_s, "record_s": record_s, "plain_goodput_b1": plain_goodput,
+              "train_decode_s_batch8": train_decode_s, "record_s": record_s, "recorded_while_decoding": args.recorded, "plain_goodput_b1": plain_goodput,
               "decode_s_per_row_b1": decode_s_per_row, "context": context, "target_step_s": step_s,
               "arms": rows, "heads": heads}
     return result, table(result, ks)
@@ -253,8 +267,11 @@ def table(result: dict, ks: list[int]) -> str:
         f"row's prompt), {result['test_rows']} held-out rows (no prompt of a training row), max_tokens {result['max_tokens']}",
         f"plain at batch 1 (measured): {result['plain_goodput_b1']:.1f} tok/s goodput, "
         f"{result['decode_s_per_row_b1']:.2f} s decode per row; a {KEY_ROWS}-row key: {KEY_ROWS * result['decode_s_per_row_b1']:.0f} s",
-        f"training rows decoded at batch 8 in {result['train_decode_s_batch8']:.0f} s; hidden states recorded by a separate "
-        f"forward of every row in {result['record_s']:.1f} s",
+        (f"training rows decoded at batch 8 in {result['train_decode_s_batch8']:.0f} s, their hidden states kept from those forwards "
+         f"(hard targets); the held-out rows' recorded by a separate forward in {result['record_s']:.1f} s"
+         if result.get("recorded_while_decoding") else
+         f"training rows decoded at batch 8 in {result['train_decode_s_batch8']:.0f} s; hidden states recorded by a separate "
+         f"forward of every row in {result['record_s']:.1f} s"),
         "target forward at batch 1, context " + str(result["context"]) + ": "
         + ", ".join(f"{w} tok {s * 1e3:.1f} ms" for w, s in sorted(result["target_step_s"].items())),
     ]
@@ -284,11 +301,15 @@ def table(result: dict, ks: list[int]) -> str:
     for b, by_arm in result["measured"].items():
         plain_b = by_arm["plain"]["goodput"]
         lines.append(f"\nMEASURED at batch {b} on the held-out rows (each arm decoded once, one after another):")
-        lines.append("| arm | goodput tok/s | vs plain | mean acc. len | draft s / decode s | rows = plain |")
-        lines.append("|---|---|---|---|---|---|")
+        lines.append(f"| arm | goodput tok/s | vs plain | mean acc. len | draft s / decode s | rows = plain | decode s saved on a {KEY_ROWS}-row key (training s) |")
+        lines.append("|---|---|---|---|---|---|---|")
+        key_decode_s = by_arm["plain"]["decode_s"] * KEY_ROWS / by_arm["plain"]["rows"]  # plain decode of the key at this batch size
         for label, m in by_arm.items():
+            saved = key_decode_s * (1 - plain_b / m["goodput"]) if m["goodput"] else float("nan")
+            head = result["heads"].get(label.rsplit(" k=", 1)[0])
+            trained = f" ({head['stats']['seconds']:.0f})" if head else ""
             lines.append(f"| {label} | {m['goodput']:.1f} | {m['goodput'] / plain_b:.2f}x | {m['mean_accepted_len']:.2f} | "
-                         f"{m['draft_s']:.1f} / {m['decode_s']:.1f} | {m['rows_equal_plain']}/{m['rows']} |")
+                         f"{m['draft_s']:.1f} / {m['decode_s']:.1f} | {m['rows_equal_plain']}/{m['rows']} | {saved:.0f}{trained} |")
     return "\n".join(lines)
 
 

@@ -38,6 +38,7 @@ class WorkerState:
         so its run prices plain decoding and every shorter n-gram draft too, while a plain engine
         would have to be rebuilt for any arm to pay."""
         labels = {a.label for a in arms}
+        own = {a.label: a for a in arms}  # a remembered arm as this shard has it (a key's own EAGLE-3 head under one label)
         latest = self.last[next(reversed(self.last))] if self.last else None
         order = [(self.last.get(str(key)), "the key's last shard on this worker")]
         if not builds or latest is None:
@@ -47,7 +48,7 @@ class WorkerState:
         order.append((latest, "the worker's last shard, of another key"))
         for arm, why in order:
             if arm is not None and (arm.method == "none" or arm.label in labels):
-                return arm, why
+                return (arm if arm.method == "none" else own[arm.label]), why
         ngram = [a for a in arms if a.method == "ngram"]
         if builds and ngram:
             return max(ngram, key=lambda a: a.draft_len), "the worker's first build: the longest n-gram draft"

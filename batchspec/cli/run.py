@@ -23,6 +23,10 @@ from batchspec.config.run import build_config
 @click.option("--keep-shards/--no-keep-shards", default=None,
               help="Keep OUTPUT/_shards/ (each shard's input rows) after _SUCCESS, for debugging; by default a finished run removes it.")
 @PRIOR_RUN
+@click.option("--train-head/--no-train-head", default=None,
+              help="With --spec auto on the torch engine: train an EAGLE-3 head per shard key on its first shard's rows "
+                   "(OUTPUT/heads/); calibration decides whether it pays on the key's later shards. Pipeline key "
+                   "train_head_budget: its share of the key's decode time (default 0.05).")
 @click.option("--plan-only", is_flag=True, help="Plan and group (OUTPUT/_plan.json, OUTPUT/_shards/), print the shard table, stop; no model is loaded.")
 def command(input: str, output: str, pipeline: str | None, run_date: str | None, plan_only: bool, force: bool, **options) -> None:
     """Generate a completion for every row of INPUT into OUTPUT (paths or fsspec URLs).

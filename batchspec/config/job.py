@@ -22,7 +22,7 @@ from batchspec.write import resolve_template
 
 JOB_KIND = "batchspec-job"
 NOT_OPTIONS = ("device", "ray_address", "ray_num_cpus", "calibration", "storage_options", "llm_options",
-               "strict_speculation")  # pipeline-file only
+               "strict_speculation", "train_head_budget")  # pipeline-file only
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
 STRINGS = Annotated[Optional[dict[Any, Annotated[StrictStr, Expect('a string (quote numbers: "1")')]]], Expect("a mapping of names to strings")]
 LIST = Annotated[list[StrictStr], Expect("a list of strings")]

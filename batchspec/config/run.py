@@ -126,6 +126,11 @@ class RunConfig:
     storage_options: Annotated[Pairs, pairs("a mapping of fsspec options")] = Field((), description="fsspec options for INPUT and OUTPUT (endpoint, credentials).", json_schema_extra={"default": {}})
     llm_options: Annotated[Pairs, pairs("a mapping of TensorRT-LLM LLM arguments", schema=LlmOptions)] = Field(
         (), description="trtllm: TensorRT-LLM LLM arguments every arm, none included, is built with.", json_schema_extra={"default": {}})
+    train_head: flag() = Field(False, description=(
+        "spec auto, torch engine: train an EAGLE-3 head for each shard key on its first shard's rows (their hidden states "
+        "recorded as they decode), written to OUTPUT/heads/; it joins the key's later shards' arms and calibration "
+        "decides whether it pays."))
+    train_head_budget: number(gt=0, le=1) = Field(0.05, description="train_head: the training seconds, as a share of the key's expected decode seconds.")
     strict_speculation: flag() = Field(False, description="Exit non-zero when calibration could not measure any speculative arm in some shard.")
 
     def date(self) -> dt.date:
@@ -241,7 +246,11 @@ def default_response_format(config: RunConfig, where: str = "response_format") -
 
 
 def check_engine_options(config: RunConfig, source: str) -> None:
-    """What only one engine takes: llm_options and a GPU for trtllm (one line naming the key)."""
+    """What only one engine takes: llm_options and a GPU for trtllm, train_head on torch with spec
+    auto (one line naming the key)."""
+    if config.train_head and (config.engine != "torch" or config.spec != "auto"):
+        raise ConfigError(f"{source}: train_head: a trained head needs engine torch and spec auto, got engine "
+                          f"{config.engine} and spec {config.spec}")
     if config.engine != "trtllm":
         if config.llm_options:
             raise ConfigError(f"{source}: llm_options: TensorRT-LLM arguments need engine trtllm, got engine {config.engine}")

@@ -28,7 +28,7 @@ def test_the_entrypoint_of_every_option_parses_as_batchspec_run():
               "candidates": "c.yaml", "shard_by": "task", "shard_size": 3, "workers": 2, "batch_size": 4,
               "max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "seed": 7, "resume": False, "run_date": "2026-01-02",
               "keep_shards": True, "prompt_format": "raw", "response_format": "schemas/person.json",
-              "prior_run": "s3://bucket/runs/2026-01-01"}
+              "prior_run": "s3://bucket/runs/2026-01-01", "train_head": True}
     assert set(values) == set(run_options()), "a new option needs a value here"
     job = JobSpec(path="j.yaml", name="j", input="in", output="/out", options=values)
     argv = entrypoint(job, dt.date(2026, 1, 2)).split()[3:]  # after `python -m batchspec`

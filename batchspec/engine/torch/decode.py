@@ -22,6 +22,10 @@ advanced over the drafts to mask them, is rolled back to the committed tokens af
 A drafter that reads the target's hidden states (EAGLE-3's: eagle3_drafter.py) carries a
 `capture`; the loop hands it to the target's prefill and verify, which leave each row the hidden
 states of the slots it kept (`Row.hidden`): the drafter needs no forward of the target of its own.
+A target built with a `recording` (engine.TorchEngine.recording: a trained head's rows) keeps the
+same hidden states of every row it admits while the recording has room (`Row.trace`), whatever
+the arm: the states of the slots each forward kept, the prompt's and then each committed token's
+but the last, taken from the forwards that decode the row, never a forward of their own.
 
 The loop knows rows, a drafter, a tokenizer (for stop strings only) and a target: any object with
 `new_batch`, `prefill` and `verify` as `ModelTarget` has them (the model's forward and the accept
@@ -85,6 +89,18 @@ class Row:
     forced_tokens: int = 0  # see Completion
     error: str | None = None  # why a row finished with "error"
     hidden: TargetHidden | None = None  # the target's hidden states its drafter has not read (EAGLE-3)
+    trace: list[torch.Tensor] | None = None  # with a recording: the target's hidden states after each token so far
+
+    def traced(self) -> torch.Tensor | None:
+        """The recorded states after tokens 0..N-2 [N-1, 3H] (N: the row's tokens), None when the
+        row was not recorded or its trace does not cover them."""
+        if self.trace is None:
+            return None
+        states = torch.cat(self.trace) if self.trace else None
+        need = len(self.context) - 1
+        if states is None or len(states) < need:
+            return None
+        return states[:need]  # drafts kept past the row's end (eos, a stop string) are not its tokens
 
     @property
     def output(self) -> list[int]:
@@ -130,20 +146,34 @@ class ModelTarget:
     Given a drafter's `capture`, it leaves each row the hidden states the capture took from
     those forwards for the slots the row kept (Row.hidden; the EAGLE-3 drafter reads them)."""
 
-    def __init__(self, model, pad_id: int, device: torch.device) -> None:
+    def __init__(self, model, pad_id: int, device: torch.device, recording: "Recording | None" = None) -> None:
         self.model, self.pad_id, self.device = model, pad_id, device
+        self.recording = recording
+
+    def capture(self, drafter_capture: HiddenCapture | None) -> HiddenCapture | None:
+        """The capture a forward runs under: the drafter's, else the recording's (one object: the
+        engine's, hooked once)."""
+        if self.recording is None:
+            return drafter_capture
+        assert drafter_capture is None or drafter_capture is self.recording.capture, "one capture per target"
+        return self.recording.capture
 
     def new_batch(self) -> Batch:
         return Batch(self.device)
 
     def prefill(self, rows: list[Row], capture: HiddenCapture | None = None) -> tuple[Batch, list[int]]:
         """The rows' cache, and each row's first output token."""
-        with reading(capture):
+        taking = self.capture(capture)
+        with reading(taking):
             batch, last = prefill(self.model, [r.context for r in rows], self.pad_id, self.device, prefill_waste(self.device))
-        if capture is not None:  # one forward per group of rows (kv.prefill), rows in order, each right-padded
-            states = [part for forward in capture.forwards() for part in forward]
+        if taking is not None:  # one forward per group of rows (kv.prefill), rows in order, each right-padded
+            states = [part for forward in taking.forwards() for part in forward]
             for row, part in zip(rows, states, strict=True):
-                row.hidden = TargetHidden(0, part[: len(row.context)])
+                part = part[: len(row.context)]
+                if capture is not None:
+                    row.hidden = TargetHidden(0, part)
+                if self.recording is not None and self.recording.admit(row):
+                    row.trace = [part.clone()]
         for i, row in enumerate(rows):
             if row.grammar is not None:
                 last[i].masked_fill_(~row.grammar.mask().to(last.device), float("-inf"))
@@ -156,7 +186,8 @@ class ModelTarget:
         """One forward over each row's pending token and drafts, each row's grammar masking its
         logits, and the accept rule on them. The cache keeps the pending token and the accepted drafts."""
         draft_lists = proposal.tokens
-        with reading(proposal.capture):
+        taking = self.capture(proposal.capture)
+        with reading(taking):
             logits = batch.forward(self.model, [[r.context[-1]] + d for r, d in zip(rows, draft_lists)], self.pad_id)
         if self.device.type == "cuda":  # the forward runs on after its launch returns: without this its time
             torch.cuda.synchronize(self.device)  # lands in the accept rule's (its .tolist() waits for it)
@@ -170,19 +201,22 @@ class ModelTarget:
         else:
             num_accepted, next_token = self.sampled_accept(rows, logits, proposal.drafts, draft_tokens, num_drafts)
         batch.keep(num_accepted + 1)  # the pending token plus the accepted drafts
-        if proposal.capture is not None:
-            self.leave_hidden(rows, proposal.capture, num_accepted + 1)
+        if taking is not None:
+            [states] = taking.forwards()  # the verify's one forward
+            self.leave_hidden(rows, states, num_accepted + 1, proposal.capture is not None)
         return Verdict(num_accepted, next_token, held)
 
     @staticmethod
-    def leave_hidden(rows: list[Row], capture: HiddenCapture, kept: torch.Tensor) -> None:
+    def leave_hidden(rows: list[Row], states: torch.Tensor, kept: torch.Tensor, drafter: bool = True) -> None:
         """Give each row the verify's hidden states of the slots it kept (the pending token's
-        and the accepted drafts')."""
-        [states] = capture.forwards()
+        and the accepted drafts'): to its drafter (`drafter`), and to its trace where it has one."""
         for row, part, n in zip(rows, states, kept.tolist()):
             start = len(row.context) - 1  # the pending token's position
             new = part[:n]
-            row.hidden = TargetHidden(start, new) if row.hidden is None else row.hidden.then(start, new)
+            if drafter:
+                row.hidden = TargetHidden(start, new) if row.hidden is None else row.hidden.then(start, new)
+            if row.trace is not None:
+                row.trace.append(new.clone())
 
     @staticmethod
     def mask(rows: list[Row], drafts: list[list[int]], logits: torch.Tensor) -> list[int]:
@@ -218,6 +252,25 @@ def row_uniforms(rows: list[Row], drafts: list[int], K: int) -> tuple[torch.Tens
         u = row.uniforms(n + 1)
         u_accept[b, :n], u_sample[b] = u[:n], u[n]
     return u_accept, u_sample
+
+
+@dataclass
+class Recording:
+    """A generate call's record of its rows' hidden states, for a head trained on them: rows are
+    admitted while `positions` (their prompt and max_tokens, reserved at admission) stay under
+    `max_positions`; `rows` collects each finished one (engine.TorchEngine.recording)."""
+
+    capture: HiddenCapture
+    max_positions: int
+    positions: int = 0
+    rows: list = field(default_factory=list)
+
+    def admit(self, row: Row) -> bool:
+        need = row.prompt_len + row.params.max_tokens
+        if self.positions + need > self.max_positions:
+            return False
+        self.positions += need
+        return True
 
 
 def reading(capture: HiddenCapture | None):

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from batchspec.engine.torch.eagle3 import Eagle3Head, Recorded, aux_layers
+from batchspec.engine.acceptance import PlainRow
+from batchspec.engine.torch.counterfactual import chain_acceptance
+from batchspec.engine.torch.eagle3 import Eagle3Head, Recorded, aux_layers, chains
 from batchspec.engine.torch.eagle3_release import head_config
 
 LOSS_DECAY = 0.8  # depth d's loss weight is LOSS_DECAY ** d (EAGLE-3's `ploss_weight`)
@@ -186,3 +188,47 @@ def _row_loss(head: Eagle3Head, row: Recorded, settings: TrainSettings, to_draft
         hits.append(int((lg[keep].argmax(-1) == truth[keep]).sum()))
         counts.append(int(keep.sum()))
     return total, hits, counts
+
+
+# -- a head for a job's shard key ------------------------------------------------------------------
+
+HELD_BACK = 0.1  # share of a key's recorded rows held back from training, to measure the head on
+
+
+@dataclass
+class KeyTraining:
+    """A job's head training on one shard key's recorded rows: the training run's stats, the
+    rows held back from it, and on them, per draft length k, the mean accepted length of the
+    head's greedy chain drafts against the tokens the target wrote (1.0: nothing accepted)."""
+
+    budget_s: float
+    train: TrainStats
+    held_rows: int
+    mean_accepted_len: dict[int, float] = field(default_factory=dict)
+
+    def to_doc(self) -> dict:
+        return {"budget_s": self.budget_s, "seconds": self.train.seconds, "steps": self.train.steps,
+                "epochs": self.train.epochs, "rows": self.train.rows, "tokens": self.train.positions,
+                "draft_vocab_size": self.train.draft_vocab_size, "coverage": self.train.coverage,
+                "loss": None if math.isnan(self.train.loss) else self.train.loss, "accuracy": self.train.accuracy,
+                "held_rows": self.held_rows, "mean_accepted_len": {str(k): v for k, v in self.mean_accepted_len.items()}}
+
+
+def train_for_key(target, rows: Sequence[Recorded], budget_s: float, draft_lens: Sequence[int],
+                  settings: TrainSettings = TrainSettings(soft=False)) -> tuple[Eagle3Head, KeyTraining] | None:
+    """Train a head on a key's recorded rows (`rows`, states without `last`: hard targets, the
+    tokens the target wrote) within `budget_s`, every 1/HELD_BACK-th row held back and the head
+    measured on those; None when no row has two output tokens to train on."""
+    rows = [Recorded(r.tokens.clone(), r.prompt_len, r.aux.clone(), None) for r in rows if r.output_len >= 2]  # normal tensors: autograd reads them
+    if not rows:
+        return None
+    step = max(2, round(1 / HELD_BACK))
+    held = [r for i, r in enumerate(rows) if len(rows) >= 2 and i % step == step - 1]
+    train = [r for i, r in enumerate(rows) if not (len(rows) >= 2 and i % step == step - 1)]
+    head, stats = train_head(target, train, TrainSettings(**{**vars(settings), "budget_s": budget_s}))
+    result = KeyTraining(budget_s, stats, len(held))
+    if held and draft_lens:
+        plain = [PlainRow(r.tokens[: r.prompt_len].tolist(), r.tokens[r.prompt_len :].tolist(), r.output_len) for r in held]
+        by_k = chain_acceptance(plain, draft_lens, chains(head, held, max(draft_lens)))
+        result.mean_accepted_len = {k: 1 + a.accepted_tokens / a.target_steps if a.target_steps else 1.0 for k, a in by_k.items()}
+    return head, result

@@ -15,7 +15,8 @@ from __future__ import annotations
 import array
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -35,11 +36,12 @@ from batchspec.engine.acceptance import Acceptance, PlainRow
 from batchspec.engine.torch import counterfactual, measure
 from batchspec.engine.sampling import argmax
 from batchspec.engine.torch.clock import Clock, WallClock
-from batchspec.engine.torch.decode import Decoder, ModelTarget, Row
+from batchspec.engine.torch.decode import Decoder, ModelTarget, Recording, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.eagle3_format import is_head
-from batchspec.engine.torch.eagle3 import Eagle3Head, HiddenCapture, aux_layers
-from batchspec.engine.torch.eagle3_release import load_head
+from batchspec.engine.torch.eagle3 import Eagle3Head, HiddenCapture, Recorded, aux_layers
+from batchspec.engine.torch.eagle3_release import load_head, save_head
+from batchspec.engine.torch.eagle3_train import train_for_key
 from batchspec.engine.torch.eagle3_drafter import Eagle3Drafter
 from batchspec.engine.torch.grammar import Grammar, GrammarError, Grammars
 from batchspec.engine.torch.kv import Batch
@@ -77,6 +79,7 @@ class TorchEngine:
         self._drafts: dict[str, object] = {}
         self._heads: dict[str, Eagle3Head] = {}  # EAGLE-3 heads by folder (`head`)
         self._capture: HiddenCapture | None = None  # hooks on the target for every head, idle outside a read
+        self._recording: Recording | None = None  # while `recording`: the rows whose hidden states are kept
         self._encoded: dict[int, tuple[weakref.ref, array.array]] = {}  # id(request) -> (the request, its prompt's ids): `encode`
         self.probe_seeds: dict[str, Batch] = {}  # model -> the one short row its cost probes fork from (measure.profile)
         self.warmed = False  # the target has decoded rows: a cost profile needs no warm-up forward (measure.profile)
@@ -155,12 +158,44 @@ class TorchEngine:
             run = self._decoder(scopes, lookups).run(rows, spec, max(1, batch_size), clock, step if control else None)
             for row in run:  # the next step's drafts see this row (decode.Decoder.retire yields before it steps on)
                 completions[row.index] = self._finish(requests[row.index], row, lookups)
+                self._keep(row)
                 done.append(row.index)
                 if scopes[row.index] is not None:
                     self.trees.add(scopes[row.index], requests[row.index].id, row.output)
         timing = clock.close()
         assert all(c is not None for c in completions)
         return GenerateResult(completions, timing, steps=clock.steps)  # type: ignore[arg-type]
+
+    @contextmanager
+    def recording(self, max_positions: int) -> Iterator[list[Recorded]]:
+        """Keep, for the rows the generate calls inside decode (while their prompts and max_tokens
+        stay under `max_positions` in all), the target's hidden states EAGLE-3 reads, taken from
+        the forwards that decode them (decode.Recording): the list yielded gets each finished row
+        that ran to its end without an error, as `Recorded` (tokens, states; no `last`)."""
+        assert self._recording is None, "one recording at a time"
+        self._recording = Recording(self.hidden_capture(), max_positions)
+        try:
+            yield self._recording.rows
+        finally:
+            self._recording = None
+
+    def train_head(self, rows: Sequence[Recorded], budget_s: float, draft_lens: Sequence[int], folder: str) -> dict | None:
+        """Train an EAGLE-3 head on recorded rows (`recording`) within `budget_s` and write it to the
+        local `folder` in the released format (eagle3_train.train_for_key); its training stats as a
+        document, None when no row had two output tokens to train on."""
+        trained = train_for_key(self.model, rows, budget_s, draft_lens)
+        if trained is None:
+            return None
+        head, stats = trained
+        save_head(head, folder)
+        return stats.to_doc()
+
+    def _keep(self, row: Row) -> None:
+        """A finished row into the recording, when it has one and the row its states."""
+        states = row.traced() if self._recording is not None and row.error is None else None
+        row.trace = None
+        if states is not None and len(row.output) >= 2:
+            self._recording.rows.append(Recorded(torch.tensor(row.context, dtype=torch.long), row.prompt_len, states.cpu()))
 
     def gpu_memory_per_gpu(self) -> int | None:
         """The most device memory torch allocated on this engine's GPU (None on a CPU)."""
@@ -245,7 +280,7 @@ class TorchEngine:
         )
 
     def _decoder(self, scopes: Sequence[str | None], lookups: Lookups) -> Decoder:
-        return Decoder(ModelTarget(self.model, self.pad_id, self.device), self.tokenizer, self.eos_ids, self.vocab,
+        return Decoder(ModelTarget(self.model, self.pad_id, self.device, self._recording), self.tokenizer, self.eos_ids, self.vocab,
                        self.device, lambda spec: self._drafter(spec, scopes, lookups))
 
     # -- what calibration needs besides generate ---------------------------------------------------
@@ -302,9 +337,14 @@ class TorchEngine:
         if folder not in self._heads:
             dtype = next(self.model.parameters()).dtype
             self._heads[folder] = load_head(folder, self.model, dtype).to(self.device).eval()
-            if self._capture is None:
-                self._capture = HiddenCapture(self.model, aux_layers(self.model.config.num_hidden_layers), on=False)
+            self.hidden_capture()
         return self._heads[folder]
+
+    def hidden_capture(self) -> HiddenCapture:
+        """The one capture of the target's hidden states EAGLE-3 reads (hooked once, idle outside a read)."""
+        if self._capture is None:
+            self._capture = HiddenCapture(self.model, aux_layers(self.model.config.num_hidden_layers), on=False)
+        return self._capture
 
     def _draft(self, name: str):
         """Load (once) a draft model and check it shares the target's tokenizer."""
