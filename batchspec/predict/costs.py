@@ -3,7 +3,9 @@
     price(method, rows, width, context) = forward(rows, width, context) x ratio(method, rows, width)
 
 `forward` is the engine's timed forwards (a short profile, `profile_grid`): linear between the
-profile's points in tokens per step (rows x width, the work a forward does), times a context factor
+profile's points in tokens per step (rows x width, the work a forward does), and on along the line of
+the nearest two beyond them (a drain's few rows are fewer tokens than any forward timed at the
+batch: a CPU pays for each, a memory-bound GPU for none), times a context factor
 (1 + slope x context) where the profile timed plain forwards at two contexts (else 1: a cell's
 exponential average follows the shard's context as it grows). `ratio` is what the decode loop
 actually took for such a step over that price: drafting, the accept rule and the loop's own
@@ -109,7 +111,10 @@ class CostTable:
         tokens = rows * width
         xs = [t for t, _ in curve]
         i = bisect.bisect_left(xs, tokens)
-        if i == 0:
+        if i == 0 and len(curve) > 1:  # fewer tokens than any timed: on along the two smallest points' line
+            (t0, s0), (t1, s1) = curve[0], curve[1]
+            base = max(s0 - (s1 - s0) / (t1 - t0) * (t0 - tokens), s0 * tokens / t0)
+        elif i == 0:
             base = curve[0][1]
         elif i == len(curve):
             (t0, s0), (t1, s1) = curve[-2] if len(curve) > 1 else curve[-1], curve[-1]

@@ -129,3 +129,14 @@ def test_without_a_profile_a_shape_never_run_lies_between_the_steps_that_bracket
     k6 = table.price("ngram", 32, 7, context)
     assert regime.step(32, 5, context, "ngram").total < k6.seconds < high
     assert k6.seconds == pytest.approx(regime.step(32, 7, context, "ngram").total, rel=k6.u)
+
+
+@pytest.mark.parametrize("name", ["cpu", "gpu-roofline", "h200-torch"])
+def test_a_forward_of_fewer_tokens_than_the_profile_timed_follows_its_first_points_line(name):
+    """A drain runs fewer rows than the profile's batch: below its smallest forward the price goes
+    on along the line of its two smallest points (a CPU pays for every token, a memory-bound GPU
+    for none), not flat at the smallest one, which made a wide verify of a few rows look as cheap
+    as a plain step of them."""
+    regime, table = REGIMES[name], _table(name, batch=32)
+    for rows, width in ((6, 1), (6, 5), (2, 9), (1, 1)):
+        assert table.forward_s(rows, width, 200) == pytest.approx(regime.forward_s(rows, width, 200), rel=0.1)
