@@ -3,9 +3,7 @@
     price(method, rows, width, context) = forward(rows, width, context) x ratio(method, rows, width)
 
 `forward` is the engine's timed forwards (a short profile, `profile_grid`): linear between the
-profile's points in tokens per step (rows x width, the work a forward does), and on along the line of
-the nearest two beyond them (a drain's few rows are fewer tokens than any forward timed at the
-batch: a CPU pays for each, a memory-bound GPU for none), times a context factor
+profile's points in tokens per step (rows x width, the work a forward does), times a context factor
 (1 + slope x context) where the profile timed plain forwards at two contexts (else 1: a cell's
 exponential average follows the shard's context as it grows). `ratio` is what the decode loop
 actually took for such a step over that price: drafting, the accept rule and the loop's own
@@ -43,13 +41,16 @@ PRIOR_U = 0.20  # a ratio borrowed from plain decoding for a method never run on
 
 def profile_grid(batch_size: int, context: int, widths: Sequence[int], draft_models: Sequence[str] = (),
                  ) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int, int]]]:
-    """The forwards a worker times once per batch size, at the production batch and the shard's
-    context: the target at width 1, at every width an arm verifies (`widths`) and midway to the
-    widest (a forward's cost is near linear in its tokens only piecewise: where it turns from
-    memory- to compute-bound a width between two timed ones would be priced high), and one step of
-    each draft model. Everything else is learned from the steps the worker runs."""
+    """The forwards a worker times once per batch size, at the shard's context: one row at width 1
+    (a drain's few rows are fewer tokens than any forward of the batch: a CPU pays for each token,
+    a memory-bound GPU for none, and only a timed forward tells which); at the production batch,
+    the target at width 1, at every width an arm verifies (`widths`) and midway to the widest (a
+    forward's cost is near linear in its tokens only piecewise: where it turns from memory- to
+    compute-bound a width between two timed ones would be priced high); and one step of each draft
+    model. Everything else is learned from the steps the worker runs."""
     widest = max(widths, default=1)
     target = [(batch_size, context, w) for w in sorted({1, *widths, (1 + widest) // 2})]
+    target = ([(1, context, 1)] if batch_size > 1 else []) + target
     drafts = [(d, batch_size, context, 1) for d in draft_models]
     return target, drafts
 
@@ -111,10 +112,7 @@ class CostTable:
         tokens = rows * width
         xs = [t for t, _ in curve]
         i = bisect.bisect_left(xs, tokens)
-        if i == 0 and len(curve) > 1:  # fewer tokens than any timed: on along the two smallest points' line
-            (t0, s0), (t1, s1) = curve[0], curve[1]
-            base = max(s0 - (s1 - s0) / (t1 - t0) * (t0 - tokens), s0 * tokens / t0)
-        elif i == 0:
+        if i == 0:
             base = curve[0][1]
         elif i == len(curve):
             (t0, s0), (t1, s1) = curve[-2] if len(curve) > 1 else curve[-1], curve[-1]
