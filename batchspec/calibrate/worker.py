@@ -33,7 +33,9 @@ class WorkerState:
         decoding. Only an arm still among `arms`.
 
         Where a switch costs a build (`builds`) the driver's prior applies only to a worker with no
-        engine yet (a live one is not rebuilt before the rule has priced the build), and a worker's
+        engine yet (a live one is not rebuilt before the rule has priced the build) and only where
+        its verify is within VERIFY_TOKENS (a prior run prices a wider draft it never ran as its
+        nearest step, which past that is cheap by the verify's width), and a worker's
         first shard without one starts under the longest n-gram draft whose verify at the `rows` it
         runs at a step (the batch, or the shard's rows where fewer) is at most VERIFY_TOKENS tokens,
         else plain decoding: the worker builds one engine either way, and an n-gram engine's greedy
@@ -44,7 +46,7 @@ class WorkerState:
         labels = {a.label for a in arms}
         latest = self.last[next(reversed(self.last))] if self.last else None
         order = [(self.last.get(str(key)), "the key's last shard on this worker")]
-        if not builds or latest is None:
+        if not builds or (latest is None and (prior is None or rows * (prior.draft_len + 1) <= VERIFY_TOKENS)):
             order.append((prior, prior_why))
         if not builds:
             order.append((self.chosen(labels), "the arm the worker's other keys chose"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from batchspec.calibrate import WorkerState
 from batchspec.calibrate.worker import VERIFY_TOKENS
-from batchspec.engine.base import SpecConfig
+from batchspec.engine.base import NO_SPEC, SpecConfig
 
 K4, K8 = SpecConfig("ngram", 4), SpecConfig("ngram", 8)
 
@@ -38,4 +38,8 @@ def test_a_workers_first_build_is_the_longest_ngram_draft_whose_verify_stays_mem
         1: "ngram:k=8", 8: "ngram:k=8", 32: "ngram:k=6", 40: "ngram:k=4", 128: "none"}
     assert "first build" in first[128][1] and f"{VERIFY_TOKENS} tokens" in first[128][1]
     assert WorkerState().start("a", None, arms, rows=128)[0].label == "none"  # no build: plain decoding first
-    assert WorkerState().start("a", K8, arms, builds=True, rows=128)[0] == K8  # the driver's prior before it
+    assert WorkerState().start("a", K8, arms, builds=True, rows=8)[0] == K8  # the driver's prior before it
+    # a prior whose verify is past VERIFY_TOKENS at the batch (a prior run never ran it: priced as
+    # its nearest step) does not pick the first engine
+    assert WorkerState().start("a", K8, arms, builds=True, rows=32)[0].label == "ngram:k=6"
+    assert WorkerState().start("a", NO_SPEC, arms, builds=True, rows=128)[0] == NO_SPEC
