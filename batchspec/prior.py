@@ -2,7 +2,7 @@
 
 A scheduled job meets the same shard keys night after night. Its first shard of a key otherwise
 starts under whatever its worker last ran (or, where an arm is an engine build, the longest n-gram
-draft), and learns from there. With a prior run, each key's first shard starts under the arm that
+draft whose verify at the batch stays memory-bound, else plain decoding), and learns from there. With a prior run, each key's first shard starts under the arm that
 run predicted best for the key: the highest predicted speedup over plain decoding, weighted by the
 rows of the key's calibrated shards (`ArmResult.predicted_speedup`), plain decoding where none is
 predicted above 1. Only shards of the same engine, model and batch size count (an arm's speedup

@@ -42,6 +42,7 @@ from batchspec.stats import ArmResult, Event
 
 # Each constant's reason is in docs/calibration.md, "Constants".
 PAYBACK = 10  # a measurement runs only where the steps left are this many times its own
+SHORT_TRIAL = 4  # a trial cut to the steps left (a short shard's) runs at least this many steps
 RECENT_STEPS = 8  # the last steps whose mean seconds price a step left, where a switch's build is weighed
 REASON_CHARS = 200  # an event's reason is one short line: a failed build's is cut there
 DRAIN_SHARE = 0.5  # no measurement once no row is queued and fewer than this share of a batch is in flight
@@ -57,6 +58,7 @@ class Choice:
     predicted: float | None = None
     measured: float | None = None
     why: str = ""
+    steps: int = 0  # a measurement's steps (Moment.trial_len)
 
 
 STAY = Choice("stay")
@@ -64,11 +66,12 @@ STAY = Choice("stay")
 
 @dataclass
 class Trial:
-    """An arm measured by running it: it runs `measure_steps` decode steps, then the rule judges it
-    against `before`, the arm it replaced."""
+    """An arm measured by running it: it runs `due` decode steps (`Moment.trial_len`), then the
+    rule judges it against `before`, the arm it replaced."""
 
     arm: SpecConfig
     before: SpecConfig
+    due: int
     steps: int = 0  # decode steps it has run
 
 
@@ -78,7 +81,7 @@ class Moment:
 
     running: SpecConfig  # R, the arm the estimates are against (at the shard's end: the one before the drain)
     left: bool  # rows in flight or queued (else the shard's end: the rule decides where the key's next shard starts)
-    drain: bool  # no row queued and fewer than DRAIN_SHARE of a batch in flight: the batch shrinks every step
+    filled: float  # rows in flight and queued over a batch: below DRAIN_SHARE a drain (the batch shrinks every step)
     trial: Trial | None  # a trial whose steps have run, judged against R, the arm before it
     untried: tuple[SpecConfig, ...]  # arms a measurement may run: not measured in this shard (none past the build cap)
     builds: bool  # an arm switch is a build (Engine.arms_are_builds)
@@ -98,12 +101,21 @@ class Moment:
             return True
         return saving > 0 and self.steps_left * self.step_s * saving > cost
 
+    @property
+    def trial_len(self) -> int:
+        """A measurement's steps: `measure_steps`, or 1/PAYBACK of the steps left where fewer (a
+        short shard learns a price from a shorter trial rather than never)."""
+        return min(self.settings.measure_steps, int(self.steps_left // PAYBACK))
+
     def affords(self, arm: SpecConfig, saving: float) -> bool:
-        """A measurement's steps are at most max_fraction of the shard's and 1/PAYBACK of those
-        left, and its switch (a build) is repaid by its expected saving over the steps left."""
-        m = self.settings.measure_steps
+        """A measurement's steps are at most max_fraction of the shard's and 1/PAYBACK of those left,
+        and its switch (a build) is repaid by its expected saving over the steps left; a trial cut
+        short (at least SHORT_TRIAL steps) runs only while the batch is full, where what it learns
+        is the price of the rows queued."""
+        m, full = self.trial_len, self.settings.measure_steps
         within = self.trial_steps + m <= self.settings.max_fraction * (self.steps_left + self.steps_run)
-        return self.steps_left >= PAYBACK * m and within and self.repays(arm, saving)
+        short = m >= min(SHORT_TRIAL, full) and self.filled >= 1
+        return (m >= full or short) and within and self.repays(arm, saving)
 
 
 def rule(est: Mapping[str, Estimate], at: Moment) -> Choice:
@@ -129,24 +141,25 @@ def rule(est: Mapping[str, Estimate], at: Moment) -> Choice:
     if other and best.low > margin and at.repays(best.arm, 1 - 1 / best.low):
         return Choice("switch", best.arm, best.speedup, why=f"{best.gain:.2f}x the running {at.running.label} "
                       f"(at least {best.low:.2f}x)" + ("" if at.left else "; for the key's next shard"))
-    if not at.left or at.drain:  # a measurement in a drain learns the price of a batch that is gone
+    if not at.left or at.filled < DRAIN_SHARE:  # a measurement in a drain learns the price of a batch that is gone
         return STAY
     untried = {a.label for a in at.untried}
     if other and best.high > margin and best.cost_u > best.accept_u and best.arm.label in untried \
             and at.affords(best.arm, best.expected_saving):
-        return Choice("measure", best.arm, best.speedup,
+        return Choice("measure", best.arm, best.speedup, steps=at.trial_len,
                       why=f"{best.low:.2f}x-{best.high:.2f}x the running {at.running.label}: its price is unsure")
     unknown = max((a for a in at.untried if a.label not in est), key=lambda a: (a.draft_len, a.label), default=None)
     if unknown is not None and at.affords(unknown, 1 - 1 / margin):
-        return Choice("measure", unknown, why="its acceptance is measured by running it")
+        return Choice("measure", unknown, why="its acceptance is measured by running it", steps=at.trial_len)
     return STAY
 
 
 @dataclass
 class Course:
     """The arms a shard runs: the one it started under, the one running, the one that last ran
-    before the drain (rows queued or the batch full; not a trial: where the key's next shard
-    starts), the trial in progress, and the arms it measured or could not run."""
+    before the drain (rows queued or the batch full, or every row of a shard smaller than a batch
+    in flight; not a trial: where the key's next shard starts), the trial in progress, and the
+    arms it measured or could not run."""
 
     start: SpecConfig
     running: SpecConfig
@@ -167,7 +180,8 @@ class Controller:
         self.arms = [a for a in arms if a.method != "none"]
         self.worker, self.key = worker, key
         self.horizon_rows = horizon_rows  # rows of the key after this shard on this worker: what a build can repay over
-        start, why = worker.start(key, prior, self.arms, builds=self.builds, prior_why=prior_why)
+        start, why = worker.start(key, prior, self.arms, builds=self.builds, prior_why=prior_why,
+                                  rows=max(1, min(batch_size, len(requests))))
         self.course = Course(start, start, start)
         self.events: list[Event] = [Event(0, "start", start.label, None, None, why)]
         tree = engine.trees.copy_of(scope_of(key)) if any(a.method == "suffix" for a in self.arms) else None
@@ -200,7 +214,8 @@ class Controller:
         changed = new is not None and new.label != course.running.label
         if changed:
             course.running = new
-        if course.trial is None and (progress.queued or len(progress.in_flight) >= self.batch_size):  # not a drain
+        full = min(self.batch_size, len(self.evidence.requests))  # a shard of fewer rows than a batch fills it with them all
+        if course.trial is None and (progress.queued or len(progress.in_flight) >= full):  # not a drain
             course.steady = course.running
         return new if changed else None
 
@@ -237,7 +252,7 @@ class Controller:
         course, left = self.course, bool(progress.in_flight or progress.queued)
         trial = course.trial
         if trial is not None and (left or self.builds):
-            if trial.steps < self.settings.measure_steps:
+            if trial.steps < trial.due:
                 return STAY
             rows = list(self.evidence.window) or (judged.rows if judged else [])
             est = self._estimates(progress, rows, trial.before, judged) if rows else {}
@@ -265,7 +280,7 @@ class Controller:
             course.tried.add(choice.arm.label)
             if self.builds:
                 self.worker.measure_builds += 1
-            course.trial = Trial(choice.arm, course.running)
+            course.trial = Trial(choice.arm, course.running, choice.steps)
             self.events.append(Event(row, "measure", choice.arm.label, choice.predicted, None, choice.why))
         elif choice.kind == "measured":
             self.events.append(Event(row, "measured", course.trial.arm.label, None, choice.measured, choice.why))
@@ -282,8 +297,8 @@ class Controller:
         capped = self.builds and self.worker.measure_builds >= self.settings.max_builds_per_worker
         untried = () if capped else tuple(a for a in [NO_SPEC, *self.arms] if a.label not in self.course.tried)
         recent = progress.steps[-RECENT_STEPS:]
-        drain = left and not progress.queued and len(progress.in_flight) < DRAIN_SHARE * self.batch_size
-        return Moment(running, left, drain, trial, untried, self.builds, self.settings, self.engine.switch_s,
+        filled = (len(progress.in_flight) + progress.queued) / self.batch_size
+        return Moment(running, left, filled, trial, untried, self.builds, self.settings, self.engine.switch_s,
                       self._steps_left(progress), len(progress.steps), self.course.trial_steps,
                       sum(s.seconds for s in recent) / len(recent) if recent else 0.0)
 

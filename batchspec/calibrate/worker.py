@@ -12,6 +12,7 @@ from batchspec.predict.costs import CostTable
 
 KEYS_KEPT = 256  # shard keys whose last arm a worker keeps (the oldest forgotten first)
 LAST_SHARD = "the key's last shard"  # why a shard starts under the driver's prior, unless it says otherwise
+VERIFY_TOKENS = 236  # a first engine's verify at most this many tokens a step: where a GPU forward turns compute-bound
 
 
 @dataclass
@@ -23,7 +24,7 @@ class WorkerState:
     profile_s: float = 0.0  # the worker's cost profiles' seconds (once per batch size): the worker's, no shard's
 
     def start(self, key: str | None, prior: SpecConfig | None, arms: list[SpecConfig],
-              builds: bool = False, prior_why: str = LAST_SHARD) -> tuple[SpecConfig, str]:
+              builds: bool = False, prior_why: str = LAST_SHARD, rows: int = 1) -> tuple[SpecConfig, str]:
         """The arm a shard of `key` starts under, and why: the key's last on this worker, else the
         driver's `prior` (another worker's last shard of the key, or what a prior run predicted
         best for it: `prior_why` says which), else the arm the worker's other keys chose (`chosen`:
@@ -32,16 +33,21 @@ class WorkerState:
         decoding. Only an arm still among `arms`.
 
         Where a switch costs a build (`builds`) the driver's prior applies only to a worker with no
-        engine yet (a live one is not rebuilt before the rule has priced the build), and a worker's
-        first shard without one starts under the longest n-gram draft instead of plain decoding:
-        the worker builds one engine either way, and that one's greedy tokens are plain decoding's,
-        so its run prices plain decoding and every shorter n-gram draft too, while a plain engine
-        would have to be rebuilt for any arm to pay."""
+        engine yet (a live one is not rebuilt before the rule has priced the build) and only where
+        its verify is within VERIFY_TOKENS (a prior run prices a wider draft it never ran as its
+        nearest step, which past that is cheap by the verify's width), and a worker's
+        first shard without one starts under the longest n-gram draft whose verify at the `rows` it
+        runs at a step (the batch, or the shard's rows where fewer) is at most VERIFY_TOKENS tokens,
+        else plain decoding: the worker builds one engine either way, and an n-gram engine's greedy
+        tokens are plain decoding's, so its run prices plain decoding and every shorter n-gram draft
+        too; but past the tokens where a forward turns compute-bound a verify costs its width, and
+        at a large batch no draft repays it (where a build costs minutes, the first engine is what
+        a short job runs throughout)."""
         labels = {a.label for a in arms}
         own = {a.label: a for a in arms}  # a remembered arm as this shard has it (a key's own EAGLE-3 head under one label)
         latest = self.last[next(reversed(self.last))] if self.last else None
         order = [(self.last.get(str(key)), "the key's last shard on this worker")]
-        if not builds or latest is None:
+        if not builds or (latest is None and (prior is None or rows * (prior.draft_len + 1) <= VERIFY_TOKENS)):
             order.append((prior, prior_why))
         if not builds:
             order.append((self.chosen(labels), "the arm the worker's other keys chose"))
@@ -50,8 +56,12 @@ class WorkerState:
             if arm is not None and (arm.method == "none" or arm.label in labels):
                 return (arm if arm.method == "none" else own[arm.label]), why
         ngram = [a for a in arms if a.method == "ngram"]
+        fits = [a for a in ngram if rows * (a.draft_len + 1) <= VERIFY_TOKENS]
+        if builds and fits:
+            return max(fits, key=lambda a: a.draft_len), \
+                f"the worker's first build: the longest n-gram draft that verifies at most {VERIFY_TOKENS} tokens at {rows} rows"
         if builds and ngram:
-            return max(ngram, key=lambda a: a.draft_len), "the worker's first build: the longest n-gram draft"
+            return NO_SPEC, f"the worker's first build: every n-gram draft verifies over {VERIFY_TOKENS} tokens at {rows} rows"
         return NO_SPEC, "the worker's first shard"
 
     def chosen(self, labels: set[str]) -> SpecConfig | None:

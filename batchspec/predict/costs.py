@@ -41,13 +41,16 @@ PRIOR_U = 0.20  # a ratio borrowed from plain decoding for a method never run on
 
 def profile_grid(batch_size: int, context: int, widths: Sequence[int], draft_models: Sequence[str] = (),
                  ) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int, int]]]:
-    """The forwards a worker times once per batch size, at the production batch and the shard's
-    context: the target at width 1, at every width an arm verifies (`widths`) and midway to the
-    widest (a forward's cost is near linear in its tokens only piecewise: where it turns from
-    memory- to compute-bound a width between two timed ones would be priced high), and one step of
-    each draft model. Everything else is learned from the steps the worker runs."""
+    """The forwards a worker times once per batch size, at the shard's context: one row at width 1
+    (a drain's few rows are fewer tokens than any forward of the batch: a CPU pays for each token,
+    a memory-bound GPU for none, and only a timed forward tells which); at the production batch,
+    the target at width 1, at every width an arm verifies (`widths`) and midway to the widest (a
+    forward's cost is near linear in its tokens only piecewise: where it turns from memory- to
+    compute-bound a width between two timed ones would be priced high); and one step of each draft
+    model. Everything else is learned from the steps the worker runs."""
     widest = max(widths, default=1)
     target = [(batch_size, context, w) for w in sorted({1, *widths, (1 + widest) // 2})]
+    target = ([(1, context, 1)] if batch_size > 1 else []) + target
     drafts = [(d, batch_size, context, 1) for d in draft_models]
     return target, drafts
 

@@ -257,7 +257,7 @@ def test_a_drain_measures_nothing_but_still_switches_where_the_lower_bound_beats
     arm = SpecConfig("ngram", 4)
 
     def at(drain: bool) -> Moment:
-        return Moment(NO_SPEC, True, drain, None, (arm,), False, CalibrationSettings(), lambda a: 0.0, 400.0, 20, 0, 0.01)
+        return Moment(NO_SPEC, True, 0.25 if drain else 1.0, None, (arm,), False, CalibrationSettings(), lambda a: 0.0, 400.0, 20, 0, 0.01)
 
     def est(gain: float, cost_u: float) -> dict:
         return {"none": Estimate(NO_SPEC, 1.0, 1.0, 0.0, 0.0, 1.0, None, 40),
@@ -268,3 +268,40 @@ def test_a_drain_measures_nothing_but_still_switches_where_the_lower_bound_beats
     assert rule(unsure, at(drain=True)).kind == "stay"
     sure = est(1.30, 0.03)
     assert rule(sure, at(drain=True)).kind == rule(sure, at(drain=False)).kind == "switch"
+
+
+def test_a_short_shard_measures_an_unsure_price_with_a_shorter_trial_not_never():
+    """With fewer than PAYBACK x measure_steps steps left (a 40-row shard at batch 8), a trial as
+    long as a tenth of the steps left still teaches the arm's price, while the batch is full (rows
+    queued: what it learns prices them); too few steps for SHORT_TRIAL, none is run."""
+    from batchspec.calibrate.controller import PAYBACK, SHORT_TRIAL, Moment, rule
+    from batchspec.calibrate.estimate import Estimate
+
+    arm = SpecConfig("ngram", 2)
+
+    def at(steps_left: float, filled: float = 2.0) -> Moment:
+        return Moment(NO_SPEC, True, filled, None, (arm,), False, CalibrationSettings(), lambda a: 0.0, steps_left, 30, 0, 0.01)
+
+    unsure = {"none": Estimate(NO_SPEC, 1.0, 1.0, 0.0, 0.0, 1.0, None, 18),
+              arm.label: Estimate(arm, 1.18, 1.18, 0.20, 0.06, 1.9, 0.5, 18)}
+    long = rule(unsure, at(400.0))
+    assert long.kind == "measure" and long.steps == CalibrationSettings().measure_steps
+    short = rule(unsure, at(95.0))
+    assert short.kind == "measure" and short.steps == 95 // PAYBACK
+    assert rule(unsure, at(PAYBACK * SHORT_TRIAL - 1.0)).kind == "stay"
+    assert rule(unsure, at(95.0, filled=0.9)).kind == "stay"  # a short trial only while the batch is full
+    assert rule(unsure, at(400.0, filled=0.9)).kind == "measure"  # a whole one until the drain (DRAIN_SHARE)
+
+
+def test_a_shard_smaller_than_a_batch_remembers_the_arm_its_rule_chose_not_the_one_it_started_under(tiny_engine):
+    """Where a shard has fewer rows than a batch (a small key at batch 128) all of them are in flight
+    at once: that is its full batch, and the arm the rule switched to there is what the key ended
+    under and what the worker's other keys start from (`WorkerState.chosen`), not the start."""
+    requests, recorded = _shard("f" * 24)
+    engine = ReplayEngine(tiny_engine, recorded, regime("h200-torch"))
+    worker = WorkerState()
+    ran = run_shard(engine, ShardInput("s0", "fresh", requests), NGRAM, True, 32, worker=worker, prior=NGRAM[-1])
+    switched = [e for e in ran.stats.events if e.kind == "switch" and e.row == 0]
+    assert ran.stats.events[0].arm == NGRAM[-1].label and switched, "the rule left the start before any row finished"
+    assert ran.decision.ended.label == switched[-1].arm != NGRAM[-1].label
+    assert worker.start("new", None, NGRAM)[0].label == switched[-1].arm

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from batchspec.calibrate import WorkerState
-from batchspec.engine.base import SpecConfig
+from batchspec.calibrate.worker import VERIFY_TOKENS
+from batchspec.engine.base import NO_SPEC, SpecConfig
 
 K4, K8 = SpecConfig("ngram", 4), SpecConfig("ngram", 8)
 
@@ -25,3 +26,20 @@ def test_where_arms_are_builds_a_new_key_starts_under_the_live_engine():
     worker.remember("a", K4, [{}] * 40)
     worker.remember("c", K8, [{}] * 16)
     assert worker.start("new", None, [K4, K8], builds=True)[0] == K8
+
+
+def test_a_workers_first_build_is_the_longest_ngram_draft_whose_verify_stays_memory_bound():
+    """Where arms are builds the first engine is what a short job runs throughout: the longest n-gram
+    draft whose verify at the rows of a step is at most VERIFY_TOKENS tokens, else plain decoding
+    (past the tokens where a forward turns compute-bound a verify costs its width)."""
+    arms = [SpecConfig("ngram", k) for k in (2, 4, 6, 8)]
+    first = {rows: WorkerState().start("a", None, arms, builds=True, rows=rows) for rows in (1, 8, 32, 40, 128)}
+    assert {rows: arm.label for rows, (arm, _) in first.items()} == {
+        1: "ngram:k=8", 8: "ngram:k=8", 32: "ngram:k=6", 40: "ngram:k=4", 128: "none"}
+    assert "first build" in first[128][1] and f"{VERIFY_TOKENS} tokens" in first[128][1]
+    assert WorkerState().start("a", None, arms, rows=128)[0].label == "none"  # no build: plain decoding first
+    assert WorkerState().start("a", K8, arms, builds=True, rows=8)[0] == K8  # the driver's prior before it
+    # a prior whose verify is past VERIFY_TOKENS at the batch (a prior run never ran it: priced as
+    # its nearest step) does not pick the first engine
+    assert WorkerState().start("a", K8, arms, builds=True, rows=32)[0].label == "ngram:k=6"
+    assert WorkerState().start("a", NO_SPEC, arms, builds=True, rows=128)[0] == NO_SPEC

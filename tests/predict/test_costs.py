@@ -20,10 +20,10 @@ def _table(name: str = "cpu", batch: int = 8, context: int = 200) -> CostTable:
 
 def test_the_profile_is_a_few_forwards_at_the_production_batch():
     target, drafts = profile_grid(8, 300, [9], ["d"])
-    assert target == [(8, 300, 1), (8, 300, 5), (8, 300, 9)] and drafts == [("d", 8, 300, 1)]
+    assert target == [(1, 300, 1), (8, 300, 1), (8, 300, 5), (8, 300, 9)] and drafts == [("d", 8, 300, 1)]
     assert profile_grid(1, 40, [3])[0] == [(1, 40, 1), (1, 40, 2), (1, 40, 3)]
     # every width an arm verifies at is timed: none is priced between two others
-    assert [w for _, _, w in profile_grid(32, 40, [3, 5, 7, 9])[0]] == [1, 3, 5, 7, 9]
+    assert [w for b, _, w in profile_grid(32, 40, [3, 5, 7, 9])[0] if b == 32] == [1, 3, 5, 7, 9]
 
 
 def test_a_roofline_step_at_every_arms_width_is_priced_as_the_regime_prices_it():
@@ -129,3 +129,16 @@ def test_without_a_profile_a_shape_never_run_lies_between_the_steps_that_bracket
     k6 = table.price("ngram", 32, 7, context)
     assert regime.step(32, 5, context, "ngram").total < k6.seconds < high
     assert k6.seconds == pytest.approx(regime.step(32, 7, context, "ngram").total, rel=k6.u)
+
+
+@pytest.mark.parametrize("name", ["cpu", "gpu-roofline", "h200-torch"])
+@pytest.mark.parametrize("batch", [32, 128])
+def test_a_forward_of_fewer_tokens_than_the_batchs_is_priced_from_a_timed_single_row(name, batch):
+    """A drain runs fewer rows than the profile's batch: the profile times one row too, so such a
+    forward lies between timed ones (a CPU pays for every token, a memory-bound GPU for none), not
+    flat at the batch's smallest forward, which made a wide verify of a few rows on a CPU look as
+    cheap as a plain step of them, nor on a line through the batch's two smallest, which a GPU's
+    batch of 128 past its ridge takes far below its floor."""
+    regime, table = REGIMES[name], _table(name, batch=batch)
+    for rows, width in ((6, 1), (6, 5), (2, 9), (1, 1), (40, 1)):
+        assert table.forward_s(rows, width, 200) == pytest.approx(regime.forward_s(rows, width, 200), rel=0.1)
