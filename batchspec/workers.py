@@ -333,7 +333,13 @@ class ShardWorker:
         budget = self.job.train_head_budget * expected
         began = time.perf_counter()
         folder = tempfile.mkdtemp(prefix="batchspec-head-")
-        trained = self.engine.train_head(recorded, budget, DRAFT_LENS, folder)
+        try:
+            trained = self.engine.train_head(recorded, budget, DRAFT_LENS, folder)
+        except Exception as exc:  # the head is an option: the shard's rows stand without it
+            shutil.rmtree(folder, ignore_errors=True)
+            why = f"head: not trained ({one_line(exc)})"[:300]
+            return replace(stats, head_train_s=time.perf_counter() - began,
+                           caveats="; ".join(filter(None, (stats.caveats, why))))
         if trained is None:
             return replace(stats, head_train_s=time.perf_counter() - began)
         if self.job.lease is not None:

@@ -152,3 +152,31 @@ def test_a_commit_that_dies_before_its_mark_leaves_no_head_and_a_store_head_is_c
     assert copied is not None and copied != str(local)
     assert {p.name: p.read_bytes() for p in Path(copied).iterdir()} == {
         "config.json": b"config.json", "model.safetensors": b"model.safetensors", MARK: b'{\n "steps": 2\n}\n'}
+
+
+def test_a_head_whose_training_fails_leaves_the_shards_rows_as_they_are(tiny_model_dir, tmp_path, monkeypatch):
+    """The head is an option: a training that raises costs the shard no row (the rows it decoded
+    are its output, as without train_head), and the stats say why there is no head."""
+    import pyarrow as pa
+
+    from batchspec.engine.torch.engine import TorchEngine
+    from batchspec.parse import parse_rows
+    from batchspec.preflight import prepare
+    from batchspec.workers import ShardWorker
+    from tests.data import prompts_table
+
+    config = make_config(tmp_path, tmp_path / "out", tiny_model_dir, train_head=True, train_head_budget=1.0)
+    worker = ShardWorker(prepare(config).worker_job(Output(str(tmp_path / "out"))))
+    worker.start()
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("out of memory\nwhile training")
+
+    monkeypatch.setattr(TorchEngine, "train_head", broken)
+    table = prompts_table(4)
+    parsed = parse_rows(table, table.column("id").to_pylist(), prepare(config).defaults)
+    done = worker.generate("00000-code", "code", parsed, trains_head=True, key_rows=40)
+    assert [c.error for c in done.completions] == [None] * 4 and all(c.token_ids for c in done.completions)
+    assert done.stats.head is None and done.stats.head_train_s is not None
+    assert "head: not trained (out of memory while training)" in done.stats.caveats
+    assert not (tmp_path / "out" / "heads").exists()
