@@ -1,8 +1,8 @@
 """The tables of figures a reader weighs first, written from bench/results.jsonl by `make
 bench-report` (bench/common/report.py): the README's "Where it stands" (STANDS: each row a
 claim, the records it rests on and how their metrics read) and docs/calibration.md's simulated
-grid. A row names the commit and machine of its records and the commands that give them again;
-a claim whose record is missing stops the report with one line.
+grid. A row names the machine of its records (their commits are docs/performance.md's) and the
+commands that give them again; a claim whose record is missing stops the report with one line.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from common.results import identifying, latest, where
+from common.results import identifying, latest
 
 @dataclass(frozen=True)
 class Stand:
@@ -94,11 +94,11 @@ def source_line(current: Sequence[dict], bench: str, args: dict) -> dict:
 
 def stands_table(lines: Sequence[dict]) -> str:
     current = latest(lines)
-    rows = ["| what | figure | commit, machine | reproduce |", "|---|---|---|---|"]
+    rows = ["| what | figure | machine | reproduce |", "|---|---|---|---|"]  # commits: docs/performance.md
     for stand in STANDS:
         used = [source_line(current, bench, args) for bench, args in stand.sources]
         unique = list({id(x): x for x in used}.values())
-        wheres = sorted({where(x) for x in unique})
+        wheres = sorted({x["machine"] for x in unique})
         # each input made once, then each command: every line runs as printed, in order
         commands = list(dict.fromkeys([f"`{x['prepare']}`" for x in unique if "prepare" in x] + [f"`{x['command']}`" for x in unique]))
         cells = [stand.what, stand.figure(used), "; ".join(wheres), "<br>".join(commands)]
