@@ -19,8 +19,9 @@ Per workload (bench/common/workloads.py, chat template applied, greedy, float32)
 The goodput columns of step 4 are ESTIMATES: counterfactual acceptance times measured step costs.
 N-gram and suffix lookups are counted as free (no draft time); the head's measured draft time is
 counted. With `--run B1,B2`, each head is then written in the released format and the held-out
-rows are decoded for real at each batch size under plain decoding, n-gram lookup and the head's
-eagle3 arm (`--run-ks`), one after another in this process: MEASURED goodput (decode tokens per
+rows are decoded for real at each batch size under plain decoding, n-gram lookup, suffix drafting
+and the head's eagle3 arm (`--run-ks`), side by side in this process (every arm on each chunk of
+one batch in turn, the order rotating: `run_arms`): MEASURED goodput (decode tokens per
 decode second), how many rows equal plain decoding's output token for token, and the decode
 seconds a head's measured goodput would save on a 2,000-row key at that batch size beside the
 seconds its training took.
@@ -33,6 +34,7 @@ seconds its training took.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -42,7 +44,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import peer_prompts, workloads  # noqa: E402
+from common import peer_prompts, results, workloads  # noqa: E402
 from common.measure import choose_threads, command, load_engine, machine, machine_line, ngram_arm, write  # noqa: E402
 
 import torch  # noqa: E402
@@ -56,6 +58,7 @@ from batchspec.engine.torch.eagle3_train import TrainSettings, train_head  # noq
 from batchspec.engine.torch.suffix_tree import SuffixTree  # noqa: E402
 
 MODEL = "smollm2-135m"
+MIN_SLICES = 4  # run_arms: each arm's fewest interleaved slices at a batch size
 KEY_ROWS = 2000  # the issue's key size: training is priced against this many rows' plain decode at batch 1
 
 
@@ -77,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--run-ks", default="2,4", help="draft lengths of the arms run for real")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--out", type=Path)
+    results.add_options(parser)
     args = parser.parse_args(argv)
     threads = choose_threads(args.threads)
     info = machine(threads, "float32")
@@ -92,6 +96,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     info["load_avg_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
     header = f"EAGLE-3 head bench, {MODEL} float32 on {machine_line(info)}\n{data['command']}\n"
     write(args.out, "eagle3", data, header + "\n".join(text), header)
+    results.record("eagle3", "bench/eagle3.py", args, argv, headline(data["workloads"]))
+
+
+def headline(by_workload: dict) -> dict:
+    """The recorded figures: per workload, the head's mean accepted length on held-out rows (k=2,
+    counterfactual), its training seconds and their share of a KEY_ROWS-row key's plain decode at
+    batch 1, and per measured batch size the best eagle3 arm's and the best other drafting arm's
+    goodput over plain decoding's (side by side), with the best other arm named."""
+    out: dict = {}
+    for workload, r in by_workload.items():
+        for label, head in r["heads"].items():
+            k = 2 if 2 in r["arms"][label] else min(r["arms"][label])
+            out[f"{workload} head acc len k={k}"] = round(r["arms"][label][k]["mean_accepted_len"], 3)
+            out[f"{workload} head train s"] = round(head["stats"]["seconds"], 1)
+            out[f"{workload} head train share"] = round(head["stats"]["seconds"] / (KEY_ROWS * r["decode_s_per_row_b1"]), 4)
+        for b, by_arm in r["measured"].items():
+            plain = by_arm["plain"]["goodput"]
+            ratio = {label: m["goodput"] / plain for label, m in by_arm.items() if label != "plain" and plain}
+            heads = {label: v for label, v in ratio.items() if label.startswith("eagle3")}
+            others = {label: v for label, v in ratio.items() if not label.startswith("eagle3")}
+            if heads:
+                best = max(heads, key=heads.get)
+                out[f"{workload} b{b} head/plain"] = round(heads[best], 3)
+            if others:
+                best = max(others, key=others.get)
+                out[f"{workload} b{b} best other/plain"] = round(others[best], 3)
+                out[f"{workload} b{b} best other"] = best
+            out[f"{workload} b{b} rows = plain"] = f"{min(m['rows_equal_plain'] for m in by_arm.values())}/{by_arm['plain']['rows']}"
+    return out
 
 
 def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float]) -> tuple[dict, str]:
@@ -147,7 +180,7 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
     for label, by_k in arms.items():
         rows[label] = {k: {"mean_accepted_len": mean_len(by_k[k]),
                            "est_goodput": estimated_goodput(by_k[k], step_s, draft_s[label][k], heads.get(label))} for k in ks}
-    measured = run_arms(engine, requests[n_train:], heads_saved, args) if args.run else {}
+    measured = run_arms(engine, requests[:n_train], requests[n_train:], pairs[:n_train], heads_saved, args) if args.run else {}
     result = {"workload": workload, "measured": measured, "train_rows": n_train, "test_rows": n_test, "train_prompt_repeats": repeats, "max_tokens": args.max_tokens,
               "train_decode_s_batch8": train_decode_s, "record_s": record_s, "recorded_while_decoding": args.recorded, "plain_goodput_b1": plain_goodput,
               "decode_s_per_row_b1": decode_s_per_row, "context": context, "target_step_s": step_s,
@@ -155,23 +188,47 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
     return result, table(result, ks)
 
 
-def run_arms(engine, requests: list[Request], heads: dict[str, str], args) -> dict:
-    """Decode the held-out rows for real at each batch size of `--run`: plain, n-gram lookup and
-    each head's eagle3 arm at each draft length of `--run-ks`. Per (batch, arm): measured goodput,
-    mean accepted length, and the rows whose output equals plain decoding's at that batch size."""
+def run_arms(engine, train: list[Request], requests: list[Request], pairs: list, heads: dict[str, str], args) -> dict:
+    """Decode the held-out rows for real at each batch size of `--run`: plain decoding, n-gram
+    lookup, suffix drafting (its tree holding the training rows' outputs, then the held-out rows as
+    they finish, as a key's tree grows in a run) and each head's eagle3 arm at each draft length of
+    `--run-ks`, side by side: the rows go in chunks of one batch, every arm decodes each chunk
+    before the next chunk starts, the arms' order rotating chunk by chunk, and the whole is done
+    `passes` times so that every arm has at least MIN_SLICES interleaved slices (machine load then
+    falls on every arm alike). Per (batch, arm): measured goodput (decode tokens over decode
+    seconds, summed over its slices), mean accepted length, and the rows whose output equals plain
+    decoding's at that batch size."""
     out: dict = {}
+    ks = [int(x) for x in args.run_ks.split(",")]
+    arms = [("plain", NO_SPEC)] + [(f"ngram k={k}", ngram_arm(k)) for k in ks] + [(f"suffix k={k}", SpecConfig("suffix", k)) for k in ks]
+    arms += [(f"{label} k={k}", SpecConfig("eagle3", k, draft_model=folder)) for label, folder in heads.items() for k in ks]
     for b in (int(x) for x in args.run.split(",")):
-        plain = engine.generate(requests, NO_SPEC, b)
-        runs = {"plain": plain}
-        for k in (int(x) for x in args.run_ks.split(",")):
-            runs[f"ngram k={k}"] = engine.generate(requests, ngram_arm(k), b)
-            for label, folder in heads.items():
-                runs[f"{label} k={k}"] = engine.generate(requests, SpecConfig("eagle3", k, draft_model=folder), b)
-        out[b] = {label: {"goodput": r.goodput, "decode_s": r.timing.decode_s, "draft_s": r.timing.draft_s,
-                          "mean_accepted_len": 1 + r.accepted_tokens / r.target_steps if r.target_steps else 1.0,
-                          "rows_equal_plain": sum(c.token_ids == p.token_ids for c, p in zip(r.completions, plain.completions)),
-                          "rows": len(requests)}
-                  for label, r in runs.items()}
+        chunks = [list(range(i, min(i + b, len(requests)))) for i in range(0, len(requests), b)]
+        passes = max(1, -(-MIN_SLICES // len(chunks)))
+        results: dict[str, list] = {label: [] for label, _ in arms}
+        outputs: dict[str, dict[int, list[int]]] = {label: {} for label, _ in arms}
+        for label, spec in arms:  # warm-up, discarded: a batch size's first forwards and a head's first load
+            engine.generate([dataclasses.replace(requests[i], draft_scope=None) for i in chunks[0]], spec, b)
+        turn = 0
+        for p in range(passes):
+            scope = f"bench-suffix/{b}/{p}"  # a tree per pass: a row never drafts from its own earlier output
+            for (_, output), request in zip(pairs, train):
+                engine.trees.add(scope, request.id, output)
+            for chunk in chunks:
+                for label, spec in arms[turn % len(arms):] + arms[: turn % len(arms)]:
+                    batch = [dataclasses.replace(requests[i], draft_scope=scope if spec.method == "suffix" else None) for i in chunk]
+                    r = engine.generate(batch, spec, b)
+                    results[label].append(r)
+                    outputs[label].update({i: list(c.token_ids) for i, c in zip(chunk, r.completions)})
+                turn += 1
+        out[b] = {}
+        for label, rs in results.items():
+            decode_s, tokens = sum(r.timing.decode_s for r in rs), sum(r.decode_tokens for r in rs)
+            steps, accepted = sum(r.target_steps for r in rs), sum(r.accepted_tokens for r in rs)
+            out[b][label] = {"goodput": tokens / decode_s if decode_s else 0.0, "decode_s": decode_s,
+                             "draft_s": sum(r.timing.draft_s for r in rs), "mean_accepted_len": 1 + accepted / steps if steps else 1.0,
+                             "rows_equal_plain": sum(outputs[label][i] == outputs["plain"][i] for i in outputs["plain"]),
+                             "rows": len(requests), "slices": len(rs)}
     return out
 
 
@@ -300,7 +357,8 @@ def table(result: dict, ks: list[int]) -> str:
                  f"{plain:.1f} tok/s at the same context; n-gram and suffix lookups counted free)")
     for b, by_arm in result["measured"].items():
         plain_b = by_arm["plain"]["goodput"]
-        lines.append(f"\nMEASURED at batch {b} on the held-out rows (each arm decoded once, one after another):")
+        lines.append(f"\nMEASURED at batch {b} on the held-out rows (side by side: every arm on each chunk of one batch in turn, "
+                     f"{next(iter(by_arm.values()))['slices']} slices an arm):")
         lines.append(f"| arm | goodput tok/s | vs plain | mean acc. len | draft s / decode s | rows = plain | decode s saved on a {KEY_ROWS}-row key (training s) |")
         lines.append("|---|---|---|---|---|---|---|")
         key_decode_s = by_arm["plain"]["decode_s"] * KEY_ROWS / by_arm["plain"]["rows"]  # plain decode of the key at this batch size

@@ -8,7 +8,7 @@ append nothing. Each line is one run:
     utc      when it finished (ISO 8601, seconds)
     commit   the checkout's short hash
     machine  CPU model and cores, and the GPU when CUDA is present (`machine()`)
-    bench    engine | calibrate | pipeline | peer | scale | sim
+    bench    engine | calibrate | pipeline | peer | scale | sim | eagle3
     args     every option that can change the figure (output locations and recording options left out)
     metrics  the bench's headline figures, numbers or short strings
     command  the command line that reproduces it
@@ -48,7 +48,7 @@ DOC = ROOT / "docs" / "performance.md"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- bench-report:begin -->", "<!-- bench-report:end -->"
 NOT_IDENTIFYING = ("threads",)  # how a run was made, not which figure it gives
-BENCHES = ("engine", "calibrate", "pipeline", "peer", "scale", "sim")  # the table's order
+BENCHES = ("engine", "calibrate", "pipeline", "peer", "scale", "sim", "eagle3")  # the table's order
 # options left out of a recorded command and its args (value count): how it is recorded, and where
 # a bench writes its details or work files, change no figure
 LEFT_OUT = {"--record": 0, "--results": 1, "--input-made-by": 1, "--out": 1, "--json": 1, "--work": 1}
