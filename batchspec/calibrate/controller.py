@@ -227,6 +227,11 @@ class Controller:
             self.events.append(Event(self.evidence.finished, "profile", "none", None, profiled.seconds,
                                      f"the worker's cost profile: {profiled.points} forwards timed, once per worker "
                                      "and batch size (not this shard's)"))
+        retimed, self.ledger.retimed = self.ledger.retimed, None
+        if retimed is not None and retimed.after != retimed.before:  # its seconds stay in control_s: this shard's
+            self.events.append(Event(self.evidence.finished, "profile", "none", None, retimed.seconds,
+                                     f"a profile forward re-timed: the machine runs at {retimed.after:.2f}x the profile's "
+                                     f"seconds (was {retimed.before:.2f}x), every price scaled"))
         trial = self.course.trial
         if trial is not None and trial.arm.label == progress.spec.label:  # not the rows still draining before it
             trial.steps += new

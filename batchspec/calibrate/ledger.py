@@ -2,7 +2,8 @@
 tokens.
 
 Every step the engine runs teaches the worker's cost table (predict/costs.py), which a short
-profile seeds the first time the worker runs a shard at a batch size; at the shard's end its steps
+profile seeds the first time the worker runs a shard at a batch size (a later shard re-times one of
+its forwards: the machine's load may have changed since, `CostTable.retime`); at the shard's end its steps
 are priced as plain decoding's at the table's prices:
 
     plain_s   = sum over steps of committed / rows x price(none, rows, 1, context)
@@ -44,6 +45,17 @@ class Profiled:
     points: int
 
 
+@dataclass(frozen=True)
+class Retimed:
+    """A profile forward the ledger had timed again at a shard's start: the machine's speed against
+    the profile's before and after (`CostTable.machine`), and the seconds it took (the shard's
+    calibration work)."""
+
+    before: float
+    after: float
+    seconds: float
+
+
 class Ledger:
     """One shard's steps by arm label, learned into `costs` as they come (see the module docstring)."""
 
@@ -53,12 +65,18 @@ class Ledger:
         self.ran: dict[str, Ran] = {}
         self.seen = 0  # steps already learned from
         self.profile_s = 0.0
+        self.retimed: Retimed | None = None
 
     def learn(self, steps: Sequence[Step], spec: SpecConfig) -> tuple[int, Profiled | None]:
         """Teach the cost table the steps after those already learned (all run under `spec`),
-        profiling first where the worker has no profile at this batch size. Returns how many steps
+        profiling first where the worker has no profile at this batch size, else, at the shard's
+        first steps, re-timing one of the profile's forwards (`retime`). Returns how many steps
         were new, and the profile if one was timed."""
-        profiled = self.profile(steps[-1].context) if steps and self.costs.needs_profile(self.batch_size) else None
+        profiled = None
+        if steps and self.costs.needs_profile(self.batch_size):
+            profiled = self.profile(steps[-1].context)
+        elif steps and not self.seen:
+            self.retimed = self.retime()
         ran = self.ran.setdefault(spec.label, Ran())
         for step in steps[self.seen:]:
             self.costs.observe(step, spec.draft_model)
@@ -82,6 +100,19 @@ class Ledger:
             return None
         self.profile_s += profile.seconds
         return Profiled(profile.seconds, wall, len(profile.points))
+
+    def retime(self) -> Retimed | None:
+        """Time the profile's plain forward at this batch size again, at its shape and context, and
+        scale the table's prices by the machine's speed now (`CostTable.retime`); None where the
+        profile has no such forward or the engine times none."""
+        mine = [p for p in self.costs.points if p.kind == "target" and p.batch == self.batch_size and p.tokens == 1]
+        if not mine:
+            return None
+        point, before = mine[-1], self.costs.machine
+        profile = self.engine.profile([(point.batch, point.context, 1)], (), tries=PROFILE_TRIES)
+        if not profile.points:
+            return None
+        return Retimed(before, self.costs.retime(point, profile.points[0].seconds), profile.seconds)
 
     def plain(self) -> tuple[float | None, float | None]:
         """(speedup, baseline tokens/s): the steps run against plain decoding's price for the same

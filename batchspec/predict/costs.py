@@ -18,8 +18,15 @@ forward costs more with more rows and more tokens: `_bracketed`), else as the ne
 Each price carries a relative uncertainty `u`: an observed cell's spread over its observations
 (sqrt(var / n), at least NOISE_FLOOR); a borrowed ratio adds BORROWED_U (another width's or
 rows' ratio), a ratio of another method PRIOR_U (its bookkeeping is unknown). A load that slows
-every step alike cancels in the ratio of two arms' prices; the table is per worker, so a machine's
-own quirks stay with it.
+every step alike cancels in the ratio of two arms' prices where both are observed under it; the
+table is per worker, so a machine's own quirks stay with it.
+
+The machine: a load that comes or goes between shards would leave the price of an arm no longer
+run (plain decoding, often) at the load it was last observed under, and every arm compared with
+it wrong by the load's factor. So each later shard re-times one forward of the profile's (`retime`:
+its shape and context, so only the machine differs) and `machine` = its seconds now over the
+profile's scales every forward's price; ratios are learned against the scaled price, so they stay
+the step's own overhead. Within MACHINE_BAND of 1 a re-timed forward is noise and `machine` is 1.
 
 No clock here: the engine times steps and forwards; this module only prices them.
 """
@@ -37,6 +44,7 @@ WINDOW_STEPS = 64  # a cell's ratio averages its last this many steps (an expone
 NOISE_FLOOR = 0.02  # the least relative uncertainty of any price
 BORROWED_U = 0.08  # a ratio borrowed from another width or another number of rows of the same method
 PRIOR_U = 0.20  # a ratio borrowed from plain decoding for a method never run on this worker
+MACHINE_BAND = 1.25  # a re-timed forward within this factor of its profiled seconds: timing noise, not load
 
 
 def profile_grid(batch_size: int, context: int, widths: Sequence[int], draft_models: Sequence[str] = (),
@@ -92,6 +100,7 @@ class CostTable:
     points: list[StepCost] = field(default_factory=list)
     cells: dict[tuple[str, int, int], Cell] = field(default_factory=dict)
     profiled: set[int] = field(default_factory=set)  # batch sizes whose grid was timed
+    machine: float = 1.0  # the machine's seconds now over the profile's, for one forward (`retime`)
     _curves: dict = field(default_factory=dict, init=False, repr=False)
 
     # -- the profile -------------------------------------------------------------------------------
@@ -104,8 +113,15 @@ class CostTable:
     def needs_profile(self, batch_size: int) -> bool:
         return batch_size not in self.profiled
 
+    def retime(self, point: StepCost, seconds: float) -> float:
+        """A profile `point` timed again, taking `seconds` now: set `machine` (1 within MACHINE_BAND)."""
+        factor = seconds / point.seconds if point.seconds > 0 and seconds > 0 else 1.0
+        self.machine = factor if max(factor, 1 / factor) > MACHINE_BAND else 1.0
+        return self.machine
+
     def forward_s(self, rows: int, width: int, context: int, kind: str = "target", model: str | None = None) -> float:
-        """The profile's price of one forward (`kind` target, or a draft model's)."""
+        """The profile's price of one forward (`kind` target, or a draft model's), on the machine as
+        it runs now (`machine`)."""
         slope, curve = self._curve(kind, model)
         if not curve:
             return 0.0
@@ -120,7 +136,7 @@ class CostTable:
         else:
             (t0, s0), (t1, s1) = curve[i - 1], curve[i]
             base = s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
-        return max(base, 0.0) * (1 + slope * context)
+        return max(base, 0.0) * (1 + slope * context) * self.machine
 
     def _curve(self, kind: str, model: str | None) -> tuple[float, list[tuple[int, float]]]:
         """(context slope, [(tokens, seconds at context 0)] sorted) of a model's points."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchspec.calibrate.ledger import PlainPrice, plain_price
-from batchspec.engine.base import Step, StepCost
+from batchspec.calibrate.ledger import Ledger, PlainPrice, Retimed, plain_price
+from batchspec.engine.base import NO_SPEC, Profile, SpecConfig, Step, StepCost
 from batchspec.predict.costs import CostTable
 
 
@@ -36,3 +36,40 @@ def test_speculative_steps_are_priced_at_the_decisions_speedup_within_the_tables
     observed, borrowed = table.price("none", 4, 1, 100).u, table.price("none", 2, 1, 130).u
     assert observed < price.u < borrowed  # the rows never run plain at 2 rows borrow a price, and widen the interval
     assert plain_price(table, steps, decode_s=0.09, speedup=None) is None  # the table priced no plain decoding
+
+
+class _Machine:
+    """An engine whose forwards cost 2 ms a row-token times `load` (the machine's state now)."""
+
+    def __init__(self) -> None:
+        self.load = 1.0
+
+    def forward(self, rows: int, width: int) -> float:
+        return 0.002 * rows * width * self.load
+
+    def profile(self, target, drafts=(), tries: int = 1) -> Profile:
+        points = [StepCost("target", "m", b, c, w, self.forward(b, w)) for b, c, w in target]
+        return Profile(points, tries * sum(p.seconds for p in points))
+
+
+def test_a_load_gone_between_shards_leaves_plain_decodings_price_where_the_machine_is_now():
+    """The worker's first shard runs plain decoding on a machine 10x loaded, its profile timed
+    under that load; the load is gone when its next shard runs n-gram k=2 (verify 3 tokens a row,
+    its steps 10% over the forward, 1.5 tokens a row a step). That shard's speedup over plain
+    decoding is what the machine gives now (1.5 / (3 x 1.1) = 0.45x), not 10x that: plain
+    decoding's price, last observed under the load, follows the re-timed forward."""
+    machine, table, arm = _Machine(), CostTable(), SpecConfig("ngram", 2)
+    machine.load = 10.0
+    first = Ledger(machine, table, 4, [arm])
+    first.learn([Step(4, 100, 1, 4, machine.forward(4, 1), "none") for _ in range(20)], NO_SPEC)
+    machine.load = 1.0
+    second = Ledger(machine, table, 4, [arm])
+    second.learn([Step(4, 100, 3, 6, 1.1 * machine.forward(4, 3), "ngram") for _ in range(20)], arm)
+    speedup, baseline = second.plain()
+    assert speedup == pytest.approx(1.5 / (3 * 1.1), rel=0.02)
+    assert baseline == pytest.approx(4 / machine.forward(4, 1), rel=0.02)  # plain decoding's goodput now
+    assert second.retimed == Retimed(1.0, pytest.approx(0.1), pytest.approx(machine.forward(4, 1)))
+    # a forward re-timed within MACHINE_BAND of its profiled seconds is noise: the prices keep the profile's machine
+    point = table.points[0]
+    assert table.retime(point, point.seconds * 1.2) == 1.0 and table.forward_s(1, 1, 100) == pytest.approx(point.seconds)
+    assert table.retime(point, point.seconds * 1.3) == pytest.approx(1.3)
