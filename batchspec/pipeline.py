@@ -62,8 +62,8 @@ from batchspec.preflight import check_engine, check_prompt_format, resolve_spec,
 from batchspec.read import InputListing, list_input, open_input, passthrough_schema
 from batchspec.redact import redact_strings
 from batchspec.stats import OUTPUT_NAMES, ShardStats, speedup_total
-from batchspec.worker_pool import WorkerPool
-from batchspec.workers import ShardOutcome, ShardWorker, run_pool
+from batchspec.worker_pool import WorkerPool, run_pool
+from batchspec.workers import ShardOutcome, ShardWorker
 from batchspec.write import Output, check_apart, output_schema, resolve_template
 
 
