@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# Before torch loads its OpenMP runtime, here and in every process the tests start (Ray's workers
+# and subprocesses inherit it): a thread waiting at an OpenMP barrier sleeps instead of spinning.
+# Two test processes share two cores; a worker of two torch threads (the default pipeline's) with a
+# core taken by the other process spun away its time slices: SmolLM2's forward took 21 s instead
+# of 2.7 s. A scheduling policy only: what runs, and its results, are the same.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
