@@ -173,10 +173,12 @@ def folder(tmp_path):
 # long file started last keeps one process busy while the other idles, and xdist's own order (most
 # tests first) put the real-Ray files, few tests each, last. Order only: no test depends on it.
 LONGEST_FIRST = (
-    "tests/engine/torch/test_eagle3_arm.py", "tests/cli/test_run.py", "tests/engine/torch/test_engine.py",
-    "tests/test_pipeline.py", "tests/test_submit.py", "tests/test_bench.py", "tests/test_multinode.py",
-    "tests/engine/torch/test_structured.py", "tests/test_ray_data.py", "tests/test_install.py",
-    "tests/test_group.py", "tests/cli/test_export.py", "tests/test_lease.py",
+    "tests/cli/test_run.py", "tests/test_pipeline.py", "tests/test_submit.py", "tests/test_multinode.py",
+    "tests/engine/torch/test_eagle3_arm.py", "tests/test_bench.py", "tests/engine/torch/test_suffix.py",
+    "tests/engine/torch/test_acceptance.py", "tests/engine/torch/test_engine.py", "tests/test_group.py",
+    "tests/engine/trtllm/test_gpu_check.py", "tests/engine/torch/test_structured.py", "tests/test_ray_data.py",
+    "tests/engine/trtllm/test_multi_gpu.py", "tests/test_redact.py", "tests/test_install.py",
+    "tests/test_structured_input.py", "tests/test_lease.py", "tests/test_gpu_check_torch.py", "tests/report/test_report.py",
 )
 
 
