@@ -171,10 +171,13 @@ def folder(tmp_path):
 # The files that take longest, longest first (pytest --durations, summed per file). `make test`
 # hands whole files to two processes (pytest-xdist, --dist loadfile, --no-loadscope-reorder): a
 # long file started last keeps one process busy while the other idles, and xdist's own order (most
-# tests first) put the real-Ray files, few tests each, last. Order only: no test depends on it.
+# tests first) put the real-Ray files, few tests each, last. The first file needs no Ray: with
+# test_run.py and test_pipeline.py first, both processes started their local Ray at once and, on a
+# loaded machine, both raylets missed Ray's 30 s registration limit (every Ray test then errored).
+# Order only: no test depends on it.
 LONGEST_FIRST = (
-    "tests/cli/test_run.py", "tests/test_pipeline.py", "tests/test_submit.py", "tests/test_multinode.py",
-    "tests/engine/torch/test_eagle3_arm.py", "tests/test_bench.py", "tests/engine/torch/test_suffix.py",
+    "tests/engine/torch/test_eagle3_arm.py", "tests/cli/test_run.py", "tests/test_pipeline.py", "tests/test_submit.py",
+    "tests/test_multinode.py", "tests/test_bench.py", "tests/engine/torch/test_suffix.py",
     "tests/engine/torch/test_acceptance.py", "tests/engine/torch/test_engine.py", "tests/test_group.py",
     "tests/engine/trtllm/test_gpu_check.py", "tests/engine/torch/test_structured.py", "tests/test_ray_data.py",
     "tests/engine/trtllm/test_multi_gpu.py", "tests/test_redact.py", "tests/test_install.py",
