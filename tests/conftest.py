@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# Before torch loads its OpenMP runtime, here and in every process the tests start (Ray's workers
+# and subprocesses inherit it): a thread waiting at an OpenMP barrier sleeps instead of spinning.
+# Two test processes share two cores; a worker of two torch threads (the default pipeline's) with a
+# core taken by the other process spun away its time slices: SmolLM2's forward took 21 s instead
+# of 2.7 s. A scheduling policy only: what runs, and its results, are the same.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -164,12 +171,17 @@ def folder(tmp_path):
 # The files that take longest, longest first (pytest --durations, summed per file). `make test`
 # hands whole files to two processes (pytest-xdist, --dist loadfile, --no-loadscope-reorder): a
 # long file started last keeps one process busy while the other idles, and xdist's own order (most
-# tests first) put the real-Ray files, few tests each, last. Order only: no test depends on it.
+# tests first) put the real-Ray files, few tests each, last. The first file needs no Ray: with
+# test_run.py and test_pipeline.py first, both processes started their local Ray at once and, on a
+# loaded machine, both raylets missed Ray's 30 s registration limit (every Ray test then errored).
+# Order only: no test depends on it.
 LONGEST_FIRST = (
-    "tests/engine/torch/test_eagle3_arm.py", "tests/cli/test_run.py", "tests/engine/torch/test_engine.py",
-    "tests/test_pipeline.py", "tests/test_submit.py", "tests/test_bench.py", "tests/test_multinode.py",
-    "tests/engine/torch/test_structured.py", "tests/test_ray_data.py", "tests/test_install.py",
-    "tests/test_group.py", "tests/cli/test_export.py", "tests/test_lease.py",
+    "tests/engine/torch/test_eagle3_arm.py", "tests/cli/test_run.py", "tests/test_pipeline.py", "tests/test_submit.py",
+    "tests/test_multinode.py", "tests/test_bench.py", "tests/engine/torch/test_suffix.py",
+    "tests/engine/torch/test_acceptance.py", "tests/engine/torch/test_engine.py", "tests/test_group.py",
+    "tests/engine/trtllm/test_gpu_check.py", "tests/engine/torch/test_structured.py", "tests/test_ray_data.py",
+    "tests/engine/trtllm/test_multi_gpu.py", "tests/test_redact.py", "tests/test_install.py",
+    "tests/test_structured_input.py", "tests/test_lease.py", "tests/test_gpu_check_torch.py", "tests/report/test_report.py",
 )
 
 
