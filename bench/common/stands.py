@@ -50,6 +50,12 @@ def _predictions(lines: list[dict]) -> str:
     return f"{within} of {judged} shards within ±5%"
 
 
+def _eagle3(m: dict, w: str) -> str:
+    runs = ", ".join(f"b{b} {_x(m[f'{w} b{b} head/plain'])} vs {_x(m[f'{w} b{b} best other/plain'])} "
+                     f"({m[f'{w} b{b} best other'].split()[0]})" for b in (1, 8) if f"{w} b{b} head/plain" in m)
+    return f"{w}: {runs}, head accepts {m[f'{w} head acc len k=2']:.2f} a step after {m[f'{w} head train s']:.0f} s of training"
+
+
 def _calibrate(lines: list[dict]) -> str:
     return "; ".join(f"batch {x['args']['batch_size']}: {x['metrics']['min_vs_oracle']:.2f}x the oracle, "
                      f"{x['metrics']['min_vs_plain']:.2f}x plain (worst shard)" for x in lines)
@@ -77,6 +83,10 @@ STANDS = (
           "plain batch 8, n-gram batch 1, draft batch 1",
           (("peer", {"layers": "own"}),),
           lambda ls: ", ".join(_x(ls[0]["metrics"][k]) for k in ("plain_b8_own", "ngram_b1_own", "draft_b1_own"))),
+    Stand("EAGLE-3 head trained for the key on its first 64 rows (their states kept while they decode, as `train_head` "
+          "does), on held-out rows, float32, side by side: the head's eagle3 k=2 and the best of n-gram and suffix k=2 over plain",
+          (("eagle3", {"workloads": "prose,edit", "recorded": True}), ("eagle3", {"workloads": "code,extract", "recorded": True})),
+          lambda ls: "; ".join(_eagle3(x["metrics"], w) for x in ls for w in x["args"]["workloads"].split(","))),
     Stand("Plan + group at 1M and 5M rows; the driver's peak memory", (("scale", {}),),
           lambda ls: (f"{ls[0]['metrics']['plan_group_s@1000000']:.0f} s and {ls[0]['metrics']['plan_group_s@5000000']:.0f} s; "
                       f"{ls[0]['metrics']['driver_peak_mb@1000000']} and {ls[0]['metrics']['driver_peak_mb@5000000']} MB")),
