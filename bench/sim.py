@@ -305,6 +305,18 @@ def predictions(shards: Sequence[dict], share: float = 0.95, tolerance: float = 
     return judged, within
 
 
+def held_out_metrics(shards: Sequence[dict], batch_size: int) -> dict:
+    """The held-out protocol's figures beyond the grid's (docs/simulator.md's table): the shards,
+    their rows, the mean of the shards of two batches or more (None: there is none), and the worst
+    shard, of those where there is one, else of all, as `ID VS_ORACLE (ARM ROWS, ...; ORACLE)`."""
+    large = [s for s in shards if s["rows"] >= 2 * batch_size]
+    worst = min(large or shards, key=lambda s: s["vs_oracle"])
+    ran = ", ".join(f"{a} {n}" for a, n in worst["ran"].items())
+    return {"shards": len(shards), "min_rows": min(s["rows"] for s in shards), "max_rows": max(s["rows"] for s in shards),
+            "mean_vs_oracle_2_batches": round(sum(s["vs_oracle"] for s in large) / len(large), 3) if large else None,
+            "worst_shard": f"{worst['shard']} {worst['vs_oracle']:.3f} ({ran}; {worst['oracle']})"}
+
+
 def _tokens_s(run: dict) -> dict:
     return {"tokens": run["tokens"], "seconds": run["decode_s"]}
 
@@ -438,6 +450,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                    # the held-out target's: shards of two batches or more (a smaller shard is all drain)
                    "min_vs_oracle_2_batches": min((round(s["vs_oracle"], 3) for s in shards if s["rows"] >= 2 * r["batch_size"]),
                                                   default=None),
+                   **held_out_metrics(shards, r["batch_size"]),
                    "predictions_judged": judged, "predictions_within_5pct": within,
                    **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r["job"].items() if k != "schedule_best"}}
         one = argparse.Namespace(**{**vars(args), "regime": r["regime"], "batch_size": r["batch_size"]})

@@ -266,7 +266,7 @@ def test_results_report_keeps_the_latest_line_per_figure_and_rewrites_only_its_b
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     doc = tmp_path / "performance.md"
     doc.write_text(f"# Performance\n\nprose\n\n{results.BEGIN}\nold table\n{results.END}\n\nmore prose\n")
-    report.main(["--results", str(tmp_path / "r.jsonl"), "--doc", str(doc), "--readme", "", "--grid", ""])
+    report.main(["--results", str(tmp_path / "r.jsonl"), "--doc", str(doc), "--readme", "", "--grid", "", "--heldout", ""])
     text = doc.read_text()
     assert text.startswith("# Performance\n\nprose\n\n") and text.endswith(f"{results.END}\n\nmore prose\n")
     # a figure is told apart from its bench's others by what changes it (threads does not), with its commit and machine
@@ -308,6 +308,45 @@ def test_docs_performance_shows_the_table_of_bench_results():
     assert results.block(results.README.read_text()) == stands.stands_table(lines), "run `make bench-report`"
     grid = (REPO / "docs" / "calibration.md").read_text()
     assert results.block(grid, stands.GRID_BEGIN, stands.GRID_END) == stands.grid_table(lines), "run `make bench-report`"
+    assert results.block(grid, stands.HELDOUT_BEGIN, stands.HELDOUT_END) == stands.heldout_summary(lines), "run `make bench-report`"
+    simulator = (REPO / "docs" / "simulator.md").read_text()
+    assert results.block(simulator, stands.HELDOUT_BEGIN, stands.HELDOUT_END) == stands.heldout_table(lines), "run `make bench-report`"
+
+
+def test_heldout_tables_show_the_newest_record_of_each_cell_of_the_protocol():
+    """docs/simulator.md's held-out table and docs/calibration.md's summary of it are written from
+    the sim records whose input bench/heldout.py made: one row (cell) per shards, regime and batch,
+    the newest record of a cell winning; the tuning grid's records are not theirs."""
+    from common import stands
+
+    made = "python bench/heldout.py --seed 7 --out heldout.parquet"
+
+    def sim(utc, regime, batch, rows, shard_by="workload", prepare=made, **metrics):
+        base = {"min_vs_oracle": 0.9, "min_vs_oracle_2_batches": 0.95, "mean_vs_oracle_2_batches": 0.99, "vs_oracle": 0.98,
+                "max_drain_loss": 0.002, "shards": 5, "min_rows": rows, "max_rows": rows, "worst_shard": "yaml-0 0.950 (ngram:k=6 40; ngram:k=8)"}
+        return {"utc": utc, "commit": "abc1234", "machine": "m", "bench": "sim", "prepare": prepare, "command": "python bench/sim.py",
+                "args": {"input": "heldout.parquet", "shard_by": shard_by, "regime": regime, "batch_size": batch, "rows": rows},
+                "metrics": {**base, **metrics}}
+
+    lines = [sim("2026-12-02T00:00:00+00:00", "cpu", 8, 40, worst_shard="newer"),
+             sim("2026-12-01T00:00:00+00:00", "cpu", 8, 40, worst_shard="older"),
+             sim("2026-12-01T00:00:00+00:00", "trtllm", 32, 40, min_vs_oracle_2_batches=None, mean_vs_oracle_2_batches=None,
+                 vs_oracle_with_builds=1.0),
+             sim("2026-12-01T00:00:00+00:00", "cpu", 32, 200, shard_by="key", shards=50, min_rows=40, max_rows=200),
+             sim("2026-12-01T00:00:00+00:00", "cpu", 1, 256),
+             sim("2026-12-03T00:00:00+00:00", "cpu", 8, 40, prepare="python examples/make_prompts.py --out grid.parquet")]
+    rows = stands.heldout_table(lines).splitlines()[2:]
+    assert rows == [
+        "| workload 40 | `cpu` | 8 | 0.950 / 0.990 | 0.900 | 0.980 | +0.2% | newer |",
+        "| workload 40 | `trtllm` | 32 | - (none) | 0.900 | 0.980 (1.000) | +0.2% | yaml-0 0.950 (ngram:k=6 40; ngram:k=8) |",
+        "| workload 256 | `cpu` | 1 | 0.950 / 0.990 | 0.900 | 0.980 | +0.2% | yaml-0 0.950 (ngram:k=6 40; ngram:k=8) |",
+        "| 50 keys, 40-200 rows | `cpu` | 32 | 0.950 / 0.990 | 0.900 | 0.980 | +0.2% | yaml-0 0.950 (ngram:k=6 40; ngram:k=8) |"]
+    summary = stands.heldout_summary(lines).splitlines()
+    assert summary[0] == "| shards | regime | batch 1 | batch 8 | batch 32 | batch 128 |"
+    assert summary[2:] == ["| workload 40 | `cpu` | - | 0.950 / 0.980 | - | - |",
+                           "| workload 40 | `trtllm` | - | - | 0.900* / 0.980 | - |",
+                           "| workload 256 | `cpu` | 0.950 / 0.980 | - | - | - |",
+                           "| 50 keys, 40-200 rows | `cpu` | - | - | 0.950 / 0.980 | - |"]
 
 
 def test_every_command_the_tables_print_runs_as_printed():

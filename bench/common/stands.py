@@ -132,3 +132,63 @@ def grid_table(lines: Sequence[dict]) -> str:
                         f"{m['vs_schedule']:.3f} | {seeded['min_vs_oracle']:.3f} / {seeded['mean_vs_oracle']:.3f} | "
                         f"{m['predictions_within_5pct']} of {m['predictions_judged']} | {m['max_overhead']:.1%} |")
     return "\n".join(rows)
+
+
+HELDOUT_BEGIN, HELDOUT_END = "<!-- bench-report:heldout -->", "<!-- /bench-report:heldout -->"
+HELDOUT_MADE_BY = "bench/heldout.py"  # the held-out records: sim runs on the input this script makes
+HELDOUT_BATCHES = (1, 8, 32, 128)
+
+
+def heldout_cells(lines: Sequence[dict]) -> list[dict]:
+    """The held-out protocol's records, the newest of each cell (shards, regime, batch): workload
+    shards by rows, then the many-keys job; regimes in SIM_REGIMES' order, batches ascending."""
+    newest: dict[tuple, dict] = {}
+    for x in lines:
+        if x["bench"] != "sim" or HELDOUT_MADE_BY not in x.get("prepare", ""):
+            continue
+        a = x["args"]
+        cell = (a["shard_by"] != "workload", a["rows"], a["shard_by"], a["regime"], a["batch_size"])
+        if cell not in newest or x["utc"] >= newest[cell]["utc"]:
+            newest[cell] = x
+    order = {r: i for i, r in enumerate(SIM_REGIMES)}
+    return [newest[c] for c in sorted(newest, key=lambda c: (c[0], c[1], c[2], order.get(c[3], len(order)), c[3], c[4]))]
+
+
+def _shards(line: dict) -> str:
+    a, m = line["args"], line["metrics"]
+    if a["shard_by"] == "workload":
+        return f"workload {a['rows']}"
+    return f"{m['shards']} keys, {m['min_rows']}-{m['max_rows']} rows"
+
+
+def heldout_table(lines: Sequence[dict]) -> str:
+    """docs/simulator.md's held-out table: a row per recorded cell of the protocol."""
+    rows = ["| shards | regime | batch | shards of >= 2 batches: worst / mean vs oracle | all shards: worst | "
+            "job vs oracle (trtllm: vs its oracle that pays builds) | worst drain loss | worst shard (ran; oracle) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for x in heldout_cells(lines):
+        m = x["metrics"]
+        large = ("- (none)" if m["min_vs_oracle_2_batches"] is None
+                 else f"{m['min_vs_oracle_2_batches']:.3f} / {m['mean_vs_oracle_2_batches']:.3f}")
+        job = f"{m['vs_oracle']:.3f}" + (f" ({m['vs_oracle_with_builds']:.3f})" if "vs_oracle_with_builds" in m else "")
+        rows.append(f"| {_shards(x)} | `{x['args']['regime']}` | {x['args']['batch_size']} | {large} | {m['min_vs_oracle']:.3f} | "
+                    f"{job} | {m['max_drain_loss']:+.1%} | {m['worst_shard']} |")
+    return "\n".join(rows)
+
+
+def heldout_summary(lines: Sequence[dict]) -> str:
+    """docs/calibration.md's summary of the held-out table: a row per shards and regime, a column
+    per batch; a cell the worst shard of two batches or more (`*`: none has two, the worst of all)
+    / the job vs its oracle that pays no build; `-` where no record is."""
+    by: dict[tuple[str, str], dict[int, dict]] = {}
+    for x in heldout_cells(lines):
+        by.setdefault((_shards(x), x["args"]["regime"]), {})[x["args"]["batch_size"]] = x["metrics"]
+    rows = ["| shards | regime | " + " | ".join(f"batch {b}" for b in HELDOUT_BATCHES) + " |",
+            "|---|---|" + "---|" * len(HELDOUT_BATCHES)]
+    for (shards, regime), cells in by.items():
+        text = [("-" if b not in cells else
+                 (f"{cells[b]['min_vs_oracle']:.3f}*" if cells[b]["min_vs_oracle_2_batches"] is None
+                  else f"{cells[b]['min_vs_oracle_2_batches']:.3f}") + f" / {cells[b]['vs_oracle']:.3f}")
+                for b in HELDOUT_BATCHES]
+        rows.append(f"| {shards} | `{regime}` | " + " | ".join(text) + " |")
+    return "\n".join(rows)
