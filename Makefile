@@ -111,9 +111,10 @@ bench-sim: setup
 		--regime cpu,h200-torch,gpu-roofline,trtllm --batch-size 1,8,32 --rows 256 --max-tokens 128 --switch prose,edit \
 		--prior-pass $(BENCH_ARGS)
 
-# The held-out protocol (docs/calibration.md, "Held-out"): workloads nobody tuned the rule on, in
-# shards of 40, 256 and 2,048 rows, and a job of 50 keys of 40-200 rows; no schedule searched.
-# The whole of it takes hours on a 2-core CPU: HELDOUT_ROWS, HELDOUT_REGIMES, HELDOUT_BATCHES pick a part.
+# The held-out protocol (docs/simulator.md, "The held-out protocol"): workloads nobody tuned the
+# rule on, in shards of 40, 256 and 2,048 rows, and a job of 50 keys of 40-200 rows; no schedule
+# searched. The whole of it takes about two hours on a 2-core CPU: HELDOUT_ROWS, HELDOUT_REGIMES,
+# HELDOUT_BATCHES pick a part; with BENCH_ARGS=--record, then `make bench-report`, it is the table.
 SIM_HELDOUT_MAKE = python bench/heldout.py --seed 7 --out heldout.parquet
 HELDOUT_ROWS ?= 40 256 2048
 HELDOUT_REGIMES ?= cpu,h200-torch,gpu-roofline,trtllm
