@@ -52,7 +52,7 @@ def generate(ds, config):
     import ray.data
 
     from batchspec import preflight
-    from batchspec.worker_pool import check_gpus_fit, worker_runtime_env
+    from batchspec.worker_pool import check_gpus_fit
 
     job = preflight.prepare(config, "ray_data.generate")
     schema = ds.schema(fetch_if_missing=False)
@@ -63,7 +63,7 @@ def generate(ds, config):
     return ds.map_batches(
         GenerateStage, fn_constructor_args=(job.worker_job(), config.shard_by, seeds), batch_size=config.shard_size, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=config.workers),
-        num_cpus=config.worker.num_cpus, num_gpus=config.worker.num_gpus or None, runtime_env=worker_runtime_env(),
+        num_cpus=config.worker.num_cpus, num_gpus=config.worker.num_gpus or None,
     )
 
 

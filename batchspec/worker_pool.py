@@ -33,7 +33,6 @@ more GPUs per worker than any node has is refused before any actor starts.
 from __future__ import annotations
 
 import collections
-import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
@@ -110,17 +109,6 @@ def start_actor(actor_cls: Any, options: dict[str, Any], *args: Any) -> Any:
     return actor
 
 
-def worker_runtime_env() -> dict[str, Any]:
-    """What a shard worker's process starts with, beside the job's own runtime env (Ray merges
-    `env_vars` with the parent's): OpenMP threads that wait at a barrier sleep
-    (OMP_WAIT_POLICY=PASSIVE) unless the driver's environment sets the policy. A worker's torch
-    threads may outnumber the CPUs Ray gives it (`num_cpus` is fractional so reading keeps a CPU);
-    a spinning thread then takes its time slices from the thread it waits for: a SmolLM2 forward
-    of 2 threads beside a process busy on one of 2 cores took 20.9 s spinning, 2.7 s passive. The
-    policy is read when torch loads OpenMP, so it is set where the process starts."""
-    return {"env_vars": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}}
-
-
 def check_gpus_fit(num_gpus: float) -> None:
     """Refuse, in one line, a worker of more GPUs than any node of the Ray cluster has: its actor
     would wait for ever (a placement group of one bundle never spans nodes)."""
@@ -170,7 +158,6 @@ def run_pool(job: WorkerJob, plans: list[ShardPlan], workers: int, on_done: Call
     check_gpus_fit(job.worker.num_gpus)
     actor_cls = ray.remote(worker_cls)
     options = dict(num_cpus=job.worker.num_cpus, num_gpus=job.worker.num_gpus, max_restarts=0, max_task_retries=0,
-                   runtime_env=worker_runtime_env(),
                    scheduling_strategy="SPREAD")
     key = (worker_cls, job.load_key())
     actors: list[Any] = []  # every actor this run held, to stop (or give back) at the end

@@ -19,7 +19,7 @@ from batchspec.errors import InputError, OutputError
 from batchspec.errors import ConfigError
 from batchspec.pipeline import row_defaults, run
 from batchspec.stats import OUTPUT_NAMES
-from batchspec.worker_pool import WorkerPool, worker_runtime_env
+from batchspec.worker_pool import WorkerPool
 from batchspec.workers import ShardWorker
 from tests.data import prompts_table, write_parquet
 
@@ -427,23 +427,3 @@ def test_a_planned_output_with_nothing_committed_takes_the_options_of_the_run_th
     summary = run(make_config(input_dir, out, tiny_model_dir, spec="none", max_tokens=3), pool=pool)
     assert summary.complete and summary.shards_skipped == 0
     assert json.loads((out / "_plan.json").read_text())["identity"]["options"]["max_tokens"] == 3
-
-
-def test_worker_processes_start_with_openmp_threads_that_sleep_unless_the_driver_sets_the_policy(ray_session, tiny_model_dir,
-                                                                                                   input_dir, tmp_path, monkeypatch):
-    """A worker's torch threads may outnumber its CPUs; spinning OpenMP threads then starve the one
-    they wait for, so workers start with OMP_WAIT_POLICY=PASSIVE (worker_pool.worker_runtime_env),
-    or the driver's own setting. Set through the actor's runtime env, not inherited from the node:
-    this session's Ray was started with PASSIVE, and a driver that says ACTIVE gets ACTIVE workers."""
-    monkeypatch.delenv("OMP_WAIT_POLICY")
-    assert worker_runtime_env() == {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-
-    class Seen(ShardWorker):
-        def process(self, task):
-            if os.environ.get("OMP_WAIT_POLICY") != "ACTIVE":
-                raise RuntimeError(f"test: the worker's OMP_WAIT_POLICY is {os.environ.get('OMP_WAIT_POLICY')}")
-            return super().process(task)
-
-    summary = run(make_config(input_dir, tmp_path / "out", tiny_model_dir), worker_cls=Seen)
-    assert summary.complete and summary.retries == 0 and summary.shards_failed == 0
