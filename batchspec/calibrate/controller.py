@@ -220,14 +220,13 @@ class Controller:
         return new if changed else None
 
     def _learn(self, progress: Progress) -> None:
-        new, profiled = self.ledger.learn(progress.steps, progress.spec)
+        new, profiled, retimed = self.ledger.learn(progress.steps, progress.spec)
         if profiled is not None:
             self.control_s -= profiled.wall_s  # the worker's, not the controller's own time
             self.worker.profile_s += profiled.seconds
             self.events.append(Event(self.evidence.finished, "profile", "none", None, profiled.seconds,
                                      f"the worker's cost profile: {profiled.points} forwards timed, once per worker "
                                      "and batch size (not this shard's)"))
-        retimed, self.ledger.retimed = self.ledger.retimed, None
         if retimed is not None and retimed.after != retimed.before:  # its seconds stay in control_s: this shard's
             self.events.append(Event(self.evidence.finished, "profile", "none", None, retimed.seconds,
                                      f"a profile forward re-timed: the machine runs at {retimed.after:.2f}x the profile's "

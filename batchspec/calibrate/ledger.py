@@ -65,18 +65,17 @@ class Ledger:
         self.ran: dict[str, Ran] = {}
         self.seen = 0  # steps already learned from
         self.profile_s = 0.0
-        self.retimed: Retimed | None = None
 
-    def learn(self, steps: Sequence[Step], spec: SpecConfig) -> tuple[int, Profiled | None]:
+    def learn(self, steps: Sequence[Step], spec: SpecConfig) -> tuple[int, Profiled | None, Retimed | None]:
         """Teach the cost table the steps after those already learned (all run under `spec`),
         profiling first where the worker has no profile at this batch size, else, at the shard's
         first steps, re-timing one of the profile's forwards (`retime`). Returns how many steps
-        were new, and the profile if one was timed."""
-        profiled = None
+        were new, the profile if one was timed, and the re-timing if one ran."""
+        profiled = retimed = None
         if steps and self.costs.needs_profile(self.batch_size):
             profiled = self.profile(steps[-1].context)
         elif steps and not self.seen:
-            self.retimed = self.retime()
+            retimed = self.retime()
         ran = self.ran.setdefault(spec.label, Ran())
         for step in steps[self.seen:]:
             self.costs.observe(step, spec.draft_model)
@@ -84,7 +83,7 @@ class Ledger:
             ran.committed += step.committed
             ran.steps.append((step.rows, step.context, step.committed))
         new, self.seen = len(steps) - self.seen, len(steps)
-        return new, profiled
+        return new, profiled, retimed
 
     def profile(self, context: int) -> Profiled | None:
         """Time the worker's profile at this batch size (`profile_grid`: every arm's verify width);

@@ -64,11 +64,11 @@ def test_a_load_gone_between_shards_leaves_plain_decodings_price_where_the_machi
     first.learn([Step(4, 100, 1, 4, machine.forward(4, 1), "none") for _ in range(20)], NO_SPEC)
     machine.load = 1.0
     second = Ledger(machine, table, 4, [arm])
-    second.learn([Step(4, 100, 3, 6, 1.1 * machine.forward(4, 3), "ngram") for _ in range(20)], arm)
+    _, _, retimed = second.learn([Step(4, 100, 3, 6, 1.1 * machine.forward(4, 3), "ngram") for _ in range(20)], arm)
     speedup, baseline = second.plain()
     assert speedup == pytest.approx(1.5 / (3 * 1.1), rel=0.02)
     assert baseline == pytest.approx(4 / machine.forward(4, 1), rel=0.02)  # plain decoding's goodput now
-    assert second.retimed == Retimed(1.0, pytest.approx(0.1), pytest.approx(machine.forward(4, 1)))
+    assert retimed == Retimed(1.0, pytest.approx(0.1), pytest.approx(machine.forward(4, 1)))
     # a forward re-timed within MACHINE_BAND of its profiled seconds is noise: the prices keep the profile's machine
     point = table.points[0]
     assert table.retime(point, point.seconds * 1.2) == 1.0 and table.forward_s(1, 1, 100) == pytest.approx(point.seconds)
