@@ -8,7 +8,8 @@ Per workload (bench/common/workloads.py, chat template applied, greedy, float32)
    with `--recorded`, the training rows' states are instead those their batch-8 decode left
    (TorchEngine.recording, what `train_head` does in a run: no forward of their own) and the
    head trains on the target's tokens (hard targets, as `train_head` does);
-3. train a head on the N rows for each time budget (eagle3_train.train_head);
+3. train a head on the N rows for each time budget (eagle3_train.train_head); with `--subsets`,
+   also on the first M of them for each M (how acceptance grows with a key's rows);
 4. on the held-out rows, the mean accepted length per draft length k of the head's chain drafts,
    of n-gram lookup (the shipped arm's n-gram size) and of suffix drafting (its tree holding the
    N training rows), all counterfactual from the plain rows (exact for greedy);
@@ -26,7 +27,7 @@ decode second), how many rows equal plain decoding's output token for token, and
 seconds a head's measured goodput would save on a 2,000-row key at that batch size beside the
 seconds its training took.
 
-    python bench/eagle3.py [--workloads prose,code] [--train-rows 64] [--test-rows 16]
+    python bench/eagle3.py [--workloads prose,code] [--train-rows 64] [--subsets 16,32] [--test-rows 16]
         [--max-tokens 128] [--budgets 60,240] [--ks 1,2,3,4,6] [--run 1,8] [--run-ks 2,4]
         [--recorded] [--threads N] [--out DIR]
 """
@@ -66,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default="prose", help="comma-separated, from " + ",".join(workloads.WORKLOADS))
     parser.add_argument("--train-rows", type=int, default=64)
+    parser.add_argument("--subsets", default="", help="also train heads on the first M training rows for each M (comma-separated, "
+                        "below --train-rows): how acceptance grows with a key's rows, on the same held-out rows")
     parser.add_argument("--test-rows", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--budgets", default="60,240", help="training seconds, comma-separated (one head each)")
@@ -108,6 +111,9 @@ def headline(by_workload: dict) -> dict:
     for workload, r in by_workload.items():
         for label, head in r["heads"].items():
             k = 2 if 2 in r["arms"][label] else min(r["arms"][label])
+            if head.get("train_rows", r["train_rows"]) < r["train_rows"]:  # --subsets: acceptance by training rows
+                out[f"{workload} head acc len k={k} @{head['train_rows']} rows"] = round(r["arms"][label][k]["mean_accepted_len"], 3)
+                continue
             out[f"{workload} head acc len k={k}"] = round(r["arms"][label][k]["mean_accepted_len"], 3)
             out[f"{workload} head train s"] = round(head["stats"]["seconds"], 1)
             out[f"{workload} head train share"] = round(head["stats"]["seconds"] / (KEY_ROWS * r["decode_s_per_row_b1"]), 4)
@@ -163,17 +169,18 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
     }
     draft_s: dict[str, dict[int, float]] = {"ngram": {k: 0.0 for k in ks}, "suffix": {k: 0.0 for k in ks}}
     heads, heads_saved = {}, {}
-    for budget in budgets:
+    subsets = sorted(int(m) for m in args.subsets.split(",") if m and int(m) < n_train)
+    for m, budget in [(m, b) for m in subsets for b in budgets] + [(n_train, b) for b in budgets]:
         settings = TrainSettings(budget_s=budget, depth=args.depth, draft_vocab_size=args.draft_vocab, lr=args.lr,
                                  soft=not (args.hard or args.recorded), seed=args.seed)
-        head, stats = train_head(target, train_rows, settings)
-        label = f"eagle3 {budget:.0f}s"
+        head, stats = train_head(target, train_rows[:m], settings)
+        label = f"eagle3 {budget:.0f}s" if m == n_train else f"eagle3 {m} rows {budget:.0f}s"
         arms[label] = chain_acceptance(test_plain, ks, chains(head, test_rows, max(ks)))
-        seen = chain_acceptance(train_plain, ks, chains(head, train_rows, max(ks)))
+        seen = chain_acceptance(train_plain[:m], ks, chains(head, train_rows[:m], max(ks)))
         costs = head_costs(head, test_rows, ks)
         draft_s[label] = {k: costs["draft"][k] for k in ks}
         heads_saved[label] = str(save_head(head, Path(tempfile.mkdtemp(prefix="bench-eagle3-head-"))))
-        heads[label] = {"budget_s": budget, "stats": vars(stats), "costs": costs,
+        heads[label] = {"budget_s": budget, "train_rows": m, "stats": vars(stats), "costs": costs,
                         "train_rows_mean_accepted_len": {k: mean_len(seen[k]) for k in ks}}
 
     rows = {}
