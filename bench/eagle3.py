@@ -53,7 +53,9 @@ import torch  # noqa: E402
 from batchspec.engine.acceptance import Acceptance, PlainRow  # noqa: E402
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig  # noqa: E402
 from batchspec.engine.torch.counterfactual import chain_acceptance, ngram_acceptance, suffix_acceptance  # noqa: E402
-from batchspec.engine.torch.eagle3 import Chain, Recorded, aux_layers, chains, record  # noqa: E402
+from batchspec.engine.torch.eagle3 import aux_layers  # noqa: E402
+from batchspec.engine.torch.eagle3_chains import Chain, chains  # noqa: E402
+from batchspec.engine.torch.eagle3_states import Recorded, record  # noqa: E402
 from batchspec.engine.torch.eagle3_release import save_head  # noqa: E402
 from batchspec.engine.torch.eagle3_train import TrainSettings, train_head  # noqa: E402
 from batchspec.engine.torch.suffix_tree import SuffixTree  # noqa: E402

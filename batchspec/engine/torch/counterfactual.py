@@ -25,7 +25,7 @@ the tokens a row's grammar forces there (F, structured output; none on an uncons
   0..j-1 matched, so one unrolled pass of the head over prompt + output with the true tokens fed
   (eagle3.depth_logits) gives every chain it would draft; run[t] = how far the chain at t agrees
   with output[t:]. The hidden states come from one teacher-forced target forward over each row
-  (eagle3.record): the plain run's own are not kept. Exact for greedy unconstrained rows; on a
+  (eagle3_states.record): the plain run's own are not kept. Exact for greedy unconstrained rows; on a
   constrained row the unmasked chain is a lower bound (an estimate).
 Sampled rows (temperature > 0): the target's (and a draft model's) distributions along the sampled
 path, masked by the grammar there, give each draft's chance to pass (`expected_walk`): an
@@ -45,7 +45,9 @@ from batchspec.engine.acceptance import Acceptance, PlainRow, accept_probs, agre
 from batchspec.engine.base import MIN_TOKEN_PROB_DEFAULT, SPEC_FACTOR_DEFAULT, Request, SpecConfig
 from batchspec.engine.sampling import argmax, probs_from_logits
 from batchspec.engine.torch.drafters import NgramIndex
-from batchspec.engine.torch.eagle3 import Eagle3Head, Recorded, depth_logits, record
+from batchspec.engine.torch.eagle3 import Eagle3Head
+from batchspec.engine.torch.eagle3_chains import depth_logits
+from batchspec.engine.torch.eagle3_states import Recorded, record
 from batchspec.engine.torch.suffix_tree import Draft, SuffixTree, own_draft
 
 
@@ -174,7 +176,7 @@ def proposal_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int],
 def chain_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], chains: Sequence[Sequence[Sequence[int]]],
                      method: str = "eagle3") -> dict[int, Acceptance]:
     """Counterfactual steps of a drafter that proposes a chain of its whole budget at every step
-    (an EAGLE-3 head: eagle3.chains) on greedy unconstrained rows: `chains[r][t]` its drafts for a
+    (an EAGLE-3 head: eagle3_chains.chains) on greedy unconstrained rows: `chains[r][t]` its drafts for a
     step starting at output position t, draft j as it would propose it once drafts 0..j-1 matched
     (exact)."""
 

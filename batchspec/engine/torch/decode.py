@@ -51,7 +51,7 @@ from batchspec.engine.sampling import (
 )
 from batchspec.engine.torch.clock import Clock
 from batchspec.engine.torch.drafters import Drafts
-from batchspec.engine.torch.eagle3 import HiddenCapture
+from batchspec.engine.torch.eagle3_states import HiddenCapture
 from batchspec.engine.torch.grammar import Grammar
 from batchspec.engine.torch.kv import Batch, prefill, prefill_waste, survivors
 

@@ -1,6 +1,7 @@
-"""The EAGLE-3 draft head: its module, the target hidden states it reads, and its chain drafts (its
-released format on disk: eagle3_release.py). It knows the target model's modules (embeddings,
-decoder layers, LM head); it knows nothing about requests, the decode loop or calibration.
+"""The EAGLE-3 draft head's module (the target hidden states it reads: eagle3_states.py; its chain
+drafts: eagle3_chains.py; its released format on disk: eagle3_release.py). It knows the target
+model's modules (embeddings, decoder layers, LM head); it knows nothing about requests, the
+decode loop or calibration.
 
 What it mirrors (read at these commits; the names below are theirs):
 - SafeAILab/EAGLE @ cb7e0841fe0c206c6ed74a197ad5e2a1f13f5a2b
@@ -33,21 +34,18 @@ A chain draft of length k from a row whose committed tokens are s[0..n] runs dep
 n-1 (the target's hidden after s[n-1], the embedding of s[n]) and depths 1..k-1 there, each fed
 its own previous output: `unroll` with `feed=None` does exactly this for every position of a
 sequence at once (the counterfactual's and training's pass, the target's true next tokens fed),
-and `Chain` for one growing row (the drafter's, keys of the context kept).
+and `eagle3_chains.Chain` for one growing row (the drafter's, keys of the context kept).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
-
 
 
 def aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -217,211 +215,3 @@ class Eagle3Head(nn.Module):
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-
-# -- chain drafts over a growing row ---------------------------------------------------------------
-
-
-class Chain:
-    """One row's head state while it decodes: the context's keys (from the target's hidden
-    states, extended as tokens are committed) and greedy chain drafts from its last position."""
-
-    def __init__(self, head: Eagle3Head) -> None:
-        self.head = head
-        self.k0 = self.v0 = self.hidden = self.x = None
-        self.length = 0  # context positions with keys
-
-    @torch.inference_mode()
-    def extend(self, aux: torch.Tensor, next_ids: Sequence[int]) -> None:
-        """Add positions: `aux` [n, 3H'] the target's hidden states after the next n committed
-        tokens, `next_ids` the n tokens after them (the last one just committed)."""
-        ids = torch.tensor([list(next_ids)], dtype=torch.long, device=aux.device)
-        hidden, x, k, v = self.head.context(aux[None], ids, start=self.length)
-        grow = (lambda old, new: new if old is None else torch.cat((old, new), dim=2))
-        self.k0, self.v0 = grow(self.k0, k), grow(self.v0, v)
-        self.hidden, self.x = hidden[:, -1:], x[:, -1:]
-        self.length += aux.shape[0]
-
-    @torch.inference_mode()
-    def draft(self, k: int, pick: Callable[[int, torch.Tensor], int | None] | None = None) -> list[int]:
-        """Up to k chain drafts (target ids) after the last committed token. `pick(i, logits)`
-        chooses draft i from the head's draft-vocabulary logits [draft vocab] (a target id; None
-        ends the chain there); by default the greedy one."""
-        head = self.head
-        at = torch.tensor([self.length - 1], device=self.k0.device)
-        pick = pick or (lambda i, logits: int(head.to_target(logits.argmax(-1))))
-        drafts: list[int] = []
-
-        def chosen(logits: torch.Tensor) -> int | None:
-            token = pick(len(drafts), logits[0, 0])
-            if token is not None:
-                drafts.append(token)
-            return token
-
-        def own(d: int, logits: torch.Tensor) -> torch.Tensor | None:
-            token = chosen(logits)
-            return None if token is None else torch.tensor([[token]], device=at.device)
-
-        out = head.deepen(self.k0, self.v0, self.hidden, self.x, at, k, own)
-        if len(out) == k:  # the last depth's draft (the others were picked as the next depth's input)
-            chosen(out[-1])
-        return drafts
-
-
-@torch.inference_mode()
-def draft_rows(chains: Sequence[Chain], ks: Sequence[int], pick: Callable[[int, int, torch.Tensor], int | None]) -> list[list[int]]:
-    """Chain drafts of several rows at once, one forward of the head per depth: row b drafts up to
-    ks[b] tokens after its last committed one, `pick(b, i, logits)` choosing its draft i from the
-    head's draft-vocabulary logits [draft vocab] (a target id; None ends row b's chain). The rows'
-    context keys are padded to the longest and masked past each row's own last position, so each
-    row's logits are its own chain's (`Chain.draft`), up to float rounding."""
-    out: list[list[int]] = [[] for _ in ks]
-    live = [b for b, k in enumerate(ks) if k > 0]
-    if not live:
-        return out
-    head = chains[live[0]].head
-    longest = max(chains[b].length for b in live)
-
-    def stack(name: str) -> torch.Tensor:
-        parts = [getattr(chains[b], name) for b in live]
-        if name in ("k0", "v0"):
-            parts = [torch.nn.functional.pad(t, (0, 0, 0, longest - t.shape[2])) for t in parts]
-        return torch.cat(parts)
-
-    at = torch.tensor([[chains[b].length - 1] for b in live], device=chains[live[0]].k0.device)
-    going = [True] * len(live)
-
-    def chosen(logits: torch.Tensor) -> list[int]:
-        ids = []
-        for i, b in enumerate(live):
-            token = None
-            if going[i] and len(out[b]) < ks[b]:
-                token = pick(b, len(out[b]), logits[i, 0])
-            if token is None:
-                going[i] = False
-            else:
-                out[b].append(token)
-            ids.append(0 if token is None else token)  # a row that stopped feeds a filler, never read
-        return ids
-
-    def own(d: int, logits: torch.Tensor) -> torch.Tensor | None:
-        ids = chosen(logits)
-        return torch.tensor(ids, device=at.device)[:, None] if any(going) else None
-
-    depth = max(ks[b] for b in live)
-    logits = head.deepen(stack("k0"), stack("v0"), stack("hidden"), stack("x"), at, depth, own)
-    if len(logits) == depth:  # the last depth's drafts (the others were picked as the next depth's input)
-        chosen(logits[-1])
-    return out
-
-
-# -- the target's hidden states ----------------------------------------------------------------------
-
-
-class HiddenCapture:
-    """Forward pre-hooks on the target's decoder layers `layers`: after forwards of the target
-    (a prefill's, a verify's), `forwards()` gives for each the inputs of those layers concatenated
-    [B, T, 3H] in layer order, EAGLE-3's low, middle and high hidden states; `take()` the last
-    one's. Built `on=False` (the engine's, installed once), it keeps nothing outside `reading()`.
-    Remove with `close()`."""
-
-    def __init__(self, model, layers: Sequence[int], on: bool = True) -> None:
-        self.layers = tuple(layers)
-        self.on = on
-        self.seen: dict[int, list[torch.Tensor]] = {}
-        decoder = model.get_decoder().layers
-        self.handles = [decoder[i].register_forward_pre_hook(self._hook(i), with_kwargs=True) for i in sorted(set(self.layers))]
-
-    def _hook(self, index: int):
-        def hook(module, args, kwargs):
-            if self.on:
-                self.seen.setdefault(index, []).append(args[0] if args else kwargs["hidden_states"])
-        return hook
-
-    @contextmanager
-    def reading(self) -> Iterator[None]:
-        """Keep the hidden states of the forwards run inside (for `forwards`)."""
-        was, self.on, self.seen = self.on, True, {}
-        try:
-            yield
-        finally:
-            self.on = was
-
-    def forwards(self) -> list[torch.Tensor]:
-        """Each forward's [B, T, 3H] since the last call, in order."""
-        count = len(self.seen.get(self.layers[0], ()))
-        out = [torch.cat([self.seen[i][f] for i in self.layers], dim=-1) for f in range(count)]
-        self.seen = {}
-        return out
-
-    def take(self) -> torch.Tensor:
-        return self.forwards()[-1]
-
-    def close(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
-@dataclass
-class Recorded:
-    """One row as the head needs it: its tokens (prompt, then output) and the target's hidden
-    states after tokens 0..N-2: `aux` [N-1, 3H] (the head's input) and `last` [N-1, H] (the
-    decoder's normed output, whose LM head gives the target's distributions; training's soft
-    targets)."""
-
-    tokens: torch.Tensor  # [N] long
-    prompt_len: int
-    aux: torch.Tensor
-    last: torch.Tensor | None = None
-
-    @property
-    def output_len(self) -> int:
-        return len(self.tokens) - self.prompt_len
-
-
-def record(model, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], layers: Sequence[int],
-           keep_last: bool = True, dtype: torch.dtype = torch.float32) -> list[Recorded]:
-    """For each (prompt ids, output ids): one teacher-forced forward of the target over prompt +
-    output[:-1] with the hidden states EAGLE-3 reads captured (the later decode loop takes the
-    same from its prefill and verify forwards instead)."""
-    device = next(model.parameters()).device
-    capture = HiddenCapture(model, layers)
-    out = []
-    try:
-        with torch.no_grad():  # not inference_mode: training reads these tensors under autograd
-            for prompt, output in sequences:
-                tokens = torch.tensor(list(prompt) + list(output), dtype=torch.long)
-                hidden = model.get_decoder()(input_ids=tokens[None, :-1].to(device)).last_hidden_state
-                aux = capture.take()[0].to("cpu", dtype)
-                out.append(Recorded(tokens, len(prompt), aux, hidden[0].to("cpu", dtype) if keep_last else None))
-    finally:
-        capture.close()
-    return out
-
-
-def depth_logits(head: Eagle3Head, row: Recorded, k: int) -> list[torch.Tensor]:
-    """Per depth j < k: the head's draft-vocabulary logits [n-1, draft vocab] for draft j of a
-    step starting at each output position t = 1..n-1 (the true tokens fed before it: `chains`)."""
-    P, N = row.prompt_len, len(row.tokens)
-    at = torch.arange(P - 1, N - 2, device=head.fc.weight.device)  # a step at output t drafts from position P + t - 2
-    if len(at) == 0:
-        return [torch.zeros(0, head.config.draft_vocab_size) for _ in range(k)]
-    aux = row.aux[None].to(head.fc.weight.device, head.fc.weight.dtype)
-    with torch.inference_mode():
-        return [lg[0] for lg in head.unroll(aux, row.tokens[None].to(at.device), k, at)]
-
-
-def chains(head: Eagle3Head, rows: Sequence[Recorded], k: int) -> list[list[list[int]]]:
-    """Per row, per output position t: the head's greedy chain of k drafts for a step starting at
-    t (index 0 empty: prefill commits the first output token), each draft j fed the true tokens
-    before it, as only a chain whose earlier drafts all matched matters (greedy: exact)."""
-    out = []
-    for row in rows:
-        logits = depth_logits(head, row, k)
-        drafts = torch.stack([head.to_target(lg.argmax(-1)) for lg in logits], dim=1)  # [n-1, k]
-        out.append([[]] + drafts.tolist())
-    return out
-
-
-# -- the released format ---------------------------------------------------------------------------

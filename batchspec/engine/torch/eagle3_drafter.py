@@ -28,7 +28,9 @@ import torch
 
 from batchspec.engine.sampling import argmax, probs_from_logits, sample_from
 from batchspec.engine.torch.drafters import Drafts
-from batchspec.engine.torch.eagle3 import Chain, Eagle3Head, HiddenCapture, draft_rows
+from batchspec.engine.torch.eagle3 import Eagle3Head
+from batchspec.engine.torch.eagle3_chains import Chain, draft_rows
+from batchspec.engine.torch.eagle3_states import HiddenCapture
 
 
 class Eagle3Drafter:

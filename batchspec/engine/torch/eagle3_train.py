@@ -32,7 +32,9 @@ import torch
 
 from batchspec.engine.acceptance import PlainRow
 from batchspec.engine.torch.counterfactual import chain_acceptance
-from batchspec.engine.torch.eagle3 import Eagle3Head, Recorded, aux_layers, chains
+from batchspec.engine.torch.eagle3 import Eagle3Head, aux_layers
+from batchspec.engine.torch.eagle3_chains import chains
+from batchspec.engine.torch.eagle3_states import Recorded
 from batchspec.engine.torch.eagle3_release import head_config
 
 LOSS_DECAY = 0.8  # depth d's loss weight is LOSS_DECAY ** d (EAGLE-3's `ploss_weight`)

@@ -39,7 +39,8 @@ from batchspec.engine.torch.clock import Clock, WallClock
 from batchspec.engine.torch.decode import Decoder, ModelTarget, Recording, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.eagle3_format import is_head
-from batchspec.engine.torch.eagle3 import Eagle3Head, HiddenCapture, Recorded, aux_layers
+from batchspec.engine.torch.eagle3 import Eagle3Head, aux_layers
+from batchspec.engine.torch.eagle3_states import HiddenCapture, Recorded
 from batchspec.engine.torch.eagle3_release import load_head, save_head
 from batchspec.engine.torch.eagle3_train import train_for_key
 from batchspec.engine.torch.eagle3_drafter import Eagle3Drafter

@@ -17,7 +17,7 @@ from batchspec.engine.base import StepCost
 from batchspec.engine.sampling import argmax, greedy_accept, probs_from_logits
 from batchspec.engine.torch.drafters import fit_vocab
 from batchspec.engine.eagle3_format import is_head
-from batchspec.engine.torch.eagle3 import Chain, draft_rows
+from batchspec.engine.torch.eagle3_chains import Chain, draft_rows
 from batchspec.engine.torch.kv import Batch
 
 

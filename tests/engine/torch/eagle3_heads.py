@@ -10,7 +10,8 @@ from safetensors.torch import save_file
 
 from batchspec.engine.acceptance import PlainRow
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams
-from batchspec.engine.torch.eagle3 import aux_layers, record
+from batchspec.engine.torch.eagle3 import aux_layers
+from batchspec.engine.torch.eagle3_states import record
 from batchspec.engine.torch.eagle3_train import TrainSettings, train_head
 from batchspec.engine.torch.engine import TorchEngine
 

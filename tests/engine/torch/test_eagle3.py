@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from batchspec.engine.torch.counterfactual import chain_acceptance
-from batchspec.engine.torch.eagle3 import Chain, HiddenCapture, aux_layers, chains, draft_rows
+from batchspec.engine.torch.eagle3 import aux_layers
+from batchspec.engine.torch.eagle3_chains import Chain, chains, draft_rows
+from batchspec.engine.torch.eagle3_states import HiddenCapture
 from batchspec.engine.torch.eagle3_release import load_head, save_head
 from batchspec.engine.torch.eagle3_train import draft_vocabulary, new_head
 from batchspec.errors import ModelError

@@ -17,7 +17,7 @@ from batchspec.engine.acceptance import PlainRow
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
 from batchspec.engine.torch import decode as torch_decode
 from batchspec.engine.torch.counterfactual import chain_acceptance
-from batchspec.engine.torch.eagle3 import chains
+from batchspec.engine.torch.eagle3_chains import chains
 from batchspec.engine.torch.eagle3_release import save_head
 from batchspec.engine.torch.eagle3_drafter import Eagle3Drafter
 from batchspec.engine.torch.engine import TorchEngine

@@ -8,7 +8,8 @@ import torch
 
 from batchspec.engine.base import NO_SPEC, SpecConfig
 from batchspec.engine.eagle3_format import is_head
-from batchspec.engine.torch.eagle3 import aux_layers, record
+from batchspec.engine.torch.eagle3 import aux_layers
+from batchspec.engine.torch.eagle3_states import record
 from batchspec.engine.torch.engine import TorchEngine
 from tests.engine.torch.eagle3_heads import word_requests
 
