@@ -108,15 +108,22 @@ def headline(by_workload: dict) -> dict:
     """The recorded figures: per workload, the head's mean accepted length on held-out rows (k=2,
     counterfactual), its training seconds and their share of a KEY_ROWS-row key's plain decode at
     batch 1, and per measured batch size the best eagle3 arm's and the best other drafting arm's
-    goodput over plain decoding's (side by side), with the best other arm named."""
+    goodput over plain decoding's (side by side), with the best other arm named; with them, each
+    head's passes over its rows and its accepted length on them, and n-gram's and suffix drafting's
+    on the held-out rows (counterfactual). `@M rows`: a head of --subsets."""
     out: dict = {}
     for workload, r in by_workload.items():
+        k = 2 if 2 in r["arms"]["ngram"] else min(r["arms"]["ngram"])
+        for arm in ("ngram", "suffix"):
+            out[f"{workload} {arm} acc len k={k}"] = round(r["arms"][arm][k]["mean_accepted_len"], 3)
         for label, head in r["heads"].items():
-            k = 2 if 2 in r["arms"][label] else min(r["arms"][label])
-            if head.get("train_rows", r["train_rows"]) < r["train_rows"]:  # --subsets: acceptance by training rows
-                out[f"{workload} head acc len k={k} @{head['train_rows']} rows"] = round(r["arms"][label][k]["mean_accepted_len"], 3)
+            m = head.get("train_rows", r["train_rows"])
+            at = f" @{m} rows" if m < r["train_rows"] else ""
+            out[f"{workload} head acc len k={k}{at}"] = round(r["arms"][label][k]["mean_accepted_len"], 3)
+            out[f"{workload} head own rows acc len k={k}{at}"] = round(head["train_rows_mean_accepted_len"][k], 3)
+            out[f"{workload} head passes{at}"] = round(head["stats"]["epochs"], 1)
+            if at:
                 continue
-            out[f"{workload} head acc len k={k}"] = round(r["arms"][label][k]["mean_accepted_len"], 3)
             out[f"{workload} head train s"] = round(head["stats"]["seconds"], 1)
             out[f"{workload} head train share"] = round(head["stats"]["seconds"] / (KEY_ROWS * r["decode_s_per_row_b1"]), 4)
         for b, by_arm in r["measured"].items():
