@@ -67,9 +67,9 @@ def run_shard(engine: Engine, shard: ShardInput, arms: Sequence[SpecConfig], cal
     else:
         chosen = spec_arms[0] if spec_arms else NO_SPEC
         ran = engine.generate(shard.requests, chosen, batch_size)
-        speedup, baseline, profile_s = price_fixed(engine, worker.costs, chosen, batch_size, ran)
+        speedup, baseline, profile_s, retime_s = price_fixed(engine, worker.costs, chosen, batch_size, ran)
         decision = replace(fixed_decision(chosen, "speculation off (--spec none)" if chosen is NO_SPEC else f"fixed by config: {chosen.label}"),
-                           speedup=speedup, baseline_tokens_per_s=baseline, profile_s=profile_s)
+                           speedup=speedup, baseline_tokens_per_s=baseline, profile_s=profile_s, calibration_s=retime_s)
         row_specs = [chosen] * len(shard.requests)
     builds = engine.builds[builds_before:] if engine.arms_are_builds else []
     stats = _stats(engine, shard, ran, decision, batch_size, time.perf_counter() - start, builds)

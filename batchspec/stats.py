@@ -221,7 +221,7 @@ class ShardStats:
     verify_s: float | None = None  # the target's verify forwards and the accept rule (null: not measured, see caveats)
     tokens_per_s: float | None = None  # goodput: tokens committed by decode steps per decode second
     baseline_tokens_per_s: float | None = None  # plain decoding's goodput for the same tokens, priced by the worker's cost table
-    calibration_s: float | None = None  # seconds calibration added: the controller's own work, builds of arms the shard did not end on (the worker's cost profile is profile_s)
+    calibration_s: float | None = None  # seconds calibration added: the controller's own work (a fixed arm's: its pricing's re-timed forward), builds of arms the shard did not end on (the worker's cost profile is profile_s)
     wall_s: float | None = None  # the shard's wall time, calibration included
     engine: str  # torch | trtllm
     model: str  # the target model as configured

@@ -129,17 +129,20 @@ class Ledger:
 
 
 def price_fixed(engine: Engine, costs: CostTable, spec: SpecConfig, batch_size: int,
-                result: GenerateResult) -> tuple[float | None, float | None, float]:
+                result: GenerateResult) -> tuple[float | None, float | None, float, float]:
     """A fixed arm's shard priced as the controller prices a calibrated one: (speedup, baseline
-    tokens/s, profile seconds) from the steps `result` ran under `spec`. Plain decoding is its own
-    baseline (1.0x); an arm is priced where the table can price plain decoding, else (None, None)."""
+    tokens/s, profile seconds, re-timing seconds) from the steps `result` ran under `spec`. Plain
+    decoding is its own baseline (1.0x); an arm is priced where the table can price plain decoding,
+    else (None, None). The re-timing's forward (a later shard's, `Ledger.retime`) is the shard's
+    own time, as it is a calibrated shard's; the profile is the worker's."""
     if spec.method == "none":
-        return (1.0, result.goodput, 0.0) if result.goodput else (None, None, 0.0)
+        return (1.0, result.goodput, 0.0, 0.0) if result.goodput else (None, None, 0.0, 0.0)
     ledger = Ledger(engine, costs, batch_size, [spec])
-    ledger.learn(result.steps, spec)
+    _, _, retimed = ledger.learn(result.steps, spec)
+    retime_s = retimed.seconds if retimed is not None else 0.0
     if not ledger.prices_plain():
-        return None, None, ledger.profile_s
-    return (*ledger.plain(), ledger.profile_s)
+        return None, None, ledger.profile_s, retime_s
+    return (*ledger.plain(), ledger.profile_s, retime_s)
 
 
 # ---- plain decoding's price of a shard's decode, with its interval (the stats' plain_gpu_s) ----

@@ -3,9 +3,11 @@ plain_decode_s and plain_decode_u, from which plain_gpu_s is made)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from batchspec.calibrate.ledger import Ledger, PlainPrice, Retimed, plain_price
+from batchspec.calibrate.ledger import Ledger, PlainPrice, Retimed, plain_price, price_fixed
 from batchspec.engine.base import NO_SPEC, Profile, SpecConfig, Step, StepCost
 from batchspec.predict.costs import CostTable
 
@@ -73,3 +75,19 @@ def test_a_load_gone_between_shards_leaves_plain_decodings_price_where_the_machi
     point = table.points[0]
     assert table.retime(point, point.seconds * 1.2) == 1.0 and table.forward_s(1, 1, 100) == pytest.approx(point.seconds)
     assert table.retime(point, point.seconds * 1.3) == pytest.approx(1.3)
+
+
+def test_a_fixed_arms_later_shard_counts_the_forward_that_re_times_its_price():
+    """A shard under a fixed arm is priced as a calibrated one is (`price_fixed`): the worker's
+    first such shard pays the profile (the worker's seconds), a later one re-times the profile's
+    plain forward, and those seconds are the shard's own, returned beside the profile's (the
+    shard's calibration_s), not dropped."""
+    machine, table, arm = _Machine(), CostTable(), SpecConfig("ngram", 2)
+    ran = SimpleNamespace(steps=[Step(4, 100, 3, 6, 1.1 * machine.forward(4, 3), "ngram") for _ in range(20)], goodput=100.0)
+    speedup, _, profile_s, retime_s = price_fixed(machine, table, arm, 4, ran)
+    assert profile_s > 0 and retime_s == 0.0  # the first: the profile, nothing to re-time
+    assert speedup == pytest.approx(1.5 / (3 * 1.1), rel=0.02)
+    machine.load = 2.0
+    speedup, _, profile_s, retime_s = price_fixed(machine, table, arm, 4, ran)
+    assert profile_s == 0.0 and retime_s == pytest.approx(machine.forward(4, 1))  # one forward of the profile's shape (PROFILE_TRIES)
+    assert price_fixed(machine, table, NO_SPEC, 4, ran) == (1.0, 100.0, 0.0, 0.0)  # plain decoding is its own price
