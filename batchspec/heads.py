@@ -28,6 +28,7 @@ from typing import Sequence
 from fsspec.implementations.local import LocalFileSystem
 
 from batchspec.engine.base import SpecConfig
+from batchspec.redact import redact_text
 from batchspec.write import Output
 
 HEADS = "heads"
@@ -94,10 +95,19 @@ class HeadStore:
         return folder
 
 
-def training_doc(key: str | None, shard_id: str, share: float, expected_decode_s: float, trained: dict) -> dict:
-    """The training stats written as a head's mark: where it was trained and within what budget."""
+def published_head(arms: Sequence[SpecConfig]) -> str | None:
+    """The folder of the first published EAGLE-3 head among a job's arms (an eagle3 arm of its
+    own, not a trained one), from which `train_head` trains a key's head on; None without one."""
+    return next((a.draft_model for a in arms if a.method == "eagle3" and a.draft_model and a.source != "train_head"), None)
+
+
+def training_doc(key: str | None, shard_id: str, share: float, expected_decode_s: float, trained: dict,
+                 started_from: str | None = None) -> dict:
+    """The training stats written as a head's mark: where it was trained, within what budget, and
+    from which published head (`started_from`, secrets left out; null: from nothing)."""
     return {"shard_key": key, "shard_id": shard_id, "budget_share": share, "expected_decode_s": expected_decode_s,
-            **trained, "draft_lens": list(DRAFT_LENS)}
+            **trained, "draft_lens": list(DRAFT_LENS),
+            "started_from": redact_text(started_from) if started_from is not None else None}
 
 
 def relative(output: Output, folder: str) -> str:

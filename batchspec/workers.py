@@ -296,11 +296,13 @@ class ShardWorker:
     def _train_head(self, shard_id: str, key: str | None, recorded: list, stats: ShardStats, key_rows: int,
                     rows: int) -> ShardStats:
         """Train `key`'s head on the shard's recorded rows within the budget (a share of the key's
-        expected decode seconds: this shard's per row, times the key's rows) and commit it."""
+        expected decode seconds: this shard's per row, times the key's rows) and commit it: from
+        the job's published EAGLE-3 head where an arm runs one (`published_head`), else from
+        nothing."""
         import shutil
         import tempfile
 
-        from batchspec.heads import DRAFT_LENS, training_doc
+        from batchspec.heads import DRAFT_LENS, published_head, training_doc
 
         if not recorded:
             return stats
@@ -309,7 +311,8 @@ class ShardWorker:
         began = time.perf_counter()
         folder = tempfile.mkdtemp(prefix="batchspec-head-")
         try:
-            trained = self.engine.train_head(recorded, budget, DRAFT_LENS, folder)
+            start = published_head(self.job.arms)
+            trained = self.engine.train_head(recorded, budget, DRAFT_LENS, folder, start=start)
         except Exception as exc:  # the head is an option: the shard's rows stand without it
             shutil.rmtree(folder, ignore_errors=True)
             why = f"head: not trained ({one_line(exc)})"[:300]
@@ -319,7 +322,7 @@ class ShardWorker:
             return replace(stats, head_train_s=time.perf_counter() - began)
         if self.job.lease is not None:
             self.job.lease.check()
-        doc = training_doc(key, shard_id, self.job.train_head_budget, expected, trained)
+        doc = training_doc(key, shard_id, self.job.train_head_budget, expected, trained, start)
         committed = self.heads.commit(key, folder, doc)
         if committed != folder:  # read from OUTPUT itself from now on
             shutil.rmtree(folder, ignore_errors=True)

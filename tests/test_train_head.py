@@ -11,6 +11,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import torch
 
 from batchspec.config.run import build_config
 from batchspec.engine.base import NO_SPEC, SpecConfig
@@ -180,3 +181,38 @@ def test_a_head_whose_training_fails_leaves_the_shards_rows_as_they_are(tiny_mod
     assert done.stats.head is None and done.stats.head_train_s is not None
     assert "head: not trained (out of memory while training)" in done.stats.caveats
     assert not (tmp_path / "out" / "heads").exists()
+
+
+def test_a_job_that_runs_a_published_head_trains_each_keys_head_from_it(tiny_model_dir, tmp_path):
+    """A job whose arms run a published EAGLE-3 head (a candidates entry naming it, or
+    `--draft-model` a head folder) and train a head per key: the key's head is that head trained further on the key's rows (its draft
+    vocabulary kept), and training.json names where it started."""
+    from batchspec.engine.torch.engine import TorchEngine
+    from batchspec.engine.torch.eagle3_release import load_head
+    from batchspec.parse import parse_rows
+    from batchspec.preflight import prepare
+    from batchspec.workers import ShardWorker
+    from tests.data import prompts_table
+    from tests.engine.torch.eagle3_heads import released, write
+
+    target = TorchEngine.load(str(tiny_model_dir)).model
+    vocab = target.config.vocab_size  # a draft vocabulary of all of it: the rows' tokens are in it
+    config_doc, weights = released(target, draft_vocab=vocab)
+    published = write(tmp_path / "published", config_doc, weights)
+    configs = Path(__file__).resolve().parents[1] / "batchspec" / "data" / "trt_configs"
+    candidates = tmp_path / "candidates.yaml"
+    candidates.write_text(f"candidates:\n  - config: {configs / 'ngram.yaml'}\n    max_draft_len: [2]\n"
+                          f"  - config: {configs / 'eagle3.yaml'}\n    max_draft_len: [2]\n    speculative_model_dir: {published}\n")
+    config = make_config(tmp_path, tmp_path / "out", tiny_model_dir, train_head=True, train_head_budget=1.0,
+                         candidates=str(candidates))
+    job = prepare(config).worker_job(Output(str(tmp_path / "out")))
+    assert [(a.label, a.draft_model) for a in job.arms if a.method == "eagle3"] == [("eagle3:k=2", str(published))]
+    worker = ShardWorker(job)
+    worker.start()
+    table = prompts_table(4)
+    parsed = parse_rows(table, table.column("id").to_pylist(), prepare(config).defaults)
+    done = worker.generate("00000-code", "code", parsed, trains_head=True, key_rows=40)
+    assert [c.error for c in done.completions] == [None] * 4 and done.stats.head == "heads/code"
+    doc = json.loads((tmp_path / "out" / "heads" / "code" / MARK).read_text())
+    assert doc["started_from"] == str(published) and doc["draft_vocab_size"] == vocab
+    assert torch.equal(load_head(tmp_path / "out" / "heads" / "code", target).d2t, weights["d2t"])

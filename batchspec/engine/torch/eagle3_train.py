@@ -98,13 +98,29 @@ def new_head(target, used: torch.Tensor, warm_start: bool = True, seed: int = 0)
     return head
 
 
+def coverage_of(rows: Sequence[Recorded], used: torch.Tensor) -> float:
+    """The share of `rows`' output tokens inside the draft vocabulary `used` (target ids)."""
+    outputs = torch.cat([row.tokens[row.prompt_len :] for row in rows]) if rows else torch.zeros(0, dtype=torch.long)
+    return float(torch.isin(outputs, used).float().mean()) if len(outputs) else 0.0
+
+
 def train_head(target, rows: Sequence[Recorded], settings: TrainSettings = TrainSettings(),
-               clock: Callable[[], float] = time.perf_counter) -> tuple[Eagle3Head, TrainStats]:
-    """Train a head on `rows` (each with `last` when `settings.soft`) and say how it went."""
+               clock: Callable[[], float] = time.perf_counter, start: Eagle3Head | None = None) -> tuple[Eagle3Head, TrainStats]:
+    """Train a head on `rows` (each with `last` when `settings.soft`) and say how it went: a new
+    one over the rows' own draft vocabulary, or `start` (a published head, loaded for `target`)
+    trained further in place over its own draft vocabulary, as SpecForge fine-tunes a head from a
+    checkpoint."""
     rows = [r for r in rows if len(r.tokens) - r.prompt_len >= 2]  # a row needs a token after its first output
     assert rows, "no row has two output tokens to train on"
-    used, coverage = draft_vocabulary(rows, settings.draft_vocab_size, target.config.vocab_size)
-    head = new_head(target, used, settings.warm_start, settings.seed).train()
+    if start is None:
+        used, coverage = draft_vocabulary(rows, settings.draft_vocab_size, target.config.vocab_size)
+        head = new_head(target, used, settings.warm_start, settings.seed).train()
+    else:
+        used = (torch.arange(len(start.d2t), device=start.d2t.device) + start.d2t).cpu()  # draft id i's target id
+        coverage, head = coverage_of(rows, used), start.train()
+        if coverage == 0.0:
+            raise ValueError("the head's draft vocabulary holds none of the rows' output tokens: nothing to train it on")
+        torch.manual_seed(settings.seed)
     to_draft = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
     to_draft[used] = torch.arange(len(used))
     target_head = target.get_output_embeddings().weight.detach()[used]  # [Vd, H]: the target's logits over the draft vocabulary
@@ -135,7 +151,8 @@ def train_head(target, rows: Sequence[Recorded], settings: TrainSettings = Train
             row = rows[order.pop()]
             seen += 1
             loss, hits, counts = _row_loss(head, row, settings, to_draft, target_head)
-            (loss / settings.rows_per_step).backward()
+            if loss.requires_grad:  # a row none of whose tokens the draft vocabulary holds has no loss
+                (loss / settings.rows_per_step).backward()
             pass_loss.append(loss.item())
             pass_hits = [a + b for a, b in zip(pass_hits, hits)]
             pass_counts = [a + b for a, b in zip(pass_counts, counts)]
@@ -150,9 +167,10 @@ def train_head(target, rows: Sequence[Recorded], settings: TrainSettings = Train
 
 
 def _progress(settings: TrainSettings, steps: int, elapsed: float) -> float:
+    """The share of the run done: of max_steps, else of the budget (none: done at once)."""
     if settings.max_steps is not None:
-        return steps / settings.max_steps
-    return elapsed / settings.budget_s
+        return steps / settings.max_steps if settings.max_steps > 0 else 1.0
+    return elapsed / settings.budget_s if settings.budget_s > 0 else 1.0
 
 
 def _schedule(progress: float) -> float:
@@ -217,17 +235,19 @@ class KeyTraining:
 
 
 def train_for_key(target, rows: Sequence[Recorded], budget_s: float, draft_lens: Sequence[int],
-                  settings: TrainSettings = TrainSettings(soft=False)) -> tuple[Eagle3Head, KeyTraining] | None:
+                  settings: TrainSettings = TrainSettings(soft=False), start: Eagle3Head | None = None
+                  ) -> tuple[Eagle3Head, KeyTraining] | None:
     """Train a head on a key's recorded rows (`rows`, states without `last`: hard targets, the
-    tokens the target wrote) within `budget_s`, every 1/HELD_BACK-th row held back and the head
-    measured on those; None when no row has two output tokens to train on."""
+    tokens the target wrote) within `budget_s`, from nothing or from `start` (`train_head`),
+    every 1/HELD_BACK-th row held back and the head measured on those; None when no row has two
+    output tokens to train on."""
     rows = [Recorded(r.tokens.clone(), r.prompt_len, r.aux.clone(), None) for r in rows if r.output_len >= 2]  # normal tensors: autograd reads them
     if not rows:
         return None
     step = max(2, round(1 / HELD_BACK))
     held = [r for i, r in enumerate(rows) if len(rows) >= 2 and i % step == step - 1]
     train = [r for i, r in enumerate(rows) if not (len(rows) >= 2 and i % step == step - 1)]
-    head, stats = train_head(target, train, TrainSettings(**{**vars(settings), "budget_s": budget_s}))
+    head, stats = train_head(target, train, TrainSettings(**{**vars(settings), "budget_s": budget_s}), start=start)
     result = KeyTraining(budget_s, stats, len(held))
     if held and draft_lens:
         plain = [PlainRow(r.tokens[: r.prompt_len].tolist(), r.tokens[r.prompt_len :].tolist(), r.output_len) for r in held]

@@ -180,11 +180,15 @@ class TorchEngine:
         finally:
             self._recording = None
 
-    def train_head(self, rows: Sequence[Recorded], budget_s: float, draft_lens: Sequence[int], folder: str) -> dict | None:
-        """Train an EAGLE-3 head on recorded rows (`recording`) within `budget_s` and write it to the
-        local `folder` in the released format (eagle3_train.train_for_key); its training stats as a
-        document, None when no row had two output tokens to train on."""
-        trained = train_for_key(self.model, rows, budget_s, draft_lens)
+    def train_head(self, rows: Sequence[Recorded], budget_s: float, draft_lens: Sequence[int], folder: str,
+                   start: str | None = None) -> dict | None:
+        """Train an EAGLE-3 head on recorded rows (`recording`) within `budget_s`, from nothing or
+        from the released head in the local folder `start` (a published head the job runs as an
+        arm), and write it to the local `folder` in the released format
+        (eagle3_train.train_for_key); its training stats as a document, None when no row had two
+        output tokens to train on."""
+        begun = load_head(start, self.model, dtype=next(self.model.parameters()).dtype) if start is not None else None
+        trained = train_for_key(self.model, rows, budget_s, draft_lens, start=begun)
         if trained is None:
             return None
         head, stats = trained
