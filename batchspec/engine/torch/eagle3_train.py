@@ -71,6 +71,12 @@ class TrainStats:
     accuracy: list[float] = field(default_factory=list)
 
 
+def coverage_of(rows: Sequence[Recorded], used: torch.Tensor) -> float:
+    """The share of `rows`' output tokens inside the draft vocabulary `used` (target ids)."""
+    outputs = torch.cat([row.tokens[row.prompt_len :] for row in rows]) if rows else torch.zeros(0, dtype=torch.long)
+    return int(torch.isin(outputs, used).sum()) / len(outputs) if len(outputs) else 0.0
+
+
 def draft_vocabulary(rows: Sequence[Recorded], size: int, vocab: int) -> tuple[torch.Tensor, float]:
     """The `size` most frequent output tokens of `rows` (fewer if fewer occur; ties to the lower
     id), sorted, and the share of output tokens they cover."""
@@ -79,8 +85,7 @@ def draft_vocabulary(rows: Sequence[Recorded], size: int, vocab: int) -> tuple[t
         counts.update(row.tokens[row.prompt_len :].tolist())
     top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[: min(size, vocab)]
     used = torch.tensor(sorted(token for token, _ in top), dtype=torch.long)
-    total = sum(counts.values())
-    return used, (sum(n for _, n in top) / total if total else 0.0)
+    return used, coverage_of(rows, used)
 
 
 def new_head(target, used: torch.Tensor, warm_start: bool = True, seed: int = 0) -> Eagle3Head:
@@ -98,12 +103,6 @@ def new_head(target, used: torch.Tensor, warm_start: bool = True, seed: int = 0)
     return head
 
 
-def coverage_of(rows: Sequence[Recorded], used: torch.Tensor) -> float:
-    """The share of `rows`' output tokens inside the draft vocabulary `used` (target ids)."""
-    outputs = torch.cat([row.tokens[row.prompt_len :] for row in rows]) if rows else torch.zeros(0, dtype=torch.long)
-    return float(torch.isin(outputs, used).float().mean()) if len(outputs) else 0.0
-
-
 def train_head(target, rows: Sequence[Recorded], settings: TrainSettings = TrainSettings(),
                clock: Callable[[], float] = time.perf_counter, start: Eagle3Head | None = None) -> tuple[Eagle3Head, TrainStats]:
     """Train a head on `rows` (each with `last` when `settings.soft`) and say how it went: a new
@@ -116,7 +115,7 @@ def train_head(target, rows: Sequence[Recorded], settings: TrainSettings = Train
         used, coverage = draft_vocabulary(rows, settings.draft_vocab_size, target.config.vocab_size)
         head = new_head(target, used, settings.warm_start, settings.seed).train()
     else:
-        used = (torch.arange(len(start.d2t), device=start.d2t.device) + start.d2t).cpu()  # draft id i's target id
+        used = start.to_target(torch.arange(start.config.draft_vocab_size, device=start.d2t.device)).cpu()  # draft id i's target id
         coverage, head = coverage_of(rows, used), start.train()
         if coverage == 0.0:
             raise ValueError("the head's draft vocabulary holds none of the rows' output tokens: nothing to train it on")
