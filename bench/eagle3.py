@@ -48,8 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import peer_prompts, results, workloads  # noqa: E402
 from common.measure import choose_threads, command, load_engine, machine, machine_line, ngram_arm, write  # noqa: E402
 
-import torch  # noqa: E402
-
 from batchspec.engine.acceptance import Acceptance, PlainRow  # noqa: E402
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig  # noqa: E402
 from batchspec.engine.torch.counterfactual import chain_acceptance, ngram_acceptance, suffix_acceptance  # noqa: E402
@@ -117,8 +115,7 @@ def headline(by_workload: dict) -> dict:
         for arm in ("ngram", "suffix"):
             out[f"{workload} {arm} acc len k={k}"] = round(r["arms"][arm][k]["mean_accepted_len"], 3)
         for label, head in r["heads"].items():
-            m = head.get("train_rows", r["train_rows"])
-            at = f" @{m} rows" if m < r["train_rows"] else ""
+            at = f" @{head['train_rows']} rows" if head["train_rows"] < r["train_rows"] else ""
             out[f"{workload} head acc len k={k}{at}"] = round(r["arms"][label][k]["mean_accepted_len"], 3)
             out[f"{workload} head own rows acc len k={k}{at}"] = round(head["train_rows_mean_accepted_len"][k], 3)
             out[f"{workload} head passes{at}"] = round(head["stats"]["epochs"], 1)
