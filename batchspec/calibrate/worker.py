@@ -65,15 +65,23 @@ class WorkerState:
         return NO_SPEC, "the worker's first shard"
 
     def chosen(self, labels: set[str]) -> SpecConfig | None:
-        """The arm most of the worker's keys' rows ended under (each key's last shard, weighted by
-        the rows it judged on; the latest among equals), of plain decoding and `labels`."""
+        """The arm most of the worker's keys' rows ended under, of plain decoding and `labels`:
+        each key's last shard weighted by the rows it judged on, the method first (n-gram keys
+        split across draft lengths still outvote plain decoding's, where together they are more),
+        then the draft length within it; the latest among equals."""
         weight: dict[str, float] = {}
         by_label: dict[str, SpecConfig] = {}
         for n, (key, arm) in enumerate(self.last.items()):  # oldest first: a later key wins a tie
             if arm.method == "none" or arm.label in labels:
                 weight[arm.label] = weight.get(arm.label, 0.0) + max(1, len(self.history.get(key, ()))) + n * 1e-9
                 by_label[arm.label] = arm
-        return by_label[max(weight, key=weight.get)] if weight else None
+        if not weight:
+            return None
+        method: dict[str, float] = {}
+        for label, w in weight.items():
+            method[by_label[label].method] = method.get(by_label[label].method, 0.0) + w
+        best = max(method, key=method.get)
+        return by_label[max((label for label in weight if by_label[label].method == best), key=weight.get)]
 
     def remember(self, key: str | None, arm: SpecConfig, window: list) -> None:
         for kept, value in ((self.last, arm), (self.history, list(window))):

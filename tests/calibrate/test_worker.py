@@ -21,6 +21,20 @@ def test_a_new_key_starts_under_the_arm_the_workers_other_keys_chose_not_the_las
     assert worker.start("new", None, [K8])[0] == K8  # only an arm still among the candidates
 
 
+def test_the_other_keys_vote_by_method_first_then_draft_length():
+    """Keys that drafted, split across draft lengths, outvote plain decoding's where together they
+    ran more rows (by label alone plain decoding's 30 rows beat each length's 20); within the method
+    the draft length with the most rows."""
+    worker = WorkerState()
+    worker.remember("a", NO_SPEC, [{}] * 30)
+    worker.remember("b", K4, [{}] * 20)
+    worker.remember("c", K8, [{}] * 18)
+    worker.remember("d", K4, [{}] * 5)
+    assert worker.start("new", None, [K4, K8])[0] == K4
+    worker.remember("e", NO_SPEC, [{}] * 40)  # now plain decoding's 70 rows outvote n-gram's 43
+    assert worker.start("new", None, [K4, K8])[0] == NO_SPEC
+
+
 def test_where_arms_are_builds_a_new_key_starts_under_the_live_engine():
     worker = WorkerState()
     worker.remember("a", K4, [{}] * 40)
