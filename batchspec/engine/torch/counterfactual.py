@@ -55,7 +55,8 @@ def acceptance(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], req
                tree: SuffixTree | None = None, batch_size: int = 1, grow: bool = False) -> tuple[dict[str, Acceptance], bool]:
     """Every arm's acceptance on `rows` (base.Engine.acceptance), by label, and whether all are
     exact. `engine` is the TorchEngine whose drafters these are (its grammars, teacher-forced
-    logits and a draft model's proposals)."""
+    logits, a draft model's proposals and a head's chains: on greedy unconstrained rows, where
+    they are exact, an engine that replays recordings gives them from its recording)."""
     constrained = any(r.response_format is not None for r in requests)
     sampled = [i for i, row in enumerate(rows) if not row.greedy]
     target_logits = None
@@ -81,6 +82,8 @@ def acceptance(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], req
             by_k = suffix_acceptance(rows, ks, tree, *param, batch_size=batch_size, target_logits=target_logits, grow=grow)
         elif method == "ngram":
             by_k = ngram_acceptance(rows, ks, param, target_logits, grammars())
+        elif method == "eagle3" and not (sampled or constrained):
+            by_k = chain_acceptance(rows, ks, engine.head_chains([(r.prompt_ids, r.output_ids) for r in rows], param, max(ks)))
         elif method == "eagle3":
             head = engine.head(param)
             recorded = record(engine.model, [(r.prompt_ids, r.output_ids) for r in rows], head.layers,

@@ -40,7 +40,8 @@ from batchspec.engine.torch.decode import Decoder, ModelTarget, Recording, Row
 from batchspec.engine.torch.drafters import ModelDrafter, NgramDrafter
 from batchspec.engine.eagle3_format import is_head
 from batchspec.engine.torch.eagle3 import Eagle3Head, aux_layers
-from batchspec.engine.torch.eagle3_states import HiddenCapture, Recorded
+from batchspec.engine.torch.eagle3_chains import chains
+from batchspec.engine.torch.eagle3_states import HiddenCapture, Recorded, record
 from batchspec.engine.torch.eagle3_release import load_head, save_head
 from batchspec.engine.torch.eagle3_train import train_for_key
 from batchspec.engine.torch.eagle3_drafter import Eagle3Drafter
@@ -321,6 +322,15 @@ class TorchEngine:
         """Per (prompt ids, output ids): a draft model's greedy proposal at every output position
         (its argmax after prompt + output[:s]), from one teacher-forced forward."""
         return [argmax(logits).tolist() for logits in self.teacher_forced_logits(sequences, draft_model)]
+
+    def head_chains(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], folder: str,
+                    k: int) -> list[list[list[int]]]:
+        """Per (prompt ids, output ids): the EAGLE-3 head in `folder`'s greedy chain of k drafts for a
+        step starting at every output position (eagle3_chains.chains; index 0 empty), over the
+        hidden states of one teacher-forced forward of the target (eagle3_states.record)."""
+        head = self.head(folder)
+        rows = record(self.model, sequences, head.layers, keep_last=False, dtype=head.fc.weight.dtype)
+        return chains(head, rows, k)
 
     # -- drafters --------------------------------------------------------------------------------
 

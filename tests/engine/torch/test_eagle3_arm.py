@@ -16,9 +16,10 @@ import torch
 from batchspec.engine.acceptance import PlainRow
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
 from batchspec.engine.torch import decode as torch_decode
-from batchspec.engine.torch.counterfactual import chain_acceptance
+from batchspec.engine.torch.counterfactual import chain_acceptance, head_acceptance
 from batchspec.engine.torch.eagle3_chains import chains
 from batchspec.engine.torch.eagle3_release import save_head
+from batchspec.engine.torch.eagle3_states import record
 from batchspec.engine.torch.eagle3_drafter import Eagle3Drafter
 from batchspec.engine.torch.engine import TorchEngine
 from batchspec.errors import ConfigError
@@ -189,6 +190,27 @@ def test_the_engines_counterfactual_of_the_arm_is_what_the_arm_then_accepts(trai
         ran = engine.generate(head_word_requests(12, seed=3), arm, batch_size)
         assert [c.accepted_steps for c in ran.completions] == predicted[arm.label].steps
         assert predicted[arm.label].accepted_tokens == ran.accepted_tokens > 0
+
+
+def test_on_greedy_rows_the_counterfactual_reads_the_heads_chains_from_the_engine(trained, heads, monkeypatch):
+    """On greedy unconstrained rows the arm's counterfactual is its chains' (exact), asked of the
+    engine (`TorchEngine.head_chains`: the seam an engine replaying recordings answers from its
+    recording, as `draft_proposals` for a draft model): the head's chains over the rows' hidden
+    states from one teacher-forced forward, once at the longest draft, giving head_acceptance's steps."""
+    engine, plain, _, _, _ = trained
+    folder = heads["trained"]
+    pairs = [(p.prompt_ids, p.output_ids) for p in plain]
+    head = engine.head(folder)
+    rows = record(engine.model, pairs, head.layers, keep_last=False)
+    got = engine.head_chains(pairs, folder, 5)
+    assert got == chains(head, rows, 5)
+    asked = []
+    monkeypatch.setattr(engine, "head_chains", lambda sequences, f, k: asked.append((len(sequences), f, k)) or got)
+    predicted, exact = engine.acceptance(plain, [SpecConfig("eagle3", k, draft_model=folder) for k in (2, 5)])
+    direct = head_acceptance(plain, [2, 5], head, rows)
+    assert exact and asked == [(len(plain), folder, 5)]
+    assert [predicted[f"eagle3:k={k}"].steps for k in (2, 5)] == [direct[k].steps for k in (2, 5)]
+    assert predicted["eagle3:k=5"].accepted_tokens > 0
 
 
 def test_the_counterfactual_of_sampled_rows_estimates_what_the_arm_accepts(tmp_path):
