@@ -14,7 +14,10 @@ a second of Python, and its figures are simulated, deterministic, and labelled s
 A draft model's proposals are recorded too: the draft's greedy argmax at every output position
 given prompt + output so far (one teacher-forced forward). Where its earlier proposals in a step
 matched, that is exactly what it would have proposed; after a mismatch nothing it proposes is
-accepted, so the replay accepts what the engine would.
+accepted, so the replay accepts what the engine would. An EAGLE-3 head's the same way: at every
+output position its greedy chain of K drafts, each fed the true tokens before it
+(`TorchEngine.head_chains`, over the hidden states of one teacher-forced target forward), exact
+wherever the chain's earlier drafts matched, which are the only drafts that count.
 """
 
 from __future__ import annotations
@@ -36,25 +39,35 @@ from batchspec.sim.regimes import Regime
 
 @dataclass(frozen=True)
 class Recorded:
-    """One row's plain greedy decode: its prompt and output ids, and per draft model the draft's
-    greedy proposal at every output position (`proposals[m][s]`: its argmax after prompt + output[:s])."""
+    """One row's plain greedy decode: its prompt and output ids, per draft model the draft's
+    greedy proposal at every output position (`proposals[m][s]`: its argmax after prompt + output[:s]),
+    and per EAGLE-3 head folder its greedy chain at every output position (`chains[h][t]`: the
+    drafts of a step starting at t, as deep as recorded; index 0 empty: prefill commits it)."""
 
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     proposals: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    chains: Mapping[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update({"chains": {}, **state})  # a row pickled before heads were recorded has none
 
 
-def record(engine: TorchEngine, requests: Sequence[Request], batch_size: int,
-           draft_models: Sequence[str] = ()) -> tuple[dict[str, Recorded], list[Completion]]:
-    """Decode `requests` plainly (greedy) on the real engine; each row's recording by request id,
-    and the completions (error rows are not recorded: the replay fails them again)."""
+def record(engine: TorchEngine, requests: Sequence[Request], batch_size: int, draft_models: Sequence[str] = (),
+           heads: Sequence[str] = (), head_k: int = 4) -> tuple[dict[str, Recorded], list[Completion]]:
+    """Decode `requests` plainly (greedy) on the real engine; each row's recording by request id
+    (with each draft model's proposals, and each head's chains `head_k` drafts deep), and the
+    completions (error rows are not recorded: the replay fails them again)."""
     if any(not r.params.greedy for r in requests):
         raise ConfigError("the simulator replays greedy rows only (temperature 0)")
     done = engine.generate(list(requests), NO_SPEC, batch_size).completions
     rows = [(r, c) for r, c in zip(requests, done) if c.finish_reason != "error"]
     prompts = [tuple(engine.encode(r)) for r, _ in rows]
-    proposals = {m: engine.draft_proposals([(p, c.token_ids) for p, (_, c) in zip(prompts, rows)], m) for m in draft_models}
-    recorded = {r.id: Recorded(p, tuple(c.token_ids), {m: tuple(proposals[m][i]) for m in draft_models})
+    sequences = [(p, c.token_ids) for p, (_, c) in zip(prompts, rows)]
+    proposals = {m: engine.draft_proposals(sequences, m) for m in draft_models}
+    chains = {h: engine.head_chains(sequences, h, head_k) for h in heads}
+    recorded = {r.id: Recorded(p, tuple(c.token_ids), {m: tuple(proposals[m][i]) for m in draft_models},
+                               {h: tuple(tuple(chain) for chain in chains[h][i]) for h in heads})
                 for i, (p, (r, c)) in enumerate(zip(prompts, rows))}
     return recorded, done
 

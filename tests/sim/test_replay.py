@@ -3,12 +3,18 @@ and a cost regime prices them deterministically."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
+from batchspec.engine.torch.eagle3_release import save_head
 from batchspec.errors import ConfigError
 from batchspec.sim.regimes import REGIMES, regime
 from batchspec.sim.replay import Recorded, ReplayEngine, record
+from tests.engine.torch.eagle3_heads import trained_word_head
+
+HEAD_K = 4  # how deep the head's chains are recorded
 
 
 def _requests(n: int = 10, max_tokens: int = 24) -> list[Request]:
@@ -17,9 +23,15 @@ def _requests(n: int = 10, max_tokens: int = 24) -> list[Request]:
 
 
 @pytest.fixture(scope="module")
-def recorded(tiny_engine):
+def head(word_models, tmp_path_factory) -> str:
+    """The folder of an EAGLE-3 head trained on the word target's rows (so its drafts pass)."""
+    return str(save_head(trained_word_head(word_models)[3], tmp_path_factory.mktemp("head") / "head"))
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_engine, head):
     requests = _requests()
-    recording, done = record(tiny_engine, requests, batch_size=4, draft_models=["close"])
+    recording, done = record(tiny_engine, requests, batch_size=4, draft_models=["close"], heads=[head], head_k=HEAD_K)
     return requests, recording, done
 
 
@@ -77,6 +89,23 @@ def test_a_draft_models_recorded_proposals_are_its_teacher_forced_argmax(tiny_en
     assert tuple(real) == rec.proposals["close"]
     replay = ReplayEngine(tiny_engine, recording, regime("cpu"))
     assert replay.draft_proposals([(rec.prompt_ids, rec.output_ids[:5])], "close") == [list(rec.proposals["close"][:5])]
+
+
+def test_a_heads_recorded_chains_are_its_chains_over_the_rows_hidden_states(tiny_engine, recorded, head):
+    requests, recording, _ = recorded
+    rec = recording["r3"]
+    (real,) = tiny_engine.head_chains([(rec.prompt_ids, rec.output_ids)], head, HEAD_K)
+    assert rec.chains[head] == tuple(tuple(chain) for chain in real)
+    assert rec.chains[head][0] == () and {len(c) for c in rec.chains[head][1:]} == {HEAD_K}
+    assert len(rec.chains[head]) == len(rec.output_ids)
+
+
+def test_a_row_pickled_before_heads_were_recorded_loads_with_no_chains():
+    """Recordings cached by bench/sim.py before heads were recorded still load (their rows have none)."""
+    old = Recorded.__new__(Recorded)
+    old.__dict__.update(prompt_ids=(1, 2), output_ids=(3,), proposals={})
+    loaded = pickle.loads(pickle.dumps(old))
+    assert loaded.chains == {} and loaded == Recorded((1, 2), (3,))
 
 
 def test_the_replay_refuses_what_it_cannot_replay(tiny_engine, recorded):
