@@ -72,6 +72,10 @@ def record(engine: TorchEngine, requests: Sequence[Request], batch_size: int, dr
     return recorded, done
 
 
+# What the replay of a drafter that reads a model reads from the recording: its name, and the field
+RECORDED_AS = {"draft_target": ("draft model", "proposals"), "eagle3": ("EAGLE-3 head", "chains")}
+
+
 class ReplayBatch:
     """The cache of a replayed batch: only its rows, for the step's context (the longest row)."""
 
@@ -122,19 +126,20 @@ class ReplayTarget:
 class RecordedDrafter:
     """A draft model's proposals as recorded: at output position t, proposals[t:t + budget]."""
 
-    def __init__(self, proposals: Mapping[int, Sequence[int]]) -> None:
-        self.proposals = proposals  # request index -> the draft's proposal at every output position
+    def __init__(self, proposals: Mapping[int, Sequence]) -> None:
+        self.proposals = proposals  # request index -> what was recorded at every output position
 
     def admit(self, rows: list, device) -> None:
         pass
 
     def propose(self, rows: list[Row], budgets: list[int], vocab: int, ahead=None) -> Drafts:
         assert not any(ahead or ()), "the simulator replays unconstrained rows only"
-        out = []
-        for row, k in zip(rows, budgets):
-            t = len(row.output)
-            out.append(list(self.proposals[row.index][t : t + k]))
-        return Drafts(out, None)
+        return Drafts([self.drafts(self.proposals[row.index], len(row.output), k) for row, k in zip(rows, budgets)], None)
+
+    @staticmethod
+    def drafts(recorded: Sequence[int], t: int, k: int) -> list[int]:
+        """A step's drafts at output position t with budget k: the next k proposals, one a position."""
+        return list(recorded[t : t + k])
 
     def commit(self, num_accepted, drafts: Drafts, next_tokens: list[int]) -> None:
         pass
@@ -144,6 +149,14 @@ class RecordedDrafter:
 
     def compact(self) -> None:
         pass
+
+
+class RecordedChainDrafter(RecordedDrafter):
+    """An EAGLE-3 head's chains as recorded: at output position t, chains[t][:budget]."""
+
+    @staticmethod
+    def drafts(recorded: Sequence[Sequence[int]], t: int, k: int) -> list[int]:
+        return list(recorded[t][:k])
 
 
 class ReplayEngine(TorchEngine):
@@ -171,12 +184,19 @@ class ReplayEngine(TorchEngine):
         return self.regime.switch_s(arm.method)
 
     def check(self, spec: SpecConfig) -> None:
-        if spec.method not in ("none", "ngram", "draft_target", "suffix"):
-            raise ConfigError(f"the simulator replays none, ngram, suffix and draft_target arms, not {spec.method}")
-        if spec.method == "draft_target":
-            missing = [i for i, r in self.recorded.items() if spec.draft_model not in r.proposals][:1]
+        if spec.method not in ("none", "ngram", "draft_target", "suffix", "eagle3"):
+            raise ConfigError(f"the simulator replays none, ngram, suffix, draft_target and eagle3 arms, not {spec.method}")
+        if spec.method in RECORDED_AS:
+            what, field_name = RECORDED_AS[spec.method]
+            missing = [i for i, r in self.recorded.items() if spec.draft_model not in getattr(r, field_name)][:1]
             if missing:
-                raise ConfigError(f"draft model {spec.draft_model!r} was not recorded (row {missing[0]})")
+                raise ConfigError(f"{what} {spec.draft_model!r} was not recorded (row {missing[0]})")
+        if spec.method == "eagle3":
+            depth = next((len(r.chains[spec.draft_model][1]) for r in self.recorded.values()
+                          if len(r.chains[spec.draft_model]) > 1), spec.draft_len)
+            if spec.draft_len > depth:
+                raise ConfigError(f"EAGLE-3 head {spec.draft_model!r} was recorded {depth} drafts deep, "
+                                  f"not {spec.draft_len}: record it deeper (head_k)")
 
     def generate(self, requests: Sequence[Request], spec: SpecConfig, batch_size: int, control=None) -> GenerateResult:
         unknown = [r.id for r in requests if r.id not in self.recorded]
@@ -194,6 +214,12 @@ class ReplayEngine(TorchEngine):
         by_prompt = self._by_prompt()
         return [list(by_prompt[tuple(p)].proposals[draft_model][: len(o)]) for p, o in sequences]
 
+    def head_chains(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], folder: str, k: int) -> list[list[list[int]]]:
+        """As recorded (as `draft_proposals`): draft j of a chain at t reads prompt + output[:t + j],
+        and is compared with the output only where the output runs that far."""
+        by_prompt = self._by_prompt()
+        return [[list(chain[:k]) for chain in by_prompt[tuple(p)].chains[folder][: len(o)]] for p, o in sequences]
+
     def _by_prompt(self) -> dict[tuple[int, ...], Recorded]:
         if self._prompts is None:
             self._prompts = {r.prompt_ids: r for r in self.recorded.values()}
@@ -207,4 +233,6 @@ class ReplayEngine(TorchEngine):
     def _drafter(self, spec: SpecConfig, scopes, lookups):
         if spec.method == "draft_target":
             return RecordedDrafter({i: self.recorded[rid].proposals[spec.draft_model] for i, rid in enumerate(self._ids)})
+        if spec.method == "eagle3":
+            return RecordedChainDrafter({i: self.recorded[rid].chains[spec.draft_model] for i, rid in enumerate(self._ids)})
         return super()._drafter(spec, scopes, lookups)  # n-gram and suffix drafters read only the rows

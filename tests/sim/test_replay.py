@@ -4,11 +4,16 @@ and a cost regime prices them deterministically."""
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 
 import pytest
 
+from batchspec.engine.acceptance import PlainRow
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
+from batchspec.engine.torch import counterfactual
+from batchspec.engine.torch.counterfactual import head_acceptance
 from batchspec.engine.torch.eagle3_release import save_head
+from batchspec.engine.torch.eagle3_states import record as record_states
 from batchspec.errors import ConfigError
 from batchspec.sim.regimes import REGIMES, regime
 from batchspec.sim.replay import Recorded, ReplayEngine, record
@@ -35,13 +40,16 @@ def recorded(tiny_engine, head):
     return requests, recording, done
 
 
-ARMS = [NO_SPEC, SpecConfig("ngram", 2), SpecConfig("ngram", 5), SpecConfig("draft_target", 3, draft_model="close")]
+HEAD = "<head>"  # an arm's draft model: the `head` fixture's folder
+ARMS = [NO_SPEC, SpecConfig("ngram", 2), SpecConfig("ngram", 5), SpecConfig("draft_target", 3, draft_model="close"),
+        SpecConfig("eagle3", 2, draft_model=HEAD), SpecConfig("eagle3", HEAD_K, draft_model=HEAD)]
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
 @pytest.mark.parametrize("arm", ARMS, ids=lambda a: a.label)
-def test_a_replay_takes_the_engines_steps_and_commits_its_tokens(tiny_engine, recorded, arm, batch_size):
+def test_a_replay_takes_the_engines_steps_and_commits_its_tokens(tiny_engine, recorded, head, arm, batch_size):
     requests, recording, _ = recorded
+    arm = replace(arm, draft_model=head) if arm.draft_model == HEAD else arm
     real = tiny_engine.generate(requests, arm, batch_size)
     replay = ReplayEngine(tiny_engine, recording, regime("gpu-roofline")).generate(requests, arm, batch_size)
     assert [c.token_ids for c in replay.completions] == [c.token_ids for c in real.completions]
@@ -100,6 +108,24 @@ def test_a_heads_recorded_chains_are_its_chains_over_the_rows_hidden_states(tiny
     assert len(rec.chains[head]) == len(rec.output_ids)
 
 
+def test_the_counterfactual_of_an_eagle3_arm_on_the_replay_is_the_recordings(tiny_engine, recorded, head, monkeypatch):
+    """Calibration prices an eagle3 arm on the replay from the recorded chains (ReplayEngine.head_chains),
+    neither the head nor the target run: exactly what head_acceptance gives over the same rows'
+    hidden states, at every recorded draft length."""
+    requests, recording, _ = recorded
+    rows = [PlainRow(recording[r.id].prompt_ids, recording[r.id].output_ids, r.params.max_tokens) for r in requests]
+    model = tiny_engine.head(head)
+    states = record_states(tiny_engine.model, [(r.prompt_ids, r.output_ids) for r in rows], model.layers, keep_last=False)
+    direct = head_acceptance(rows, [1, 2, HEAD_K], model, states)
+    replay = ReplayEngine(tiny_engine, recording, regime("cpu"))
+    monkeypatch.setattr(replay, "head", lambda folder: pytest.fail("the replay loaded the head"))
+    monkeypatch.setattr(counterfactual, "record", lambda *a, **kw: pytest.fail("the replay ran the target"))
+    predicted, exact = replay.acceptance(rows, [SpecConfig("eagle3", k, draft_model=head) for k in (1, 2, HEAD_K)])
+    assert exact and predicted[f"eagle3:k={HEAD_K}"].accepted_tokens > 0
+    for k in (1, 2, HEAD_K):
+        assert predicted[f"eagle3:k={k}"].steps == direct[k].steps
+
+
 def test_a_row_pickled_before_heads_were_recorded_loads_with_no_chains():
     """Recordings cached by bench/sim.py before heads were recorded still load (their rows have none)."""
     old = Recorded.__new__(Recorded)
@@ -108,7 +134,7 @@ def test_a_row_pickled_before_heads_were_recorded_loads_with_no_chains():
     assert loaded.chains == {} and loaded == Recorded((1, 2), (3,))
 
 
-def test_the_replay_refuses_what_it_cannot_replay(tiny_engine, recorded):
+def test_the_replay_refuses_what_it_cannot_replay(tiny_engine, recorded, head):
     requests, recording, _ = recorded
     engine = ReplayEngine(tiny_engine, recording, regime("cpu"))
     with pytest.raises(ConfigError, match="greedy"):
@@ -117,6 +143,10 @@ def test_the_replay_refuses_what_it_cannot_replay(tiny_engine, recorded):
         engine.generate([Request("new", prompt="w1 w2")], NO_SPEC, 2)
     with pytest.raises(ConfigError, match="far"):
         engine.generate(requests, SpecConfig("draft_target", 2, draft_model="far"), 2)
+    with pytest.raises(ConfigError, match="EAGLE-3 head '/elsewhere' was not recorded"):
+        engine.generate(requests, SpecConfig("eagle3", 2, draft_model="/elsewhere"), 2)
+    with pytest.raises(ConfigError, match=f"recorded {HEAD_K} drafts deep"):
+        engine.generate(requests, SpecConfig("eagle3", HEAD_K + 1, draft_model=head), 2)
     with pytest.raises(ConfigError, match="unknown cost regime"):
         regime("tpu")
 
