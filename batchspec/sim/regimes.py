@@ -14,10 +14,12 @@ One formula serves every regime (a roofline with a floor):
         compute = rows * width * (token_s + context * attend_s)
     step = forward(rows, 1 + k, context)                       the verify (or plain) forward
          + k * draft_fraction * forward(rows, 1, context)      a draft model's k steps
+         + k * head_fraction * forward(rows, 1, context)       or an EAGLE-3 head's k forwards
          + rows * bookkeeping(method, k)                       the engine's own work per row
     prefill(tokens) = forward(1, tokens, 0)
     switch(method)  = build_s                                  an arm change that rebuilds (TensorRT-LLM)
-    profile point   = forward(rows, width, context)            a draft model's: draft_fraction x forward
+    profile point   = forward(rows, width, context)            a draft model's: draft_fraction x forward,
+                                                               a head's: head_fraction x forward
 Where drafts are padded (TensorRT-LLM's CUDA graphs), a speculative step is as wide as its arm's
 draft whether or not its rows proposed.
 
@@ -28,7 +30,7 @@ A launch-bound engine (the torch engine on a GPU) has a large `launch`; a CPU is
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Collection, Sequence
 
 from batchspec.engine.base import StepCost
 from batchspec.errors import ConfigError
@@ -59,6 +61,9 @@ class Regime:
     token_s: float  # computing one token (2 x parameters / achieved FLOP/s)
     attend_s: float  # attention's extra compute per token per token of context
     draft_fraction: float = 0.1  # a draft model's forward, as a fraction of the target's (beyond launch)
+    # an EAGLE-3 head's forward (one decoder layer, its fc and a reduced-vocabulary LM head), as a
+    # fraction of the target's: the share of an 8B target's forward on a GPU (docs/simulator.md)
+    head_fraction: float = 0.05
     # the engine's own work per row and decode step: plain, and a drafter's (fixed + per draft token)
     row_s: float = 0.0
     drafter_row_s: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -79,6 +84,8 @@ class Regime:
         if method == "draft_target" and k:
             one = self.forward_s(rows, 1, context)
             draft += k * (self.launch_s + self.draft_fraction * (one - self.launch_s))
+        if method == "eagle3" and k:  # k sequential forwards of the head, each one depth of every row's chain
+            draft += k * self.head_fraction * self.forward_s(rows, 1, context)
         draft += rows * (fixed + per_token * k)
         return StepSeconds(draft, verify, rows * self.row_s)
 
@@ -90,10 +97,12 @@ class Regime:
         return self.build_s
 
     def profile(self, model: str, target: Sequence[tuple[int, int, int]],
-                drafts: Sequence[tuple[str, int, int, int]] = ()) -> list[StepCost]:
-        """A cost profile's points (`Engine.profile`), each the price of its forward."""
+                drafts: Sequence[tuple[str, int, int, int]] = (), heads: Collection[str] = ()) -> list[StepCost]:
+        """A cost profile's points (`Engine.profile`), each the price of its forward; a draft named in
+        `heads` is an EAGLE-3 head's (its fraction of the target's forward is `head_fraction`)."""
+        fraction = {d: self.head_fraction if d in heads else self.draft_fraction for d, *_ in drafts}
         return [StepCost("target", model, b, c, w, self.forward_s(b, w, c)) for b, c, w in target] + \
-               [StepCost("draft", d, b, c, w, self.draft_fraction * self.forward_s(b, w, c)) for d, b, c, w in drafts]
+               [StepCost("draft", d, b, c, w, fraction[d] * self.forward_s(b, w, c)) for d, b, c, w in drafts]
 
 
 # The torch engine's own work per row and step (the accept rule, commit, n-gram lookup): measured
@@ -120,6 +129,7 @@ REGIMES: dict[str, Regime] = {
         Regime(
             "cpu", "the packaged SmolLM2-135M in float32 on a 2-core x86 CPU, 2 torch threads: compute-bound",
             launch_s=0.0247, weight_s=0.0, kv_s=0.0, token_s=2.08e-3, attend_s=2.35e-6, draft_fraction=0.35,
+            head_fraction=0.04,  # one layer of its 30, fc and LM head: drafts 6-8% of decode at k=2 (docs/simulator.md)
             row_s=TORCH_ROW_S, drafter_row_s=TORCH_DRAFTERS,
         ),
         Regime(

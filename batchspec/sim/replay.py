@@ -168,6 +168,7 @@ class ReplayEngine(TorchEngine):
         self.regime = regime
         self.arms_are_builds = regime.build_s > 0
         self.recorded = recorded
+        self.heads = frozenset(h for r in recorded.values() for h in r.chains)  # the EAGLE-3 heads recorded
         self._ids: list[str] = []  # the current generate call's request ids, by index
         self._prompts: dict | None = None
 
@@ -177,7 +178,7 @@ class ReplayEngine(TorchEngine):
         controller learns every price from the steps it runs."""
         if self.arms_are_builds:
             return Profile()
-        points = self.regime.profile(self.model_name, target, drafts)
+        points = self.regime.profile(self.model_name, target, drafts, self.heads)
         return Profile(points, tries * sum(p.seconds for p in points))
 
     def switch_s(self, arm: SpecConfig) -> float:

@@ -164,6 +164,36 @@ def test_regimes_price_a_verify_as_their_machines_do():
     assert REGIMES["trtllm"].switch_s("ngram") >= 60 and roof.switch_s("ngram") == 0
 
 
+def test_an_eagle3_step_drafts_with_k_forwards_of_the_head_and_its_profile_points_are_the_heads():
+    """A head is one decoder layer, its fc and a reduced-vocabulary LM head: each of a step's k
+    drafts one forward of it, `head_fraction` of the target's (0.05 of an 8B target's on the GPU
+    regimes, 0.04 of SmolLM2-135M's 30 layers on `cpu`), and its profile point priced so."""
+    assert {name: r.head_fraction for name, r in REGIMES.items()} == \
+           {"cpu": 0.04, "h200-torch": 0.05, "gpu-roofline": 0.05, "trtllm": 0.05}
+    for r in REGIMES.values():
+        step, plain = r.step(8, 5, 300, "eagle3"), r.step(8, 5, 300, "none")
+        assert step.verify_s == plain.verify_s and step.other_s == plain.other_s
+        assert step.draft_s == pytest.approx(4 * r.head_fraction * r.forward_s(8, 1, 300))
+        assert r.step(8, 1, 300, "eagle3").draft_s == 0  # a step where no row drafted runs no head
+        head, draft = r.profile("m", [], [("h", 8, 300, 1), ("d", 8, 300, 1)], heads={"h"})
+        assert head.seconds == pytest.approx(r.head_fraction * r.forward_s(8, 1, 300))
+        assert draft.seconds == pytest.approx(r.draft_fraction * r.forward_s(8, 1, 300))
+
+
+def test_a_replayed_eagle3_arm_is_priced_as_the_heads_forwards(tiny_engine, recorded, head):
+    """Every step of the arm at the regime's price of its verify and k head forwards; the replay's
+    profile prices a recorded head's point as a head's, not a draft model's."""
+    requests, recording, _ = recorded
+    gpu = regime("gpu-roofline")
+    engine = ReplayEngine(tiny_engine, recording, gpu)
+    ran = engine.generate(requests, SpecConfig("eagle3", 3, draft_model=head), 4)
+    for step in ran.steps:
+        assert step.seconds == pytest.approx(gpu.step(step.rows, step.tokens, step.context, "eagle3").total)
+    assert ran.timing.draft_s > 0
+    (point,) = [p for p in engine.profile([(4, 16, 1)], [(head, 4, 16, 1)]).points if p.kind == "draft"]
+    assert point.seconds == pytest.approx(gpu.head_fraction * gpu.forward_s(4, 1, 16))
+
+
 def test_drafts_that_match_through_a_rows_end_end_it_there(tiny_engine):
     """A recording whose last token (eos) n-gram lookup proposes with the tokens before it: the
     replay commits through the eos and stops, as the engine does (drafts past a row's end are not
