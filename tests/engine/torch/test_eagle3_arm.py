@@ -10,6 +10,8 @@ target runs one forward per step: no second pass for the hidden states."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -22,12 +24,14 @@ from batchspec.engine.torch.eagle3_release import save_head
 from batchspec.engine.torch.eagle3_states import record
 from batchspec.engine.torch.eagle3_drafter import Eagle3Drafter
 from batchspec.engine.torch.engine import TorchEngine
+from batchspec.engine.torch.linear import measure_linears
 from batchspec.errors import ConfigError
 from batchspec.predict.costs import CostTable
 from tests.conftest import tiny_llama, word_tokenizer
 from tests.engine.torch.eagle3_heads import released, write
 from tests.engine.torch.eagle3_heads import word_requests as head_word_requests
 from tests.engine.torch.test_engine import Cycle, joint_pvalue, word_requests, wrong_rule
+from tests.engine.torch.test_linear import widened
 from tests.engine.torch.test_structured import constrained_requests
 
 
@@ -211,6 +215,21 @@ def test_on_greedy_rows_the_counterfactual_reads_the_heads_chains_from_the_engin
     assert exact and asked == [(len(plain), folder, 5)]
     assert [predicted[f"eagle3:k={k}"].steps for k in (2, 5)] == [direct[k].steps for k in (2, 5)]
     assert predicted["eagle3:k=5"].accepted_tokens > 0
+
+
+def test_a_heads_chains_follow_decoding_on_a_bfloat16_target_whose_products_are_widened(word_models, tmp_path):
+    """A bfloat16 target on a CPU computes its products in float32 into kept buffers (linear.py),
+    made by the decode loop's forwards under inference mode: the chains' teacher-forced forward,
+    after decoding, runs under it too (it failed writing an inference tensor outside it)."""
+    target = copy.deepcopy(word_models[0]).to(torch.bfloat16)
+    measure_linears(target, measure=widened)
+    engine = TorchEngine(target, word_models[2], model_name="tiny")
+    config, weights = released(target, draft_vocab=40)
+    folder = str(write(tmp_path / "head", config, weights))
+    done = engine.generate(word_requests(2), NO_SPEC, 2).completions
+    pairs = [(engine.encode(r), c.token_ids) for r, c in zip(word_requests(2), done)]
+    got = engine.head_chains(pairs, folder, 3)
+    assert [len(c) for c in got] == [len(o) for _, o in pairs] and {len(d) for c in got for d in c[1:]} == {3}
 
 
 def test_the_counterfactual_of_sampled_rows_estimates_what_the_arm_accepts(tmp_path):
