@@ -15,7 +15,7 @@ rows in flight, the same for every key), and what share of the oracle's gain ove
 calibration captured. All figures are SIMULATED, never measurements.
 
     python bench/sim.py --input examples/prompts.parquet --shard-by task --regime gpu-roofline \\
-        --batch-size 8 [--rows 256] [--model smollm2-135m] [--max-tokens 128] --json OUT.json
+        --batch-size 8 [--rows 256] [--model smollm2-135m] [--max-tokens 128] [--eagle3 HEAD] --json OUT.json
 
 The tuning grid docs/calibration.md shows runs on `python examples/make_prompts.py --rows-per-task
 256 --out grid.parquet` (its command is in docs/performance.md); the held-out protocol on
@@ -101,6 +101,8 @@ def recordings(args, shards: Sequence[Shard]):
 
     ids = sorted({r.id.split("#")[0] for s in shards for r in s.requests})
     settings = [args.input, args.model, args.draft_model, args.max_tokens, args.prompt_format, args.dtype]
+    if args.eagle3:  # its chains, as deep as its deepest arm: another head (or its retrained weights) records anew
+        settings += [args.eagle3, folder_digest(args.eagle3), max(args.eagle3_ks)]
     path = CACHE / f"{hashlib.sha256(json.dumps([*settings, ids]).encode()).hexdigest()[:16]}.pkl"
     every = CACHE / f"{hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]}-rows.pkl"  # every row recorded
     known = _Recordings(io.BytesIO(every.read_bytes())).load() if every.exists() else {}
@@ -118,7 +120,8 @@ def recordings(args, shards: Sequence[Shard]):
     first = {r.id.split("#")[0]: replace(r, id=r.id.split("#")[0]) for s in shards for r in s.requests}
     unique = [first[ids[0]] for ids in by_text.values()]
     began = time.perf_counter()
-    once, _ = record(engine, unique, batch_size=32, draft_models=[args.draft_model] if args.draft_model else [])
+    once, _ = record(engine, unique, batch_size=32, draft_models=[args.draft_model] if args.draft_model else [],
+                     heads=[args.eagle3] if args.eagle3 else [], head_k=max(args.eagle3_ks))
     recorded = {rid: once[ids[0]] for ids in by_text.values() if ids[0] in once for rid in ids}
     print(f"recorded {len(once)} prompts ({len(recorded)} rows) in {time.perf_counter() - began:.0f} s -> {path}",
           file=sys.stderr)
@@ -126,6 +129,14 @@ def recordings(args, shards: Sequence[Shard]):
     path.write_bytes(pickle.dumps(recorded))
     every.write_bytes(pickle.dumps({**known, **recorded}))
     return engine, _repeated(recorded, shards)
+
+
+def folder_digest(folder: str) -> str:
+    """A hash of the files in `folder` (their names and contents): an EAGLE-3 head's identity."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 class _Recordings(pickle.Unpickler):
@@ -147,6 +158,8 @@ def arms_of(args) -> list[SpecConfig]:
     arms = [SpecConfig("ngram", k) for k in args.ngram] + [SpecConfig("suffix", k) for k in args.suffix]
     if args.draft_model:
         arms += [SpecConfig("draft_target", k, draft_model=args.draft_model) for k in args.draft]
+    if args.eagle3:
+        arms += [SpecConfig("eagle3", k, draft_model=args.eagle3) for k in args.eagle3_ks]
     return arms
 
 
@@ -408,6 +421,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--draft-model", default=None)
     p.add_argument("--ngram", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4, 6, 8], help="n-gram draft lengths")
     p.add_argument("--draft", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4], help="draft-model draft lengths")
+    p.add_argument("--eagle3", default=None, metavar="FOLDER",
+                   help="an EAGLE-3 head in the released format: its chains are recorded and it joins the arms")
+    p.add_argument("--eagle3-ks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4], help="EAGLE-3 draft lengths")
     p.add_argument("--suffix", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
                    help="suffix-drafting draft-length caps (the arm drafts from the key's earlier rows)")
     p.add_argument("--max-tokens", type=int, default=128)

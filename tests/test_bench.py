@@ -195,6 +195,41 @@ def test_sim_bench_replays_every_shard_against_its_exact_oracle(tiny_model_dir, 
         assert ("vs_oracle_with_builds" in r["job"]) == (r["regime"] == "trtllm")
 
 
+def test_sim_bench_records_and_replays_an_eagle3_head_among_the_arms(tiny_model_dir, tiny_pair, tmp_path, monkeypatch):
+    """--eagle3 FOLDER: the head's chains are recorded, as deep as its deepest arm, under a cache key
+    of its files and that depth (a retrained head or a deeper arm records anew), and its arms are
+    replayed beside the others."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import sim
+    from tests.engine.torch.eagle3_heads import released, write
+
+    monkeypatch.setattr(sim, "CACHE", tmp_path / "cache")
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"task": ["a", "b"] * 4, "prompt": [f"w{i % 5 + 1} w{i % 3 + 2} w1 w2 w3" for i in range(8)]}), path)
+    head = write(tmp_path / "head", *released(tiny_pair[0], draft_vocab=2048))
+    argv = ["--input", str(path), "--shard-by", "task", "--regime", "cpu", "--batch-size", "2", "--rows", "4",
+            "--model", str(tiny_model_dir), "--max-tokens", "6", "--prompt-format", "raw", "--switch", "", "--ngram", "2",
+            "--eagle3", str(head), "--eagle3-ks", "1,3", "--no-schedule"]
+
+    def cached() -> set:
+        return set((tmp_path / "cache").glob("*.pkl"))
+
+    (out,) = sim.main(argv)
+    for s in out["shards"]:
+        assert set(s["oracle_speedups"]) == {"none", "ngram:k=2", "eagle3:k=1", "eagle3:k=3"}
+        assert s["arm_s"]["eagle3:k=3"] > s["arm_s"]["eagle3:k=1"] > 0  # the head's forwards are priced
+    first = cached()
+    assert len(first) == 2  # the rows asked for, and every row recorded so far
+    sim.main(argv)
+    assert cached() == first  # the same head: read from the cache
+    write(head, *released(tiny_pair[0], draft_vocab=1024))  # the head retrained
+    sim.main(argv)
+    assert len(cached()) == 4
+    sim.main(argv[:-3] + ["--eagle3-ks", "1,4", "--no-schedule"])  # deeper than recorded
+    assert len(cached()) == 6
+
+
 def test_sim_oracle_with_builds_is_the_best_sequence_of_engines_paying_each_change():
     import sim
 
