@@ -327,9 +327,8 @@ class TorchEngine:
                     k: int) -> list[list[list[int]]]:
         """Per (prompt ids, output ids): the EAGLE-3 head in `folder`'s greedy chain of k drafts for a
         step starting at every output position (eagle3_chains.chains; index 0 empty), over the
-        hidden states of one teacher-forced forward of the target (eagle3_states.record), under
-        inference mode as the decode loop's forwards (a narrow float's widened products write into
-        buffers those forwards made: linear.Widened)."""
+        hidden states of one teacher-forced forward of the target (eagle3_states.record; under
+        inference mode: nothing here needs gradients)."""
         head = self.head(folder)
         with torch.inference_mode():
             rows = record(self.model, sequences, head.layers, keep_last=False, dtype=head.fc.weight.dtype)

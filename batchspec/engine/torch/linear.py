@@ -93,8 +93,9 @@ class Widened(threading.local):
     def of(self, weight: torch.Tensor) -> torch.Tensor:
         key = (tuple(weight.shape), weight.device)
         buf = self.buffers.get(key)
-        if buf is None:
-            buf = self.buffers[key] = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+        if buf is None:  # a normal tensor even under inference mode: a later forward outside it writes here too
+            with torch.inference_mode(False):
+                buf = self.buffers[key] = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
         return buf.copy_(weight)
 
 

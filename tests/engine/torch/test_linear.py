@@ -19,6 +19,7 @@ from batchspec.engine.torch.linear import (
     Forms,
     FormsCache,
     MeasuredLinear,
+    Widened,
     float32_form,
     measure_forms,
     measure_linears,
@@ -54,6 +55,19 @@ def test_the_float32_form_is_the_narrow_product_rounded_once(dtype, lead):
     assert ((out.double() - exact).abs() <= step + 1e-6).all()
     if dtype == torch.bfloat16:  # torch's own bfloat16 product sums in float32 too: the same or a step apart
         torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=torch.finfo(dtype).eps, atol=1e-6)
+
+
+def test_a_widened_buffer_made_under_inference_mode_serves_a_forward_outside_it():
+    """The decode loop's forwards run under inference mode and make the float32 buffers; a later
+    forward under no_grad only (a counterfactual's recording of hidden states) widens into the same
+    buffers: an inference tensor there could not be written outside inference mode."""
+    widened = Widened()
+    weight, x = torch.randn(8, 4).to(torch.bfloat16), torch.randn(2, 4).to(torch.bfloat16)
+    with torch.inference_mode():
+        first = float32_form(x, weight, None, widened)
+    with torch.no_grad():
+        again = float32_form(x, weight, None, widened)
+    assert torch.equal(first, again)
 
 
 def timings(**by_rows) -> dict:
