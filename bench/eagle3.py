@@ -36,12 +36,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -83,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--run-ks", default="2,4", help="draft lengths of the arms run for real")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--save-heads", type=Path, help="write each workload's head (all its training rows, the largest budget) "
+                        "to DIR/<workload>/head and its held-out prompts to DIR/<workload>/held_out.parquet: bench/sim.py's "
+                        "--eagle3 and --input, for calibration with the head among the arms")
     results.add_options(parser)
     args = parser.parse_args(argv)
     threads = choose_threads(args.threads)
@@ -193,12 +200,23 @@ def run_workload(engine, workload: str, args, ks: list[int], budgets: list[float
     for label, by_k in arms.items():
         rows[label] = {k: {"mean_accepted_len": mean_len(by_k[k]),
                            "est_goodput": estimated_goodput(by_k[k], step_s, draft_s[label][k], heads.get(label))} for k in ks}
+    if args.save_heads:
+        save_for_sim(args.save_heads / workload, heads_saved[f"eagle3 {max(budgets):.0f}s"], requests[n_train:], workload)
     measured = run_arms(engine, requests[:n_train], requests[n_train:], pairs[:n_train], heads_saved, args) if args.run else {}
     result = {"workload": workload, "measured": measured, "train_rows": n_train, "test_rows": n_test, "train_prompt_repeats": repeats, "max_tokens": args.max_tokens,
               "train_decode_s_batch8": train_decode_s, "record_s": record_s, "recorded_while_decoding": args.recorded, "plain_goodput_b1": plain_goodput,
               "decode_s_per_row_b1": decode_s_per_row, "context": context, "target_step_s": step_s,
               "arms": rows, "heads": heads}
     return result, table(result, ks)
+
+
+def save_for_sim(folder: Path, head: str, held_out: Sequence[Request], workload: str) -> None:
+    """A trained head and the held-out prompts it never trained on, as bench/sim.py reads them
+    (`--eagle3 FOLDER/head --input FOLDER/held_out.parquet --shard-by task`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(head, folder / "head", dirs_exist_ok=True)
+    pq.write_table(pa.table({"id": [r.id for r in held_out], "task": [workload] * len(held_out),
+                             "prompt": [r.messages[0]["content"] for r in held_out]}), folder / "held_out.parquet")
 
 
 def run_arms(engine, train: list[Request], requests: list[Request], pairs: list, heads: dict[str, str], args) -> dict:

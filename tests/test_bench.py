@@ -230,6 +230,24 @@ def test_sim_bench_records_and_replays_an_eagle3_head_among_the_arms(tiny_model_
     assert len(cached()) == 6
 
 
+def test_eagle3_bench_saves_a_head_and_its_held_out_prompts_as_the_sim_reads_them(tiny_pair, tmp_path):
+    """--save-heads: the head in its released format and the prompts it never trained on, with
+    the columns bench/sim.py's --input and --shard-by task read."""
+    import eagle3
+    import pyarrow.parquet as pq
+    from tests.engine.torch.eagle3_heads import released, write
+
+    from batchspec.engine.base import Request
+    from batchspec.engine.eagle3_format import is_head
+
+    head = write(tmp_path / "trained", *released(tiny_pair[0], draft_vocab=2048))
+    held_out = [Request(f"prose-{i:04d}", messages=({"role": "user", "content": f"write {i}"},)) for i in (7, 8)]
+    eagle3.save_for_sim(tmp_path / "out" / "prose", str(head), held_out, "prose")
+    assert is_head(str(tmp_path / "out" / "prose" / "head"))
+    table = pq.read_table(tmp_path / "out" / "prose" / "held_out.parquet").to_pylist()
+    assert table == [{"id": "prose-0007", "task": "prose", "prompt": "write 7"}, {"id": "prose-0008", "task": "prose", "prompt": "write 8"}]
+
+
 def test_sim_oracle_with_builds_is_the_best_sequence_of_engines_paying_each_change():
     import sim
 
