@@ -201,7 +201,7 @@ def head_acceptance(rows: Sequence[PlainRow], draft_lens: Sequence[int], head: E
     masked one behind the grammar's forced tokens: a greedy draft the output agrees with is allowed,
     so the masked chain agrees at least as far; the arm is marked an estimate."""
     k_max = max(draft_lens)
-    targets = head.to_target(torch.arange(head.config.draft_vocab_size, device=head.d2t.device)).cpu()
+    targets = head.target_ids().cpu()
 
     def row_model(r: int, row: PlainRow, p: torch.Tensor | None) -> tuple:
         logits = [lg.float().cpu() for lg in depth_logits(head, recorded[r], k_max)]

@@ -156,6 +156,10 @@ class Eagle3Head(nn.Module):
         """Draft-vocabulary ids to the target's."""
         return draft_ids + self.d2t[draft_ids]
 
+    def target_ids(self) -> torch.Tensor:
+        """Every draft id's target id, in draft-id order (on the head's device)."""
+        return self.to_target(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of the head's output hidden states."""
         return self.lm_head(self.norm(hidden))

@@ -37,7 +37,7 @@ class Eagle3Drafter:
     def __init__(self, head: Eagle3Head, model, capture: HiddenCapture) -> None:
         self.head, self.model, self.capture = head, model, capture
         self.chains: dict[int, tuple[object, Chain]] = {}  # id(row) -> (the row, its chain)
-        self.targets = head.to_target(torch.arange(head.config.draft_vocab_size, device=head.d2t.device))
+        self.targets = head.target_ids()
 
     def admit(self, rows: list, device: torch.device) -> None:
         pass  # a row's chain is built at its first proposal, from the states its prefill left it

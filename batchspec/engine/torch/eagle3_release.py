@@ -141,7 +141,7 @@ def _fill(head: Eagle3Head, weights: dict[str, torch.Tensor], path: Path) -> Non
         if list(embed.shape) != shape:
             raise ModelError(f"{path}: embed_tokens.weight has shape {list(embed.shape)}, expected {shape}")
         head.embed_tokens = nn.Embedding.from_pretrained(embed.float(), freeze=True)
-    targets = head.to_target(torch.arange(head.config.draft_vocab_size))
+    targets = head.target_ids()
     if targets.min() < 0 or targets.max() >= head.config.vocab_size:
         raise ModelError(f"{path}: d2t maps draft ids outside the target's vocabulary of {head.config.vocab_size}")
 

@@ -115,7 +115,7 @@ def train_head(target, rows: Sequence[Recorded], settings: TrainSettings = Train
         used, coverage = draft_vocabulary(rows, settings.draft_vocab_size, target.config.vocab_size)
         head = new_head(target, used, settings.warm_start, settings.seed).train()
     else:
-        used = start.to_target(torch.arange(start.config.draft_vocab_size, device=start.d2t.device)).cpu()  # draft id i's target id
+        used = start.target_ids().cpu()
         coverage, head = coverage_of(rows, used), start.train()
         if coverage == 0.0:
             raise ValueError("the head's draft vocabulary holds none of the rows' output tokens: nothing to train it on")
