@@ -10,7 +10,6 @@ import pytest
 
 from batchspec.engine.acceptance import PlainRow
 from batchspec.engine.base import NO_SPEC, Request, SamplingParams, SpecConfig
-from batchspec.engine.torch import counterfactual
 from batchspec.engine.torch.counterfactual import head_acceptance
 from batchspec.engine.torch.eagle3_release import save_head
 from batchspec.engine.torch.eagle3_states import record as record_states
@@ -119,7 +118,7 @@ def test_the_counterfactual_of_an_eagle3_arm_on_the_replay_is_the_recordings(tin
     direct = head_acceptance(rows, [1, 2, HEAD_K], model, states)
     replay = ReplayEngine(tiny_engine, recording, regime("cpu"))
     monkeypatch.setattr(replay, "head", lambda folder: pytest.fail("the replay loaded the head"))
-    monkeypatch.setattr(counterfactual, "record", lambda *a, **kw: pytest.fail("the replay ran the target"))
+    monkeypatch.setattr(replay, "head_states", lambda *a, **kw: pytest.fail("the replay ran the target"))
     predicted, exact = replay.acceptance(rows, [SpecConfig("eagle3", k, draft_model=head) for k in (1, 2, HEAD_K)])
     assert exact and predicted[f"eagle3:k={HEAD_K}"].accepted_tokens > 0
     for k in (1, 2, HEAD_K):

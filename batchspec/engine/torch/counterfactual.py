@@ -47,7 +47,7 @@ from batchspec.engine.sampling import argmax, probs_from_logits
 from batchspec.engine.torch.drafters import NgramIndex
 from batchspec.engine.torch.eagle3 import Eagle3Head
 from batchspec.engine.torch.eagle3_chains import depth_logits
-from batchspec.engine.torch.eagle3_states import Recorded, record
+from batchspec.engine.torch.eagle3_states import Recorded
 from batchspec.engine.torch.suffix_tree import Draft, SuffixTree, own_draft
 
 
@@ -85,10 +85,8 @@ def acceptance(engine, rows: Sequence[PlainRow], arms: Sequence[SpecConfig], req
         elif method == "eagle3" and not (sampled or constrained):
             by_k = chain_acceptance(rows, ks, engine.head_chains([(r.prompt_ids, r.output_ids) for r in rows], param, max(ks)))
         elif method == "eagle3":
-            head = engine.head(param)
-            recorded = record(engine.model, [(r.prompt_ids, r.output_ids) for r in rows], head.layers,
-                              keep_last=False, dtype=head.fc.weight.dtype)
-            by_k = head_acceptance(rows, ks, head, recorded, target_logits, constrained)
+            recorded = engine.head_states([(r.prompt_ids, r.output_ids) for r in rows], param)
+            by_k = head_acceptance(rows, ks, engine.head(param), recorded, target_logits, constrained)
         elif sampled or constrained:
             draft_logits = engine.teacher_forced_logits([(r.prompt_ids, r.output_ids) for r in rows], draft_model=param)
             by_k = draft_acceptance(rows, ks, draft_logits, target_logits, grammars())

@@ -327,12 +327,16 @@ class TorchEngine:
                     k: int) -> list[list[list[int]]]:
         """Per (prompt ids, output ids): the EAGLE-3 head in `folder`'s greedy chain of k drafts for a
         step starting at every output position (eagle3_chains.chains; index 0 empty), over the
-        hidden states of one teacher-forced forward of the target (eagle3_states.record; under
-        inference mode: nothing here needs gradients)."""
+        hidden states of one teacher-forced forward of the target (`head_states`)."""
+        return chains(self.head(folder), self.head_states(sequences, folder), k)
+
+    def head_states(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], folder: str) -> list[Recorded]:
+        """Per (prompt ids, output ids): the target's hidden states the EAGLE-3 head in `folder`
+        reads, from one teacher-forced forward (eagle3_states.record; under inference mode: nothing
+        here needs gradients), in the head's dtype."""
         head = self.head(folder)
         with torch.inference_mode():
-            rows = record(self.model, sequences, head.layers, keep_last=False, dtype=head.fc.weight.dtype)
-        return chains(head, rows, k)
+            return record(self.model, sequences, head.layers, keep_last=False, dtype=head.fc.weight.dtype)
 
     # -- drafters --------------------------------------------------------------------------------
 
