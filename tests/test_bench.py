@@ -316,6 +316,12 @@ def test_results_report_keeps_the_latest_line_per_figure_and_rewrites_only_its_b
     newer = {**line("2026-12-03T00:00:00+00:00", 6.0), "args": {"quick": False, "threads": 1, "no_schedule": False, "tag": None}}
     assert [x["metrics"] for x in results.latest([*lines, newer]) if x["bench"] == "engine"] == [
         {"plain_b8_vs_b1": 3.0}, {"plain_b8_vs_b1": 6.0}]
+    # nor does an option that changes nothing without another (sim's eagle3_ks without --eagle3), recorded
+    # at its default since: where the other is set, it tells figures apart
+    sim = [{**line(f"2026-12-0{d}T00:00:00+00:00", v), "bench": "sim", "args": {"rows": 40, **extra}}
+           for d, v, extra in [(1, 1.0, {}), (2, 2.0, {"eagle3": None, "eagle3_ks": [2, 4]}),
+                               (3, 3.0, {"eagle3": "head", "eagle3_ks": [2, 4]}), (4, 4.0, {"eagle3": "head", "eagle3_ks": [2]})]]
+    assert [x["metrics"]["plain_b8_vs_b1"] for x in results.latest(sim)] == [2.0, 3.0, 4.0]
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     doc = tmp_path / "performance.md"
     doc.write_text(f"# Performance\n\nprose\n\n{results.BEGIN}\nold table\n{results.END}\n\nmore prose\n")

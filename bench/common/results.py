@@ -48,6 +48,9 @@ DOC = ROOT / "docs" / "performance.md"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- bench-report:begin -->", "<!-- bench-report:end -->"
 NOT_IDENTIFYING = ("threads",)  # how a run was made, not which figure it gives
+# options that change a figure only with another set (option -> that one): left off where it is off,
+# so a default recorded since does not split a figure from the lines recorded before the option existed
+DEPENDENT = {"eagle3_ks": "eagle3"}
 BENCHES = ("engine", "calibrate", "pipeline", "peer", "scale", "sim", "eagle3")  # the table's order
 # options left out of a recorded command and its args (value count): how it is recorded, and where
 # a bench writes its details or work files, change no figure
@@ -173,8 +176,11 @@ def read(path: Path | str = RESULTS) -> list[dict]:
 
 def identifying(line: dict) -> dict:
     """The args that can change the line's figure, and how its input was made. An option left off
-    (False or None) identifies nothing: a line recorded before the option existed ran without it."""
-    args = {k: v for k, v in line["args"].items() if k not in NOT_IDENTIFYING and v is not None and v is not False}
+    (False or None) identifies nothing: a line recorded before the option existed ran without it.
+    Nor does a DEPENDENT option where the option it depends on is off."""
+    given = line["args"]
+    args = {k: v for k, v in given.items() if k not in NOT_IDENTIFYING and v is not None and v is not False
+            and (k not in DEPENDENT or given.get(DEPENDENT[k]) not in (None, False))}
     return {**args, **({"prepare": line["prepare"]} if "prepare" in line else {})}
 
 
