@@ -100,9 +100,7 @@ def recordings(args, shards: Sequence[Shard]):
     from batchspec.engine.torch.engine import TorchEngine
 
     ids = sorted({r.id.split("#")[0] for s in shards for r in s.requests})
-    settings = [args.input, args.model, args.draft_model, args.max_tokens, args.prompt_format, args.dtype]
-    if args.eagle3:  # its chains, as deep as its deepest arm: another head (or its retrained weights) records anew
-        settings += [args.eagle3, folder_digest(args.eagle3), max(args.eagle3_ks)]
+    settings = recording_settings(args)
     path = CACHE / f"{hashlib.sha256(json.dumps([*settings, ids]).encode()).hexdigest()[:16]}.pkl"
     every = CACHE / f"{hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]}-rows.pkl"  # every row recorded
     known = _Recordings(io.BytesIO(every.read_bytes())).load() if every.exists() else {}
@@ -129,6 +127,39 @@ def recordings(args, shards: Sequence[Shard]):
     path.write_bytes(pickle.dumps(recorded))
     every.write_bytes(pickle.dumps({**known, **recorded}))
     return engine, _repeated(recorded, shards)
+
+
+def recording_settings(args) -> list:
+    """What a recording depends on besides its rows."""
+    settings = [args.input, args.model, args.draft_model, args.max_tokens, args.prompt_format, args.dtype]
+    if args.eagle3:  # its chains, as deep as its deepest arm: another head (or its retrained weights) records anew
+        settings += [args.eagle3, folder_digest(args.eagle3), max(args.eagle3_ks)]
+    return settings
+
+
+class OracleRuns:
+    """Every arm's run over each shard (`run_arm`), kept in a file (`--oracle-runs`) and read back
+    by a later run: the runs depend on the recording, the regime, the batch size, the shard's rows
+    and the arm, never on the rule, so a variant of the rule is screened against the same oracles
+    without running them again. Not for a recorded figure (`--record` runs its oracles)."""
+
+    def __init__(self, path: str | None, args) -> None:
+        self.path = Path(path) if path else None
+        self.settings = json.dumps(recording_settings(args), default=str)
+        self.runs: dict = pickle.loads(self.path.read_bytes()) if self.path and self.path.exists() else {}
+
+    def run(self, engine: "ReplayEngine", requests: list[Request], arm: SpecConfig, batch_size: int) -> dict:
+        if self.path is None:
+            return run_arm(engine, requests, arm, batch_size)
+        key = (self.settings, repr(engine.regime), batch_size, tuple(r.id for r in requests), arm.label)
+        if key not in self.runs:
+            self.runs[key] = run_arm(engine, requests, arm, batch_size)
+        return self.runs[key]
+
+    def save(self) -> None:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_bytes(pickle.dumps(self.runs))
 
 
 def folder_digest(folder: str) -> str:
@@ -183,7 +214,7 @@ def run_arm(engine: ReplayEngine, requests: list[Request], arm: SpecConfig, batc
 
 
 def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard], regime_name: str,
-             batch_size: int, seeds: dict | None = None) -> dict:
+             batch_size: int, seeds: dict | None = None, oracle_runs: OracleRuns | None = None) -> dict:
     """One pass of the job on one fresh worker; `seeds`: each key's starting arm from a prior pass
     (batchspec.prior, as `--prior-run` gives the driver). The shards' stats come back under
     "_stats" (not JSON: the caller takes them out)."""
@@ -206,7 +237,7 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
             drain = drain_loss(replay, rows, by_label[ran.stats.events[0].arm], batch_size, ran.stats.decode_s)
             # every arm over the same shard, one generate call as the pipeline runs it: the job's static
             # arms and schedules run shard by shard too (each drains its batch at the shard's end)
-            whole = {a.label: run_arm(replay, rows, a, batch_size) for a in [NO_SPEC, *arms]}
+            whole = {a.label: (oracle_runs.run if oracle_runs else run_arm)(replay, rows, a, batch_size) for a in [NO_SPEC, *arms]}
             runs.append(whole)
             shard_requests.append(rows)
             oracle = {label: goodput(**_tokens_s(r)) for label, r in whole.items()}
@@ -436,22 +467,29 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--no-schedule", action="store_true", help="search no batch-size schedule (its replays take most of a "
                    "large job's time): vs_schedule is then the best static arm's")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--oracle-runs", default=None, metavar="FILE",
+                   help="keep every arm's run over each shard in FILE and read it back on a later run: screens a "
+                   "change to the rule against the same oracles (not with --record)")
     recorded_results.add_options(p)
     args = p.parse_args(argv)
+    if args.oracle_runs and args.record:
+        p.error("--oracle-runs screens a change; a recorded figure runs its oracles (drop one of them)")
     switch = tuple(args.switch.split(",")) if args.switch else None
     shards = load_requests(args.input, args.shard_by, args.rows, args.max_tokens, args.prompt_format, switch, args.repeat)
     engine, recorded = recordings(args, shards)
+    oracle = OracleRuns(args.oracle_runs, args)
     results = []
     for name in args.regime.split(","):
         for batch in (int(b) for b in args.batch_size.split(",")):
-            first = simulate(args, engine, recorded, shards, name, batch)
+            first = simulate(args, engine, recorded, shards, name, batch, oracle_runs=oracle)
             stats = first.pop("_stats")
             results.append(first)
             if args.prior_pass:  # the job again, as the next night's run with --prior-run of this one
                 seeds = best_arms(stats, stats[0].engine, stats[0].model, batch, arms_of(args))
-                second = simulate(args, engine, recorded, shards, name, batch, seeds)
+                second = simulate(args, engine, recorded, shards, name, batch, seeds, oracle_runs=oracle)
                 second.pop("_stats")
                 results.append({**second, "regime": f"{name}+prior"})
+    oracle.save()
     print("SIMULATED (virtual time on cost regimes; not measurements)")
     print(table(results))
     for r in results:

@@ -195,6 +195,38 @@ def test_sim_bench_replays_every_shard_against_its_exact_oracle(tiny_model_dir, 
         assert ("vs_oracle_with_builds" in r["job"]) == (r["regime"] == "trtllm")
 
 
+def test_sim_oracle_runs_kept_in_a_file_give_the_same_figures_without_running_again(tiny_model_dir, tmp_path, monkeypatch):
+    import sim
+
+    monkeypatch.setattr(sim, "CACHE", tmp_path / "cache")
+    path = tmp_path / "in.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"task": ["a", "b"] * 4, "prompt": [f"w{i % 5 + 1} w{i % 3 + 2} w1 w2" for i in range(8)]}), path)
+    def at(batches):
+        return ["--input", str(path), "--shard-by", "task", "--regime", "cpu", "--batch-size", batches, "--rows", "4",
+                "--model", str(tiny_model_dir), "--max-tokens", "6", "--prompt-format", "raw", "--switch", "", "--no-schedule"]
+
+    argv = at("1,2")
+    plain = sim.main(argv)
+    kept = tmp_path / "oracle.pkl"
+    first = sim.main([*argv, "--oracle-runs", str(kept)])
+    assert kept.exists() and [r["shards"] for r in first] == [r["shards"] for r in plain]
+
+    def ran(*a, **k):
+        raise AssertionError("an oracle run kept in the file ran again")
+
+    monkeypatch.setattr(sim, "run_arm", ran)
+    again = sim.main([*argv, "--oracle-runs", str(kept)])
+    assert [r["shards"] for r in again] == [r["shards"] for r in plain]
+    # a batch size the file does not hold runs its oracles (and here fails, run_arm being stubbed)
+    with pytest.raises(AssertionError, match="ran again"):
+        sim.main([*at("4"), "--oracle-runs", str(kept)])
+    with pytest.raises(SystemExit):
+        sim.main([*argv, "--oracle-runs", str(kept), "--record"])
+
+
 def test_sim_bench_records_and_replays_an_eagle3_head_among_the_arms(tiny_model_dir, tiny_pair, tmp_path, monkeypatch):
     """--eagle3 FOLDER: the head's chains are recorded, as deep as its deepest arm, under a cache key
     of its files and that depth (a retrained head or a deeper arm records anew), and its arms are
