@@ -96,7 +96,8 @@ def load_requests(path: str, shard_by: str, rows: int, max_tokens: int, prompt_f
 
 def recordings(args, shards: Sequence[Shard]):
     """The model's plain greedy outputs for every row (recorded once per input and settings: a run
-    over some of an input's rows reads what an earlier run over them recorded)."""
+    over some of an input's rows reads what an earlier run over them recorded), with the settings
+    they depend on (`recording_settings`: an `OracleRuns` key holds them)."""
     from batchspec.engine.torch.engine import TorchEngine
 
     ids = sorted({r.id.split("#")[0] for s in shards for r in s.requests})
@@ -110,7 +111,7 @@ def recordings(args, shards: Sequence[Shard]):
         if not all(i in known for i in recorded):
             every.parent.mkdir(parents=True, exist_ok=True)
             every.write_bytes(pickle.dumps({**known, **recorded}))
-        return engine, _repeated(recorded, shards)
+        return engine, _repeated(recorded, shards), settings
     by_text: dict = {}  # rows of one prompt have one greedy output: each prompt is decoded once
     for r in (r for s in shards for r in s.requests if "#" not in r.id or r.id.endswith("#0")):
         r = replace(r, id=r.id.split("#")[0])
@@ -126,7 +127,7 @@ def recordings(args, shards: Sequence[Shard]):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(recorded))
     every.write_bytes(pickle.dumps({**known, **recorded}))
-    return engine, _repeated(recorded, shards)
+    return engine, _repeated(recorded, shards), settings
 
 
 def recording_settings(args) -> list:
@@ -143,9 +144,9 @@ class OracleRuns:
     and the arm, never on the rule, so a variant of the rule is screened against the same oracles
     without running them again. Not for a recorded figure (`--record` runs its oracles)."""
 
-    def __init__(self, path: str | None, args) -> None:
+    def __init__(self, path: str | None, settings: list) -> None:
         self.path = Path(path) if path else None
-        self.settings = json.dumps(recording_settings(args), default=str)
+        self.settings = json.dumps(settings, default=str)  # the recording's (`recording_settings`)
         self.runs: dict = pickle.loads(self.path.read_bytes()) if self.path and self.path.exists() else {}
 
     def run(self, engine: "ReplayEngine", requests: list[Request], arm: SpecConfig, batch_size: int) -> dict:
@@ -214,10 +215,11 @@ def run_arm(engine: ReplayEngine, requests: list[Request], arm: SpecConfig, batc
 
 
 def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard], regime_name: str,
-             batch_size: int, seeds: dict | None = None, oracle_runs: OracleRuns | None = None) -> dict:
-    """One pass of the job on one fresh worker; `seeds`: each key's starting arm from a prior pass
-    (batchspec.prior, as `--prior-run` gives the driver). The shards' stats come back under
-    "_stats" (not JSON: the caller takes them out)."""
+             batch_size: int, oracle_runs: OracleRuns, seeds: dict | None = None) -> dict:
+    """One pass of the job on one fresh worker; `oracle_runs` runs (or reads back) every arm over
+    each shard; `seeds`: each key's starting arm from a prior pass (batchspec.prior, as
+    `--prior-run` gives the driver). The shards' stats come back under "_stats" (not JSON: the
+    caller takes them out)."""
     replay = Traced(engine, recorded, regime_named(regime_name))
     # a schedule drafts by the rows in flight within one engine: its changes of arm build nothing
     one_engine = ReplayEngine(engine, recorded, replace(replay.regime, build_s=0.0))
@@ -237,7 +239,7 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
             drain = drain_loss(replay, rows, by_label[ran.stats.events[0].arm], batch_size, ran.stats.decode_s)
             # every arm over the same shard, one generate call as the pipeline runs it: the job's static
             # arms and schedules run shard by shard too (each drains its batch at the shard's end)
-            whole = {a.label: (oracle_runs.run if oracle_runs else run_arm)(replay, rows, a, batch_size) for a in [NO_SPEC, *arms]}
+            whole = {a.label: oracle_runs.run(replay, rows, a, batch_size) for a in [NO_SPEC, *arms]}
             runs.append(whole)
             shard_requests.append(rows)
             oracle = {label: goodput(**_tokens_s(r)) for label, r in whole.items()}
@@ -476,17 +478,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         p.error("--oracle-runs screens a change; a recorded figure runs its oracles (drop one of them)")
     switch = tuple(args.switch.split(",")) if args.switch else None
     shards = load_requests(args.input, args.shard_by, args.rows, args.max_tokens, args.prompt_format, switch, args.repeat)
-    engine, recorded = recordings(args, shards)
-    oracle = OracleRuns(args.oracle_runs, args)
+    engine, recorded, settings = recordings(args, shards)
+    oracle = OracleRuns(args.oracle_runs, settings)
     results = []
     for name in args.regime.split(","):
         for batch in (int(b) for b in args.batch_size.split(",")):
-            first = simulate(args, engine, recorded, shards, name, batch, oracle_runs=oracle)
+            first = simulate(args, engine, recorded, shards, name, batch, oracle)
             stats = first.pop("_stats")
             results.append(first)
             if args.prior_pass:  # the job again, as the next night's run with --prior-run of this one
                 seeds = best_arms(stats, stats[0].engine, stats[0].model, batch, arms_of(args))
-                second = simulate(args, engine, recorded, shards, name, batch, seeds, oracle_runs=oracle)
+                second = simulate(args, engine, recorded, shards, name, batch, oracle, seeds)
                 second.pop("_stats")
                 results.append({**second, "regime": f"{name}+prior"})
     oracle.save()
