@@ -8,7 +8,8 @@ rows of the key's calibrated shards (`ArmResult.predicted_speedup`), plain decod
 predicted above 1. Only shards of the same engine, model and batch size count (an arm's speedup
 depends on all three), and only arms this run calibrates over. It is a start, not a decision: the
 rule goes on from it as from any other (docs/calibration.md, concept 7), and where an arm is a
-build it picks only a worker's first engine.
+build it picks only a worker's first engine, which runs every key the worker meets: there every
+key's arm is the job's, weighted by the rows of all its keys.
 
 A nightly job names its prior run with the template of its OUTPUT (`prior_run:
 s3://bucket/runs/{date}`): a templated `prior_run` is the newest earlier run it names, the run
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from batchspec.engine.base import NO_SPEC, SpecConfig, spec_label
+from batchspec.engine.factory import arms_are_builds
 from batchspec.errors import ConfigError, OutputError, one_line
 from batchspec.stats import ShardStats
 from batchspec.write import Output, resolve_template
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
 WHY = "the prior run's best for the key"
 LOOKBACK_DAYS = 31  # how far back a templated prior_run looks for an earlier run
+JOB = object()  # best_arms' score of every key at once (one_engine)
 
 
 @dataclass(frozen=True)
@@ -95,27 +98,32 @@ def prior_seeds(url: str, storage_options: dict, engine: str, model: str, batch_
         raise ConfigError(f"prior_run: cannot read the stats of {url}: {one_line(exc)}") from None
     if not stats:
         raise ConfigError(f"prior_run: {url} has no stats/*.parquet (expected the OUTPUT of a batchspec run)")
-    return best_arms(stats, engine, model, batch_size, arms)
+    return best_arms(stats, engine, model, batch_size, arms, one_engine=arms_are_builds(engine))
 
 
 def best_arms(stats: Iterable[ShardStats], engine: str, model: str, batch_size: int,
-              arms: Sequence[SpecConfig]) -> dict[str | None, SpecConfig]:
+              arms: Sequence[SpecConfig], one_engine: bool = False) -> dict[str | None, SpecConfig]:
     """Per shard key, the arm among `arms` (or plain decoding) with the highest rows-weighted
-    predicted speedup over the key's calibrated shards of this engine, model and batch size."""
+    predicted speedup over the key's calibrated shards of this engine, model and batch size.
+    With `one_engine` (an engine whose arm switch is a build: the prior picks only a worker's
+    first engine, and that engine runs every key the worker meets), every key's arm is the job's:
+    weighted by the rows of all its keys, not by whichever key a worker happens to meet first."""
     by_label = {a.label: a for a in arms if a.method != "none"}
     score: dict[str | None, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+    keys = []
     for s in stats:
         if s.decision_source != "calibrated" or (s.engine, s.model, s.batch_size) != (engine, model, batch_size):
             continue
         rows = max(s.rows - s.error_rows, 0)
+        keys.append(s.shard_key)
         for arm in s.candidates:
             label = spec_label(arm.method, arm.draft_len)
             if arm.predicted_speedup is not None and label in by_label and rows:
-                held = score[s.shard_key][label]
+                held = score[JOB if one_engine else s.shard_key][label]
                 held[0] += rows * arm.predicted_speedup
                 held[1] += rows
     out: dict[str | None, SpecConfig] = {}
     for key, arms_score in score.items():
         label, (total, rows) = max(arms_score.items(), key=lambda item: item[1][0] / item[1][1])
         out[key] = by_label[label] if total / rows > 1.0 else NO_SPEC
-    return out
+    return {key: out[JOB] for key in keys} if one_engine and JOB in out else out

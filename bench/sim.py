@@ -487,7 +487,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             stats = first.pop("_stats")
             results.append(first)
             if args.prior_pass:  # the job again, as the next night's run with --prior-run of this one
-                seeds = best_arms(stats, stats[0].engine, stats[0].model, batch, arms_of(args))
+                seeds = best_arms(stats, stats[0].engine, stats[0].model, batch, arms_of(args),
+                                  one_engine=regime_named(name).build_s > 0)  # as prior_seeds: arms_are_builds
                 second = simulate(args, engine, recorded, shards, name, batch, oracle, seeds)
                 second.pop("_stats")
                 results.append({**second, "regime": f"{name}+prior"})

@@ -42,6 +42,43 @@ def test_each_key_gets_its_arm_predicted_best_weighted_by_rows_over_matching_sha
     assert best_arms(stats, "torch", "m", 8, ARMS) == {"code": ARMS[1], "prose": NO_SPEC, "edit": ARMS[2]}
 
 
+def test_where_an_arm_is_a_build_every_key_starts_from_the_jobs_best_weighted_by_all_its_rows(monkeypatch):
+    """A TensorRT-LLM worker's first engine runs every key the worker meets (no build repays on a
+    short job), so the prior picks it by the whole job: code's k=2 edge of 1% over k=4 on 10 rows
+    does not make k=2 the engine of a worker that meets code first, where prose's 90 rows gain 10%
+    under k=4. Read from a run's stats, `prior_seeds` does this for trtllm, whose arms are builds."""
+    stats = [shard("code", {2: 1.41, 4: 1.40}, rows=10, engine="trtllm"), shard("prose", {2: 1.3, 4: 1.43}, rows=90, engine="trtllm"),
+             shard("edit", {2: 2.0, 4: 9.0}, rows=500, engine="torch")]  # another engine's: not counted
+    assert best_arms(stats, "trtllm", "m", 8, ARMS) == {"code": ARMS[0], "prose": ARMS[1]}
+    assert best_arms(stats, "trtllm", "m", 8, ARMS, one_engine=True) == {"code": ARMS[1], "prose": ARMS[1]}
+    assert best_arms([shard("code", {2: 0.9}, engine="trtllm")], "trtllm", "m", 8, ARMS, one_engine=True) == {"code": NO_SPEC}
+    assert best_arms([], "trtllm", "m", 8, ARMS, one_engine=True) == {}
+
+    class Run:  # a run's OUTPUT holding these stats
+        def __init__(self, url, options):
+            pass
+
+        def committed(self):
+            return ["s0"]
+
+        def read_stats(self, shard_ids):
+            return [dataclasses.replace(s, engine=e) for s in stats[:2] for e in ("torch", "trtllm")]
+
+    monkeypatch.setattr("batchspec.prior.Output", Run)
+    assert prior_seeds("run", {}, "trtllm", "m", 8, ARMS) == {"code": ARMS[1], "prose": ARMS[1]}
+    assert prior_seeds("run", {}, "torch", "m", 8, ARMS) == {"code": ARMS[0], "prose": ARMS[1]}
+
+
+def test_which_engines_arms_are_builds_is_the_engine_classes_own():
+    from batchspec.engine.factory import ENGINES, arms_are_builds
+    from batchspec.engine.torch.engine import TorchEngine
+    from batchspec.engine.trtllm.adapter import TrtllmEngine
+
+    classes = {"torch": TorchEngine, "trtllm": TrtllmEngine}
+    assert set(classes) == set(ENGINES)
+    assert all(arms_are_builds(name) is cls.arms_are_builds for name, cls in classes.items())
+
+
 def test_a_prior_starts_a_key_new_to_the_worker_and_rebuilds_no_live_engine():
     worker = WorkerState()
     assert worker.start("code", ARMS[0], ARMS, prior_why=WHY) == (ARMS[0], WHY)

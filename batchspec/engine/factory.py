@@ -8,6 +8,13 @@ from batchspec.errors import ConfigError
 ENGINES = tuple(ENGINE_METHODS)
 
 
+def arms_are_builds(engine: str) -> bool:
+    """Whether the named engine's arm switch builds a new engine (its class's `arms_are_builds`),
+    asked before any is loaded: a prior run then picks only a worker's first engine
+    (batchspec.prior). tests/test_prior.py holds it to the classes."""
+    return engine == "trtllm"
+
+
 def create_engine(engine: str, model: str, draft_model: str | None = None, dtype: str = "float32",
                   device: str | None = None, **options) -> Engine:
     """Load `model` (and optionally `draft_model`) into the named engine.
