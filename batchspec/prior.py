@@ -34,7 +34,7 @@ from batchspec.write import Output, resolve_template
 if TYPE_CHECKING:
     from batchspec.config.run import RunConfig
 
-WHY = "the prior run's best for the key"
+WHY = "the prior run's best for the key (for the job, where an arm is a build)"  # an event's reason
 LOOKBACK_DAYS = 31  # how far back a templated prior_run looks for an earlier run
 JOB = object()  # best_arms' score of every key at once (one_engine)
 
