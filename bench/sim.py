@@ -218,8 +218,8 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
              batch_size: int, oracle_runs: OracleRuns, seeds: dict | None = None) -> dict:
     """One pass of the job on one fresh worker; `oracle_runs` runs (or reads back) every arm over
     each shard; `seeds`: each key's starting arm from a prior pass (batchspec.prior, as
-    `--prior-run` gives the driver). The shards' stats come back under "_stats" (not JSON: the
-    caller takes them out)."""
+    `--prior-run` gives the driver). The shards' stats come back under "_stats", and whether the
+    replay's arm switch is a build under "_builds" (not JSON: the caller takes them out)."""
     replay = Traced(engine, recorded, regime_named(regime_name))
     # a schedule drafts by the rows in flight within one engine: its changes of arm build nothing
     one_engine = ReplayEngine(engine, recorded, replace(replay.regime, build_s=0.0))
@@ -263,6 +263,7 @@ def simulate(args, engine, recorded: dict[str, Recorded], shards: Sequence[Shard
                 "events": [f"{e.row}:{e.kind}:{e.arm}" for e in stats.events if e.kind != "profile"],
             })
     return {"regime": regime_name, "batch_size": batch_size, "shards": out, "_stats": stats_of,
+            "_builds": replay.arms_are_builds,
             "job": job_summary(out, runs, arms, batch_size, replay.regime.build_s, worker.profile_s,
                                None if args.no_schedule else lambda schedule: sum(scheduled_s(one_engine, requests, {n: by_label[a] for n, a in schedule.items()},
                                                                 batch_size) for requests in shard_requests))}
@@ -484,13 +485,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     for name in args.regime.split(","):
         for batch in (int(b) for b in args.batch_size.split(",")):
             first = simulate(args, engine, recorded, shards, name, batch, oracle)
-            stats = first.pop("_stats")
+            stats, builds = first.pop("_stats"), first.pop("_builds")
             results.append(first)
             if args.prior_pass:  # the job again, as the next night's run with --prior-run of this one
-                seeds = best_arms(stats, stats[0].engine, stats[0].model, batch, arms_of(args),
-                                  one_engine=regime_named(name).build_s > 0)  # as prior_seeds: arms_are_builds
+                seeds = best_arms(stats, stats[0].engine, stats[0].model, batch, arms_of(args), one_engine=builds)
                 second = simulate(args, engine, recorded, shards, name, batch, oracle, seeds)
-                second.pop("_stats")
+                second.pop("_stats"), second.pop("_builds")
                 results.append({**second, "regime": f"{name}+prior"})
     oracle.save()
     print("SIMULATED (virtual time on cost regimes; not measurements)")
