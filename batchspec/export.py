@@ -4,7 +4,7 @@ request line of its input, in input order.
 What it owns: reading OUTPUT's outputs (the record; nothing else is read, nothing under OUTPUT is
 written) and shaping each row as the result line a Batch API client reads. It refuses, in one line,
 an OUTPUT without `_SUCCESS` and one whose input was not Batch API request files (its outputs carry
-no `custom_id`, `url` and `input_row`: batchspec.read's REQUEST_SCHEMA). It knows nothing of how
+no `custom_id`, `url` and `input_row`: batchspec.request_lines' REQUEST_SCHEMA). It knows nothing of how
 the rows were made.
 
 A result line (`result_line`) has the shape of OpenAI's batch output file as vLLM's run-batch

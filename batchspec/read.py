@@ -19,20 +19,14 @@ are text: bytes in them that are not UTF-8 (Parquet readers do not check) are re
 (`valid_strings`), so no cell can stop the plan. Every column
 except prompt, messages, id and the sampling columns passes through untouched.
 
-A Batch API request file is read as a table of one row per request line (`REQUEST_SCHEMA`; blank
-lines are not requests, as vLLM's run-batch skips them): `id` is the line's `custom_id`, `custom_id`
-and `url` pass through to the output (what `batchspec export` writes the result lines from),
-`input_row` is the line's place among INPUT's requests (the order export writes), `batch_request`
-is the line's JSON text, which batchspec.parse maps to a request, and `batch_error` says why a line
-is not a request (not UTF-8, not JSON, not an object, no string custom_id), with its file and line
-number: such a line is still one row, an error row. Its "row groups" are runs of consecutive lines
-of about REQUEST_GROUP_BYTES, found when the file is opened, so plan and group read a request file
-by chunks as they read Parquet.
+A Batch API request file is read as a table of one row per request line (batchspec.request_lines,
+which says what a line holds): its "row groups" are runs of consecutive lines of about
+REQUEST_GROUP_BYTES, found when the file is opened, so plan and group read a request file by chunks
+as they read Parquet.
 """
 
 from __future__ import annotations
 
-import json
 import posixpath
 from dataclasses import dataclass
 from typing import Iterator
@@ -44,7 +38,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchspec.errors import InputError, one_line
-from batchspec.parse import BATCH_ERROR, BATCH_REQUEST, CONSUMED_COLUMNS, PROMPT_COLUMNS
+from batchspec.parse import BATCH_REQUEST, CONSUMED_COLUMNS, PROMPT_COLUMNS
+from batchspec.request_lines import REQUEST_SCHEMA, is_request_file, request_columns, request_lines
 
 
 @dataclass(frozen=True)
@@ -360,20 +355,7 @@ def valid_strings(col: pa.Array) -> pa.Array:
 
 # ---- Batch API request files (JSON lines) -----------------------------------------------------
 
-REQUEST_SUFFIX = ".jsonl"
 REQUEST_GROUP_BYTES = 1 << 20  # a request file's row group: consecutive lines of about this many bytes
-REQUEST_SCHEMA = pa.schema([
-    ("id", pa.string()),  # the line's custom_id (null where it has none: `<file>#<row>`)
-    ("custom_id", pa.string()),  # the same, passed through to the output for `batchspec export`
-    ("url", pa.string()),  # the line's endpoint, passed through: export writes its response object
-    ("input_row", pa.int64()),  # the line's place among INPUT's requests, from 0: export's order
-    (BATCH_REQUEST, pa.string()),  # the line's JSON text (batchspec.parse maps it to a request)
-    (BATCH_ERROR, pa.string()),  # why the line is not a request, naming file and line (null: it is one)
-])
-
-
-def is_request_file(path: str) -> bool:
-    return path.split("?", 1)[0].lower().endswith(REQUEST_SUFFIX)
 
 
 def _open_requests(fs: fsspec.AbstractFileSystem, listing: InputListing) -> tuple[InputFile, ...]:
@@ -383,7 +365,7 @@ def _open_requests(fs: fsspec.AbstractFileSystem, listing: InputListing) -> tupl
         groups, starts = [], []
         try:
             with fs.open(path, "rb") as fh:
-                for offset, number, line in _lines(fh):
+                for offset, number, line in request_lines(fh):
                     if not groups or groups[-1][1] >= REQUEST_GROUP_BYTES:
                         groups.append([0, 0])
                         starts.append((offset, number))
@@ -397,16 +379,6 @@ def _open_requests(fs: fsspec.AbstractFileSystem, listing: InputListing) -> tupl
     return tuple(files)
 
 
-def _lines(fh, offset: int = 0, number: int = 1) -> Iterator[tuple[int, int, bytes]]:
-    """(byte offset, line number, line) of each request line from `offset`, which is line `number`:
-    blank lines are skipped, not requests."""
-    for line in fh:
-        if line.strip():
-            yield offset, number, line
-        offset += len(line)
-        number += 1
-
-
 def _read_request_group(source: InputSource, f: InputFile, group: int) -> pa.Table:
     """One row group of a request file: a row per request line (`REQUEST_SCHEMA`)."""
     rows, _ = f.row_groups[group]
@@ -417,7 +389,7 @@ def _read_request_group(source: InputSource, f: InputFile, group: int) -> pa.Tab
         with fs.open(f.path, "rb") as fh:
             fh.seek(offset)
             lines = []
-            for item in _lines(fh, offset, number):
+            for item in request_lines(fh, offset, number):
                 lines.append(item)
                 if len(lines) == rows:
                     break
@@ -425,28 +397,7 @@ def _read_request_group(source: InputSource, f: InputFile, group: int) -> pa.Tab
         raise InputError(f"input file {fs.unstrip_protocol(f.path)} cannot be read: {one_line(exc)}") from exc
     if len(lines) != rows:
         raise InputError(f"input file {fs.unstrip_protocol(f.path)} changed: {len(lines)} request lines from line {number}, {rows} when it was opened")
-    columns = [_request_columns(f.rel, n, line) for _, n, line in lines]
+    columns = [request_columns(f.rel, n, line) for _, n, line in lines]
     table = pa.Table.from_pylist(columns, schema=REQUEST_SCHEMA)
     return table.set_column(3, "input_row", pa.array(np.arange(first, first + rows, dtype=np.int64)))
 
-
-def _request_columns(rel: str, number: int, line: bytes) -> dict:
-    """One request line's columns; a line that is not a request keeps only its error."""
-    where = f"{rel} line {number}"
-    try:
-        text = line.decode("utf-8-sig" if number == 1 else "utf-8").strip()  # a BOM opens a file, if any
-    except UnicodeDecodeError:
-        return {BATCH_ERROR: f"{where} is not valid UTF-8"}
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return {BATCH_ERROR: f"{where} is not valid JSON: {exc.msg} at column {exc.colno}"}
-    except RecursionError:
-        return {BATCH_ERROR: f"{where} is nested too deeply"}
-    if not isinstance(doc, dict):
-        return {BATCH_ERROR: f"{where} is not a JSON object: a request line is {{custom_id, method, url, body}}"}
-    custom_id, url = doc.get("custom_id"), doc.get("url")
-    if not isinstance(custom_id, str):
-        return {BATCH_ERROR: f"{where}: custom_id must be a string, got {type(custom_id).__name__}"
-                             if "custom_id" in doc else f"{where} has no custom_id", "url": url if isinstance(url, str) else None}
-    return {"id": custom_id, "custom_id": custom_id, "url": url if isinstance(url, str) else None, BATCH_REQUEST: text}
