@@ -10,7 +10,7 @@ without them (rows in flight when calibration switches to the arm) is read once 
 forward over its context (draft time, as a draft model's prefill of such rows is).
 
 Drafts are chains of up to k tokens from the row's last position, drafted for the batch's rows
-at once (eagle3.draft_rows: one head forward per depth, contexts padded). A greedy row takes the head's
+at once (eagle3_chains.draft_rows: one head forward per depth, contexts padded). A greedy row takes the head's
 argmax; in a batch with sampled rows each draft is drawn from the head's distribution over its
 draft vocabulary (the row's temperature and top_p, its own generator), and that distribution,
 placed on the target ids the draft vocabulary maps to, is the q the accept rule reads

@@ -93,7 +93,7 @@ def profile(engine, target: Sequence[tuple[int, int, int]], drafts: Sequence[tup
 def head_points(engine, name: str, per_model: Sequence[tuple], reps: int, agree: float, least: int) -> list[StepCost]:
     """An EAGLE-3 head's draft step at each (batch b, context c) as its drafter runs one
     (eagle3_drafter.Eagle3Drafter): one depth of b rows' chains over c positions of context each,
-    drafted together (eagle3.draft_rows). The chains' context is filler (its cost depends on
+    drafted together (eagle3_chains.draft_rows). The chains' context is filler (its cost depends on
     shapes only)."""
     head = engine.head(name)
     points = []

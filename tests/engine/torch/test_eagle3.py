@@ -213,7 +213,7 @@ def test_the_heads_attention_is_eagle3s_chain_written_plainly(trained):
 
 
 def test_rows_drafted_together_draft_what_each_rows_chain_drafts_alone(trained):
-    """eagle3.draft_rows (the drafter's: one head forward per depth over the batch, contexts
+    """eagle3_chains.draft_rows (the drafter's: one head forward per depth over the batch, contexts
     padded to the longest) against each row's `Chain.draft`: rows of different lengths and
     budgets (0 among them), and a row whose pick ends its chain early."""
     _, _, rows, head, _ = trained
