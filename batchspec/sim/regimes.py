@@ -13,7 +13,8 @@ One formula serves every regime (a roofline with a floor):
         memory  = weight_s + rows * context * kv_s            (weights and the KV cache read once)
         compute = rows * width * (token_s + context * attend_s)
     step = forward(rows, 1 + k, context)                       the verify (or plain) forward
-         + k * draft_fraction * forward(rows, 1, context)      a draft model's k steps
+         + k * (launch + draft_fraction * (forward(rows, 1, context) - launch))
+                                                               a draft model's k steps, each its own launch
          + k * head_fraction * forward(rows, 1, context)       or an EAGLE-3 head's k forwards
          + rows * bookkeeping(method, k)                       the engine's own work per row
     prefill(tokens) = forward(1, tokens, 0)
