@@ -460,3 +460,18 @@ def test_every_command_the_tables_print_runs_as_printed():
             taken = set(re.findall(r"--[\w-]+", helps[words[1]]))
             asked = {w.split("=")[0] for w in words[2:] if w.startswith("--")}
             assert asked <= taken, f"{part}: {sorted(asked - taken)} not among {words[1]}'s options"
+
+
+def test_performance_page_describes_every_maintained_bench_and_counts_them():
+    """docs/performance.md has a section for each bench the record keeps (results.BENCHES), named
+    after its script, and says how many there are: a bench added without its section fails here."""
+    import re
+
+    from common import results
+
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+    text = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    sections = set(re.findall(r"^### (\w+): .*\(`bench/(\w+)\.py`\)$", text, re.M))
+    assert {name for name, _ in sections} == set(results.BENCHES), sections
+    assert all(name == script for name, script in sections), sections
+    assert f"{words[len(results.BENCHES)]} maintained benchmarks under `bench/`" in text
