@@ -61,7 +61,8 @@ def request_columns(rel: str, number: int, line: bytes) -> dict:
     if not isinstance(doc, dict):
         return {BATCH_ERROR: f"{where} is not a JSON object: a request line is {{custom_id, method, url, body}}"}
     custom_id, url = doc.get("custom_id"), doc.get("url")
+    url = url if isinstance(url, str) else None
     if not isinstance(custom_id, str):
         return {BATCH_ERROR: f"{where}: custom_id must be a string, got {type(custom_id).__name__}"
-                             if "custom_id" in doc else f"{where} has no custom_id", "url": url if isinstance(url, str) else None}
-    return {"id": custom_id, "custom_id": custom_id, "url": url if isinstance(url, str) else None, BATCH_REQUEST: text}
+                             if "custom_id" in doc else f"{where} has no custom_id", "url": url}
+    return {"id": custom_id, "custom_id": custom_id, "url": url, BATCH_REQUEST: text}
