@@ -356,11 +356,17 @@ def held_out_metrics(shards: Sequence[dict], batch_size: int) -> dict:
     """The held-out protocol's figures beyond the grid's (docs/simulator.md's table): the worst and
     the mean of the shards of two batches or more, the held-out target's (a smaller shard is all
     drain; None: there is none), the shards and their rows, and the worst shard, of those where
-    there is one, else of all, as `ID VS_ORACLE (ARM ROWS, ...; ORACLE)`."""
+    there is one, else of all, as `ID VS_ORACLE (ARM ROWS, ...; ORACLE)`; and over the same shards
+    the best worst shard any one arm gets, chosen in hindsight (`one_arm`): where no shard repays
+    a build, a worker runs one engine, and no rule does better than that arm."""
     large = [s for s in shards if s["rows"] >= 2 * batch_size]
     worst = min(large or shards, key=lambda s: s["vs_oracle"])
     ran = ", ".join(f"{a} {n}" for a, n in worst["ran"].items())
+    one_arm = {a: min(s["oracle_speedups"][a] / max(s["oracle_speedups"].values()) for s in large or shards)
+               for a in worst["oracle_speedups"]}
+    best = max(one_arm, key=one_arm.get)
     return {"min_vs_oracle_2_batches": round(worst["vs_oracle"], 3) if large else None,
+            "one_arm": best, "one_arm_min_vs_oracle": round(one_arm[best], 3),
             "shards": len(shards), "min_rows": min(s["rows"] for s in shards), "max_rows": max(s["rows"] for s in shards),
             "mean_vs_oracle_2_batches": round(sum(s["vs_oracle"] for s in large) / len(large), 3) if large else None,
             "worst_shard": f"{worst['shard']} {worst['vs_oracle']:.3f} ({ran}; {worst['oracle']})"}

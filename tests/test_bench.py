@@ -290,6 +290,23 @@ def test_sim_oracle_with_builds_is_the_best_sequence_of_engines_paying_each_chan
     assert sim.build_oracle_s(shards[1:2], 100.0) == pytest.approx(10)  # the first engine is free: the best one
 
 
+def test_sim_one_arm_is_the_best_worst_shard_of_two_batches_any_single_arm_gets():
+    import sim
+
+    def shard(rows, vs, speedups):
+        return {"shard": "s", "rows": rows, "vs_oracle": vs, "ran": {"none": rows}, "oracle": "none",
+                "oracle_speedups": speedups}
+
+    shards = [shard(8, 1.0, {"none": 1.0, "k2": 1.5, "k4": 2.0}),  # k4 best: k2 0.75, none 0.5
+              shard(8, 0.6, {"none": 1.0, "k2": 0.9, "k4": 0.5}),  # none best: k2 0.9, k4 0.5
+              shard(2, 0.1, {"none": 1.0, "k2": 0.1, "k4": 0.1})]  # under two batches: not judged
+    got = sim.held_out_metrics(shards, batch_size=4)
+    assert got["min_vs_oracle_2_batches"] == 0.6
+    assert (got["one_arm"], got["one_arm_min_vs_oracle"]) == ("k2", 0.75)  # none 0.5, k4 0.5
+    small = sim.held_out_metrics(shards[2:], batch_size=4)  # no shard of two batches: over all
+    assert small["min_vs_oracle_2_batches"] is None and small["one_arm_min_vs_oracle"] == 1.0
+
+
 def test_sim_scheduled_control_runs_each_step_under_the_arm_for_the_rows_it_runs():
     from types import SimpleNamespace
 
