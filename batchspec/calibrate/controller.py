@@ -36,7 +36,7 @@ from batchspec.calibrate.estimate import Estimate, Tally, Window, estimates, sha
 from batchspec.calibrate.evidence import Evidence, Judged
 from batchspec.calibrate.ledger import Ledger
 from batchspec.calibrate.settings import CalibrationSettings, Decision
-from batchspec.calibrate.worker import LAST_SHARD, WorkerState
+from batchspec.calibrate.worker import KEY_LAST, LAST_SHARD, WorkerState
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Progress, Request, SpecConfig
 from batchspec.stats import ArmResult, Event
 
@@ -91,6 +91,13 @@ class Moment:
     steps_run: int  # decode steps the shard has run
     trial_steps: int  # of them, its trials'
     step_s: float  # a step's seconds: the mean of the last RECENT_STEPS
+    inherited: bool = False  # R is another key's arm: the shard has not chosen it on its key's rows
+
+    def margin(self, arm: SpecConfig) -> float:
+        """What `arm` must beat R by at its lower bound: 1 + the settings' margin, or 1 for another
+        draft length of an inherited R's own drafter (docs/calibration.md, concept 7)."""
+        same = arm.method == self.running.method != "none" and arm.draft_model == self.running.draft_model
+        return 1.0 if self.inherited and same else 1 + self.settings.margin
 
     def repays(self, arm: SpecConfig, saving: float) -> bool:
         """Whether switching to `arm` pays back its cost (a build) over the steps left, where it
@@ -123,13 +130,14 @@ def rule(est: Mapping[str, Estimate], at: Moment) -> Choice:
     the best arm by gain (the shorter draft among equals): a trial whose steps have run stays only
     where it beats R by the margin at its lower bound, or where going back is a build the rows left
     do not repay; else switch to the best arm where its lower bound beats R by the margin and the
-    rows left repay the switch; else, while rows are left and not draining (DRAIN_SHARE), measure the
+    rows left repay the switch (no margin to another draft length of an inherited R's drafter:
+    `Moment.margin`); else, while rows are left and not draining (DRAIN_SHARE), measure the
     best arm where its price is what is unsure, or an arm with no estimate (the longest draft of a
     method first: its run estimates the shorter ones); else stay."""
     margin = 1 + at.settings.margin
     if at.trial is not None:
         trial = est.get(at.trial.arm.label)
-        keep = trial is not None and trial.low > margin
+        keep = trial is not None and trial.low > at.margin(trial.arm)
         if trial is not None and not keep and at.builds:  # going back is a build: the switch rule's
             back = 1 / trial.high  # the arm before over the trial, at its lower bound
             keep = not (back > margin and at.repays(at.running, 1 - 1 / back))
@@ -138,13 +146,13 @@ def rule(est: Mapping[str, Estimate], at: Moment) -> Choice:
         return Choice("measured", None if keep else at.running, measured=trial.speedup if trial else None, why=why)
     best = max(est.values(), key=lambda e: (e.gain, -e.arm.draft_len))
     other = best.arm.label != at.running.label
-    if other and best.low > margin and at.repays(best.arm, 1 - 1 / best.low):
+    if other and best.low > at.margin(best.arm) and at.repays(best.arm, 1 - 1 / best.low):
         return Choice("switch", best.arm, best.speedup, why=f"{best.gain:.2f}x the running {at.running.label} "
                       f"(at least {best.low:.2f}x)" + ("" if at.left else "; for the key's next shard"))
     if not at.left or at.filled < DRAIN_SHARE:  # a measurement in a drain learns the price of a batch that is gone
         return STAY
     untried = {a.label for a in at.untried}
-    if other and best.high > margin and best.cost_u > best.accept_u and best.arm.label in untried \
+    if other and best.high > at.margin(best.arm) and best.cost_u > best.accept_u and best.arm.label in untried \
             and at.affords(best.arm, best.expected_saving):
         return Choice("measure", best.arm, best.speedup, steps=at.trial_len,
                       why=f"{best.low:.2f}x-{best.high:.2f}x the running {at.running.label}: its price is unsure")
@@ -168,6 +176,7 @@ class Course:
     tried: set[str] = field(default_factory=set)  # arms measured in this shard (each once)
     trial_steps: int = 0  # decode steps the shard's trials ran
     failed: dict[str, str] = field(default_factory=dict)  # arm label -> why it could not run
+    inherited: bool = False  # the running arm is another key's (Moment.inherited) until the shard chooses one
 
 
 class Controller:
@@ -182,7 +191,7 @@ class Controller:
         self.horizon_rows = horizon_rows  # rows of the key after this shard on this worker: what a build can repay over
         start, why = worker.start(key, prior, self.arms, builds=self.builds, prior_why=prior_why,
                                   rows=max(1, min(batch_size, len(requests))))
-        self.course = Course(start, start, start)
+        self.course = Course(start, start, start, inherited=why not in (KEY_LAST, prior_why))
         self.events: list[Event] = [Event(0, "start", start.label, None, None, why)]
         tree = engine.trees.copy_of(scope_of(key)) if any(a.method == "suffix" for a in self.arms) else None
         window = Window(settings.window_rows(batch_size), worker.history.get(str(key), ()))
@@ -274,6 +283,8 @@ class Controller:
     def _apply(self, choice: Choice, progress: Progress) -> SpecConfig | None:
         """Record the rule's choice (an event, a trial begun or ended); the arm to go on under."""
         course, row = self.course, self.evidence.finished
+        if choice.kind == "switch" or choice.kind == "measured" and choice.arm is None:  # the shard's own choice
+            course.inherited = False
         if choice.kind == "switch":
             if not (progress.in_flight or progress.queued):
                 course.steady = choice.arm  # where the key's next shard starts
@@ -304,7 +315,7 @@ class Controller:
         filled = (len(progress.in_flight) + progress.queued) / self.batch_size
         return Moment(running, left, filled, trial, untried, self.builds, self.settings, self.engine.switch_s,
                       self._steps_left(progress), len(progress.steps), self.course.trial_steps,
-                      sum(s.seconds for s in recent) / len(recent) if recent else 0.0)
+                      sum(s.seconds for s in recent) / len(recent) if recent else 0.0, self.course.inherited)
 
     def _steps_left(self, progress: Progress) -> float:
         """Decode steps the shard has left under the running arm: its rows left (and the key's rows

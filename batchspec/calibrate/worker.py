@@ -12,6 +12,7 @@ from batchspec.predict.costs import CostTable
 
 KEYS_KEPT = 256  # shard keys whose last arm a worker keeps (the oldest forgotten first)
 LAST_SHARD = "the key's last shard"  # why a shard starts under the driver's prior, unless it says otherwise
+KEY_LAST = "the key's last shard on this worker"  # why a shard starts under its key's last arm here
 VERIFY_TOKENS = 236  # a first engine's verify at most this many tokens a step: where a GPU forward turns compute-bound
 
 
@@ -46,7 +47,7 @@ class WorkerState:
         labels = {a.label for a in arms}
         own = {a.label: a for a in arms}  # a remembered arm as this shard has it (a key's own EAGLE-3 head under one label)
         latest = self.last[next(reversed(self.last))] if self.last else None
-        order = [(self.last.get(str(key)), "the key's last shard on this worker")]
+        order = [(self.last.get(str(key)), KEY_LAST)]
         if not builds or (latest is None and (prior is None or rows * (prior.draft_len + 1) <= VERIFY_TOKENS)):
             order.append((prior, prior_why))
         if not builds:

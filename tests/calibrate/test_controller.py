@@ -305,3 +305,54 @@ def test_a_shard_smaller_than_a_batch_remembers_the_arm_its_rule_chose_not_the_o
     assert ran.stats.events[0].arm == NGRAM[-1].label and switched, "the rule left the start before any row finished"
     assert ran.decision.ended.label == switched[-1].arm != NGRAM[-1].label
     assert worker.start("new", None, NGRAM)[0].label == switched[-1].arm
+
+
+def test_an_inherited_arm_gives_way_to_another_length_of_its_drafter_at_a_sure_gain_without_the_margin():
+    """A shard that starts under another key's arm has not chosen it: another draft length of the
+    same drafter, judged on the same proposals of the same rows, is taken wherever its lower bound
+    beats it, without the margin (held-out yaml at batch 1 gains 7% from k=8 over the k=6 the
+    other keys chose, and never clears 5%); a change of method, and any change once the shard has
+    chosen, still needs the margin."""
+    from batchspec.calibrate.controller import Moment, rule
+    from batchspec.calibrate.estimate import Estimate
+
+    k4, k6, k8 = (SpecConfig("ngram", k) for k in (4, 6, 8))
+
+    def at(running: SpecConfig, inherited: bool) -> Moment:
+        return Moment(running, True, 2.0, None, (), False, CalibrationSettings(), lambda a: 0.0, 400.0, 20, 0, 0.01,
+                      inherited)
+
+    def est(running: SpecConfig, arm: SpecConfig, gain: float) -> dict:
+        return {running.label: Estimate(running, 2.0, 1.0, 0.0, 0.0, 2.0, 0.5, 40),
+                arm.label: Estimate(arm, 2.0 * gain, gain, 0.02, 0.01, 2.1, 0.5, 40)}
+
+    sure = est(k6, k8, 1.04)  # at least 1.017x: sure, inside the margin
+    assert (rule(sure, at(k6, inherited=True)).kind, rule(sure, at(k6, inherited=True)).arm) == ("switch", k8)
+    assert rule(sure, at(k6, inherited=False)).kind == "stay"
+    assert rule(est(k6, k8, 1.01), at(k6, inherited=True)).kind == "stay"  # at least 0.988x: not sure
+    assert rule(est(NO_SPEC, k4, 1.04), at(NO_SPEC, inherited=True)).kind == "stay"  # plain decoding to a drafter
+    assert rule(est(k6, SpecConfig("draft_target", 6, draft_model="d"), 1.04), at(k6, inherited=True)).kind == "stay"
+
+
+def test_a_shard_inherits_another_keys_arm_until_it_chooses_one(tiny_engine):
+    """Its key's own last arm, or the driver's prior for the key, is the key's; the arm the worker's
+    other keys chose is not, until the shard's first switch (or a trial it keeps) makes one its own."""
+    from batchspec.calibrate.controller import Choice, Controller
+    from batchspec.engine.base import Progress, Timing
+
+    requests, recorded = _shard("c" * 8)
+    engine = ReplayEngine(tiny_engine, recorded, regime("h200-torch"))
+    worker = WorkerState()
+    worker.remember("other", NGRAM[1], [])
+
+    def course(key: str, prior: SpecConfig | None = None):
+        return Controller(engine, requests, NGRAM, 4, CalibrationSettings(), worker, key, prior=prior).course
+
+    assert course("new").inherited and course("new").start == NGRAM[1]
+    assert not course("new", prior=NGRAM[2]).inherited
+    worker.remember("mine", NGRAM[0], [])
+    assert not course("mine").inherited
+    control = Controller(engine, requests, NGRAM, 4, CalibrationSettings(), worker, "new")
+    progress = Progress(NGRAM[1], [], [None] * len(requests), {0: [1]}, 4, Timing(), [])
+    control._apply(Choice("switch", NGRAM[2]), progress)
+    assert not control.course.inherited
