@@ -148,7 +148,8 @@ def rule(est: Mapping[str, Estimate], at: Moment) -> Choice:
     other = best.arm.label != at.running.label
     if other and best.low > at.margin(best.arm) and at.repays(best.arm, 1 - 1 / best.low):
         return Choice("switch", best.arm, best.speedup, why=f"{best.gain:.2f}x the running {at.running.label} "
-                      f"(at least {best.low:.2f}x)" + ("" if at.left else "; for the key's next shard"))
+                      f"(at least {best.low:.2f}x)" + ("" if at.left else "; for the key's next shard")
+                      + ("; it was another key's: no margin to another length" if at.margin(best.arm) == 1 else ""))
     if not at.left or at.filled < DRAIN_SHARE:  # a measurement in a drain learns the price of a batch that is gone
         return STAY
     untried = {a.label for a in at.untried}

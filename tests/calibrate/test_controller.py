@@ -327,7 +327,8 @@ def test_an_inherited_arm_gives_way_to_another_length_of_its_drafter_at_a_sure_g
                 arm.label: Estimate(arm, 2.0 * gain, gain, 0.02, 0.01, 2.1, 0.5, 40)}
 
     sure = est(k6, k8, 1.04)  # at least 1.017x: sure, inside the margin
-    assert (rule(sure, at(k6, inherited=True)).kind, rule(sure, at(k6, inherited=True)).arm) == ("switch", k8)
+    took = rule(sure, at(k6, inherited=True))
+    assert (took.kind, took.arm) == ("switch", k8) and "another key's" in took.why
     assert rule(sure, at(k6, inherited=False)).kind == "stay"
     assert rule(est(k6, k8, 1.01), at(k6, inherited=True)).kind == "stay"  # at least 0.988x: not sure
     assert rule(est(NO_SPEC, k4, 1.04), at(NO_SPEC, inherited=True)).kind == "stay"  # plain decoding to a drafter
