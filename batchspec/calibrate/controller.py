@@ -9,7 +9,8 @@ arm (else plain decoding), and after each step:
               kept for the last `window` rows; while fewer than a batch have finished, the rows in
               flight count with their output so far
     decide    `rule`: every arm's gain over the running arm R, with its uncertainty (estimate.py):
-                switch   to the best arm where its lower bound beats R by the margin
+                switch   to the best arm where its lower bound beats R by the margin (none to
+                         another length of R's drafter while R is another key's: `Moment.margin`)
                          (and, where a switch is a build, its gain over the rows left repays it)
                 measure  run the best arm for `measure_steps` steps (a `Trial`) where its interval
                          straddles the margin, its price is what is uncertain (not its acceptance),
