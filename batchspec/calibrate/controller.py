@@ -92,7 +92,7 @@ class Moment:
     steps_run: int  # decode steps the shard has run
     trial_steps: int  # of them, its trials'
     step_s: float  # a step's seconds: the mean of the last RECENT_STEPS
-    inherited: bool = False  # R is another key's arm: the shard has not chosen it on its key's rows
+    inherited: bool = False  # R is another key's arm, and a batch of the shard's rows has finished (concept 7)
 
     def margin(self, arm: SpecConfig) -> float:
         """What `arm` must beat R by at its lower bound: 1 + the settings' margin, or 1 for another
@@ -317,7 +317,8 @@ class Controller:
         filled = (len(progress.in_flight) + progress.queued) / self.batch_size
         return Moment(running, left, filled, trial, untried, self.builds, self.settings, self.engine.switch_s,
                       self._steps_left(progress), len(progress.steps), self.course.trial_steps,
-                      sum(s.seconds for s in recent) / len(recent) if recent else 0.0, self.course.inherited)
+                      sum(s.seconds for s in recent) / len(recent) if recent else 0.0,
+                      self.course.inherited and self.evidence.counted >= min(self.batch_size, len(self.evidence.requests)))
 
     def _steps_left(self, progress: Progress) -> float:
         """Decode steps the shard has left under the running arm: its rows left (and the key's rows

@@ -337,7 +337,8 @@ def test_an_inherited_arm_gives_way_to_another_length_of_its_drafter_at_a_sure_g
 
 def test_a_shard_inherits_another_keys_arm_until_it_chooses_one(tiny_engine):
     """Its key's own last arm, or the driver's prior for the key, is the key's; the arm the worker's
-    other keys chose is not, until the shard's first switch (or a trial it keeps) makes one its own."""
+    other keys chose is not, until the shard's first switch (or a trial it keeps) makes one its own;
+    the rule judges it without the margin only once a batch of the shard's rows has finished."""
     from batchspec.calibrate.controller import Choice, Controller
     from batchspec.engine.base import Progress, Timing
 
@@ -355,5 +356,9 @@ def test_a_shard_inherits_another_keys_arm_until_it_chooses_one(tiny_engine):
     assert not course("mine").inherited
     control = Controller(engine, requests, NGRAM, 4, CalibrationSettings(), worker, "new")
     progress = Progress(NGRAM[1], [], [None] * len(requests), {0: [1]}, 4, Timing(), [])
+    # the first rows to finish are a batch's short ones: no judgement without the margin before a batch has
+    assert not control._moment(progress, NGRAM[1], True).inherited
+    control.evidence.counted = 4
+    assert control._moment(progress, NGRAM[1], True).inherited
     control._apply(Choice("switch", NGRAM[2]), progress)
-    assert not control.course.inherited
+    assert not control.course.inherited and not control._moment(progress, NGRAM[2], True).inherited
