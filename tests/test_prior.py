@@ -81,13 +81,13 @@ def test_which_engines_arms_are_builds_is_the_engine_classes_own():
 
 def test_a_prior_starts_a_key_new_to_the_worker_and_rebuilds_no_live_engine():
     worker = WorkerState()
-    assert worker.start("code", ARMS[0], ARMS, prior_why=WHY) == (ARMS[0], WHY)
+    assert worker.start("code", ARMS[0], ARMS, prior_why=WHY) == (ARMS[0], WHY, True)
     # where arms are builds: a worker with no engine yet builds the prior's arm first ...
-    assert worker.start("code", ARMS[0], ARMS, builds=True, prior_why=WHY) == (ARMS[0], WHY)
+    assert worker.start("code", ARMS[0], ARMS, builds=True, prior_why=WHY) == (ARMS[0], WHY, True)
     worker.remember("code", ARMS[2], [])
     # ... and one with a live engine starts a new key under it: the rule prices a rebuild
     assert worker.start("prose", ARMS[0], ARMS, builds=True, prior_why=WHY)[0] == ARMS[2]
-    assert worker.start("prose", ARMS[0], ARMS, prior_why=WHY) == (ARMS[0], WHY)  # free switches: the prior
+    assert worker.start("prose", ARMS[0], ARMS, prior_why=WHY) == (ARMS[0], WHY, True)  # free switches: the prior
     assert worker.start("code", ARMS[0], ARMS, prior_why=WHY)[0] == ARMS[2]  # the key's own last shard first
 
 

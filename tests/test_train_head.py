@@ -117,7 +117,7 @@ def test_a_key_starts_under_its_own_head_not_the_one_another_key_ended_under():
     state = WorkerState()
     state.remember("a", SpecConfig("eagle3", 2, draft_model="heads/a"), [])
     arms = [SpecConfig("ngram", 2), SpecConfig("eagle3", 2, draft_model="heads/b")]
-    arm, _ = state.start("b", None, arms)
+    arm = state.start("b", None, arms).arm
     assert arm.label == "eagle3:k=2" and arm.draft_model == "heads/b"
 
 

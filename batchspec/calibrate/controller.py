@@ -37,7 +37,7 @@ from batchspec.calibrate.estimate import Estimate, Tally, Window, estimates, sha
 from batchspec.calibrate.evidence import Evidence, Judged
 from batchspec.calibrate.ledger import Ledger
 from batchspec.calibrate.settings import CalibrationSettings, Decision
-from batchspec.calibrate.worker import KEY_LAST, LAST_SHARD, WorkerState
+from batchspec.calibrate.worker import LAST_SHARD, WorkerState
 from batchspec.engine.base import NO_SPEC, Engine, GenerateResult, Progress, Request, SpecConfig
 from batchspec.stats import ArmResult, Event
 
@@ -146,15 +146,15 @@ def rule(est: Mapping[str, Estimate], at: Moment) -> Choice:
             + ("kept" if keep else f"back to {at.running.label}")
         return Choice("measured", None if keep else at.running, measured=trial.speedup if trial else None, why=why)
     best = max(est.values(), key=lambda e: (e.gain, -e.arm.draft_len))
-    other = best.arm.label != at.running.label
-    if other and best.low > at.margin(best.arm) and at.repays(best.arm, 1 - 1 / best.low):
+    other, to_best = best.arm.label != at.running.label, at.margin(best.arm)
+    if other and best.low > to_best and at.repays(best.arm, 1 - 1 / best.low):
         return Choice("switch", best.arm, best.speedup, why=f"{best.gain:.2f}x the running {at.running.label} "
                       f"(at least {best.low:.2f}x)" + ("" if at.left else "; for the key's next shard")
-                      + ("; it was another key's: no margin to another length" if at.margin(best.arm) == 1 else ""))
+                      + ("; it was another key's: no margin to another length" if to_best == 1 else ""))
     if not at.left or at.filled < DRAIN_SHARE:  # a measurement in a drain learns the price of a batch that is gone
         return STAY
     untried = {a.label for a in at.untried}
-    if other and best.high > at.margin(best.arm) and best.cost_u > best.accept_u and best.arm.label in untried \
+    if other and best.high > to_best and best.cost_u > best.accept_u and best.arm.label in untried \
             and at.affords(best.arm, best.expected_saving):
         return Choice("measure", best.arm, best.speedup, steps=at.trial_len,
                       why=f"{best.low:.2f}x-{best.high:.2f}x the running {at.running.label}: its price is unsure")
@@ -191,9 +191,9 @@ class Controller:
         self.arms = [a for a in arms if a.method != "none"]
         self.worker, self.key = worker, key
         self.horizon_rows = horizon_rows  # rows of the key after this shard on this worker: what a build can repay over
-        start, why = worker.start(key, prior, self.arms, builds=self.builds, prior_why=prior_why,
-                                  rows=max(1, min(batch_size, len(requests))))
-        self.course = Course(start, start, start, inherited=why not in (KEY_LAST, prior_why))
+        start, why, own = worker.start(key, prior, self.arms, builds=self.builds, prior_why=prior_why,
+                                       rows=max(1, min(batch_size, len(requests))))
+        self.course = Course(start, start, start, inherited=not own)
         self.events: list[Event] = [Event(0, "start", start.label, None, None, why)]
         tree = engine.trees.copy_of(scope_of(key)) if any(a.method == "suffix" for a in self.arms) else None
         window = Window(settings.window_rows(batch_size), worker.history.get(str(key), ()))

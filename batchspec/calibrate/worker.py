@@ -6,6 +6,7 @@ shard judges on until its own rows replace them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from batchspec.engine.base import NO_SPEC, SpecConfig
 from batchspec.predict.costs import CostTable
@@ -14,6 +15,16 @@ KEYS_KEPT = 256  # shard keys whose last arm a worker keeps (the oldest forgotte
 LAST_SHARD = "the key's last shard"  # why a shard starts under the driver's prior, unless it says otherwise
 KEY_LAST = "the key's last shard on this worker"  # why a shard starts under its key's last arm here
 VERIFY_TOKENS = 236  # a first engine's verify at most this many tokens a step: where a GPU forward turns compute-bound
+
+
+class Start(NamedTuple):
+    """Where a shard starts: the arm, why, and whether the arm is the key's own (its last shard's
+    on this worker, or the driver's prior for the key) or another key's, a default included: the
+    controller's `inherited` (docs/calibration.md, concept 7)."""
+
+    arm: SpecConfig
+    why: str
+    own: bool
 
 
 @dataclass
@@ -25,7 +36,7 @@ class WorkerState:
     profile_s: float = 0.0  # the worker's cost profiles' seconds (once per batch size): the worker's, no shard's
 
     def start(self, key: str | None, prior: SpecConfig | None, arms: list[SpecConfig],
-              builds: bool = False, prior_why: str = LAST_SHARD, rows: int = 1) -> tuple[SpecConfig, str]:
+              builds: bool = False, prior_why: str = LAST_SHARD, rows: int = 1) -> Start:
         """The arm a shard of `key` starts under, and why: the key's last on this worker, else the
         driver's `prior` (another worker's last shard of the key, or what a prior run predicted
         best for it: `prior_why` says which), else the arm the worker's other keys chose (`chosen`:
@@ -47,23 +58,24 @@ class WorkerState:
         labels = {a.label for a in arms}
         own = {a.label: a for a in arms}  # a remembered arm as this shard has it (a key's own EAGLE-3 head under one label)
         latest = self.last[next(reversed(self.last))] if self.last else None
-        order = [(self.last.get(str(key)), KEY_LAST)]
+        order = [(self.last.get(str(key)), KEY_LAST, True)]
         if not builds or (latest is None and (prior is None or rows * (prior.draft_len + 1) <= VERIFY_TOKENS)):
-            order.append((prior, prior_why))
+            order.append((prior, prior_why, True))
         if not builds:
-            order.append((self.chosen(labels), "the arm the worker's other keys chose"))
-        order.append((latest, "the worker's last shard, of another key"))
-        for arm, why in order:
+            order.append((self.chosen(labels), "the arm the worker's other keys chose", False))
+        order.append((latest, "the worker's last shard, of another key", False))
+        for arm, why, key_own in order:
             if arm is not None and (arm.method == "none" or arm.label in labels):
-                return (arm if arm.method == "none" else own[arm.label]), why
+                return Start(arm if arm.method == "none" else own[arm.label], why, key_own)
         ngram = [a for a in arms if a.method == "ngram"]
         fits = [a for a in ngram if rows * (a.draft_len + 1) <= VERIFY_TOKENS]
         if builds and fits:
-            return max(fits, key=lambda a: a.draft_len), \
-                f"the worker's first build: the longest n-gram draft that verifies at most {VERIFY_TOKENS} tokens at {rows} rows"
+            return Start(max(fits, key=lambda a: a.draft_len), "the worker's first build: the longest n-gram draft "
+                         f"that verifies at most {VERIFY_TOKENS} tokens at {rows} rows", False)
         if builds and ngram:
-            return NO_SPEC, f"the worker's first build: every n-gram draft verifies over {VERIFY_TOKENS} tokens at {rows} rows"
-        return NO_SPEC, "the worker's first shard"
+            return Start(NO_SPEC, f"the worker's first build: every n-gram draft verifies over {VERIFY_TOKENS} tokens at {rows} rows",
+                         False)
+        return Start(NO_SPEC, "the worker's first shard", False)
 
     def chosen(self, labels: set[str]) -> SpecConfig | None:
         """The arm most of the worker's keys' rows ended under, of plain decoding and `labels`:

@@ -14,11 +14,25 @@ def test_a_new_key_starts_under_the_arm_the_workers_other_keys_chose_not_the_las
     worker.remember("a", K4, [{}] * 40)
     worker.remember("b", K4, [{}] * 40)
     worker.remember("c", K8, [{}] * 16)  # the last shard, of a key unlike most
-    arm, why = worker.start("new", None, [K4, K8])
-    assert arm == K4 and "other keys chose" in why
-    assert worker.start("c", None, [K4, K8])[0] == K8  # a key's own last arm first
-    assert worker.start("new", K8, [K4, K8])[0] == K8  # then the driver's
+    arm, why, own = worker.start("new", None, [K4, K8])
+    assert arm == K4 and "other keys chose" in why and not own  # another key's arm: inherited
+    assert worker.start("c", None, [K4, K8])[::2] == (K8, True)  # a key's own last arm first
+    assert worker.start("new", K8, [K4, K8])[::2] == (K8, True)  # then the driver's, the key's own too
     assert worker.start("new", None, [K8])[0] == K8  # only an arm still among the candidates
+
+
+def test_a_start_is_the_keys_own_only_from_its_last_shard_or_the_drivers_prior():
+    """`Start.own` (what the controller's `inherited` negates) is the source of the arm, not its
+    reason's text: a driver's prior whose reason reads like another's is still the key's own, and a
+    first shard's default and the live engine of another key are not."""
+    assert not WorkerState().start("a", None, [K4, K8]).own  # a first shard's default
+    assert WorkerState().start("a", K4, [K4, K8], prior_why="the arm the worker's other keys chose").own
+    worker = WorkerState()
+    worker.remember("b", K8, [])
+    assert not worker.start("a", None, [K4, K8], builds=True).own  # another key's live engine
+    # the other keys' arm, though the prior's reason (had there been a prior) reads the same
+    assert not worker.start("a", None, [K4, K8], prior_why="the arm the worker's other keys chose").own
+    assert not WorkerState().start("a", None, [K4, K8], builds=True, rows=8).own  # a first build
 
 
 def test_the_other_keys_vote_by_method_first_then_draft_length():
@@ -48,7 +62,7 @@ def test_a_workers_first_build_is_the_longest_ngram_draft_whose_verify_stays_mem
     (past the tokens where a forward turns compute-bound a verify costs its width)."""
     arms = [SpecConfig("ngram", k) for k in (2, 4, 6, 8)]
     first = {rows: WorkerState().start("a", None, arms, builds=True, rows=rows) for rows in (1, 8, 32, 40, 128)}
-    assert {rows: arm.label for rows, (arm, _) in first.items()} == {
+    assert {rows: start.arm.label for rows, start in first.items()} == {
         1: "ngram:k=8", 8: "ngram:k=8", 32: "ngram:k=6", 40: "ngram:k=4", 128: "none"}
     assert "first build" in first[128][1] and f"{VERIFY_TOKENS} tokens" in first[128][1]
     assert WorkerState().start("a", None, arms, rows=128)[0].label == "none"  # no build: plain decoding first
