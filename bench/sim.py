@@ -447,7 +447,7 @@ def table(results: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True, help="prompt Parquet (a `prompt` column)")
     p.add_argument("--shard-by", required=True, help="the column whose values are shard keys")
@@ -468,7 +468,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                    help="suffix-drafting draft-length caps (the arm drafts from the key's earlier rows)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-format", choices=("chat", "raw"), default="chat")
-    p.add_argument("--dtype", default="bfloat16", help="the recording's dtype (tokens only; time is the regime's)")
+    p.add_argument("--dtype", default="float32",
+                   help="the recording's dtype (tokens only; time is the regime's): float32, as a bfloat16 recording's "
+                        "tokens depend on the CPU's kernels (docs/simulator.md)")
     p.add_argument("--switch", default="prose,edit", help="KEY_A,KEY_B: add a shard that changes from A to B half-way ('' for none)")
     p.add_argument("--prior-pass", action="store_true",
                    help="run each job again on a fresh worker, each key's first shard starting where the first pass "
@@ -480,6 +482,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                    help="keep every arm's run over each shard in FILE and read it back on a later run: screens a "
                    "change to the rule against the same oracles (not with --record)")
     recorded_results.add_options(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    p = parser()
     args = p.parse_args(argv)
     if args.oracle_runs and args.record:
         p.error("--oracle-runs screens a change; a recorded figure runs its oracles (drop one of them)")

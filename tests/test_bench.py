@@ -6,6 +6,7 @@ asked and makes docs/performance.md's table. No timing is asserted."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -492,3 +493,37 @@ def test_performance_page_describes_every_maintained_bench_and_counts_them():
     assert {name for name, _ in sections} == set(results.BENCHES), sections
     assert all(name == script for name, script in sections), sections
     assert f"{words[len(results.BENCHES)]} maintained benchmarks under `bench/`" in text
+
+
+def test_every_simulated_figure_prints_a_command_that_records_in_its_dtype():
+    """A recording's tokens are its dtype's: the command beside a simulated figure, run as printed
+    (its --dtype, else the simulator's default), records in the dtype the figure was recorded in."""
+    import shlex
+
+    import sim
+    from common import results
+
+    for line in (x for x in results.latest(results.read()) if x["bench"] == "sim"):
+        argv = shlex.split(line["command"])[2:]
+        assert sim.parser().parse_args(argv).dtype == line["args"]["dtype"], line["command"]
+
+
+def test_the_simulator_records_in_float32_whose_greedy_tokens_no_cpu_kernel_changes():
+    """bfloat16 greedy tokens change with the CPU's kernels (39 of 83 held-out prompts differ between
+    AVX-512 and AVX2 on one machine: docs/simulator.md), float32's do not: the same prompts decoded
+    with torch's vector kernels and without them (ATEN_CPU_CAPABILITY=default) agree token for token."""
+    import sim
+
+    assert sim.parser().parse_args(["--input", "x", "--shard-by", "k"]).dtype == "float32"
+    script = ("import json, sys; from batchspec.engine.torch.engine import TorchEngine; "
+              "from batchspec.engine.base import NO_SPEC, Request, SamplingParams; "
+              "e = TorchEngine.load('smollm2-135m', dtype='float32', device='cpu'); "
+              "rows = [Request(str(i), messages=({'role': 'user', 'content': p},), params=SamplingParams(max_tokens=48)) "
+              "for i, p in enumerate(json.loads(sys.argv[1]))]; "
+              "print(json.dumps([c.token_ids for c in e.generate(rows, NO_SPEC, 4).completions]))")
+    prompts = json.dumps(["Rewrite as YAML: name=ada, role=admin, team=core", "Rename the variable x to count in: "
+                          "x = 0\nfor i in range(9):\n    x += i\nprint(x)", "Reply to: my order never arrived.",
+                          "Outline a talk on caching."])
+    runs = [subprocess.run([sys.executable, "-c", script, prompts], capture_output=True, text=True, timeout=300, check=True,
+                           env={**os.environ, **extra}).stdout for extra in ({}, {"ATEN_CPU_CAPABILITY": "default"})]
+    assert json.loads(runs[0]) == json.loads(runs[1]) and all(len(t) > 10 for t in json.loads(runs[0]))
