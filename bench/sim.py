@@ -358,7 +358,9 @@ def held_out_metrics(shards: Sequence[dict], batch_size: int) -> dict:
     drain; None: there is none), the shards and their rows, and the worst shard, of those where
     there is one, else of all, as `ID VS_ORACLE (ARM ROWS, ...; ORACLE)`; and over the same shards
     the best worst shard any one arm gets, chosen in hindsight (`one_arm`): where no shard repays
-    a build, a worker runs one engine, and no rule does better than that arm."""
+    a build, a worker runs one engine, and no rule does better than that arm; and the longest any
+    shard decodes under any arm (`longest_shard_s`, virtual seconds): under the regime's build
+    seconds, no shard repays one."""
     large = [s for s in shards if s["rows"] >= 2 * batch_size]
     worst = min(large or shards, key=lambda s: s["vs_oracle"])
     ran = ", ".join(f"{a} {n}" for a, n in worst["ran"].items())
@@ -367,6 +369,7 @@ def held_out_metrics(shards: Sequence[dict], batch_size: int) -> dict:
     best = max(one_arm, key=one_arm.get)
     return {"min_vs_oracle_2_batches": round(worst["vs_oracle"], 3) if large else None,
             "one_arm": best, "one_arm_min_vs_oracle": round(one_arm[best], 3),
+            "longest_shard_s": round(max(max(s["arm_s"].values()) for s in shards), 1),
             "shards": len(shards), "min_rows": min(s["rows"] for s in shards), "max_rows": max(s["rows"] for s in shards),
             "mean_vs_oracle_2_batches": round(sum(s["vs_oracle"] for s in large) / len(large), 3) if large else None,
             "worst_shard": f"{worst['shard']} {worst['vs_oracle']:.3f} ({ran}; {worst['oracle']})"}

@@ -296,7 +296,7 @@ def test_sim_one_arm_is_the_best_worst_shard_of_two_batches_any_single_arm_gets(
 
     def shard(rows, vs, speedups):
         return {"shard": "s", "rows": rows, "vs_oracle": vs, "ran": {"none": rows}, "oracle": "none",
-                "oracle_speedups": speedups}
+                "oracle_speedups": speedups, "arm_s": {a: rows / v for a, v in speedups.items()}}
 
     shards = [shard(8, 1.0, {"none": 1.0, "k2": 1.5, "k4": 2.0}),  # k4 best: k2 0.75, none 0.5
               shard(8, 0.6, {"none": 1.0, "k2": 0.9, "k4": 0.5}),  # none best: k2 0.9, k4 0.5
@@ -304,6 +304,7 @@ def test_sim_one_arm_is_the_best_worst_shard_of_two_batches_any_single_arm_gets(
     got = sim.held_out_metrics(shards, batch_size=4)
     assert got["min_vs_oracle_2_batches"] == 0.6
     assert (got["one_arm"], got["one_arm_min_vs_oracle"]) == ("k2", 0.75)  # none 0.5, k4 0.5
+    assert got["longest_shard_s"] == 20.0  # every shard, under its slowest arm (the third's k2 and k4)
     small = sim.held_out_metrics(shards[2:], batch_size=4)  # no shard of two batches: over all
     assert small["min_vs_oracle_2_batches"] is None and small["one_arm_min_vs_oracle"] == 1.0
 
