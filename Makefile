@@ -113,7 +113,7 @@ bench-sim: setup
 
 # The held-out protocol (docs/simulator.md, "The held-out protocol"): workloads nobody tuned the
 # rule on, in shards of 40, 256 and 2,048 rows, and a job of 50 keys of 40-200 rows; no schedule
-# searched. The whole of it takes about two hours on a 2-core CPU: HELDOUT_ROWS, HELDOUT_REGIMES,
+# searched. The whole of it takes 30-60 minutes on a 2-core CPU: HELDOUT_ROWS, HELDOUT_REGIMES,
 # HELDOUT_BATCHES pick a part; with BENCH_ARGS=--record, then `make bench-report`, it is the table.
 SIM_HELDOUT_MAKE = python bench/heldout.py --seed 7 --out heldout.parquet
 HELDOUT_ROWS ?= 40 256 2048
