@@ -3,8 +3,8 @@
 The rule (docs/calibration.md gives each concept with its formula): an arm's speedup over plain
 decoding is its counterfactual accepted length times plain decoding's step price over its own,
 each price from the worker's cost table learned from the steps it runs; the running arm gives way
-to the best arm where that arm's lower bound beats it by the margin (another key's arm, until the
-shard chooses, to another length of its drafter without one); an arm is measured (run for a
+to the best arm where that arm's lower bound beats it by the margin (an arm the shard has not
+chosen on a batch of its own rows, to another length of its drafter without one); an arm is measured (run for a
 few steps) only where its interval straddles the margin because of its price and the rows left
 repay the measurement.
 

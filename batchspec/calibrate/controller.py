@@ -10,7 +10,7 @@ arm (else plain decoding), and after each step:
               flight count with their output so far
     decide    `rule`: every arm's gain over the running arm R, with its uncertainty (estimate.py):
                 switch   to the best arm where its lower bound beats R by the margin (none to
-                         another length of R's drafter while R is another key's: `Moment.margin`)
+                         another length of R's drafter while R is provisional: `Moment.margin`)
                          (and, where a switch is a build, its gain over the rows left repays it)
                 measure  run the best arm for `measure_steps` steps (a `Trial`) where its interval
                          straddles the margin, its price is what is uncertain (not its acceptance),
@@ -92,13 +92,13 @@ class Moment:
     steps_run: int  # decode steps the shard has run
     trial_steps: int  # of them, its trials'
     step_s: float  # a step's seconds: the mean of the last RECENT_STEPS
-    inherited: bool = False  # R is another key's arm, and a batch of the shard's rows has finished (concept 7)
+    provisional: bool = False  # R is not yet the shard's choice (Course.provisional), and a batch of its rows finished (concept 7)
 
     def margin(self, arm: SpecConfig) -> float:
         """What `arm` must beat R by at its lower bound: 1 + the settings' margin, or 1 for another
-        draft length of an inherited R's own drafter (docs/calibration.md, concept 7)."""
+        draft length of a provisional R's own drafter (docs/calibration.md, concept 7)."""
         same = arm.method == self.running.method != "none" and arm.draft_model == self.running.draft_model
-        return 1.0 if self.inherited and same else 1 + self.settings.margin
+        return 1.0 if self.provisional and same else 1 + self.settings.margin
 
     def repays(self, arm: SpecConfig, saving: float) -> bool:
         """Whether switching to `arm` pays back its cost (a build) over the steps left, where it
@@ -131,7 +131,7 @@ def rule(est: Mapping[str, Estimate], at: Moment) -> Choice:
     the best arm by gain (the shorter draft among equals): a trial whose steps have run stays only
     where it beats R by the margin at its lower bound, or where going back is a build the rows left
     do not repay; else switch to the best arm where its lower bound beats R by the margin and the
-    rows left repay the switch (no margin to another draft length of an inherited R's drafter:
+    rows left repay the switch (no margin to another draft length of a provisional R's drafter:
     `Moment.margin`); else, while rows are left and not draining (DRAIN_SHARE), measure the
     best arm where its price is what is unsure, or an arm with no estimate (the longest draft of a
     method first: its run estimates the shorter ones); else stay."""
@@ -150,7 +150,7 @@ def rule(est: Mapping[str, Estimate], at: Moment) -> Choice:
     if other and best.low > to_best and at.repays(best.arm, 1 - 1 / best.low):
         return Choice("switch", best.arm, best.speedup, why=f"{best.gain:.2f}x the running {at.running.label} "
                       f"(at least {best.low:.2f}x)" + ("" if at.left else "; for the key's next shard")
-                      + ("; it was another key's: no margin to another length" if to_best == 1 else ""))
+                      + ("; it was not yet the shard's choice: no margin to another length" if to_best == 1 else ""))
     if not at.left or at.filled < DRAIN_SHARE:  # a measurement in a drain learns the price of a batch that is gone
         return STAY
     untried = {a.label for a in at.untried}
@@ -178,7 +178,10 @@ class Course:
     tried: set[str] = field(default_factory=set)  # arms measured in this shard (each once)
     trial_steps: int = 0  # decode steps the shard's trials ran
     failed: dict[str, str] = field(default_factory=dict)  # arm label -> why it could not run
-    inherited: bool = False  # the running arm is another key's (Moment.inherited) until the shard chooses one
+    # the running arm is not yet the shard's own choice (Moment.provisional): another key's it started
+    # under, or one it switched to before a batch of its rows had finished (on their first, short ones),
+    # until a switch on a batch of finished rows or a trial it keeps
+    provisional: bool = False
 
 
 class Controller:
@@ -193,7 +196,7 @@ class Controller:
         self.horizon_rows = horizon_rows  # rows of the key after this shard on this worker: what a build can repay over
         start, why, own = worker.start(key, prior, self.arms, builds=self.builds, prior_why=prior_why,
                                        rows=max(1, min(batch_size, len(requests))))
-        self.course = Course(start, start, start, inherited=not own)
+        self.course = Course(start, start, start, provisional=not own)
         self.events: list[Event] = [Event(0, "start", start.label, None, None, why)]
         tree = engine.trees.copy_of(scope_of(key)) if any(a.method == "suffix" for a in self.arms) else None
         window = Window(settings.window_rows(batch_size), worker.history.get(str(key), ()))
@@ -285,8 +288,10 @@ class Controller:
     def _apply(self, choice: Choice, progress: Progress) -> SpecConfig | None:
         """Record the rule's choice (an event, a trial begun or ended); the arm to go on under."""
         course, row = self.course, self.evidence.finished
-        if choice.kind == "switch" or choice.kind == "measured" and choice.arm is None:  # the shard's own choice
-            course.inherited = False
+        if choice.kind == "switch":  # the shard's own choice once a batch of its rows has finished, else provisional
+            course.provisional = self.evidence.counted < min(self.batch_size, len(self.evidence.requests))
+        elif choice.kind == "measured" and choice.arm is None:  # a kept trial: measured by running it
+            course.provisional = False
         if choice.kind == "switch":
             if not (progress.in_flight or progress.queued):
                 course.steady = choice.arm  # where the key's next shard starts
@@ -318,7 +323,7 @@ class Controller:
         return Moment(running, left, filled, trial, untried, self.builds, self.settings, self.engine.switch_s,
                       self._steps_left(progress), len(progress.steps), self.course.trial_steps,
                       sum(s.seconds for s in recent) / len(recent) if recent else 0.0,
-                      self.course.inherited and self.evidence.counted >= min(self.batch_size, len(self.evidence.requests)))
+                      self.course.provisional and self.evidence.counted >= min(self.batch_size, len(self.evidence.requests)))
 
     def _steps_left(self, progress: Progress) -> float:
         """Decode steps the shard has left under the running arm: its rows left (and the key's rows

@@ -15,8 +15,8 @@ class CalibrationSettings:
     range at load, before any worker starts, so a new field needs only its declaration here."""
 
     margin: float = field(default=0.05, metadata={"min": 0, "max": 1, "description": (
-        "An arm must beat the running one by this fraction (another draft length of another key's arm "
-        "the shard started under: by none).")})
+        "An arm must beat the running one by this fraction (another draft length of the running arm's drafter, "
+        "where the shard has not chosen that arm on a batch of its own finished rows: by none).")})
     window: int = field(default=0, metadata={"min": 0, "description": "Finished rows the rule judges on; 0: max(16, 4 x batch size)."})
     measure_steps: int = field(default=16, metadata={"min": 1, "description": "Decode steps an arm runs to measure its price."})
     max_fraction: float = field(default=0.10, metadata={"min": 0, "max": 1, "description": "The most of a shard's decode measuring may take."})

@@ -19,8 +19,8 @@ VERIFY_TOKENS = 236  # a first engine's verify at most this many tokens a step: 
 
 class Start(NamedTuple):
     """Where a shard starts: the arm, why, and whether the arm is the key's own (its last shard's
-    on this worker, or the driver's prior for the key) or another key's, a default included: the
-    controller's `inherited` (docs/calibration.md, concept 7)."""
+    on this worker, or the driver's prior for the key) or another key's, a default included, which
+    the controller's course holds as `provisional` (docs/calibration.md, concept 7)."""
 
     arm: SpecConfig
     why: str

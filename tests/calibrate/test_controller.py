@@ -307,38 +307,40 @@ def test_a_shard_smaller_than_a_batch_remembers_the_arm_its_rule_chose_not_the_o
     assert worker.start("new", None, NGRAM)[0].label == switched[-1].arm
 
 
-def test_an_inherited_arm_gives_way_to_another_length_of_its_drafter_at_a_sure_gain_without_the_margin():
-    """A shard that starts under another key's arm has not chosen it: another draft length of the
-    same drafter, judged on the same proposals of the same rows, is taken wherever its lower bound
-    beats it, without the margin (held-out yaml at batch 1 gains 7% from k=8 over the k=6 the
-    other keys chose, and never clears 5%); a change of method, and any change once the shard has
-    chosen, still needs the margin."""
+def test_a_provisional_arm_gives_way_to_another_length_of_its_drafter_at_a_sure_gain_without_the_margin():
+    """A shard that runs an arm it has not chosen on a batch of its own rows (another key's, or one
+    it took on its first rows) gives way to another draft length of the same drafter, judged on the
+    same proposals of the same rows, wherever its lower bound beats it, without the margin (a gain
+    of 4% never clears 5%); a change of method, and any change once the shard has chosen, still
+    needs the margin."""
     from batchspec.calibrate.controller import Moment, rule
     from batchspec.calibrate.estimate import Estimate
 
     k4, k6, k8 = (SpecConfig("ngram", k) for k in (4, 6, 8))
 
-    def at(running: SpecConfig, inherited: bool) -> Moment:
+    def at(running: SpecConfig, provisional: bool) -> Moment:
         return Moment(running, True, 2.0, None, (), False, CalibrationSettings(), lambda a: 0.0, 400.0, 20, 0, 0.01,
-                      inherited)
+                      provisional)
 
     def est(running: SpecConfig, arm: SpecConfig, gain: float) -> dict:
         return {running.label: Estimate(running, 2.0, 1.0, 0.0, 0.0, 2.0, 0.5, 40),
                 arm.label: Estimate(arm, 2.0 * gain, gain, 0.02, 0.01, 2.1, 0.5, 40)}
 
     sure = est(k6, k8, 1.04)  # at least 1.017x: sure, inside the margin
-    took = rule(sure, at(k6, inherited=True))
-    assert (took.kind, took.arm) == ("switch", k8) and "another key's" in took.why
-    assert rule(sure, at(k6, inherited=False)).kind == "stay"
-    assert rule(est(k6, k8, 1.01), at(k6, inherited=True)).kind == "stay"  # at least 0.988x: not sure
-    assert rule(est(NO_SPEC, k4, 1.04), at(NO_SPEC, inherited=True)).kind == "stay"  # plain decoding to a drafter
-    assert rule(est(k6, SpecConfig("draft_target", 6, draft_model="d"), 1.04), at(k6, inherited=True)).kind == "stay"
+    took = rule(sure, at(k6, provisional=True))
+    assert (took.kind, took.arm) == ("switch", k8) and "not yet the shard's choice" in took.why
+    assert rule(sure, at(k6, provisional=False)).kind == "stay"
+    assert rule(est(k6, k8, 1.01), at(k6, provisional=True)).kind == "stay"  # at least 0.988x: not sure
+    assert rule(est(NO_SPEC, k4, 1.04), at(NO_SPEC, provisional=True)).kind == "stay"  # plain decoding to a drafter
+    assert rule(est(k6, SpecConfig("draft_target", 6, draft_model="d"), 1.04), at(k6, provisional=True)).kind == "stay"
 
 
-def test_a_shard_inherits_another_keys_arm_until_it_chooses_one(tiny_engine):
+def test_an_arm_is_provisional_until_the_shard_chooses_one_on_a_batch_of_its_rows(tiny_engine):
     """Its key's own last arm, or the driver's prior for the key, is the key's; the arm the worker's
-    other keys chose is not, until the shard's first switch (or a trial it keeps) makes one its own;
-    the rule judges it without the margin only once a batch of the shard's rows has finished."""
+    other keys chose is provisional, and so is an arm the shard switches to before a batch of its
+    rows has finished (it judged on their first, short ones), until a switch on a batch of finished
+    rows (or a trial it keeps); the rule judges a provisional arm without the margin only once a
+    batch of the shard's rows has finished."""
     from batchspec.calibrate.controller import Choice, Controller
     from batchspec.engine.base import Progress, Timing
 
@@ -350,15 +352,25 @@ def test_a_shard_inherits_another_keys_arm_until_it_chooses_one(tiny_engine):
     def course(key: str, prior: SpecConfig | None = None):
         return Controller(engine, requests, NGRAM, 4, CalibrationSettings(), worker, key, prior=prior).course
 
-    assert course("new").inherited and course("new").start == NGRAM[1]
-    assert not course("new", prior=NGRAM[2]).inherited
+    assert course("new").provisional and course("new").start == NGRAM[1]
+    assert not course("new", prior=NGRAM[2]).provisional
     worker.remember("mine", NGRAM[0], [])
-    assert not course("mine").inherited
+    assert not course("mine").provisional
     control = Controller(engine, requests, NGRAM, 4, CalibrationSettings(), worker, "new")
     progress = Progress(NGRAM[1], [], [None] * len(requests), {0: [1]}, 4, Timing(), [])
     # the first rows to finish are a batch's short ones: no judgement without the margin before a batch has
-    assert not control._moment(progress, NGRAM[1], True).inherited
+    assert not control._moment(progress, NGRAM[1], True).provisional
     control.evidence.counted = 4
-    assert control._moment(progress, NGRAM[1], True).inherited
+    assert control._moment(progress, NGRAM[1], True).provisional
     control._apply(Choice("switch", NGRAM[2]), progress)
-    assert not control.course.inherited and not control._moment(progress, NGRAM[2], True).inherited
+    assert not control.course.provisional and not control._moment(progress, NGRAM[2], True).provisional
+    # a switch before a batch of rows has finished, the key's own start or not, leaves the arm provisional
+    early = Controller(engine, requests, NGRAM, 4, CalibrationSettings(), worker, "mine")
+    assert not early.course.provisional
+    early.evidence.counted = 3
+    early._apply(Choice("switch", NGRAM[2]), progress)
+    assert early.course.provisional and not early._moment(progress, NGRAM[2], True).provisional
+    early.evidence.counted = 4
+    assert early._moment(progress, NGRAM[2], True).provisional
+    early._apply(Choice("switch", NGRAM[1]), progress)
+    assert not early.course.provisional

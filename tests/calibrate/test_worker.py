@@ -15,14 +15,14 @@ def test_a_new_key_starts_under_the_arm_the_workers_other_keys_chose_not_the_las
     worker.remember("b", K4, [{}] * 40)
     worker.remember("c", K8, [{}] * 16)  # the last shard, of a key unlike most
     arm, why, own = worker.start("new", None, [K4, K8])
-    assert arm == K4 and "other keys chose" in why and not own  # another key's arm: inherited
+    assert arm == K4 and "other keys chose" in why and not own  # another key's arm: provisional
     assert worker.start("c", None, [K4, K8])[::2] == (K8, True)  # a key's own last arm first
     assert worker.start("new", K8, [K4, K8])[::2] == (K8, True)  # then the driver's, the key's own too
     assert worker.start("new", None, [K8])[0] == K8  # only an arm still among the candidates
 
 
 def test_a_start_is_the_keys_own_only_from_its_last_shard_or_the_drivers_prior():
-    """`Start.own` (what the controller's `inherited` negates) is the source of the arm, not its
+    """`Start.own` (what the controller's `provisional` negates) is the source of the arm, not its
     reason's text: a driver's prior whose reason reads like another's is still the key's own, and a
     first shard's default and the live engine of another key are not."""
     assert not WorkerState().start("a", None, [K4, K8]).own  # a first shard's default
