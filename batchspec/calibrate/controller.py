@@ -228,7 +228,7 @@ class Controller:
         changed = new is not None and new.label != course.running.label
         if changed:
             course.running = new
-        full = min(self.batch_size, len(self.evidence.requests))  # a shard of fewer rows than a batch fills it with them all
+        full = self.evidence.batch_rows  # a shard of fewer rows than a batch fills it with them all
         if course.trial is None and (progress.queued or len(progress.in_flight) >= full):  # not a drain
             course.steady = course.running
         return new if changed else None
@@ -288,11 +288,8 @@ class Controller:
     def _apply(self, choice: Choice, progress: Progress) -> SpecConfig | None:
         """Record the rule's choice (an event, a trial begun or ended); the arm to go on under."""
         course, row = self.course, self.evidence.finished
-        if choice.kind == "switch":  # the shard's own choice once a batch of its rows has finished, else provisional
-            course.provisional = self.evidence.counted < min(self.batch_size, len(self.evidence.requests))
-        elif choice.kind == "measured" and choice.arm is None:  # a kept trial: measured by running it
-            course.provisional = False
         if choice.kind == "switch":
+            course.provisional = not self.evidence.batch_counted  # the shard's own choice once a batch has finished
             if not (progress.in_flight or progress.queued):
                 course.steady = choice.arm  # where the key's next shard starts
                 if choice.arm.label == course.running.label:  # at the shard's end, the drain's arm
@@ -305,6 +302,8 @@ class Controller:
             course.trial = Trial(choice.arm, course.running, choice.steps)
             self.events.append(Event(row, "measure", choice.arm.label, choice.predicted, None, choice.why))
         elif choice.kind == "measured":
+            if choice.arm is None:  # a kept trial: measured by running it, the shard's own choice
+                course.provisional = False
             self.events.append(Event(row, "measured", course.trial.arm.label, None, choice.measured, choice.why))
             course.trial = None
         return choice.arm
@@ -323,7 +322,7 @@ class Controller:
         return Moment(running, left, filled, trial, untried, self.builds, self.settings, self.engine.switch_s,
                       self._steps_left(progress), len(progress.steps), self.course.trial_steps,
                       sum(s.seconds for s in recent) / len(recent) if recent else 0.0,
-                      self.course.provisional and self.evidence.counted >= min(self.batch_size, len(self.evidence.requests)))
+                      self.course.provisional and self.evidence.batch_counted)
 
     def _steps_left(self, progress: Progress) -> float:
         """Decode steps the shard has left under the running arm: its rows left (and the key's rows

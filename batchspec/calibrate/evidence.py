@@ -57,6 +57,17 @@ class Evidence:
         return len(self.specs)
 
     @property
+    def batch_rows(self) -> int:
+        """A batch of the shard's rows: the batch, or every row of a shard smaller than one."""
+        return min(self.batch_size, len(self.requests))
+
+    @property
+    def batch_counted(self) -> bool:
+        """Whether a batch of the shard's rows has been counted (the first to finish are its short
+        ones: before this, an arm the shard switches to is provisional, docs/calibration.md concept 7)."""
+        return self.counted >= self.batch_rows
+
+    @property
     def row_tokens(self) -> float:
         """A finished row's mean decode tokens (ROW_TOKENS before any)."""
         return self.totals["none"].tokens / self.counted if self.counted else ROW_TOKENS
